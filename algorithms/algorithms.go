@@ -1,0 +1,175 @@
+// Package algorithms holds the rate-limiting arithmetic as pure functions of
+// (counts, now, limit, cost): no clocks, no I/O, no locks. Every store keeps
+// the same Counts and asks Decide for the answer, so the in-memory store and
+// the Redis script agree on every decision.
+//
+// Time is counted in whole milliseconds since the Unix epoch and windows are
+// aligned to the epoch, so every instance and every store cuts windows at the
+// same instants.
+package algorithms
+
+import (
+	"fmt"
+	"math/bits"
+	"time"
+)
+
+// Algorithm names a way of counting requests in a window.
+type Algorithm string
+
+const (
+	// FixedWindow counts requests per window floor(now/window) and forgets
+	// everything when the window ends.
+	FixedWindow Algorithm = "fixed_window"
+
+	// SlidingTail weights the previous window's count by the part of it that
+	// still lies inside a window-long interval ending now, rounded down, and
+	// adds the current window's count.
+	SlidingTail Algorithm = "sliding_tail"
+)
+
+// Valid reports whether a names a known algorithm.
+func (a Algorithm) Valid() bool { return a == FixedWindow || a == SlidingTail }
+
+// Limit is how many cost units may be spent per Window.
+type Limit struct {
+	Events int64
+	Window time.Duration
+}
+
+// Validate refuses limits the arithmetic cannot honour.
+func (l Limit) Validate() error {
+	if l.Events <= 0 {
+		return fmt.Errorf("limit must be positive, got %d", l.Events)
+	}
+	if l.Window < time.Millisecond {
+		return fmt.Errorf("window must be at least 1ms, got %s", l.Window)
+	}
+	return nil
+}
+
+// Counts is what a store keeps for one key: the cost spent in the window with
+// index Window (floor(now/window)) and in the window before it.
+type Counts struct {
+	Window   int64
+	Current  int64
+	Previous int64
+}
+
+// Decision is the answer for one request.
+type Decision struct {
+	Allowed bool
+	Limit   int64
+	// Used is the weighted cost counted against the limit, including this
+	// request when it was allowed.
+	Used int64
+	// Remaining is Limit-Used, never below zero.
+	Remaining int64
+	// Reset is when the current window ends.
+	Reset time.Time
+	// RetryAt is, for a rejected request, the earliest instant a request of
+	// the same cost would be allowed if nothing else were counted meanwhile.
+	// It is the zero time for an allowed request, and for a request whose
+	// cost exceeds the limit, which can never be allowed, it is Reset.
+	RetryAt time.Time
+}
+
+// Decide rolls c forward to now, decides whether a request of the given cost
+// fits in l and returns the decision with the counts to store: c rolled
+// forward, plus cost when the request was allowed. A rejected request adds
+// nothing.
+func Decide(alg Algorithm, c Counts, now time.Time, l Limit, cost int64) (Decision, Counts) {
+	w := l.Window.Milliseconds()
+	nowMs := now.UnixMilli()
+	idx := WindowIndex(nowMs, w)
+	c = Roll(c, idx)
+	elapsed := nowMs - idx*w
+	end := (idx + 1) * w
+
+	used := c.Current
+	if alg == SlidingTail {
+		used += mulDiv(c.Previous, w-elapsed, w)
+	}
+
+	d := Decision{Limit: l.Events, Reset: time.UnixMilli(end)}
+	if used+cost <= l.Events {
+		d.Allowed = true
+		used += cost
+		c.Current += cost
+	} else {
+		d.RetryAt = time.UnixMilli(retryAt(alg, c, idx, w, l.Events, cost))
+	}
+	d.Used = used
+	d.Remaining = max(l.Events-used, 0)
+	return d, c
+}
+
+// Roll moves counts kept for an older window to the window with index idx:
+// the old current window becomes the previous one if it is adjacent, and
+// anything older is forgotten.
+func Roll(c Counts, idx int64) Counts {
+	switch c.Window {
+	case idx:
+		return c
+	case idx - 1:
+		return Counts{Window: idx, Previous: c.Current}
+	default:
+		return Counts{Window: idx}
+	}
+}
+
+// retryAt returns the first millisecond at which a request of the given cost
+// would be allowed, given counts c for window idx and nothing else counted.
+func retryAt(alg Algorithm, c Counts, idx, w, limit, cost int64) int64 {
+	start, next := idx*w, (idx+1)*w
+	if cost > limit {
+		return next
+	}
+	if alg == FixedWindow {
+		return next
+	}
+	if c.Current+cost <= limit {
+		// Allowed later in this window, once the previous window's share
+		// has decayed far enough.
+		return start + decayedAt(c.Previous, limit-cost-c.Current, w)
+	}
+	// The current window alone is too full: wait until its count, carried
+	// into the next window as the previous one, has decayed.
+	return next + decayedAt(c.Current, limit-cost, w)
+}
+
+// decayedAt returns the smallest elapsed time e (ms into a window of length
+// w) at which floor(prev*(w-e)/w) <= room, for room >= 0. That holds iff
+// prev*(w-e) < (room+1)*w, i.e. w-e <= floor(((room+1)*w-1)/prev).
+func decayedAt(prev, room, w int64) int64 {
+	if prev <= room {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(room+1), uint64(w))
+	// (room+1)*w - 1 as a 128-bit value; (room+1)*w >= 1 so no underflow.
+	if lo == 0 {
+		hi--
+	}
+	lo--
+	q, _ := bits.Div64(hi, lo, uint64(prev)) // hi < prev because room+1 <= prev
+	return w - int64(q)
+}
+
+// mulDiv returns floor(a*b/c) for non-negative a, b and positive c with b <= c,
+// without overflowing: the product may exceed 64 bits, the result cannot.
+func mulDiv(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(q)
+}
+
+// WindowIndex returns the index of the window of length w (ms) that holds
+// the instant ms (since the epoch): floor(ms/w), rounding down for instants
+// before the epoch too.
+func WindowIndex(ms, w int64) int64 {
+	q := ms / w
+	if ms%w != 0 && (ms < 0) != (w < 0) {
+		q--
+	}
+	return q
+}

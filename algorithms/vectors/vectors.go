@@ -1,0 +1,140 @@
+// Package vectors holds the table of (time, key, cost) → decision test
+// vectors that every store must satisfy, so the in-memory store and the
+// Redis script are held to one definition of each algorithm.
+package vectors
+
+import (
+	"testing"
+	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+)
+
+// Step is one request in a Case: At is the offset from the Case's Start.
+type Step struct {
+	At        time.Duration
+	Key       string
+	Cost      int64
+	Allowed   bool
+	Remaining int64
+	// RetryAfter, for a rejected step, is RetryAt minus the step's instant.
+	RetryAfter time.Duration
+}
+
+// Case is a sequence of requests against one limit, starting from empty
+// counters.
+type Case struct {
+	Name      string
+	Algorithm algorithms.Algorithm
+	Limit     algorithms.Limit
+	Steps     []Step
+}
+
+// Start is the instant the cases count from: 2026-01-01 12:00:00 UTC, which
+// is aligned to every window used below.
+var Start = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+
+// Cases is the shared table.
+var Cases = []Case{
+	{
+		// The worked example from the 2018 write-up of the sliding-window
+		// algorithm: 3 requests per 60 s, windows from 12:00:00 and 12:01:00.
+		Name:      "sliding_tail/worked_example",
+		Algorithm: algorithms.SlidingTail,
+		Limit:     algorithms.Limit{Events: 3, Window: time.Minute},
+		Steps: []Step{
+			{At: 5 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 2},
+			{At: 15 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
+			// floor(2*59/60)=1, +0+1 = 2
+			{At: 61 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
+			// floor(2*50/60)=1, +1+1 = 3
+			{At: 70 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0},
+			// floor(2*20/60)=0, +2+1 = 3
+			{At: 100 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0},
+			// weighted 2*10/60+3+1 = 4.3 > 3: rejected. The current window
+			// alone is full, so it frees up once the 3 carried into the next
+			// window round down to 2: floor(3*(60-e)/60) <= 2 from e = 1 ms.
+			{At: 110 * time.Second, Key: "a", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 10*time.Second + time.Millisecond},
+			// floor(3*40/60)=2, +0+1 = 3: the rejection counted nothing.
+			{At: 140 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		Name:      "sliding_tail/previous_window_decays",
+		Algorithm: algorithms.SlidingTail,
+		Limit:     algorithms.Limit{Events: 4, Window: 10 * time.Second},
+		Steps: []Step{
+			{At: 0, Key: "k", Cost: 4, Allowed: true, Remaining: 0},
+			// the 4 carried into the next window round down to 3 from e = 1 ms
+			{At: 9 * time.Second, Key: "k", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: time.Second + time.Millisecond},
+			// next window, 2 s in: floor(4*8/10)=3, +0+1 = 4
+			{At: 12 * time.Second, Key: "k", Cost: 1, Allowed: true, Remaining: 0},
+			// floor(4*7.5/10)=3 +1 +1 = 5 > 4; floor(4*(10-e)/10) <= 2 needs
+			// 10-e < 7.5, so the first allowed instant is 1 ms later
+			{At: 12500 * time.Millisecond, Key: "k", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: time.Millisecond},
+			{At: 15 * time.Second, Key: "k", Cost: 1, Allowed: true, Remaining: 0},
+			// other keys are counted apart
+			{At: 15 * time.Second, Key: "other", Cost: 4, Allowed: true, Remaining: 0},
+			// two windows later nothing is left
+			{At: 30 * time.Second, Key: "k", Cost: 4, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		Name:      "sliding_tail/cost",
+		Algorithm: algorithms.SlidingTail,
+		Limit:     algorithms.Limit{Events: 10, Window: time.Second},
+		Steps: []Step{
+			{At: 0, Key: "c", Cost: 5, Allowed: true, Remaining: 5},
+			{At: 100 * time.Millisecond, Key: "c", Cost: 5, Allowed: true, Remaining: 0},
+			// next window: floor(10*(1000-e)/1000) <= 5 needs e > 400 ms
+			{At: 200 * time.Millisecond, Key: "c", Cost: 5, Allowed: false, Remaining: 0, RetryAfter: 800*time.Millisecond + 401*time.Millisecond},
+			// cost above the limit is never allowed; retry names the window end
+			{At: 300 * time.Millisecond, Key: "c", Cost: 11, Allowed: false, Remaining: 0, RetryAfter: 700 * time.Millisecond},
+			// next window, 600 ms in: floor(10*0.4)=4 +0 +5 = 9
+			{At: 1600 * time.Millisecond, Key: "c", Cost: 5, Allowed: true, Remaining: 1},
+		},
+	},
+	{
+		Name:      "fixed_window/basic",
+		Algorithm: algorithms.FixedWindow,
+		Limit:     algorithms.Limit{Events: 3, Window: time.Minute},
+		Steps: []Step{
+			{At: 5 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 2},
+			{At: 15 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
+			{At: 59 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0},
+			{At: 59500 * time.Millisecond, Key: "a", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 500 * time.Millisecond},
+			// a new window forgets everything
+			{At: 60 * time.Second, Key: "a", Cost: 3, Allowed: true, Remaining: 0},
+			{At: 61 * time.Second, Key: "b", Cost: 2, Allowed: true, Remaining: 1},
+			{At: 62 * time.Second, Key: "b", Cost: 2, Allowed: false, Remaining: 1, RetryAfter: 58 * time.Second},
+			{At: 63 * time.Second, Key: "b", Cost: 1, Allowed: true, Remaining: 0},
+		},
+	},
+}
+
+// TakeFunc charges one request of cost for key at instant now against the
+// case's algorithm and limit, the way a store would.
+type TakeFunc func(t *testing.T, now time.Time, c Case, key string, cost int64) algorithms.Decision
+
+// Run plays every case through take. Keys are prefixed with the case name so
+// that one store can run all cases without the cases seeing each other.
+func Run(t *testing.T, take TakeFunc) {
+	t.Helper()
+	for _, c := range Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			for i, s := range c.Steps {
+				now := Start.Add(s.At)
+				d := take(t, now, c, c.Name+"/"+s.Key, s.Cost)
+				if d.Allowed != s.Allowed || d.Remaining != s.Remaining {
+					t.Fatalf("step %d (+%s key %s cost %d): allowed=%v remaining=%d, want allowed=%v remaining=%d",
+						i, s.At, s.Key, s.Cost, d.Allowed, d.Remaining, s.Allowed, s.Remaining)
+				}
+				if !s.Allowed {
+					if got := d.RetryAt.Sub(now); got != s.RetryAfter {
+						t.Fatalf("step %d (+%s key %s): retry after %s, want %s", i, s.At, s.Key, got, s.RetryAfter)
+					}
+				}
+			}
+		})
+	}
+}
