@@ -1,0 +1,202 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+)
+
+// testClock is a settable clock for the memory store.
+type testClock struct{ now atomic.Int64 }
+
+func (c *testClock) set(t time.Time) { c.now.Store(t.UnixNano()) }
+func (c *testClock) get() time.Time  { return time.Unix(0, c.now.Load()) }
+
+func newTestCounters(t *testing.T, maxKeys int) (*memoryCounters, *testClock) {
+	t.Helper()
+	clock := new(testClock)
+	clock.set(vectors.Start)
+	c := newMemoryCounters(maxKeys, clock.get)
+	t.Cleanup(func() { _ = c.Destruct() })
+	return c, clock
+}
+
+func take1(c *memoryCounters, r Request) algorithms.Decision {
+	d := make([]algorithms.Decision, 1)
+	c.take([]Request{r}, d)
+	return d[0]
+}
+
+func TestMemoryVectors(t *testing.T) {
+	c, clock := newTestCounters(t, DefaultMaxKeys)
+	vectors.Run(t, func(t *testing.T, now time.Time, vc vectors.Case, key string, cost int64) algorithms.Decision {
+		clock.set(now)
+		return take1(c, Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Limit: vc.Limit, Cost: cost})
+	})
+}
+
+func TestMemoryAllOrNothing(t *testing.T) {
+	c, _ := newTestCounters(t, DefaultMaxKeys)
+	minute := time.Minute
+	wide := Request{Zone: "wide", Key: "k", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 10, Window: minute}, Cost: 1}
+	narrow := Request{Zone: "narrow", Key: "k", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 1, Window: minute}, Cost: 1}
+	d := make([]algorithms.Decision, 2)
+
+	c.take([]Request{wide, narrow}, d)
+	if !d[0].Allowed || !d[1].Allowed {
+		t.Fatalf("first: %+v", d)
+	}
+	// narrow is now full: the batch is rejected and wide must not be charged
+	for i := 0; i < 5; i++ {
+		c.take([]Request{wide, narrow}, d)
+		if d[1].Allowed || !d[0].Allowed {
+			t.Fatalf("attempt %d: %+v", i, d)
+		}
+	}
+	if got := take1(c, wide); got.Used != 2 {
+		t.Fatalf("wide zone used %d after rejected batches, want 2 (1 + this one)", got.Used)
+	}
+}
+
+func TestMemoryConcurrentExact(t *testing.T) {
+	c, _ := newTestCounters(t, DefaultMaxKeys)
+	const limit, workers, perWorker = 500, 16, 100
+	req := Request{Zone: "z", Key: "hot", Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: limit, Window: time.Hour}, Cost: 1}
+	other := Request{Zone: "z2", Key: "hot", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 1 << 30, Window: time.Hour}, Cost: 1}
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := make([]algorithms.Decision, 2)
+			for i := 0; i < perWorker; i++ {
+				// alternate the order of zones so lock ordering is exercised
+				if i%2 == 0 {
+					c.take([]Request{req, other}, d)
+					if d[0].Allowed && d[1].Allowed {
+						allowed.Add(1)
+					}
+				} else {
+					c.take([]Request{other, req}, d)
+					if d[0].Allowed && d[1].Allowed {
+						allowed.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := allowed.Load(); got != limit {
+		t.Fatalf("allowed %d of %d, want exactly %d", got, workers*perWorker, limit)
+	}
+}
+
+func TestMemoryEvictsLeastRecentlyUsed(t *testing.T) {
+	c, _ := newTestCounters(t, memoryShards) // one key per shard
+	l := algorithms.Limit{Events: 1, Window: time.Hour}
+	// Fill far beyond the bound; the store must stay bounded.
+	for i := 0; i < 10*memoryShards; i++ {
+		take1(c, Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.FixedWindow, Limit: l, Cost: 1})
+	}
+	if n := c.len(); n > memoryShards {
+		t.Fatalf("%d keys kept, bound is %d", n, memoryShards)
+	}
+	// The most recent key in each shard survives: the last key taken is
+	// still counted, so a second request for it is rejected.
+	last := Request{Zone: "z", Key: fmt.Sprint(10*memoryShards - 1), Algorithm: algorithms.FixedWindow, Limit: l, Cost: 1}
+	if take1(c, last).Allowed {
+		t.Fatal("most recently used key was evicted")
+	}
+}
+
+func TestMemorySweepRemovesExpired(t *testing.T) {
+	c, clock := newTestCounters(t, DefaultMaxKeys)
+	for i := 0; i < 100; i++ {
+		take1(c, Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: 5, Window: time.Second}, Cost: 1})
+	}
+	take1(c, Request{Zone: "z", Key: "long", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 5, Window: time.Hour}, Cost: 1})
+	// One window later a sliding tail still needs its counts.
+	clock.set(vectors.Start.Add(1500 * time.Millisecond))
+	c.sweep()
+	if n := c.len(); n != 101 {
+		t.Fatalf("after one window: %d keys, want 101", n)
+	}
+	clock.set(vectors.Start.Add(2 * time.Second))
+	c.sweep()
+	if n := c.len(); n != 1 {
+		t.Fatalf("after two windows: %d keys, want only the hour-long one", n)
+	}
+}
+
+// TestMemorySharedAcrossProvisions shows that two configs (an old one and
+// the one replacing it) see the same counters, and that the sweeper stops
+// when the last one is cleaned up.
+func TestMemorySharedAcrossProvisions(t *testing.T) {
+	before := runtime.NumGoroutine()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	old, next := new(Memory), new(Memory)
+	if err := old.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := []Request{{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 1, Window: time.Hour}, Cost: 1}}
+	d := make([]algorithms.Decision, 1)
+	if err := old.Take(ctx, r, d); err != nil || !d[0].Allowed {
+		t.Fatalf("first take: %v %+v", err, d[0])
+	}
+	if err := next.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if err := next.Take(ctx, r, d); err != nil || d[0].Allowed {
+		t.Fatalf("counter lost across provisions: %v %+v", err, d[0])
+	}
+	if err := next.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Fatalf("%d goroutines after cleanup, %d before", n, before)
+	}
+}
+
+func BenchmarkMemoryTake(b *testing.B) {
+	c := newMemoryCounters(DefaultMaxKeys, time.Now)
+	defer c.Destruct()
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
+		b.Run(string(alg), func(b *testing.B) {
+			b.ReportAllocs()
+			reqs := []Request{{Zone: "z", Key: "203.0.113.7", Algorithm: alg, Limit: algorithms.Limit{Events: 1 << 30, Window: time.Minute}, Cost: 1}}
+			d := make([]algorithms.Decision, 1)
+			for b.Loop() {
+				c.take(reqs, d)
+			}
+		})
+	}
+	b.Run("parallel_distinct_keys", func(b *testing.B) {
+		b.ReportAllocs()
+		var n atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			reqs := []Request{{Zone: "z", Key: fmt.Sprint("client-", n.Add(1)), Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: 1 << 30, Window: time.Minute}, Cost: 1}}
+			d := make([]algorithms.Decision, 1)
+			for pb.Next() {
+				c.take(reqs, d)
+			}
+		})
+	})
+}
