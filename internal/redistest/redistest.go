@@ -1,0 +1,610 @@
+// Package redistest starts real redis-server processes for tests: a
+// standalone server, a Redis Cluster of masters, or a master watched by a
+// sentinel. Every process listens on a free port on 127.0.0.1 only, keeps
+// its files in a test's temporary directory, and is killed when the test
+// (or the caller, for shared servers) is done.
+//
+// If redis-server is not on PATH, tests that need it are skipped, unless the
+// environment variable CI is "true", where a missing redis-server fails them:
+// CI must install it.
+package redistest
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Binaries returns the paths of redis-server and redis-cli, or skips (or,
+// under CI=true, fails) t when redis-server is not installed.
+func Binaries(t testing.TB) (server, cli string) {
+	t.Helper()
+	server, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("redis-server is not on PATH; CI must install it (e.g. apt-get install redis-server)")
+		}
+		t.Skip("redis-server is not on PATH; install it to run the Redis tests")
+	}
+	cli, _ = exec.LookPath("redis-cli")
+	return server, cli
+}
+
+// reservedPorts are never used: 6379 and its cluster bus and sentinel ports
+// belong to the machine's shared Redis.
+var reservedPorts = map[int]bool{6379: true, 16379: true, 26379: true}
+
+// portsMu keeps two servers started by one process from being handed the
+// same free port before either has bound it.
+var (
+	portsMu    sync.Mutex
+	portsTaken = map[int]bool{}
+)
+
+// freePort returns a port on 127.0.0.1 that is free now, and, if bus is
+// set, whose cluster bus port (port+10000) is free too.
+func freePort(bus bool) (int, error) {
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if reservedPorts[port] || portsTaken[port] {
+			continue
+		}
+		if bus {
+			if port+10000 > 65535 || reservedPorts[port+10000] {
+				continue
+			}
+			lb, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+			if err != nil {
+				continue
+			}
+			lb.Close()
+		}
+		portsTaken[port] = true
+		return port, nil
+	}
+	return 0, errors.New("redistest: no free port found")
+}
+
+// Server is one redis-server process (or a sentinel) on 127.0.0.1.
+type Server struct {
+	// Port is the port it listens on; Addr is "127.0.0.1:<Port>".
+	Port int
+	Addr string
+
+	bin  string
+	dir  string
+	args []string
+
+	// tls is the client config for a TLS server, trusting its certificate.
+	tls *tls.Config
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// URL is the server's address as a redis:// URL, or rediss:// for TLS.
+func (s *Server) URL() string {
+	if s.tls != nil {
+		return "rediss://" + s.Addr
+	}
+	return "redis://" + s.Addr
+}
+
+// Options for a server.
+type Options struct {
+	// Args are extra redis-server arguments, e.g. "--cluster-enabled", "yes".
+	Args []string
+	// ClusterBus asks for a port whose cluster bus port is free too.
+	ClusterBus bool
+	// Sentinel runs the server as a sentinel with Config as its
+	// configuration file (a sentinel needs a writable file).
+	Sentinel bool
+	Config   string
+	// TLS serves TLS only, with a self-signed certificate for 127.0.0.1
+	// made in the server's directory; URL then says rediss://.
+	TLS bool
+}
+
+// Start starts a redis-server in dir (created if missing) on a free port
+// and waits until it answers PING.
+func Start(bin, dir string, o Options) (*Server, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for range 3 {
+		port, err := freePort(o.ClusterBus)
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{Port: port, Addr: "127.0.0.1:" + strconv.Itoa(port), bin: bin, dir: dir}
+		if o.Sentinel {
+			conf := filepath.Join(dir, "sentinel.conf")
+			text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n%s\n", port, dir, o.Config)
+			if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+				return nil, err
+			}
+			s.args = []string{conf, "--sentinel", "--logfile", filepath.Join(dir, "redis.log")}
+		} else if o.TLS {
+			cert, key, pool, err := selfSigned(dir)
+			if err != nil {
+				return nil, err
+			}
+			s.tls = &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+			s.args = []string{
+				"--port", "0",
+				"--tls-port", strconv.Itoa(port),
+				"--tls-cert-file", cert,
+				"--tls-key-file", key,
+				"--tls-ca-cert-file", cert,
+				"--tls-auth-clients", "no",
+			}
+		} else {
+			s.args = []string{"--port", strconv.Itoa(port)}
+		}
+		if !o.Sentinel {
+			s.args = append(s.args,
+				"--bind", "127.0.0.1",
+				"--dir", dir,
+				"--save", "",
+				"--appendonly", "no",
+				"--daemonize", "no",
+				"--logfile", filepath.Join(dir, "redis.log"),
+			)
+			s.args = append(s.args, o.Args...)
+		}
+		if lastErr = s.start(); lastErr == nil {
+			return s, nil
+		}
+	}
+	return nil, lastErr
+}
+
+func (s *Server) start() error {
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Dir = s.dir
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("redistest: starting %s: %w", s.bin, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(done)
+	}()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			return fmt.Errorf("redistest: redis-server on port %d exited at start; log: %s", s.Port, s.logTail())
+		default:
+		}
+		// A plain dial first, so go-redis does not log every refusal.
+		if c, err := net.DialTimeout("tcp", s.Addr, time.Second); err == nil {
+			c.Close()
+			if _, err := s.Do("PING"); err == nil {
+				return nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.Kill()
+	return fmt.Errorf("redistest: redis-server on port %d did not answer PING within 10s; log: %s", s.Port, s.logTail())
+}
+
+func (s *Server) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// Kill stops the server at once (SIGKILL) and waits until it is gone. It
+// resumes a paused server first, so that it can die.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGCONT)
+	cmd.Process.Kill()
+	<-done
+}
+
+// Pause stops the process with SIGSTOP: connections stay open and commands
+// hang, as with a server stuck in a long command.
+func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server.
+func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return errors.New("redistest: server not running")
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
+// Restart kills the server and starts a new, empty one on the same port.
+func (s *Server) Restart() error {
+	s.Kill()
+	return s.start()
+}
+
+// Do sends one command on a fresh connection to database 0 and returns the
+// reply as text: strings and integers as they are, arrays one element per
+// line, nil as "". An error reply is returned as an error.
+func (s *Server) Do(args ...string) (string, error) {
+	return s.DoIn(0, args...)
+}
+
+// DoIn is Do in database db.
+func (s *Server) DoIn(db int, args ...string) (string, error) {
+	c := redis.NewClient(&redis.Options{
+		Addr:            s.Addr,
+		DB:              db,
+		Protocol:        2,
+		PoolSize:        1,
+		MaxRetries:      -1,
+		DialTimeout:     time.Second,
+		ReadTimeout:     5 * time.Second,
+		DisableIdentity: true,
+		DialerRetries:   1,
+		TLSConfig:       s.tls,
+	})
+	defer c.Close()
+	cmdArgs := make([]any, len(args))
+	for i, a := range args {
+		cmdArgs[i] = a
+	}
+	v, err := c.Do(context.Background(), cmdArgs...).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return text(v), nil
+}
+
+func text(v any) string {
+	switch v := v.(type) {
+	case []any:
+		parts := make([]string, len(v))
+		for i, p := range v {
+			parts[i] = text(p)
+		}
+		return strings.Join(parts, "\n")
+	case nil:
+		return ""
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// Info returns one field of INFO <section>, e.g. Info("stats",
+// "total_commands_processed").
+func (s *Server) Info(section, field string) (string, error) {
+	text, err := s.Do("INFO", section)
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("redistest: INFO %s has no %s", section, field)
+}
+
+// CommandStats returns the number of successful calls per command since
+// the server started or the last CONFIG RESETSTAT, from INFO commandstats
+// ("evalsha" → n). Calls that failed or were rejected (an EVALSHA answered
+// NOSCRIPT, say) are not counted.
+func (s *Server) CommandStats() (map[string]int, error) {
+	text, err := s.Do("INFO", "commandstats")
+	if err != nil {
+		return nil, err
+	}
+	stats := make(map[string]int)
+	for _, line := range strings.Split(text, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		n := 0
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			x, _ := strconv.Atoi(v)
+			switch k {
+			case "calls":
+				n += x
+			case "failed_calls", "rejected_calls":
+				n -= x
+			}
+		}
+		stats[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return stats, nil
+}
+
+// Clients returns the number of client connections whose name (CLIENT
+// SETNAME) is name.
+func (s *Server) Clients(name string) (int, error) {
+	text, err := s.Do("CLIENT", "LIST")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, line := range strings.Split(text, "\n") {
+		for _, f := range strings.Fields(line) {
+			if f == "name="+name {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// Standalone starts one server for test t, killed when t ends.
+func Standalone(t testing.TB) *Server {
+	t.Helper()
+	bin, _ := Binaries(t)
+	s, err := Start(bin, t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// Cluster is a Redis Cluster of masters without replicas.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// Addrs returns the nodes' redis:// URLs.
+func (c *Cluster) URLs() []string {
+	urls := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		urls[i] = n.URL()
+	}
+	return urls
+}
+
+// Kill stops every node.
+func (c *Cluster) Kill() {
+	for _, n := range c.Nodes {
+		n.Kill()
+	}
+}
+
+// NodeFor returns the index in Nodes of the node serving the slot of key
+// (CLUSTER KEYSLOT, matched against each node's own slot ranges in CLUSTER
+// NODES).
+func (c *Cluster) NodeFor(key string) (int, error) {
+	v, err := c.Nodes[0].Do("CLUSTER", "KEYSLOT", key)
+	if err != nil {
+		return 0, err
+	}
+	slot, _ := strconv.Atoi(v)
+	for i, n := range c.Nodes {
+		nodes, err := n.Do("CLUSTER", "NODES")
+		if err != nil {
+			return 0, err
+		}
+		for _, line := range strings.Split(nodes, "\n") {
+			f := strings.Fields(line)
+			if len(f) < 9 || !strings.Contains(f[2], "myself") {
+				continue
+			}
+			for _, r := range f[8:] {
+				lo, hi, found := strings.Cut(r, "-")
+				if !found {
+					hi = lo
+				}
+				a, err1 := strconv.Atoi(lo)
+				b, err2 := strconv.Atoi(hi)
+				if err1 == nil && err2 == nil && a <= slot && slot <= b {
+					return i, nil
+				}
+			}
+		}
+	}
+	return 0, fmt.Errorf("redistest: no node serves slot %d of %q", slot, key)
+}
+
+// StartCluster starts masters servers in cluster mode under dir, joins them
+// with `redis-cli --cluster create`, and waits until every node reports the
+// cluster ok. The caller kills it.
+func StartCluster(serverBin, cliBin, dir string, masters int) (*Cluster, error) {
+	if cliBin == "" {
+		return nil, errors.New("redistest: redis-cli is not on PATH; it is needed to create a cluster")
+	}
+	c := new(Cluster)
+	for i := range masters {
+		nodeDir := filepath.Join(dir, "node"+strconv.Itoa(i))
+		s, err := Start(serverBin, nodeDir, Options{
+			ClusterBus: true,
+			Args: []string{
+				"--cluster-enabled", "yes",
+				"--cluster-config-file", filepath.Join(nodeDir, "nodes.conf"),
+				"--cluster-node-timeout", "2000",
+			},
+		})
+		if err != nil {
+			c.Kill()
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, s)
+	}
+	args := []string{"--cluster", "create"}
+	for _, n := range c.Nodes {
+		args = append(args, n.Addr)
+	}
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, cliBin, args...).CombinedOutput(); err != nil {
+		c.Kill()
+		return nil, fmt.Errorf("redistest: redis-cli --cluster create: %w: %s", err, out)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for _, n := range c.Nodes {
+		for {
+			info, err := n.Do("CLUSTER", "INFO")
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.Kill()
+				return nil, fmt.Errorf("redistest: cluster node %s not ok: %v %s", n.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return c, nil
+}
+
+// NewCluster starts a cluster of masters for test t, killed when t ends.
+func NewCluster(t testing.TB, masters int) *Cluster {
+	t.Helper()
+	bin, cli := Binaries(t)
+	c, err := StartCluster(bin, cli, t.TempDir(), masters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Kill)
+	return c
+}
+
+// Sentinel is a master watched by one sentinel.
+type Sentinel struct {
+	Master   *Server
+	Sentinel *Server
+	Name     string
+}
+
+// Kill stops the sentinel and the master.
+func (s *Sentinel) Kill() {
+	s.Sentinel.Kill()
+	s.Master.Kill()
+}
+
+// StartSentinel starts a master and one sentinel monitoring it under the
+// given master name, and waits until the sentinel reports the master.
+func StartSentinel(bin, dir, name string) (*Sentinel, error) {
+	master, err := Start(bin, filepath.Join(dir, "master"), Options{})
+	if err != nil {
+		return nil, err
+	}
+	conf := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 5000\n", name, master.Port, name)
+	sentinel, err := Start(bin, filepath.Join(dir, "sentinel"), Options{Sentinel: true, Config: conf})
+	if err != nil {
+		master.Kill()
+		return nil, err
+	}
+	s := &Sentinel{Master: master, Sentinel: sentinel, Name: name}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		addr, err := sentinel.Do("SENTINEL", "get-master-addr-by-name", name)
+		if err == nil && addr == "127.0.0.1\n"+strconv.Itoa(master.Port) {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			s.Kill()
+			return nil, fmt.Errorf("redistest: sentinel does not report master %s: %q %v", name, addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// NewSentinel starts a master and a sentinel for test t, killed when t ends.
+func NewSentinel(t testing.TB, name string) *Sentinel {
+	t.Helper()
+	bin, _ := Binaries(t)
+	s, err := StartSentinel(bin, t.TempDir(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// selfSigned writes a self-signed certificate for 127.0.0.1 and its key
+// into dir and returns their paths and a pool trusting the certificate.
+func selfSigned(dir string) (certFile, keyFile string, pool *x509.CertPool, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "redistest"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return "", "", nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return "", "", nil, err
+	}
+	certFile, keyFile = filepath.Join(dir, "redis.crt"), filepath.Join(dir, "redis.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return "", "", nil, err
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		return "", "", nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return "", "", nil, err
+	}
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool, nil
+}

@@ -1,0 +1,209 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+)
+
+// redisClient is what configs using the same Redis share, and what outlives
+// a config reload: the connections, the circuit breaker and the deny cache.
+type redisClient struct {
+	rdb     redis.UniversalClient
+	breaker breaker
+	denies  denyCache
+}
+
+func newRedisClient(opts *redis.UniversalOptions) *redisClient {
+	c := &redisClient{rdb: redis.NewUniversalClient(opts)}
+	c.denies.init()
+	return c
+}
+
+// Destruct closes the connections; the UsagePool calls it when the last
+// config using this Redis is cleaned up.
+func (c *redisClient) Destruct() error {
+	return c.rdb.Close()
+}
+
+// Circuit breaker settings: after breakerThreshold consecutive failures,
+// Redis is not asked for breakerCooldown; then one request probes it while
+// the others keep failing fast, until the probe succeeds.
+const (
+	breakerThreshold = 3
+	breakerCooldown  = time.Second
+)
+
+// errBreakerOpen is returned while the breaker skips Redis.
+var errBreakerOpen = errors.New("circuit breaker open")
+
+type breaker struct {
+	// failures counts consecutive failures; zero is the fast path.
+	failures atomic.Int64
+
+	mu        sync.Mutex
+	openUntil time.Time
+	probing   bool
+	lastErr   error
+}
+
+// allow returns nil if Redis may be asked now.
+func (b *breaker) allow(now time.Time) error {
+	if b.failures.Load() < breakerThreshold {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.failures.Load() < breakerThreshold {
+		return nil
+	}
+	if now.Before(b.openUntil) || b.probing {
+		return fmt.Errorf("%w after %d consecutive failures (last: %v)", errBreakerOpen, b.failures.Load(), b.lastErr)
+	}
+	b.probing = true
+	return nil
+}
+
+// done records the outcome of a call that allow let through. A failure
+// that says nothing about Redis (the client went away) is not counted.
+func (b *breaker) done(err error, counts bool, now time.Time) {
+	if err == nil {
+		if b.failures.Load() != 0 {
+			b.mu.Lock()
+			b.failures.Store(0)
+			b.probing = false
+			b.mu.Unlock()
+		}
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.probing = false
+	if !counts {
+		return
+	}
+	b.lastErr = err
+	if b.failures.Add(1) >= breakerThreshold {
+		b.openUntil = now.Add(breakerCooldown)
+	}
+}
+
+// The deny cache holds at most denyCacheShards*denyShardSize keys.
+const (
+	denyCacheShards = 16
+	denyShardSize   = 4096
+)
+
+// denyCache remembers rejections until their retry instant: until then a
+// request of the same or a higher cost for the same key and limit would be
+// rejected too, since counts only grow until time frees them.
+type denyCache struct {
+	seed   maphash.Seed
+	size   atomic.Int64
+	shards [denyCacheShards]denyShard
+}
+
+type denyShard struct {
+	mu      sync.Mutex
+	entries map[string]denyEntry
+}
+
+type denyEntry struct {
+	algorithm algorithms.Algorithm
+	limit     algorithms.Limit
+	cost      int64
+	decision  algorithms.Decision // times in the local clock
+}
+
+func (c *denyCache) init() {
+	c.seed = maphash.MakeSeed()
+	for i := range c.shards {
+		c.shards[i].entries = make(map[string]denyEntry)
+	}
+}
+
+func (c *denyCache) shard(key string) *denyShard {
+	return &c.shards[maphash.String(c.seed, key)%denyCacheShards]
+}
+
+// lookup answers reqs from the cache if any of them is a known rejection,
+// and reports whether it did. The zones it does not know about are
+// reported as allowed with their full limit: the request is rejected
+// anyway, and nothing is charged, as after any rejection.
+func (c *denyCache) lookup(keys []string, reqs []Request, decisions []algorithms.Decision, now time.Time) bool {
+	if c.size.Load() == 0 {
+		return false
+	}
+	hit := false
+	for i, k := range keys {
+		s := c.shard(k)
+		s.mu.Lock()
+		e, ok := s.entries[k]
+		if ok && !now.Before(e.decision.RetryAt) {
+			delete(s.entries, k)
+			c.size.Add(-1)
+			ok = false
+		}
+		s.mu.Unlock()
+		q := reqs[i]
+		if ok && e.algorithm == q.Algorithm && e.limit == q.Limit && q.Cost >= e.cost {
+			d := e.decision
+			// The window may have ended since: report the current one's end.
+			if w := q.Limit.Window; !now.Before(d.Reset) {
+				d.Reset = d.Reset.Add(w * (now.Sub(d.Reset)/w + 1))
+			}
+			decisions[i] = d
+			hit = true
+			continue
+		}
+		decisions[i] = algorithms.Decision{
+			Allowed:   true,
+			Limit:     q.Limit.Events,
+			Remaining: q.Limit.Events,
+			Reset:     now.Add(q.Limit.Window),
+		}
+	}
+	return hit
+}
+
+// store remembers the rejections among decisions.
+func (c *denyCache) store(keys []string, reqs []Request, decisions []algorithms.Decision, now time.Time) {
+	for i, d := range decisions {
+		if d.Allowed || !d.RetryAt.After(now) {
+			continue
+		}
+		s := c.shard(keys[i])
+		s.mu.Lock()
+		if _, ok := s.entries[keys[i]]; !ok {
+			if len(s.entries) >= denyShardSize {
+				// Full: forget an arbitrary entry (map order is random).
+				for k := range s.entries {
+					delete(s.entries, k)
+					c.size.Add(-1)
+					break
+				}
+			}
+			c.size.Add(1)
+		}
+		s.entries[keys[i]] = denyEntry{algorithm: reqs[i].Algorithm, limit: reqs[i].Limit, cost: reqs[i].Cost, decision: d}
+		s.mu.Unlock()
+	}
+}
+
+// len counts the cached rejections, for tests.
+func (c *denyCache) len() int {
+	n := 0
+	for i := range c.shards {
+		c.shards[i].mu.Lock()
+		n += len(c.shards[i].entries)
+		c.shards[i].mu.Unlock()
+	}
+	return n
+}

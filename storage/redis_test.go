@@ -1,0 +1,889 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/big"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+)
+
+var redisPoolTimeout = redis.ErrPoolTimeout
+
+// newRedisStore provisions a Redis store for addresses with a key prefix of
+// its own, and cleans it up when t ends.
+func newRedisStore(t testing.TB, r *Redis, addresses ...string) *Redis {
+	t.Helper()
+	r.Addresses = addresses
+	if r.KeyPrefix == "" {
+		r.KeyPrefix = "test:" + strconv.FormatInt(rand.Int64(), 36) + ":"
+	}
+	if err := r.Provision(caddy.Context{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Cleanup() })
+	return r
+}
+
+// redisTake asks the store for one request at instant at (the script's
+// clock), or the server's clock if at is zero.
+func redisTake(t testing.TB, r *Redis, at time.Time, reqs ...Request) []algorithms.Decision {
+	t.Helper()
+	d := make([]algorithms.Decision, len(reqs))
+	var clock int64
+	if !at.IsZero() {
+		clock = at.UnixMilli()
+	}
+	if err := r.take(context.Background(), reqs, d, clock); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func vectorTake(r *Redis) vectors.TakeFunc {
+	return func(t *testing.T, now time.Time, c vectors.Case, key string, cost int64) algorithms.Decision {
+		return redisTake(t, r, now, Request{Zone: "z", Key: key, Algorithm: c.Algorithm, Limit: c.Limit, Cost: cost})[0]
+	}
+}
+
+func TestRedisVectors(t *testing.T) {
+	s := redistest.Standalone(t)
+	vectors.Run(t, vectorTake(newRedisStore(t, new(Redis), s.URL())))
+}
+
+// TestRedisScriptMatchesDecide compares the script's verdict and counts
+// with algorithms.Decide over random states, including limits near 2^31
+// and windows of months, where prev*(window-elapsed) passes 2^53, and at
+// the exact millisecond a rejection turns into an allowance.
+func TestRedisScriptMatchesDecide(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	rng := rand.New(rand.NewPCG(1, 2))
+	logUniform := func(lo, hi int64) int64 {
+		return int64(math.Exp(math.Log(float64(lo)) + rng.Float64()*(math.Log(float64(hi))-math.Log(float64(lo)))))
+	}
+
+	check := func(t *testing.T, alg algorithms.Algorithm, l algorithms.Limit, stored algorithms.Counts, now time.Time, cost int64) algorithms.Decision {
+		t.Helper()
+		key := r.counterKey("z", "k")
+		if _, err := s.Do("HSET", key, "w", fmt.Sprint(stored.Window), "c", fmt.Sprint(stored.Current), "p", fmt.Sprint(stored.Previous)); err != nil {
+			t.Fatal(err)
+		}
+		want, _ := algorithms.Decide(alg, stored, now, l, cost)
+		got := make([]algorithms.Decision, 1)
+		if _, err := r.run(context.Background(), []string{key}, []Request{{Zone: "z", Key: "k", Algorithm: alg, Limit: l, Cost: cost}}, got, now.UnixMilli(), false); err != nil {
+			t.Fatal(err)
+		}
+		if got[0] != want {
+			t.Fatalf("%s limit %d window %dms counts %+v now %d cost %d:\nscript %+v\nDecide %+v",
+				alg, l.Events, l.Window.Milliseconds(), stored, now.UnixMilli(), cost, got[0], want)
+		}
+		return want
+	}
+
+	t.Run("huge", func(t *testing.T) {
+		// The previous window holds prev = 2^31-1 and the elapsed time e
+		// is picked so that prev*(w-e) = (limit)*w - 1 with both sides
+		// near 2^62: floor(prev*(w-e)/w) = limit-1, so a request of cost
+		// 1 just fits. Doubles cannot tell the two products apart.
+		prev := int64(math.MaxInt32)
+		for days := int64(30); days > 20; days-- {
+			w := days * 24 * 3600 * 1000
+			e := new(big.Int).ModInverse(big.NewInt(prev), big.NewInt(w)).Int64() // prev*e = 1 mod w
+			if w-e < w/2 {
+				continue
+			}
+			x := new(big.Int).Mul(big.NewInt(prev), big.NewInt(w-e))
+			x.Add(x, big.NewInt(1))
+			limit := new(big.Int).Div(x, big.NewInt(w)).Int64() // (prev*(w-e)+1)/w, exact
+			if float64(prev)*float64(w-e) != float64(limit)*float64(w) {
+				continue
+			}
+			l := algorithms.Limit{Events: limit, Window: time.Duration(w) * time.Millisecond}
+			idx := vectors.Start.UnixMilli()/w + 1
+			stored := algorithms.Counts{Window: idx - 1, Current: prev}
+			if d := check(t, algorithms.SlidingTail, l, stored, time.UnixMilli(idx*w+e), 1); !d.Allowed {
+				t.Fatalf("window %d days: want allowed: %+v", days, d)
+			}
+			if d := check(t, algorithms.SlidingTail, l, stored, time.UnixMilli(idx*w+e-1), 1); d.Allowed {
+				t.Fatalf("window %d days: 1ms earlier, want rejected: %+v", days, d)
+			}
+			return
+		}
+		t.Fatal("found no window for the case")
+	})
+
+	t.Run("random", func(t *testing.T) {
+		algs := []algorithms.Algorithm{algorithms.SlidingTail, algorithms.FixedWindow}
+		boundaries := 0
+		for range 1500 {
+			alg := algs[rng.IntN(2)]
+			l := algorithms.Limit{Events: logUniform(1, math.MaxInt32), Window: time.Duration(logUniform(1, 90*24*3600*1000)) * time.Millisecond}
+			w := l.Window.Milliseconds()
+			now := time.UnixMilli(vectors.Start.UnixMilli() + rng.Int64N(1e12))
+			idx := now.UnixMilli() / w
+			stored := algorithms.Counts{
+				Window:   idx - rng.Int64N(3),
+				Current:  rng.Int64N(l.Events + 1),
+				Previous: rng.Int64N(l.Events + 1),
+			}
+			cost := rng.Int64N(l.Events/2 + 2)
+			d := check(t, alg, l, stored, now, cost)
+			if !d.Allowed && d.RetryAt.Sub(now) > time.Millisecond {
+				check(t, alg, l, stored, d.RetryAt.Add(-time.Millisecond), cost)
+				check(t, alg, l, stored, d.RetryAt, cost)
+				boundaries++
+			}
+		}
+		if boundaries < 100 {
+			t.Fatalf("only %d boundary cases", boundaries)
+		}
+	})
+}
+
+func TestRedisKeys(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, &Redis{KeyPrefix: "rl:"}, s.URL())
+	long := strings.Repeat("x", 10000)
+	hashed := r.counterKey("z", long)
+	cases := []struct {
+		key, want string
+	}{
+		{"1.2.3.4", "rl:{1.2.3.4}:z"},
+		{"user:42", "rl:{user:42}:z"},
+		{"2001:db8::1", "rl:{2001:db8::1}:z"},
+		{"a}b", ""},
+		{"{a}", ""},
+		{long, ""},
+		{"", ""},
+		// a key that looks like a hashed one is hashed itself, so it
+		// cannot take over the counter of the long key
+		{hashed[len("rl:{") : len(hashed)-len("}:z")], ""},
+	}
+	seen := map[string]string{}
+	for _, c := range cases {
+		got := r.counterKey("z", c.key)
+		if c.want != "" && got != c.want {
+			t.Errorf("counterKey(%.20q) = %q, want %q", c.key, got, c.want)
+		}
+		if c.want == "" && (!strings.HasPrefix(got, "rl:{#") || len(got) != len("rl:{#}:z")+32) {
+			t.Errorf("counterKey(%.20q) = %q, want a hashed tag", c.key, got)
+		}
+		if strings.Count(got, "{") != 1 || strings.Count(got, "}") != 1 {
+			t.Errorf("counterKey(%.20q) = %q: broken tag", c.key, got)
+		}
+		if prev, ok := seen[got]; ok {
+			t.Errorf("keys %.20q and %.20q share %q", prev, c.key, got)
+		}
+		seen[got] = c.key
+		redisTake(t, r, time.Time{}, Request{Zone: "z", Key: c.key, Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: 5, Window: time.Minute}, Cost: 1})
+	}
+	keys, err := s.Do("KEYS", "rl:*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(strings.Split(keys, "\n")); n != len(cases) {
+		t.Fatalf("%d keys in Redis, want %d:\n%s", n, len(cases), keys)
+	}
+	for _, k := range strings.Split(keys, "\n") {
+		if len(k) > 100 {
+			t.Errorf("key of %d bytes in Redis", len(k))
+		}
+	}
+}
+
+// TestRedisExpiry checks that every written key expires: a fixed window's
+// when the window ends, a sliding tail's when the next window ends.
+func TestRedisExpiry(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	at := vectors.Start.Add(15 * time.Second) // 15 s into a minute
+	for _, c := range []struct {
+		alg  algorithms.Algorithm
+		want time.Duration
+	}{
+		{algorithms.FixedWindow, 45 * time.Second},
+		{algorithms.SlidingTail, 105 * time.Second},
+	} {
+		redisTake(t, r, at, Request{Zone: string(c.alg), Key: "k", Algorithm: c.alg, Limit: algorithms.Limit{Events: 5, Window: time.Minute}, Cost: 1})
+		ttl, err := s.Do("PTTL", r.counterKey(string(c.alg), "k"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms, _ := strconv.ParseInt(ttl, 10, 64)
+		if got := time.Duration(ms) * time.Millisecond; got > c.want || got < c.want-2*time.Second {
+			t.Errorf("%s: PTTL %s, want %s", c.alg, got, c.want)
+		}
+	}
+}
+
+func TestRedisRejectedWritesNothing(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	l := algorithms.Limit{Events: 3, Window: time.Minute}
+	at := vectors.Start
+
+	// A cost above the limit on a fresh key creates nothing.
+	d := redisTake(t, r, at, Request{Zone: "a", Key: "k", Algorithm: algorithms.SlidingTail, Limit: l, Cost: 4})
+	if d[0].Allowed {
+		t.Fatal("cost above the limit allowed")
+	}
+	if n, _ := s.Do("EXISTS", r.counterKey("a", "k")); n != "0" {
+		t.Fatal("a rejected request created its key")
+	}
+
+	// Two zones, one of them full: the other is not charged.
+	redisTake(t, r, at, Request{Zone: "b", Key: "k", Algorithm: algorithms.FixedWindow, Limit: l, Cost: 3})
+	for i := range 3 {
+		d := redisTake(t, r, at,
+			Request{Zone: "a", Key: "k", Algorithm: algorithms.SlidingTail, Limit: l, Cost: 1},
+			Request{Zone: "b", Key: "k", Algorithm: algorithms.FixedWindow, Limit: l, Cost: 1})
+		if !d[0].Allowed || d[1].Allowed {
+			t.Fatalf("request %d: %+v", i, d)
+		}
+	}
+	if n, _ := s.Do("EXISTS", r.counterKey("a", "k")); n != "0" {
+		t.Fatal("zone a was charged for requests zone b rejected")
+	}
+	if c, _ := s.Do("HGET", r.counterKey("b", "k"), "c"); c != "3" {
+		t.Fatalf("zone b counts %s, want 3", c)
+	}
+}
+
+// TestRedisClockSkew runs the store with a local clock an hour ahead of
+// Redis's: windows follow Redis's clock, and the times in decisions are
+// moved to the local clock, so Retry-After stays right.
+func TestRedisClockSkew(t *testing.T) {
+	s := redistest.Standalone(t)
+	for _, skew := range []time.Duration{time.Hour, -time.Hour} {
+		r := newRedisStore(t, new(Redis), s.URL())
+		r.now = func() time.Time { return time.Now().Add(skew) }
+		req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 1, Window: 10 * time.Second}, Cost: 1}
+		redisTake(t, r, time.Time{}, req)
+		d := redisTake(t, r, time.Time{}, req)
+		if d[0].Allowed {
+			t.Fatal("second request allowed")
+		}
+		local := r.now()
+		if wait := d[0].RetryAt.Sub(local); wait <= 0 || wait > 10*time.Second {
+			t.Fatalf("skew %s: retry in %s, want within the 10s window", skew, wait)
+		}
+		if reset := d[0].Reset.Sub(local); reset <= 0 || reset > 10*time.Second {
+			t.Fatalf("skew %s: reset in %s", skew, reset)
+		}
+	}
+}
+
+// TestRedisDenyCache checks that a key over its limit is answered locally
+// until its retry instant, with no Redis command, and asks Redis again
+// after.
+func TestRedisDenyCache(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 2, Window: time.Second}, Cost: 1}
+	for {
+		// Start early in a window, so the test does not race its end.
+		if ms := time.Now().UnixMilli() % 1000; ms < 500 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	redisTake(t, r, time.Time{}, req)
+	redisTake(t, r, time.Time{}, req)
+	first := redisTake(t, r, time.Time{}, req)[0]
+	if first.Allowed {
+		t.Fatal("third request allowed")
+	}
+	if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		d := redisTake(t, r, time.Time{}, req)[0]
+		if d.Allowed || !d.RetryAt.Equal(first.RetryAt) {
+			t.Fatalf("cached answer %+v, want %+v", d, first)
+		}
+		// A higher cost is rejected from the cache too; a different
+		// limit is not the same rejection.
+		redisTake(t, r, time.Time{}, Request{Zone: "z", Key: "k", Algorithm: req.Algorithm, Limit: req.Limit, Cost: 2})
+	}
+	// Another zone in the same request is not charged.
+	d := redisTake(t, r, time.Time{}, req, Request{Zone: "other", Key: "k", Algorithm: req.Algorithm, Limit: req.Limit, Cost: 1})
+	if d[0].Allowed || !d[1].Allowed {
+		t.Fatalf("two zones: %+v", d)
+	}
+	stats, err := s.CommandStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats["evalsha"]+stats["eval"] != 0 {
+		t.Fatalf("cached rejections ran %d scripts", stats["evalsha"]+stats["eval"])
+	}
+	if n, _ := s.Do("EXISTS", r.counterKey("other", "k")); n != "0" {
+		t.Fatal("the other zone was charged")
+	}
+	time.Sleep(time.Until(first.RetryAt) + 5*time.Millisecond)
+	if d := redisTake(t, r, time.Time{}, req)[0]; !d.Allowed {
+		t.Fatalf("after the retry instant: %+v", d)
+	}
+	stats, _ = s.CommandStats()
+	if stats["evalsha"] != 1 {
+		t.Fatalf("after the retry instant %d scripts ran, want 1", stats["evalsha"])
+	}
+}
+
+func TestDenyCacheBounded(t *testing.T) {
+	var c denyCache
+	c.init()
+	now := time.Now()
+	req := Request{Zone: "z", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 1, Window: time.Minute}, Cost: 1}
+	d := []algorithms.Decision{{Limit: 1, RetryAt: now.Add(time.Minute), Reset: now.Add(time.Minute)}}
+	for i := range 2 * denyCacheShards * denyShardSize {
+		c.store([]string{strconv.Itoa(i)}, []Request{req}, d, now)
+	}
+	if n, max := c.len(), denyCacheShards*denyShardSize; n > max || int(c.size.Load()) != n {
+		t.Fatalf("cache holds %d (counted %d), bound %d", n, c.size.Load(), max)
+	}
+}
+
+// TestRedisTimeoutAndBreaker pauses and kills Redis: decisions fail with
+// the reason the outage gives (the timeout budget for a hung server, a
+// refused connection for a dead one), wrapped in ErrUnavailable; after
+// three failures the breaker answers without asking Redis; once Redis is
+// back, decisions resume. Durations are logged, never asserted: they depend
+// on the machine.
+func TestRedisTimeoutAndBreaker(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(50 * time.Millisecond)}, s.URL())
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: 1000, Window: time.Minute}, Cost: 1}
+	take := func() (time.Duration, error) {
+		d := make([]algorithms.Decision, 1)
+		start := time.Now()
+		err := r.Take(context.Background(), []Request{req}, d)
+		return time.Since(start), err
+	}
+	if _, err := take(); err != nil {
+		t.Fatal(err)
+	}
+
+	recovers := func(t *testing.T) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			if _, err := take(); err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no recovery within 5s")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	timedOut := func(err error) bool {
+		var ne net.Error
+		return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+	}
+	refused := func(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+
+	for _, outage := range []struct {
+		name   string
+		reason func(error) bool
+	}{{"paused", timedOut}, {"killed", refused}} {
+		t.Run(outage.name, func(t *testing.T) {
+			if outage.name == "paused" {
+				if err := s.Pause(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				s.Kill()
+			}
+			var failing, open []time.Duration
+			for i := range breakerThreshold {
+				took, err := take()
+				if !errors.Is(err, ErrUnavailable) || errors.Is(err, errBreakerOpen) || !outage.reason(err) {
+					t.Fatalf("failure %d: %v, want ErrUnavailable from the %s server", i, err, outage.name)
+				}
+				failing = append(failing, took)
+			}
+			for range 100 {
+				took, err := take()
+				if !errors.Is(err, ErrUnavailable) || !errors.Is(err, errBreakerOpen) {
+					t.Fatalf("breaker not open: %v", err)
+				}
+				open = append(open, took)
+			}
+			t.Logf("failures took %v; the open breaker answered in at most %v", failing, slices.Max(open))
+			if outage.name == "paused" {
+				if err := s.Resume(); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := s.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			recovers(t)
+		})
+	}
+}
+
+func TestBreaker(t *testing.T) {
+	var b breaker
+	now := time.Now()
+	boom := errors.New("i/o timeout")
+	for i := range breakerThreshold - 1 {
+		if err := b.allow(now); err != nil {
+			t.Fatalf("failure %d: %v", i, err)
+		}
+		b.done(boom, true, now)
+	}
+	// Failures that do not count leave it closed.
+	for range 10 {
+		b.done(fmt.Errorf("wrapped: %w", redisPoolTimeout), failureCounts(context.Background(), redisPoolTimeout), now)
+		canceled, cancel := context.WithCancel(context.Background())
+		cancel()
+		b.done(boom, failureCounts(canceled, boom), now)
+	}
+	if err := b.allow(now); err != nil {
+		t.Fatalf("opened on failures that do not count: %v", err)
+	}
+	b.done(boom, true, now)
+	if err := b.allow(now.Add(breakerCooldown - time.Millisecond)); !errors.Is(err, errBreakerOpen) {
+		t.Fatalf("within the cooldown: %v", err)
+	}
+	// After the cooldown one probe goes through, the rest wait for it.
+	later := now.Add(breakerCooldown)
+	if err := b.allow(later); err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	if err := b.allow(later); !errors.Is(err, errBreakerOpen) {
+		t.Fatalf("second request during the probe: %v", err)
+	}
+	b.done(boom, true, later) // the probe failed: open again
+	if err := b.allow(later.Add(breakerCooldown / 2)); !errors.Is(err, errBreakerOpen) {
+		t.Fatalf("after a failed probe: %v", err)
+	}
+	b.allow(later.Add(breakerCooldown))
+	b.done(nil, true, later.Add(breakerCooldown)) // the probe succeeded
+	if err := b.allow(later.Add(breakerCooldown)); err != nil {
+		t.Fatalf("after a good probe: %v", err)
+	}
+}
+
+func TestRedisSharedClient(t *testing.T) {
+	s := redistest.Standalone(t)
+	a := newRedisStore(t, new(Redis), s.URL())
+	b := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Second)}, s.URL())
+	if a.client != b.client {
+		t.Fatal("two stores for one Redis do not share a client")
+	}
+	other := newRedisStore(t, &Redis{PoolSize: 3}, s.URL())
+	if other.client == a.client {
+		t.Fatal("a different pool size shares the client")
+	}
+	client := a.client
+	if err := a.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("client closed while b uses it: %v", err)
+	}
+	if err := b.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.rdb.Ping(context.Background()).Err(); err == nil {
+		t.Fatal("client still open after the last user left")
+	}
+}
+
+func TestRedisProvision(t *testing.T) {
+	s := redistest.Standalone(t)
+	t.Setenv("RL_TEST_REDIS_URL", s.URL()+"/3")
+	r := newRedisStore(t, new(Redis), "{env.RL_TEST_REDIS_URL}")
+	redisTake(t, r, time.Time{}, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: 5, Window: time.Minute}, Cost: 1})
+	if n, err := s.Do("DBSIZE"); err != nil || n != "0" {
+		t.Fatalf("database 0 holds %s keys (%v); the URL said database 3", n, err)
+	}
+	if n, err := s.DoIn(3, "EXISTS", r.counterKey("z", "k")); err != nil || n != "1" {
+		t.Fatalf("database 3 does not hold the counter: %s %v", n, err)
+	}
+
+	t.Setenv("RL_TEST_BAD_URL", "redis://user:secret@127.0.0.1:notaport")
+	for _, c := range []struct {
+		r    Redis
+		want string
+	}{
+		{Redis{Addresses: []string{"redis://127.0.0.1:notaport"}}, `address "redis://127.0.0.1:notaport"`},
+		{Redis{Addresses: []string{"{env.RL_TEST_BAD_URL}"}}, `address "{env.RL_TEST_BAD_URL}" = "redis://user:xxxxx@127.0.0.1:notaport"`},
+		{Redis{Addresses: []string{"{env.RL_TEST_UNSET_VARIABLE}"}}, `address "{env.RL_TEST_UNSET_VARIABLE}"`},
+		{Redis{Addresses: []string{"http://127.0.0.1:1"}}, `scheme "http" is not supported`},
+		{Redis{Addresses: []string{"redis://127.0.0.1:1?pool_size=3"}}, `URL option "pool_size" is not supported`},
+		{Redis{Addresses: []string{"redis://127.0.0.1:1/x"}}, `invalid database number`},
+		{Redis{Addresses: []string{"redis://127.0.0.1:1", "redis://127.0.0.1:2"}}, "several addresses need cluster or sentinel"},
+		{Redis{Addresses: []string{"redis://a:1", "redis://u:p@b:1"}, Cluster: true}, "must be the same for every address"},
+		{Redis{Addresses: []string{"redis://a:1/2"}, Cluster: true}, "only database 0"},
+		{Redis{Addresses: []string{"redis://a:1"}, Cluster: true, Sentinel: "m"}, "exclude each other"},
+		{Redis{Addresses: []string{"redis://a:1"}, KeyPrefix: "rl{x}:"}, "key_prefix"},
+		{Redis{Addresses: []string{"redis://a:1"}, PoolSize: -1}, "pool_size"},
+		{Redis{Addresses: []string{"redis://a:1"}, Timeout: -1}, "timeout"},
+		{Redis{}, "at least one"},
+	} {
+		err := c.r.Provision(caddy.Context{})
+		if err == nil {
+			c.r.Cleanup()
+			t.Errorf("%v: provisioned", c.r.Addresses)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %q, want it to contain %q", c.r.Addresses, err, c.want)
+		}
+		if strings.Contains(err.Error(), "secret") {
+			t.Errorf("error shows the password: %v", err)
+		}
+	}
+}
+
+func TestRedisUnmarshalCaddyfile(t *testing.T) {
+	good := []struct {
+		input string
+		want  Redis
+	}{
+		{`redis {
+			address redis://u:p@10.0.0.1:6380/2
+		}`, Redis{Addresses: []string{"redis://u:p@10.0.0.1:6380/2"}}},
+		{`redis {
+			address redis://a:7000 redis://b:7000
+			address rediss://c:7000
+			cluster
+			timeout 100ms
+			key_prefix app:rl:
+			pool_size 20
+		}`, Redis{Addresses: []string{"redis://a:7000", "redis://b:7000", "rediss://c:7000"}, Cluster: true, Timeout: caddy.Duration(100 * time.Millisecond), KeyPrefix: "app:rl:", PoolSize: 20}},
+		{`redis {
+			address {env.REDIS_SENTINEL_1} 10.0.0.2:26379
+			sentinel mymaster
+		}`, Redis{Addresses: []string{"{env.REDIS_SENTINEL_1}", "10.0.0.2:26379"}, Sentinel: "mymaster"}},
+	}
+	for _, c := range good {
+		var r Redis
+		if err := r.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input)); err != nil {
+			t.Errorf("%s: %v", c.input, err)
+			continue
+		}
+		if fmt.Sprint(r) != fmt.Sprint(c.want) {
+			t.Errorf("%s:\ngot  %+v\nwant %+v", c.input, r, c.want)
+		}
+	}
+	bad := []struct{ input, want string }{
+		{`redis`, "at least one address"},
+		{`redis {
+			address redis://h:port
+		}`, `address "redis://h:port"`},
+		{`redis {
+			address redis://u:pw@h:99999999
+		}`, `address "redis://u:xxxxx@h:99999999"`},
+		{`redis {
+			address
+		}`, "wrong argument count"},
+		{`redis {
+			address redis://a:1
+			sentinel
+		}`, "master name is required"},
+		{`redis {
+			address redis://a:1
+			cluster
+			sentinel m
+		}`, "exclude each other"},
+		{`redis {
+			address redis://a:1 redis://b:1
+		}`, "need cluster or sentinel"},
+		{`redis {
+			address redis://a:1
+			timeout soon
+		}`, `timeout: must be a positive duration, got "soon"`},
+		{`redis {
+			address redis://a:1
+			key_prefix {x}
+		}`, "key_prefix"},
+		{`redis {
+			address redis://a:1
+			pool_size -3
+		}`, "pool_size"},
+		{`redis {
+			address redis://a:1
+			db 2
+		}`, `unknown subdirective "db"`},
+	}
+	for _, c := range bad {
+		var r Redis
+		err := r.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want %q", c.input, err, c.want)
+		}
+	}
+}
+
+// TestRedisTLSAndAuth connects over TLS (rediss://) and as an ACL user
+// with a password from the URL; a wrong password or an untrusted
+// certificate fails the decision rather than going unnoticed.
+func TestRedisTLSAndAuth(t *testing.T) {
+	bin, _ := redistest.Binaries(t)
+	s, err := redistest.Start(bin, t.TempDir(), redistest.Options{
+		TLS:  true,
+		Args: []string{"--user", "limiter", "on", ">s3cret", "~rl:*", "+@all"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Kill)
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: 5, Window: time.Minute}, Cost: 1}
+	base := strings.TrimPrefix(s.URL(), "rediss://")
+
+	// The first decision dials, shakes hands, authenticates and loads the
+	// script: more than the default 50ms on a busy machine, and not what
+	// this test is about.
+	r := newRedisStore(t, &Redis{KeyPrefix: "rl:", Timeout: caddy.Duration(time.Second)}, "rediss://limiter:s3cret@"+base+"?skip_verify=true")
+	if d := redisTake(t, r, time.Time{}, req); !d[0].Allowed {
+		t.Fatalf("%+v", d)
+	}
+	list, err := s.Do("CLIENT", "LIST")
+	if err != nil || !strings.Contains(list, "user=limiter") {
+		t.Fatalf("no connection as user limiter: %v\n%s", err, list)
+	}
+
+	for _, c := range []struct{ name, url string }{
+		{"wrong password", "rediss://limiter:wrong@" + base + "?skip_verify=true"},
+		{"untrusted certificate", "rediss://limiter:s3cret@" + base},
+		{"plain text to a TLS port", "redis://limiter:s3cret@" + base},
+	} {
+		r := newRedisStore(t, &Redis{KeyPrefix: "rl:", Timeout: caddy.Duration(time.Second)}, c.url)
+		err := r.Take(context.Background(), []Request{req}, make([]algorithms.Decision, 1))
+		if !errors.Is(err, ErrUnavailable) {
+			t.Errorf("%s: %v, want ErrUnavailable", c.name, err)
+		}
+		t.Logf("%s: %v", c.name, err)
+	}
+}
+
+func TestRedisSentinel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a sentinel")
+	}
+	s := redistest.NewSentinel(t, "rlmaster")
+	r := newRedisStore(t, &Redis{Sentinel: s.Name}, s.Sentinel.URL())
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: 3, Window: time.Minute}, Cost: 1}
+	for i := range 4 {
+		if d := redisTake(t, r, time.Time{}, req)[0]; d.Allowed != (i < 3) {
+			t.Fatalf("request %d: %+v", i, d)
+		}
+	}
+	if c, err := s.Master.Do("HGET", r.counterKey("z", "k"), "c"); err != nil || c != "3" {
+		t.Fatalf("master holds %q (%v), want 3", c, err)
+	}
+}
+
+func TestRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster")
+	}
+	c := redistest.NewCluster(t, 3)
+	r := newRedisStore(t, &Redis{Cluster: true}, c.URLs()...)
+
+	t.Run("vectors", func(t *testing.T) {
+		vectors.Run(t, vectorTake(r))
+	})
+
+	// scripts sums a command's calls over the nodes.
+	calls := func(t *testing.T, cmd string) int {
+		n := 0
+		for _, node := range c.Nodes {
+			stats, err := node.CommandStats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += stats[cmd]
+		}
+		return n
+	}
+	resetStats := func(t *testing.T) {
+		for _, node := range c.Nodes {
+			if _, err := node.Do("CONFIG", "RESETSTAT"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// nodeOf returns the index of the node that holds key.
+	nodeOf := func(t *testing.T, key string) int {
+		for i, node := range c.Nodes {
+			if n, err := node.Do("EXISTS", key); err == nil && n == "1" {
+				return i
+			}
+		}
+		t.Fatalf("no node holds %s", key)
+		return -1
+	}
+	l := algorithms.Limit{Events: 2, Window: time.Minute}
+
+	t.Run("keys spread over nodes", func(t *testing.T) {
+		used := map[int]bool{}
+		for i := range 30 {
+			key := "client-" + strconv.Itoa(i)
+			redisTake(t, r, time.Time{}, Request{Zone: "spread", Key: key, Algorithm: algorithms.SlidingTail, Limit: l, Cost: 1})
+			used[nodeOf(t, r.counterKey("spread", key))] = true
+		}
+		if len(used) != len(c.Nodes) {
+			t.Fatalf("30 keys landed on %d of %d nodes", len(used), len(c.Nodes))
+		}
+	})
+
+	t.Run("zones of one key in one script", func(t *testing.T) {
+		resetStats(t)
+		d := redisTake(t, r, time.Time{},
+			Request{Zone: "one-a", Key: "k", Algorithm: algorithms.SlidingTail, Limit: l, Cost: 1},
+			Request{Zone: "one-b", Key: "k", Algorithm: algorithms.FixedWindow, Limit: l, Cost: 1})
+		if !d[0].Allowed || !d[1].Allowed {
+			t.Fatalf("%+v", d)
+		}
+		if n := calls(t, "evalsha") + calls(t, "eval"); n != 1 {
+			t.Fatalf("%d script calls for two zones of one key, want 1", n)
+		}
+	})
+
+	// Two keys on different nodes, so the zones are decided in two calls.
+	var k1, k2 string
+	for i := 0; k2 == ""; i++ {
+		key := "slot-" + strconv.Itoa(i)
+		redisTake(t, r, time.Time{}, Request{Zone: "probe", Key: key, Algorithm: algorithms.SlidingTail, Limit: l, Cost: 1})
+		switch {
+		case k1 == "":
+			k1 = key
+		case nodeOf(t, r.counterKey("probe", key)) != nodeOf(t, r.counterKey("probe", k1)):
+			k2 = key
+		}
+	}
+	count := func(t *testing.T, zone, key string) string {
+		for _, node := range c.Nodes {
+			if v, err := node.Do("HGET", r.counterKey(zone, key), "c"); err == nil && v != "" {
+				return v
+			}
+		}
+		return "0"
+	}
+
+	t.Run("cross-slot rejection in the first group", func(t *testing.T) {
+		// The first group (k1) is full: the second (k2) is only asked.
+		redisTake(t, r, time.Time{}, Request{Zone: "x1", Key: k1, Algorithm: algorithms.FixedWindow, Limit: l, Cost: 2})
+		for range 3 {
+			d := redisTake(t, r, time.Time{},
+				Request{Zone: "x1", Key: k1, Algorithm: algorithms.FixedWindow, Limit: l, Cost: 1},
+				Request{Zone: "x2", Key: k2, Algorithm: algorithms.FixedWindow, Limit: l, Cost: 1})
+			if d[0].Allowed || !d[1].Allowed {
+				t.Fatalf("%+v", d)
+			}
+		}
+		if got := count(t, "x2", k2); got != "0" {
+			t.Fatalf("zone x2 charged %s", got)
+		}
+	})
+
+	t.Run("cross-slot rejection in a later group is refunded", func(t *testing.T) {
+		// The second group (k2) is full: the first (k1) is charged, then
+		// refunded.
+		redisTake(t, r, time.Time{}, Request{Zone: "y2", Key: k2, Algorithm: algorithms.SlidingTail, Limit: l, Cost: 2})
+		resetStats(t)
+		for range 3 {
+			d := redisTake(t, r, time.Time{},
+				Request{Zone: "y1", Key: k1, Algorithm: algorithms.SlidingTail, Limit: l, Cost: 1},
+				Request{Zone: "y2", Key: k2, Algorithm: algorithms.SlidingTail, Limit: l, Cost: 1})
+			if !d[0].Allowed || d[1].Allowed {
+				t.Fatalf("%+v", d)
+			}
+			r.client.denies.init() // ask Redis every time
+		}
+		if got := count(t, "y1", k1); got != "0" {
+			t.Fatalf("zone y1 keeps %s after refunds", got)
+		}
+		if n := calls(t, "evalsha") + calls(t, "eval"); n != 9 {
+			t.Fatalf("%d script calls for 3 rejected cross-slot requests, want 9 (charge, check, refund)", n)
+		}
+		// Both allowed: both charged.
+		d := redisTake(t, r, time.Time{},
+			Request{Zone: "y1", Key: k1, Algorithm: algorithms.SlidingTail, Limit: l, Cost: 1},
+			Request{Zone: "y3", Key: k2, Algorithm: algorithms.SlidingTail, Limit: l, Cost: 1})
+		if !d[0].Allowed || !d[1].Allowed || count(t, "y1", k1) != "1" || count(t, "y3", k2) != "1" {
+			t.Fatalf("%+v", d)
+		}
+	})
+
+	t.Run("concurrent exactness", func(t *testing.T) {
+		// 10 keys over the nodes, 40 concurrent requests each, limit 7.
+		// The timeout is generous: this is about exactness, not speed.
+		r := newRedisStore(t, &Redis{Cluster: true, Timeout: caddy.Duration(10 * time.Second)}, c.URLs()...)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		allowed := map[string]int{}
+		for k := range 10 {
+			key := "exact-" + strconv.Itoa(k)
+			for range 40 {
+				wg.Go(func() {
+					d := make([]algorithms.Decision, 1)
+					err := r.Take(context.Background(), []Request{{Zone: "exact", Key: key, Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: 7, Window: time.Minute}, Cost: 1}}, d)
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						t.Error(err)
+					} else if d[0].Allowed {
+						allowed[key]++
+					}
+				})
+			}
+		}
+		wg.Wait()
+		for k := range 10 {
+			if n := allowed["exact-"+strconv.Itoa(k)]; n != 7 {
+				t.Errorf("key %d: %d allowed, want 7", k, n)
+			}
+		}
+	})
+}
+
+// BenchmarkRedisTake measures one decision against a real redis-server:
+// one EVALSHA round trip over loopback.
+func BenchmarkRedisTake(b *testing.B) {
+	bin, _ := redistest.Binaries(b)
+	s, err := redistest.Start(bin, b.TempDir(), redistest.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Kill()
+	r := newRedisStore(b, new(Redis), s.URL())
+	reqs := []Request{{Zone: "bench", Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: math.MaxInt32, Window: time.Minute}, Cost: 1}}
+	d := make([]algorithms.Decision, 1)
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		reqs[0].Key = keys[i%len(keys)]
+		if err := r.Take(ctx, reqs, d); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
