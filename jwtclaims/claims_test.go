@@ -1,0 +1,415 @@
+package jwtclaims
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+var epoch = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// TestVerify shows which tokens yield claims: only those whose signature
+// verifies with a configured key under an allowed algorithm and whose
+// time, issuer and audience checks pass.
+func TestVerify(t *testing.T) {
+	k := keys()
+	clk := &clock{t: epoch}
+	rsaFile := writeFile(t, "rsa.pem", k.rsaPublicKeyPEM)
+	ecFile := writeFile(t, "ec.pem", publicPEM(&k.ec256.PublicKey))
+	edFile := writeFile(t, "ed.pem", publicPEM(k.ed.Public()))
+	cfg := provisioned(t, &Config{
+		Secret:     testSecret,
+		PublicKeys: []string{rsaFile, ecFile, edFile},
+		Issuer:     "https://id.example.com",
+		Audience:   []string{"api", "other-api"},
+		Leeway:     caddy.Duration(30 * time.Second),
+	}, clk)
+	// rsaOnly has the same RSA key and nothing else: the target of an
+	// algorithm confusion attack.
+	rsaOnly := provisioned(t, &Config{PublicKeys: []string{rsaFile}}, clk)
+
+	now := epoch.Unix()
+	good := func(extra jwt.MapClaims) jwt.MapClaims {
+		c := jwt.MapClaims{"sub": "alice", "iss": "https://id.example.com", "aud": "api", "exp": now + 3600}
+		for k, v := range extra {
+			if v == nil {
+				delete(c, k)
+			} else {
+				c[k] = v
+			}
+		}
+		return c
+	}
+	none := sign(t, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, good(nil))
+
+	tests := []struct {
+		name  string
+		cfg   *Config
+		token string
+		ok    bool
+	}{
+		{"HS256", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(nil)), true},
+		{"HS512", cfg, sign(t, jwt.SigningMethodHS512, []byte(testSecret), good(nil)), true},
+		{"RS256", cfg, sign(t, jwt.SigningMethodRS256, k.rsa, good(nil)), true},
+		{"PS384", cfg, sign(t, jwt.SigningMethodPS384, k.rsa, good(nil)), true},
+		{"ES256", cfg, sign(t, jwt.SigningMethodES256, k.ec256, good(nil)), true},
+		{"EdDSA", cfg, sign(t, jwt.SigningMethodEdDSA, k.ed, good(nil)), true},
+		{"audience in a list", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"aud": []string{"x", "other-api"}})), true},
+		{"expired within leeway", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": now - 10})), true},
+		{"no exp", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": nil})), true},
+
+		{"empty", cfg, "", false},
+		{"not a JWT", cfg, "hello", false},
+		{"two parts", cfg, "a.b", false},
+		{"four parts", cfg, "a.b.c.d", false},
+		{"invalid base64", cfg, "!!!.???.***", false},
+		{"header not JSON", cfg, b64("not json") + "." + b64(`{"sub":"alice"}`) + ".c2ln", false},
+		{"expired", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": now - 31})), false},
+		{"not yet valid", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"nbf": now + 31})), false},
+		{"another secret", cfg, sign(t, jwt.SigningMethodHS256, []byte("another secret, also 32 bytes..."), good(nil)), false},
+		{"another RSA key", cfg, sign(t, jwt.SigningMethodRS256, k.rsaOther, good(nil)), false},
+		{"another ECDSA key", cfg, sign(t, jwt.SigningMethodES256, k.ec256Other, good(nil)), false},
+		{"another Ed25519 key", cfg, sign(t, jwt.SigningMethodEdDSA, k.edOther, good(nil)), false},
+		{"ES384 without a P-384 key", cfg, sign(t, jwt.SigningMethodES384, k.ec384, good(nil)), false},
+		{"alg none", cfg, none, false},
+		{"alg none, signature stripped", cfg, strings.TrimSuffix(none, "."), false},
+		{"alg confusion: HS256 with the RSA public key as secret", rsaOnly,
+			sign(t, jwt.SigningMethodHS256, k.rsaPublicKeyPEM, good(nil)), false},
+		{"alg confusion against a config that also has a secret", cfg,
+			sign(t, jwt.SigningMethodHS256, k.rsaPublicKeyPEM, good(nil)), false},
+		{"wrong issuer", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"iss": "https://evil.example.com"})), false},
+		{"no issuer", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"iss": nil})), false},
+		{"wrong audience", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"aud": "admin"})), false},
+		{"no audience", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"aud": nil})), false},
+		{"payload swapped under a valid signature", cfg, swapPayload(sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(nil)), good(jwt.MapClaims{"sub": "bob"})), false},
+		{"signature with non-zero padding bits", cfg, flipLastChar(sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(nil))), false},
+		{"oversized", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"pad": strings.Repeat("x", MaxTokenSize)})), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			claims := tt.cfg.verify(tt.token)
+			if got := claims != nil; got != tt.ok {
+				t.Fatalf("verified = %v, want %v", got, tt.ok)
+			}
+			if tt.ok && Lookup(claims, "sub") != "alice" {
+				t.Fatalf("sub = %q", Lookup(claims, "sub"))
+			}
+		})
+	}
+}
+
+func b64(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+// swapPayload replaces the claims of a signed token, keeping its signature.
+func swapPayload(token string, claims jwt.MapClaims) string {
+	parts := strings.Split(token, ".")
+	payload, _ := json.Marshal(claims)
+	return parts[0] + "." + b64(string(payload)) + "." + parts[2]
+}
+
+// flipLastChar changes the last character of the signature to one that
+// decodes to the same bytes when padding bits are ignored.
+func flipLastChar(token string) string {
+	last := token[len(token)-1]
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	i := strings.IndexByte(alphabet, last)
+	return token[:len(token)-1] + string(alphabet[i^1])
+}
+
+func TestLookup(t *testing.T) {
+	var claims map[string]any
+	dec := json.NewDecoder(strings.NewReader(`{
+		"sub": "alice",
+		"org": {"id": 42, "name": "Acme", "team": {"id": "t-1"}},
+		"a.b": "dotted name",
+		"big": 12345678901234567890,
+		"neg": -7,
+		"exp3": 1e3,
+		"float": 1.5,
+		"whole": 2.0,
+		"huge": 1e400,
+		"tiny": 1e-7,
+		"flag": true,
+		"off": false,
+		"nothing": null,
+		"roles": ["admin", "user"],
+		"empty": ""
+	}`))
+	dec.UseNumber()
+	if err := dec.Decode(&claims); err != nil {
+		t.Fatal(err)
+	}
+	tests := map[string]string{
+		"sub":          "alice",
+		"org.id":       "42",
+		"org.name":     "Acme",
+		"org.team.id":  "t-1",
+		"a.b":          "dotted name",
+		"big":          "12345678901234567890",
+		"neg":          "-7",
+		"exp3":         "1000",
+		"float":        "1.5",
+		"whole":        "2",
+		"huge":         "",
+		"tiny":         "0.0000001",
+		"flag":         "true",
+		"off":          "false",
+		"nothing":      "",
+		"roles":        "",
+		"roles.0":      "",
+		"org":          "",
+		"org.team":     "",
+		"org.missing":  "",
+		"missing":      "",
+		"sub.x":        "",
+		"empty":        "",
+		"":             "",
+		".":            "",
+		"org.":         "",
+		"org..id":      "",
+		"org.id.extra": "",
+	}
+	for path, want := range tests {
+		if got := Lookup(claims, path); got != want {
+			t.Errorf("Lookup(%q) = %q, want %q", path, got, want)
+		}
+	}
+	if got := Lookup(nil, "sub"); got != "" {
+		t.Errorf("Lookup(nil) = %q", got)
+	}
+}
+
+// TestTokenSources reads the token from each kind of source.
+func TestTokenSources(t *testing.T) {
+	token := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice"})
+	tests := []struct {
+		name  string
+		from  *TokenSource
+		setup func(r *http.Request)
+		ok    bool
+	}{
+		{"default: Authorization Bearer", nil, func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+token) }, true},
+		{"scheme is case-insensitive", nil, func(r *http.Request) { r.Header.Set("Authorization", "bearer   "+token) }, true},
+		{"Authorization without scheme", nil, func(r *http.Request) { r.Header.Set("Authorization", token) }, false},
+		{"Authorization Basic", nil, func(r *http.Request) { r.SetBasicAuth("alice", "pw") }, false},
+		{"none", nil, func(r *http.Request) {}, false},
+		{"custom header, raw", &TokenSource{Header: "X-Token"}, func(r *http.Request) { r.Header.Set("X-Token", token) }, true},
+		{"custom header, Bearer", &TokenSource{Header: "X-Token"}, func(r *http.Request) { r.Header.Set("X-Token", "Bearer "+token) }, true},
+		{"custom header, other header set", &TokenSource{Header: "X-Token"}, func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+token) }, false},
+		{"cookie", &TokenSource{Cookie: "session"}, func(r *http.Request) {
+			r.AddCookie(&http.Cookie{Name: "other", Value: "x"})
+			r.AddCookie(&http.Cookie{Name: "session", Value: token})
+		}, true},
+		{"cookie missing", &TokenSource{Cookie: "session"}, func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+token) }, false},
+		{"query", &TokenSource{Query: "access_token"}, func(r *http.Request) { r.URL.RawQuery = "a=1&access_token=" + token }, true},
+		{"query missing", &TokenSource{Query: "access_token"}, func(r *http.Request) { r.URL.RawQuery = "token=" + token }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := provisioned(t, &Config{Secret: testSecret, From: tt.from}, nil)
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			tt.setup(r)
+			claims := cfg.Claims(r)
+			if got := claims != nil; got != tt.ok {
+				t.Fatalf("verified = %v, want %v", got, tt.ok)
+			}
+		})
+	}
+}
+
+// TestRegister shows that {jwt.*} placeholders are resolved lazily, at
+// most once per request, and that they are known but empty without a
+// verified token.
+func TestRegister(t *testing.T) {
+	token := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice", "org": map[string]any{"id": 7}})
+	cfg := provisioned(t, &Config{Secret: testSecret, cacheSize: -1}, nil)
+
+	newRequest := func(auth string) (*caddy.Replacer, *http.Request) {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		if auth != "" {
+			r.Header.Set("Authorization", auth)
+		}
+		repl := caddy.NewReplacer()
+		cfg.Register(repl, r)
+		return repl, r
+	}
+
+	repl, _ := newRequest("Bearer " + token)
+	if _, ok := repl.Get("http.request.uri"); ok {
+		t.Fatal("unrelated placeholder answered by the jwt provider")
+	}
+	if _, ok := repl.Get("jwt"); ok {
+		t.Fatal(`"jwt" alone is not a claim`)
+	}
+	if n := cfg.verifications.Load(); n != 0 {
+		t.Fatalf("verified %d tokens before any {jwt.*} was asked for", n)
+	}
+	if got := repl.ReplaceAll("user:{jwt.sub} org:{jwt.org.id} {jwt.missing}.", ""); got != "user:alice org:7 ." {
+		t.Fatalf("replaced: %q", got)
+	}
+	repl.ReplaceAll("{jwt.sub}{jwt.sub}", "")
+	if n := cfg.verifications.Load(); n != 1 {
+		t.Fatalf("verified %d times in one request, want 1", n)
+	}
+
+	// A second request verifies its own token (the cache is off here).
+	repl, _ = newRequest("Bearer " + token)
+	repl.ReplaceAll("{jwt.sub}", "")
+	if n := cfg.verifications.Load(); n != 2 {
+		t.Fatalf("verified %d times in two requests, want 2", n)
+	}
+
+	// Without a token the placeholder is known and empty.
+	repl, _ = newRequest("")
+	v, ok := repl.Get("jwt.sub")
+	if !ok || v != "" {
+		t.Fatalf("{jwt.sub} without token = %v, %v; want known and empty", v, ok)
+	}
+}
+
+// TestCachedVerification shows that the cache spares the signature check
+// for a token seen before, and forgets the token when it expires.
+func TestCachedVerification(t *testing.T) {
+	clk := &clock{t: epoch}
+	cfg := provisioned(t, &Config{Secret: testSecret, Leeway: caddy.Duration(5 * time.Second)}, clk)
+	token := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice", "exp": epoch.Add(20 * time.Second).Unix()})
+
+	for range 3 {
+		if cfg.verify(token) == nil {
+			t.Fatal("valid token refused")
+		}
+	}
+	if n := cfg.verifications.Load(); n != 1 {
+		t.Fatalf("verified %d times, want 1 (then cached)", n)
+	}
+	clk.add(24 * time.Second) // exp + leeway - 1s
+	if cfg.verify(token) == nil {
+		t.Fatal("token refused within its leeway")
+	}
+	clk.add(time.Second) // exp + leeway: expired
+	if cfg.verify(token) != nil {
+		t.Fatal("expired token served from the cache")
+	}
+
+	// A forged token is never cached, and a cached valid token does not
+	// vouch for a forgery that differs from it.
+	forged := swapPayload(token, jwt.MapClaims{"sub": "bob"})
+	before := cfg.verifications.Load()
+	for range 2 {
+		if cfg.verify(forged) != nil {
+			t.Fatal("forged token accepted")
+		}
+	}
+	if n := cfg.verifications.Load() - before; n != 2 {
+		t.Fatalf("forged token verified %d times, want 2 (never cached)", n)
+	}
+}
+
+func TestCacheTTLAndBound(t *testing.T) {
+	clk := &clock{t: epoch}
+	cfg := provisioned(t, &Config{Secret: testSecret, cacheSize: 8}, clk)
+
+	// No exp: remembered for the TTL only.
+	token := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice"})
+	cfg.verify(token)
+	clk.add(DefaultCacheTTL - time.Second)
+	cfg.verify(token)
+	if n := cfg.verifications.Load(); n != 1 {
+		t.Fatalf("verified %d times within the TTL, want 1", n)
+	}
+	clk.add(time.Second)
+	cfg.verify(token)
+	if n := cfg.verifications.Load(); n != 2 {
+		t.Fatalf("verified %d times after the TTL, want 2", n)
+	}
+
+	for i := range 100 {
+		tok := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "user", "n": i})
+		if cfg.verify(tok) == nil {
+			t.Fatal("valid token refused")
+		}
+		if n := cfg.cache.len(); n > 8 {
+			t.Fatalf("cache holds %d entries, bound is 8", n)
+		}
+	}
+}
+
+// hostileAuthorizations are Authorization headers built to make a token
+// parser slow or crash.
+func hostileAuthorizations() map[string]string {
+	header := b64(`{"alg":"HS256","typ":"JWT"}`)
+	deep := func(n int) string {
+		return strings.Repeat(`{"a":`, n) + "1" + strings.Repeat("}", n)
+	}
+	return map[string]string{
+		"1 MB":                             "Bearer " + strings.Repeat("A", 1<<20),
+		"10,000 dots":                      "Bearer " + strings.Repeat(".", 10000),
+		"invalid base64":                   "Bearer " + strings.Repeat("!", 3000) + "." + strings.Repeat("*", 3000) + ".x",
+		"JSON nested 10,000 deep":          "Bearer " + header + "." + b64(deep(10000)) + ".c2ln",
+		"JSON nested 1,000 deep (in 8KiB)": "Bearer " + header + "." + b64(deep(1000)) + ".c2ln",
+		"arrays nested 4,000 deep":         "Bearer " + header + "." + b64(strings.Repeat("[", 4000)) + ".c2ln",
+	}
+}
+
+// TestBadInputIsCheap feeds hostile input to the token path. Nothing may
+// panic or yield claims. The time each takes is logged, not asserted;
+// BenchmarkHostileTokens measures it.
+func TestBadInputIsCheap(t *testing.T) {
+	cfg := provisioned(t, &Config{Secret: testSecret, cacheSize: -1}, nil)
+	for name, auth := range hostileAuthorizations() {
+		t.Run(name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			r.Header.Set("Authorization", auth)
+			start := time.Now()
+			if cfg.Claims(r) != nil {
+				t.Fatal("hostile input yielded claims")
+			}
+			t.Logf("%s: %v", name, time.Since(start))
+		})
+	}
+
+	// The size cap keeps the 10,000-deep document from the parser; show
+	// that the parser itself would refuse it cheaply too.
+	token := strings.TrimPrefix(hostileAuthorizations()["JSON nested 10,000 deep"], "Bearer ")
+	start := time.Now()
+	if _, err := cfg.parser.ParseWithClaims(token, jwt.MapClaims{}, cfg.keyFor); err == nil {
+		t.Fatal("parser accepted a 10,000-deep document")
+	}
+	t.Logf("parser on a 10,000-deep document (%d bytes) without the size cap: %v", len(token), time.Since(start))
+}
+
+// TestKeyRotation: with two public keys for one algorithm, tokens signed
+// by either verify.
+func TestKeyRotation(t *testing.T) {
+	k := keys()
+	cfg := provisioned(t, &Config{PublicKeys: []string{
+		writeFile(t, "old.pem", k.rsaPublicKeyPEM),
+		writeFile(t, "new.pem", publicPEM(&k.rsaOther.PublicKey)),
+	}}, nil)
+	for name, key := range map[string]any{"old": k.rsa, "new": k.rsaOther} {
+		if cfg.verify(sign(t, jwt.SigningMethodRS256, key, jwt.MapClaims{"sub": name})) == nil {
+			t.Errorf("token signed with the %s key refused", name)
+		}
+	}
+}
+
+// TestNamespacedClaim: a claim named like a URL, as some issuers use, is a
+// usable placeholder.
+func TestNamespacedClaim(t *testing.T) {
+	token := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"https://example.com/tier": "pro"})
+	cfg := provisioned(t, &Config{Secret: testSecret}, nil)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("Authorization", "Bearer "+token)
+	repl := caddy.NewReplacer()
+	cfg.Register(repl, r)
+	if got := repl.ReplaceAll("{jwt.https://example.com/tier}", ""); got != "pro" {
+		t.Fatalf("got %q", got)
+	}
+}
