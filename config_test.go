@@ -1,0 +1,213 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// badCaddyfiles are rate_limit blocks that must be refused, with a word the
+// error must contain to name the directive and a value it must name.
+var badCaddyfiles = []struct {
+	name, block, directive, value string
+}{
+	{"unknown subdirective", `zone z { limit 1; window 1s; burst 5 }`, "unknown subdirective", "burst"},
+	{"unknown handler subdirective", `distributed; zone z { limit 1; window 1s }`, "unknown subdirective", "distributed"},
+	{"unknown algorithm", `zone z { limit 1; window 1s; algorithm leaky_bucket }`, "algorithm", "leaky_bucket"},
+	{"missing limit", `zone z { window 1s }`, "limit", "missing"},
+	{"zero limit", `zone z { limit 0; window 1s }`, "limit", "0"},
+	{"negative limit", `zone z { events -5; window 1s }`, "events", "-5"},
+	{"limit not a number", `zone z { limit lots; window 1s }`, "limit", "lots"},
+	{"missing window", `zone z { limit 1 }`, "window", "0s"},
+	{"zero window", `zone z { limit 1; window 0s }`, "window", "0s"},
+	{"bad window", `zone z { limit 1; window soon }`, "window", "soon"},
+	{"bad cost", `zone z { limit 1; window 1s; cost POST many }`, "cost", "many"},
+	{"negative cost", `zone z { limit 1; window 1s; cost POST -1 }`, "cost", "-1"},
+	{"unknown method", `zone z { limit 1; window 1s; cost FETCH 2 }`, "unknown HTTP method", "FETCH"},
+	{"duplicate zone", `zone z { limit 1; window 1s } zone z { limit 2; window 1s }`, "duplicate zone", "z"},
+	{"no zone", `headers ietf`, "zone", "at least one"},
+	{"bad headers", `headers loud; zone z { limit 1; window 1s }`, "headers", "loud"},
+	{"bad on_store_error", `on_store_error panic; zone z { limit 1; window 1s }`, "on_store_error", "panic"},
+	{"bad prefix", `zone z { limit 1; window 1s; ipv4_prefix 33 }`, "ipv4_prefix", "33"},
+	{"bad max_delay", `zone z { limit 1; window 1s; max_delay forever }`, "max_delay", "forever"},
+	{"unknown store", `store etcd; zone z { limit 1; window 1s }`, "store", "etcd"},
+	{"bad max_keys", `store memory { max_keys -1 }; zone z { limit 1; window 1s }`, "max_keys", "-1"},
+	{"unknown match", `zone z { match { nosuch x }; limit 1; window 1s }`, "match", "nosuch"},
+}
+
+// expand turns the one-line blocks above into Caddyfile syntax: `;` ends a
+// line, and braces open and close blocks.
+func expand(block string) string {
+	r := strings.NewReplacer("; ", "\n", "{ ", "{\n", " }", "\n}\n")
+	return r.Replace(block)
+}
+
+func badSite(block string) string {
+	return fmt.Sprintf(":9080 {\n\trate_limit {\n%s\n\t}\n\trespond \"ok\"\n}\n", expand(block))
+}
+
+func assertNames(t *testing.T, err string, directive, value string) {
+	t.Helper()
+	if !strings.Contains(err, directive) || !strings.Contains(err, value) {
+		t.Fatalf("error does not name %q and %q:\n%s", directive, value, err)
+	}
+}
+
+// TestBadCaddyfileRefusedAtAdapt is what `caddy adapt` runs: the Caddyfile
+// adapter.
+func TestBadCaddyfileRefusedAtAdapt(t *testing.T) {
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	for _, c := range badCaddyfiles {
+		t.Run(c.name, func(t *testing.T) {
+			_, _, err := adapter.Adapt([]byte(globalOptions+badSite(c.block)), nil)
+			if err == nil {
+				t.Fatal("adapted without error")
+			}
+			assertNames(t, err.Error(), c.directive, c.value)
+		})
+	}
+}
+
+// TestBadConfigRefusedAtLoadKeepsOldConfig posts each bad Caddyfile to the
+// admin API and checks that the running config keeps serving, counters and
+// all.
+func TestBadConfigRefusedAtLoadKeepsOldConfig(t *testing.T) {
+	tc := startCaddy(t, `
+:9080 {
+	rate_limit {
+		zone good {
+			limit 2
+			window 1h
+		}
+	}
+	respond "good"
+}
+`)
+	resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+	status(t, resp, http.StatusOK)
+	for _, c := range badCaddyfiles {
+		code, body := loadConfig(t, badSite(c.block))
+		if code == http.StatusOK {
+			t.Fatalf("%s: loaded", c.name)
+		}
+		assertNames(t, body, c.directive, c.value)
+	}
+	resp, body := do(t, tc, http.MethodGet, siteURL+"/")
+	status(t, resp, http.StatusOK)
+	if body != "good" {
+		t.Fatalf("old config replaced: %q", body)
+	}
+	resp, _ = do(t, tc, http.MethodGet, siteURL+"/")
+	status(t, resp, http.StatusTooManyRequests)
+}
+
+// TestBadJSONRefused covers mistakes only JSON can make (the Caddyfile
+// parser already refuses them) at `caddy validate` and at POST /load.
+func TestBadJSONRefused(t *testing.T) {
+	cases := []struct {
+		name, handler, directive, value string
+	}{
+		{"zero limit", `{"zones":[{"name":"z","limit":[0],"window":"1s"}]}`, "limit", "0"},
+		{"no limit", `{"zones":[{"name":"z","window":"1s"}]}`, "limit", "missing"},
+		{"negative window", `{"zones":[{"name":"z","limit":[1],"window":"-1s"}]}`, "window", "-1s"},
+		{"algorithm", `{"zones":[{"name":"z","limit":[1],"window":"1s","algorithm":"gcra"}]}`, "algorithm", "gcra"},
+		{"duplicate", `{"zones":[{"name":"z","limit":[1],"window":"1s"},{"name":"z","limit":[1],"window":"1s"}]}`, "duplicate zone", `"z"`},
+		{"cost method", `{"zones":[{"name":"z","limit":[1],"window":"1s","cost":{"get":2}}]}`, "unknown HTTP method", "get"},
+		{"unnamed", `{"zones":[{"limit":[1],"window":"1s"}]}`, "zone", "name"},
+		{"limit type", `{"zones":[{"name":"z","limit":[true],"window":"1s"}]}`, "limit", "true"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var h map[string]any
+			if err := json.Unmarshal([]byte(c.handler), &h); err != nil {
+				t.Fatal(err)
+			}
+			h["handler"] = "rate_limit"
+			cfg := map[string]any{"apps": map[string]any{"http": map[string]any{"servers": map[string]any{
+				"s": map[string]any{"listen": []string{"127.0.0.1:0"}, "routes": []any{map[string]any{"handle": []any{h}}}},
+			}}}}
+			raw, _ := json.Marshal(cfg)
+			var parsed caddy.Config
+			if err := json.Unmarshal(raw, &parsed); err != nil {
+				t.Fatal(err)
+			}
+			err := caddy.Validate(&parsed)
+			if err == nil {
+				t.Fatal("validated")
+			}
+			assertNames(t, err.Error(), c.directive, c.value)
+		})
+	}
+}
+
+// FuzzCaddyfile feeds arbitrary text to the rate_limit parser; it must
+// return an error or a handler, never panic. Run it with
+// `go test -run XXX -fuzz FuzzCaddyfile -fuzztime 60s .`
+func FuzzCaddyfile(f *testing.F) {
+	f.Add(`rate_limit { zone z { key {client_ip} limit 5 window 1s } }`)
+	f.Add("rate_limit {\nzone z {\nmatch {\npath /a\n}\nkey a {header.X}\nlimit {header.Q} 5\nwindow 1m\nalgorithm fixed_window\ncost POST 2\ncost * 1\nmax_delay 1s\ndry_run\nipv4_prefix 24\nipv6_prefix 64\n}\n}")
+	f.Add("rate_limit {\nstore memory {\nmax_keys 10\n}\nheaders both\non_store_error deny\nzone a {\nevents 1\nwindow 1s\n}\n}")
+	for _, c := range badCaddyfiles {
+		f.Add("rate_limit {\n" + expand(c.block) + "\n}")
+	}
+	f.Fuzz(func(t *testing.T, input string) {
+		tokens, err := caddyfile.Tokenize([]byte(input), "fuzz")
+		if err != nil {
+			return
+		}
+		var h Handler
+		if err := h.UnmarshalCaddyfile(caddyfile.NewDispenser(tokens)); err != nil {
+			return
+		}
+		// Whatever parses must also survive validation without panicking.
+		_ = h.Validate()
+	})
+}
+
+// TestCaddyfileExampleIsValid adapts and provisions Caddyfile.example the
+// way `caddy run` does, so the README's first command keeps working.
+func TestCaddyfileExampleIsValid(t *testing.T) {
+	src, err := os.ReadFile("Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adapted, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": "Caddyfile.example"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range warnings {
+		t.Errorf("warning: %s", w)
+	}
+	for _, zone := range []string{`"per_ip"`, `"per_api_key"`, `"per_customer"`, `"POST":5`, `"jwt"`} {
+		if !strings.Contains(string(adapted), zone) {
+			t.Errorf("example lost %s", zone)
+		}
+	}
+	var cfg caddy.Config
+	if err := json.Unmarshal(adapted, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Validate(&cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStoreBlockParses checks that a store's own block reaches the store
+// module: its options are set and its mistakes are its own.
+func TestStoreBlockParses(t *testing.T) {
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	out, _, err := adapter.Adapt([]byte(globalOptions+badSite(`store memory { max_keys 42 }; zone z { limit 1; window 1s }`)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), `"store":{"backend":"memory","max_keys":42}`) {
+		t.Fatalf("store options lost: %s", out)
+	}
+}

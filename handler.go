@@ -1,0 +1,290 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+)
+
+// Values of Handler.Headers.
+const (
+	headersXRateLimit = "x-ratelimit"
+	headersIETF       = "ietf"
+	headersBoth       = "both"
+	headersOff        = "off"
+)
+
+// statusClientClosedRequest is what a request gets when its client went
+// away while max_delay held it (nginx's and Caddy's proxy's convention).
+const statusClientClosedRequest = 499
+
+// charge is one zone's part of a request: the zone, what is asked of the
+// store and the store's answer.
+type charge struct {
+	zone     *Zone
+	req      storage.Request
+	decision algorithms.Decision
+	// dryRunExceeded marks a dry-run zone that would have rejected.
+	dryRunExceeded bool
+}
+
+// ServeHTTP charges the request to every zone it matches and passes it on
+// if every zone allows it.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if h.JWT != nil {
+		h.JWT.Register(repl, r)
+	}
+
+	var buf [4]charge
+	charges := buf[:0]
+	for _, z := range h.Zones {
+		match, err := z.matchers.AnyMatchWithError(r)
+		if err != nil {
+			return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("zone %q: matching: %w", z.Name, err))
+		}
+		if !match {
+			continue
+		}
+		limit, ok := z.resolveLimit(repl)
+		if !ok {
+			continue
+		}
+		charges = append(charges, charge{zone: z, req: storage.Request{
+			Zone:      z.Name,
+			Key:       z.resolveKey(repl),
+			Algorithm: z.Algorithm,
+			Limit:     algorithms.Limit{Events: limit, Window: time.Duration(z.Window)},
+			Cost:      z.costs[methodIndex(r.Method)],
+		}})
+	}
+	if len(charges) == 0 {
+		return next.ServeHTTP(w, r)
+	}
+
+	rejected, answered, err := h.decide(r.Context(), charges)
+	if err != nil {
+		return err
+	}
+	if !answered {
+		// The store failed and on_store_error let the request through:
+		// there are no counts to report.
+		return next.ServeHTTP(w, r)
+	}
+	now := time.Now()
+	if rejected != nil {
+		h.report(w, repl, rejected, true, now)
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(rejected.decision.RetryAt, now), 10))
+		if r.ProtoMajor == 1 && r.ContentLength != 0 {
+			// Otherwise Go's server reads up to 256 KiB of the unread body
+			// before it sends the 429, and a client that withholds its
+			// body waits for nothing. (Not on HTTP/2, where this header
+			// would shut down the whole connection.)
+			w.Header().Set("Connection", "close")
+		}
+		if c := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); c != nil {
+			c.Write(zap.String("zone", rejected.zone.Name), zap.String("key", rejected.req.Key))
+		}
+		return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded in zone %q", rejected.zone.Name))
+	}
+	h.report(w, repl, leastRemaining(charges), anyDryRunExceeded(charges), now)
+	return next.ServeHTTP(w, r)
+}
+
+// decide asks the store until the request is allowed, rejected, or failed.
+// It returns the charge that rejected the request, or nil if it may pass,
+// and whether the store answered at all (false when it failed and
+// on_store_error lets the request through). Dry-run zones that would reject are left out and asked no more; a request
+// rejected within its zones' max_delay waits for its retry instant and asks
+// again.
+func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, bool, error) {
+	start := time.Now()
+	var reqBuf [4]storage.Request
+	var decBuf [4]algorithms.Decision
+	var waitingIn []*Zone
+	defer func() {
+		for _, z := range waitingIn {
+			z.waiting.Add(-1)
+		}
+	}()
+
+	for {
+		// Ask for the charges still in play: all but dry-run zones that
+		// already said they would reject.
+		reqs, decisions := reqBuf[:0], decBuf[:0]
+		for _, c := range charges {
+			if !c.dryRunExceeded {
+				reqs = append(reqs, c.req)
+				decisions = append(decisions, algorithms.Decision{})
+			}
+		}
+		if len(reqs) == 0 {
+			return nil, true, nil
+		}
+		if err := h.store.Take(ctx, reqs, decisions); err != nil {
+			return nil, false, h.storeFailed(err)
+		}
+		var rejected *charge
+		newDryRun := false
+		i := 0
+		for j := range charges {
+			c := &charges[j]
+			if c.dryRunExceeded {
+				continue
+			}
+			c.decision = decisions[i]
+			i++
+			if c.decision.Allowed {
+				continue
+			}
+			if c.zone.DryRun {
+				c.dryRunExceeded = true
+				newDryRun = true
+				h.logger.Info("rate limit would be exceeded (dry run)",
+					zap.String("zone", c.zone.Name), zap.String("key", c.req.Key))
+				continue
+			}
+			if rejected == nil || c.decision.RetryAt.After(rejected.decision.RetryAt) {
+				rejected = c
+			}
+		}
+		if rejected == nil && !newDryRun {
+			return nil, true, nil
+		}
+		if rejected == nil {
+			// Only dry-run zones said no, so nothing was charged: ask
+			// again without them.
+			continue
+		}
+
+		// Wait only if every rejecting zone allows a delay that long.
+		deadline := rejected.decision.RetryAt
+		for j := range charges {
+			c := &charges[j]
+			if c.dryRunExceeded || c.decision.Allowed {
+				continue
+			}
+			if c.decision.RetryAt.After(start.Add(time.Duration(c.zone.MaxDelay))) {
+				return rejected, true, nil
+			}
+			if !slices.Contains(waitingIn, c.zone) {
+				if c.zone.waiting.Add(1) > int64(c.zone.MaxWaiting) {
+					c.zone.waiting.Add(-1)
+					return rejected, true, nil
+				}
+				waitingIn = append(waitingIn, c.zone)
+			}
+		}
+		if err := sleepUntil(ctx, deadline); err != nil {
+			return nil, false, caddyhttp.Error(statusClientClosedRequest, err)
+		}
+	}
+}
+
+// sleepUntil waits until t or until ctx is done, whichever comes first.
+func sleepUntil(ctx context.Context, t time.Time) error {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// storeFailed applies on_store_error: nil lets the request through.
+func (h *Handler) storeFailed(err error) error {
+	h.storeErrors.log(h.logger, err)
+	if h.OnStoreError == "deny" {
+		return caddyhttp.Error(http.StatusServiceUnavailable, err)
+	}
+	return nil
+}
+
+// leastRemaining picks the charge the response headers describe.
+func leastRemaining(charges []charge) *charge {
+	best := &charges[0]
+	for i := range charges[1:] {
+		if c := &charges[i+1]; c.decision.Remaining < best.decision.Remaining {
+			best = c
+		}
+	}
+	return best
+}
+
+func anyDryRunExceeded(charges []charge) bool {
+	for _, c := range charges {
+		if c.dryRunExceeded {
+			return true
+		}
+	}
+	return false
+}
+
+// report sets the response headers and placeholders for charge c.
+func (h *Handler) report(w http.ResponseWriter, repl *caddy.Replacer, c *charge, exceeded bool, now time.Time) {
+	d := c.decision
+	repl.Set("http.rate_limit.zone", c.zone.Name)
+	repl.Set("http.rate_limit.key", c.req.Key)
+	repl.Set("http.rate_limit.limit", d.Limit)
+	repl.Set("http.rate_limit.remaining", d.Remaining)
+	repl.Set("http.rate_limit.exceeded", exceeded)
+
+	// The header names are written in canonical form (X-Ratelimit-Limit
+	// is how Go spells X-RateLimit-Limit) so the map is set directly,
+	// without canonicalizing them on every request.
+	hdr := w.Header()
+	if h.Headers == "" || h.Headers == headersXRateLimit || h.Headers == headersBoth {
+		hdr["X-Ratelimit-Limit"] = []string{strconv.FormatInt(d.Limit, 10)}
+		hdr["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(d.Remaining, 10)}
+		hdr["X-Ratelimit-Reset"] = []string{strconv.FormatInt(d.Reset.Unix(), 10)}
+		hdr["X-Ratelimit-Used"] = []string{strconv.FormatInt(d.Used, 10)}
+	}
+	if h.Headers == headersIETF || h.Headers == headersBoth {
+		window := int64(time.Duration(c.zone.Window).Seconds())
+		hdr["Ratelimit-Policy"] = []string{fmt.Sprintf("%q;q=%d;w=%d", c.zone.Name, d.Limit, window)}
+		hdr["Ratelimit"] = []string{fmt.Sprintf("%q;r=%d;t=%d", c.zone.Name, d.Remaining, retryAfterSeconds(d.Reset, now))}
+	}
+}
+
+// retryAfterSeconds rounds the wait up to whole seconds, at least one, so a
+// client that honours it never comes back too early.
+func retryAfterSeconds(at, now time.Time) int64 {
+	d := at.Sub(now)
+	s := int64((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// errorLog logs store errors at most once per second, with the number of
+// errors since the last line, so an outage does not flood the log.
+type errorLog struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+func (e *errorLog) log(logger *zap.Logger, err error) {
+	e.mu.Lock()
+	now := time.Now()
+	if now.Sub(e.last) < time.Second {
+		e.suppressed++
+		e.mu.Unlock()
+		return
+	}
+	count := e.suppressed + 1
+	e.last, e.suppressed = now, 0
+	e.mu.Unlock()
+	logger.Error("rate limit store error", zap.Error(err), zap.Int("errors_since_last_log", count))
+}

@@ -1,0 +1,105 @@
+package ratelimit
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+// The in-process Caddy that caddytest starts serves its admin API on
+// localhost:2999; sites in test Caddyfiles listen on :9080.
+const (
+	adminURL = "http://localhost:2999"
+	siteURL  = "http://localhost:9080"
+)
+
+// globalOptions precede every test Caddyfile.
+const globalOptions = `{
+	skip_install_trust
+	admin localhost:2999
+	http_port 9080
+	https_port 9443
+	grace_period 1ns
+}
+`
+
+// withGlobals returns the global options block with extra options added.
+func withGlobals(extra string) string {
+	return strings.Replace(globalOptions, "grace_period 1ns\n", "grace_period 1ns\n"+extra+"\n", 1)
+}
+
+// startCaddy loads caddyfile (site blocks only; the global options are
+// added) into the in-process Caddy and returns a tester for it. Tests that
+// use it must not run in parallel: there is one Caddy per test binary.
+func startCaddy(t *testing.T, caddyfile string) *caddytest.Tester {
+	t.Helper()
+	return startCaddyWith(t, globalOptions+caddyfile, "caddyfile")
+}
+
+// startCaddyWith loads a whole config of the given type ("caddyfile" or
+// "json") into the in-process Caddy.
+func startCaddyWith(t *testing.T, config, configType string) *caddytest.Tester {
+	t.Helper()
+	tc := caddytest.NewTester(t)
+	tc.InitServer(config, configType)
+	if t.Failed() {
+		t.FailNow()
+	}
+	return tc
+}
+
+// loadConfig posts a Caddyfile to the admin API's /load, the way an
+// operator reloads a running Caddy, and returns the status and body.
+func loadConfig(t *testing.T, caddyfile string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(globalOptions+caddyfile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "text/caddyfile")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// do sends a request with the given method and headers ("Name: value") and
+// returns the response with its body read.
+func do(t *testing.T, tc *caddytest.Tester, method, url string, headers ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A new connection per request: a reload closes the old server's
+	// connections, and a reused one would fail with EOF.
+	req.Close = true
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ":")
+		req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
+	}
+	resp, err := tc.Client.Do(req)
+	// A connection closed before any response (seen once, right after the
+	// first config load on a busy machine) says nothing about the handler,
+	// which answers every request it sees: try that request again.
+	for try := 1; err != nil && try < 3 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)); try++ {
+		t.Logf("%s %s: %v; trying again", method, url, err)
+		time.Sleep(100 * time.Millisecond)
+		resp, err = tc.Client.Do(req)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp, string(body)
+}

@@ -1,0 +1,391 @@
+// Package ratelimit is a Caddy HTTP handler that rejects, or delays, requests
+// over a limit before they reach the application, counting them per zone and
+// key in memory or in Redis shared by a fleet of Caddy instances.
+package ratelimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/jwtclaims"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+}
+
+// Handler limits how many requests (or cost units) each key may spend per
+// window in each zone, and answers requests over a limit with 429 Too Many
+// Requests before they reach the handlers after it.
+//
+// A request counts against every zone whose matchers it passes. It is
+// rejected if any zone rejects it, and then it consumes nothing in the other
+// zones. Zones with the same name share their counters, across handlers,
+// sites and, with a shared store, Caddy instances.
+type Handler struct {
+	// The zones to enforce. Every zone whose matchers a request passes is
+	// enforced.
+	Zones []*Zone `json:"zones,omitempty"`
+
+	// Where counters are kept. Default: the in-memory store of this Caddy
+	// process ("backend": "memory").
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.handlers.rate_limit.stores inline_key=backend"`
+
+	// Which response headers describe the limit: "x-ratelimit" (default:
+	// X-RateLimit-Limit, -Remaining, -Reset and -Used), "ietf" (RateLimit
+	// and RateLimit-Policy from the IETF httpapi draft), "both" or "off".
+	Headers string `json:"headers,omitempty"`
+
+	// What to do when the store cannot answer: "allow" (default) lets the
+	// request through, "deny" answers 503 Service Unavailable.
+	OnStoreError string `json:"on_store_error,omitempty"`
+
+	// Verifies a JSON Web Token in each request and makes its claims
+	// available as {jwt.<claim>} placeholders ({jwt.sub}, {jwt.org.id}),
+	// for keys, limits and later handlers alike. A token that is missing
+	// or does not verify yields no claims: every {jwt.*} placeholder is
+	// empty and a key template using one falls back to the next. The
+	// token is read only if a {jwt.*} placeholder is used, at most once
+	// per request. Default: none.
+	JWT *jwtclaims.Config `json:"jwt,omitempty"`
+
+	store  storage.Store
+	logger *zap.Logger
+	// storeErrors rate-limits the log line for store errors.
+	storeErrors *errorLog
+}
+
+// Zone is one limit: which requests it applies to, how they are keyed and
+// how much each key may spend per window.
+type Zone struct {
+	// The zone's name. Zones with the same name share counters.
+	Name string `json:"name"`
+
+	// Which requests the zone applies to; all requests if empty. The sets
+	// are OR'ed, the matchers within a set AND'ed.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	// Key templates (Caddy placeholders and literal text). The first one in
+	// which every placeholder is known and non-empty is the key. If none
+	// is, or none is given, the key is the client IP ({http.vars.client_ip}).
+	Key Alternatives `json:"key,omitempty"`
+
+	// Limit alternatives: integers or templates. The first that resolves
+	// to a positive integer up to 2^31-1 is the limit, in cost units per
+	// window. A request for which none does is not limited by this zone.
+	Limit Alternatives `json:"limit"`
+
+	// The window length; at least 1ms.
+	Window caddy.Duration `json:"window"`
+
+	// "sliding_tail" (default) or "fixed_window".
+	Algorithm algorithms.Algorithm `json:"algorithm,omitempty"`
+
+	// Cost of a request by HTTP method; "*" sets the cost of other methods.
+	// Default: 1 for every method. A cost of 0 counts nothing.
+	Cost map[string]int64 `json:"cost,omitempty"`
+
+	// If set, a request that would be allowed within this long is held
+	// until then instead of being rejected.
+	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
+
+	// How many requests may wait at once in this zone because of
+	// max_delay; the rest are rejected at once. Default: 1000.
+	MaxWaiting int `json:"max_waiting,omitempty"`
+
+	// Count and report, but never reject.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	// If set, a key placeholder whose value is an IPv4 address is masked to
+	// this many leading bits, so a whole network shares one counter.
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// Like ipv4_prefix, for IPv6 addresses (e.g. 64).
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+
+	matchers caddyhttp.MatcherSets
+	keys     []template
+	limits   []template
+	costs    [methodCount]int64
+	waiting  atomic.Int64
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.rate_limit",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// DefaultMaxWaiting bounds the requests a zone holds for max_delay.
+const DefaultMaxWaiting = 1000
+
+// maxLimit is the largest limit a template may resolve to; anything above it
+// is taken for a mistake or an attack and ignored.
+const maxLimit = math.MaxInt32
+
+// Provision loads the store and the zones' matchers and compiles templates.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	h.storeErrors = new(errorLog)
+	if h.JWT != nil {
+		if err := h.JWT.Provision(h.logger); err != nil {
+			return fmt.Errorf("jwt: %w", err)
+		}
+	}
+	if h.StoreRaw == nil {
+		h.StoreRaw = json.RawMessage(`{"backend":"memory"}`)
+	}
+	mod, err := ctx.LoadModule(h, "StoreRaw")
+	if err != nil {
+		return fmt.Errorf("loading rate_limit store: %w", err)
+	}
+	store, ok := mod.(storage.Store)
+	if !ok {
+		return fmt.Errorf("module %T is not a rate_limit store", mod)
+	}
+	h.store = store
+
+	for _, z := range h.Zones {
+		if err := z.provision(ctx, h.logger); err != nil {
+			return fmt.Errorf("zone %q: %w", z.Name, err)
+		}
+	}
+	return nil
+}
+
+func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
+	if z.MatcherSetsRaw != nil {
+		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
+		if err != nil {
+			return fmt.Errorf("loading matchers: %w", err)
+		}
+		if err := z.matchers.FromInterface(mods); err != nil {
+			return err
+		}
+	}
+	if z.Algorithm == "" {
+		z.Algorithm = algorithms.SlidingTail
+	}
+	if z.MaxWaiting == 0 {
+		z.MaxWaiting = DefaultMaxWaiting
+	}
+	keys := z.Key
+	if len(keys) == 0 {
+		keys = Alternatives{"{http.vars.client_ip}"}
+	}
+	z.keys = compileTemplates(keys)
+	z.limits = compileTemplates(z.Limit)
+	literal := false
+	for _, l := range z.limits {
+		literal = literal || !l.dynamic
+	}
+	if !literal {
+		logger.Warn("zone has no integer limit to fall back on: requests for which no limit alternative resolves are not limited",
+			zap.String("zone", z.Name), zap.Strings("limit", z.Limit))
+	}
+	for i := range z.costs {
+		z.costs[i] = 1
+	}
+	if c, ok := z.Cost["*"]; ok {
+		for i := range z.costs {
+			z.costs[i] = c
+		}
+	}
+	for m, c := range z.Cost {
+		if m != "*" {
+			z.costs[methodIndex(m)] = c
+		}
+	}
+	return nil
+}
+
+// Validate refuses configurations that cannot work, naming the zone and the
+// field.
+func (h *Handler) Validate() error {
+	switch h.Headers {
+	case "", headersXRateLimit, headersIETF, headersBoth, headersOff:
+	default:
+		return fmt.Errorf("headers: unknown value %q (want x-ratelimit, ietf, both or off)", h.Headers)
+	}
+	switch h.OnStoreError {
+	case "", "allow", "deny":
+	default:
+		return fmt.Errorf("on_store_error: unknown value %q (want allow or deny)", h.OnStoreError)
+	}
+	if len(h.Zones) == 0 {
+		return errors.New("rate_limit: at least one zone is required")
+	}
+	seen := make(map[string]bool)
+	for _, z := range h.Zones {
+		if z == nil {
+			return errors.New("rate_limit: empty zone")
+		}
+		if seen[z.Name] {
+			return fmt.Errorf("zone %q: duplicate zone name in one rate_limit handler", z.Name)
+		}
+		seen[z.Name] = true
+		if err := z.validate(); err != nil {
+			return fmt.Errorf("zone %q: %w", z.Name, err)
+		}
+	}
+	return nil
+}
+
+func (z *Zone) validate() error {
+	if z.Name == "" {
+		return errors.New("zone: a name is required")
+	}
+	if len(z.Limit) == 0 {
+		return errors.New("limit: missing")
+	}
+	for _, l := range z.Limit {
+		if err := validateLimit(l); err != nil {
+			return err
+		}
+	}
+	for _, k := range z.Key {
+		if strings.TrimSpace(k) == "" {
+			return errors.New("key: empty template")
+		}
+	}
+	if z.Window <= 0 {
+		return fmt.Errorf("window: must be positive, got %s", time.Duration(z.Window))
+	}
+	if time.Duration(z.Window) < time.Millisecond {
+		return fmt.Errorf("window: must be at least 1ms, got %s", time.Duration(z.Window))
+	}
+	if z.Algorithm != "" && !z.Algorithm.Valid() {
+		return fmt.Errorf("algorithm: unknown algorithm %q (want sliding_tail or fixed_window)", z.Algorithm)
+	}
+	for m, c := range z.Cost {
+		if m != "*" && methodIndex(m) == methodOther {
+			return fmt.Errorf("cost: unknown HTTP method %q", m)
+		}
+		if c < 0 || c > maxLimit {
+			return fmt.Errorf("cost: %s cost must be between 0 and %d, got %d", m, maxLimit, c)
+		}
+	}
+	if z.MaxDelay < 0 {
+		return fmt.Errorf("max_delay: must not be negative, got %s", time.Duration(z.MaxDelay))
+	}
+	if z.MaxWaiting < 0 {
+		return fmt.Errorf("max_waiting: must not be negative, got %d", z.MaxWaiting)
+	}
+	if z.IPv4Prefix < 0 || z.IPv4Prefix > 32 {
+		return fmt.Errorf("ipv4_prefix: must be between 0 and 32, got %d", z.IPv4Prefix)
+	}
+	if z.IPv6Prefix < 0 || z.IPv6Prefix > 128 {
+		return fmt.Errorf("ipv6_prefix: must be between 0 and 128, got %d", z.IPv6Prefix)
+	}
+	return nil
+}
+
+// validateLimit accepts a template, which is resolved per request, or a
+// positive integer.
+func validateLimit(l string) error {
+	if strings.Contains(l, "{") {
+		return nil
+	}
+	n, err := strconv.ParseInt(l, 10, 64)
+	if err != nil {
+		return fmt.Errorf("limit: %q is neither a positive integer nor a placeholder", l)
+	}
+	if n <= 0 || n > maxLimit {
+		return fmt.Errorf("limit: must be between 1 and %d, got %d", maxLimit, n)
+	}
+	return nil
+}
+
+// Alternatives is a list of templates tried in order. In JSON it may be
+// written as one string or number, or as an array of them.
+type Alternatives []string
+
+// UnmarshalJSON accepts "a", 5, ["a", 5] and the like.
+func (a *Alternatives) UnmarshalJSON(b []byte) error {
+	var raw any
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	items, ok := raw.([]any)
+	if !ok {
+		items = []any{raw}
+	}
+	out := make(Alternatives, 0, len(items))
+	for _, it := range items {
+		switch v := it.(type) {
+		case string:
+			out = append(out, v)
+		case float64:
+			out = append(out, strconv.FormatFloat(v, 'f', -1, 64))
+		default:
+			return fmt.Errorf("want a string or a number, got %s", b)
+		}
+	}
+	*a = out
+	return nil
+}
+
+// The HTTP methods a cost can be set for; methodOther counts everything else
+// and marks unknown names.
+const (
+	methodGet = iota
+	methodHead
+	methodPost
+	methodPut
+	methodPatch
+	methodDelete
+	methodOptions
+	methodConnect
+	methodTrace
+	methodOther
+	methodCount
+)
+
+func methodIndex(m string) int {
+	switch m {
+	case http.MethodGet:
+		return methodGet
+	case http.MethodHead:
+		return methodHead
+	case http.MethodPost:
+		return methodPost
+	case http.MethodPut:
+		return methodPut
+	case http.MethodPatch:
+		return methodPatch
+	case http.MethodDelete:
+		return methodDelete
+	case http.MethodOptions:
+		return methodOptions
+	case http.MethodConnect:
+		return methodConnect
+	case http.MethodTrace:
+		return methodTrace
+	}
+	return methodOther
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

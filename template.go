@@ -1,0 +1,123 @@
+package ratelimit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// template is a key or limit alternative: literal text, or text with Caddy
+// placeholders resolved per request.
+type template struct {
+	text    string
+	dynamic bool
+	// number is the value of a literal limit.
+	number int64
+}
+
+func compileTemplates(alts Alternatives) []template {
+	out := make([]template, len(alts))
+	for i, a := range alts {
+		out[i] = template{text: a, dynamic: strings.Contains(a, "{")}
+		if !out[i].dynamic {
+			out[i].number, _ = strconv.ParseInt(a, 10, 64)
+		}
+	}
+	return out
+}
+
+// errUnresolved stops a replacement as soon as one placeholder is unknown or
+// empty; it is a sentinel so that falling through alternatives allocates no
+// error.
+var errUnresolved = errors.New("placeholder unknown or empty")
+
+// maxKeyLen is the longest key stored as is; longer keys (a megabyte header,
+// say) are replaced by their SHA-256 so they cannot bloat a store.
+const maxKeyLen = 128
+
+// resolveKey returns the first alternative whose placeholders all resolve to
+// non-empty values, masking IP addresses to the zone's prefixes. If none
+// does, the key is the client IP, so that a missing or forged credential
+// falls back to per-address limiting rather than escaping the zone.
+func (z *Zone) resolveKey(repl *caddy.Replacer) string {
+	for _, t := range z.keys {
+		if k, ok := z.resolve(repl, t); ok {
+			return boundKey(k)
+		}
+	}
+	k, _ := z.resolve(repl, template{text: "{http.vars.client_ip}", dynamic: true})
+	return boundKey(k)
+}
+
+// resolveLimit returns the first alternative that resolves to an integer in
+// 1..maxLimit.
+func (z *Zone) resolveLimit(repl *caddy.Replacer) (int64, bool) {
+	for _, t := range z.limits {
+		if !t.dynamic {
+			return t.number, true
+		}
+		s, ok := z.resolve(repl, t)
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+		if err == nil && n > 0 && n <= maxLimit {
+			return n, true
+		}
+	}
+	return 0, false
+}
+
+func (z *Zone) resolve(repl *caddy.Replacer, t template) (string, bool) {
+	if !t.dynamic {
+		return t.text, true
+	}
+	out, err := repl.ReplaceFunc(t.text, func(_ string, val any) (any, error) {
+		if val == nil {
+			return nil, errUnresolved
+		}
+		s := caddy.ToString(val)
+		if s == "" {
+			return nil, errUnresolved
+		}
+		if z.IPv4Prefix > 0 || z.IPv6Prefix > 0 {
+			s = z.maskIP(s)
+		}
+		return s, nil
+	})
+	return out, err == nil
+}
+
+// maskIP masks s to the zone's prefix if it is an IP address.
+func (z *Zone) maskIP(s string) string {
+	addr, err := netip.ParseAddr(s)
+	if err != nil {
+		return s
+	}
+	addr = addr.Unmap()
+	bits := z.IPv6Prefix
+	if addr.Is4() {
+		bits = z.IPv4Prefix
+	}
+	if bits == 0 {
+		return s
+	}
+	p, err := addr.WithZone("").Prefix(bits)
+	if err != nil {
+		return s
+	}
+	return p.String()
+}
+
+func boundKey(k string) string {
+	if len(k) <= maxKeyLen {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
