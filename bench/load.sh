@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Load test: plain Caddy against Caddy with rate_limit, measured in one run.
+#
+# Builds this project's Caddy (cmd/caddy) and a plain Caddy of the same
+# version, then runs wrk against each case, interleaved, ROUNDS times, and
+# prints the median requests/s of each case and its ratio to plain Caddy.
+#
+#   bash bench/load.sh                  # all cases, 3 rounds of 10 s
+#   ROUNDS=5 DURATION=20s bash bench/load.sh
+#   CASES="plain memory_allowed" bash bench/load.sh
+#
+# Cases:
+#   plain             plain Caddy, `respond "ok"`
+#   memory_allowed    rate_limit, memory store, every request allowed
+#   memory_rejected   rate_limit, memory store, every request answered 429
+#   redis_allowed     rate_limit, Redis store, every request allowed
+#   redis_rejected    rate_limit, Redis store, every request answered 429
+#
+# The Redis cases start their own redis-server on a free loopback port.
+# Everything listens on 127.0.0.1 only. Needs wrk (Debian package `wrk`,
+# installed if missing and apt-get is available) and redis-server for the
+# Redis cases.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-10s}
+THREADS=${THREADS:-2}
+CONNECTIONS=${CONNECTIONS:-50}
+CASES=${CASES:-"plain memory_allowed memory_rejected redis_allowed redis_rejected"}
+OUT=${OUT:-bench/out}
+mkdir -p "$OUT"
+
+if ! command -v wrk >/dev/null; then
+	echo "installing wrk" >&2
+	(apt-get update -qq && apt-get install -y -qq wrk) >/dev/null
+fi
+
+echo "building caddy with rate_limit and plain caddy ($(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2))" >&2
+go build -o "$OUT/caddy-rl" ./cmd/caddy
+go build -o "$OUT/caddy-plain" github.com/caddyserver/caddy/v2/cmd/caddy
+
+free_port() {
+	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+PIDS=()
+cleanup() {
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+REDIS_PORT=""
+if [[ " $CASES " == *" redis_"* ]]; then
+	REDIS_PORT=$(free_port)
+	redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize no >"$OUT/redis.log" 2>&1 &
+	PIDS+=($!)
+	for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+
+# caddyfile CASE PORT prints the Caddyfile for a case.
+caddyfile() {
+	local store="" limit="2000000000" window="1m"
+	case $1 in
+	*_rejected) limit=1 window=24h ;;
+	esac
+	case $1 in
+	redis_*) store="store redis {
+			address redis://127.0.0.1:$REDIS_PORT/0
+		}" ;;
+	esac
+	cat <<CADDY
+{
+	admin off
+	auto_https off
+	persist_config off
+}
+http://127.0.0.1:$2 {
+CADDY
+	if [[ $1 != plain ]]; then
+		cat <<CADDY
+	rate_limit {
+		$store
+		zone bench_$1 {
+			key {client_ip}
+			limit $limit
+			window $window
+		}
+	}
+CADDY
+	fi
+	cat <<CADDY
+	respond "ok"
+}
+CADDY
+}
+
+# run CASE prints the requests/s wrk measured for one case.
+run() {
+	local port bin
+	port=$(free_port)
+	bin="$OUT/caddy-rl"
+	[[ $1 == plain ]] && bin="$OUT/caddy-plain"
+	caddyfile "$1" "$port" >"$OUT/$1.Caddyfile"
+	"$bin" run --adapter caddyfile --config "$OUT/$1.Caddyfile" >"$OUT/$1.log" 2>&1 &
+	local pid=$!
+	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
+	# One request first, so that on the reject path every measured one is a 429.
+	curl -s -o /dev/null "http://127.0.0.1:$port/"
+	local expect=200
+	[[ $1 == *_rejected ]] && expect=429
+	local got
+	got=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/")
+	if [[ $got != "$expect" ]]; then
+		echo "case $1: expected $expect, got $got" >&2
+		kill "$pid"; wait "$pid" 2>/dev/null || true
+		return 1
+	fi
+	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "http://127.0.0.1:$port/" >"$OUT/$1.wrk" 2>&1
+	kill "$pid"; wait "$pid" 2>/dev/null || true
+	awk '/^Requests\/sec:/ {print $2}' "$OUT/$1.wrk"
+}
+
+declare -A RESULTS
+for round in $(seq "$ROUNDS"); do
+	for c in $CASES; do
+		rps=$(run "$c")
+		echo "round $round  $c  $rps req/s" >&2
+		RESULTS[$c]+="$rps "
+	done
+done
+
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+
+plain=$(echo "${RESULTS[plain]:-}" | median)
+printf '\n%-18s %14s %10s   %s\n' case "median req/s" "vs plain" "runs"
+for c in $CASES; do
+	m=$(echo "${RESULTS[$c]}" | median)
+	ratio="-"
+	[[ -n $plain ]] && ratio=$(awk -v a="$m" -v b="$plain" 'BEGIN {printf "%.3f", a/b}')
+	printf '%-18s %14s %10s   %s\n' "$c" "$m" "$ratio" "${RESULTS[$c]}"
+done
