@@ -105,9 +105,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // decide asks the store until the request is allowed, rejected, or failed.
 // It returns the charge that rejected the request, or nil if it may pass,
 // and whether the store answered at all (false when it failed and
-// on_store_error lets the request through). Dry-run zones that would reject are left out and asked no more; a request
-// rejected within its zones' max_delay waits for its retry instant and asks
-// again.
+// on_store_error lets the request through). Dry-run zones that would
+// reject are left out and asked no more; a request rejected within its
+// zones' max_delay waits for its retry instant and asks again.
 func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, bool, error) {
 	start := time.Now()
 	var reqBuf [4]storage.Request
@@ -185,6 +185,9 @@ func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, bool, 
 				}
 				waitingIn = append(waitingIn, c.zone)
 			}
+		}
+		if c := h.logger.Check(zap.DebugLevel, "rate limit delaying request"); c != nil {
+			c.Write(zap.String("zone", rejected.zone.Name), zap.String("key", rejected.req.Key), zap.Time("until", deadline))
 		}
 		if err := sleepUntil(ctx, deadline); err != nil {
 			return nil, false, caddyhttp.Error(statusClientClosedRequest, err)

@@ -166,7 +166,7 @@ func TestMemorySharedAcrossProvisions(t *testing.T) {
 	if err := next.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
