@@ -87,19 +87,32 @@ func do(t *testing.T, tc *caddytest.Tester, method, url string, headers ...strin
 		name, value, _ := strings.Cut(h, ":")
 		req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
 	}
-	resp, err := tc.Client.Do(req)
-	// A connection closed before any response (seen once, right after the
-	// first config load on a busy machine) says nothing about the handler,
-	// which answers every request it sees: try that request again.
-	for try := 1; err != nil && try < 3 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)); try++ {
-		t.Logf("%s %s: %v; trying again", method, url, err)
+	resp := send(t, func() (*http.Response, error) { return tc.Client.Do(req) })
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp, string(body)
+}
+
+// send runs exchange, which makes one request on a new connection, and
+// tries again (at most twice) if the connection closed before any
+// response. That happens under load right after a config load: Caddy
+// stops the old server in the background, and a connection its last
+// Accept took is closed unanswered. It says nothing about the handler,
+// which answers every request it sees.
+func send(t *testing.T, exchange func() (*http.Response, error)) *http.Response {
+	t.Helper()
+	resp, err := exchange()
+	for try := 1; err != nil && try < 3 && closedUnanswered(err); try++ {
+		t.Logf("connection closed unanswered (%v); trying again", err)
 		time.Sleep(100 * time.Millisecond)
-		resp, err = tc.Client.Do(req)
+		resp, err = exchange()
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp, string(body)
+	return resp
+}
+
+func closedUnanswered(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 }

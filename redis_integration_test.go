@@ -58,10 +58,7 @@ func redisGet(t *testing.T, client string) (int, time.Duration) {
 	}
 	req.Header.Set("X-Client", client)
 	start := time.Now()
-	resp, err := redisHTTP.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := send(t, func() (*http.Response, error) { return redisHTTP.Do(req) })
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode, time.Since(start)
