@@ -1,14 +1,11 @@
 package ratelimit
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
@@ -437,31 +434,6 @@ func TestRedisReloads(t *testing.T) {
 	}
 }
 
-// caddyBinary builds ./cmd/caddy once per test binary.
-var caddyBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "rate-limit-caddy-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "caddy")
-	out, err := exec.Command("go", "build", "-o", bin, "./cmd/caddy").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build ./cmd/caddy: %w\n%s", err, out)
-	}
-	return bin, nil
-})
-
-// freeLoopbackPort returns a port that is free on 127.0.0.1 now.
-func freeLoopbackPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // startFleet runs n Caddy processes built from ./cmd/caddy, each with its
 // own admin and site port, all limiting one zone (limit per minute per
 // X-Client) in the Redis store configured by store. A store error answers
@@ -470,21 +442,16 @@ func freeLoopbackPort(t *testing.T) int {
 // sites' URLs; the processes are killed when t ends.
 func startFleet(t *testing.T, n int, store string, limit int) []string {
 	t.Helper()
-	bin, err := caddyBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var urls []string
-	for i := range n {
-		dir := t.TempDir()
+	for range n {
 		site, admin := freeLoopbackPort(t), freeLoopbackPort(t)
-		conf := fmt.Sprintf(`{
+		url := fmt.Sprintf("http://127.0.0.1:%d/", site)
+		startProcess(t, fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	http_port %d
 	https_port %d
 	skip_install_trust
 	persist_config off
-	storage file_system %s
 }
 http://127.0.0.1:%d {
 	rate_limit {
@@ -501,44 +468,7 @@ http://127.0.0.1:%d {
 	}
 	respond "ok"
 }
-`, admin, site, freeLoopbackPort(t), filepath.Join(dir, "data"), site, store, limit)
-		path := filepath.Join(dir, "Caddyfile")
-		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		var logs bytes.Buffer
-		cmd := exec.Command(bin, "run", "--config", path, "--adapter", "caddyfile")
-		cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-		cmd.Stdout, cmd.Stderr = &logs, &logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() {
-			cmd.Wait()
-			close(done)
-		}()
-		t.Cleanup(func() {
-			cmd.Process.Kill()
-			<-done
-			if t.Failed() {
-				t.Logf("caddy %d output:\n%s", i, logs.String())
-			}
-		})
-		url := fmt.Sprintf("http://127.0.0.1:%d/", site)
-		ready := false
-		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
-			resp, err := http.Get(url)
-			if err == nil {
-				resp.Body.Close()
-				ready = true
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if !ready {
-			t.Fatalf("caddy %d did not serve %s within 20s", i, url)
-		}
+`, admin, site, freeLoopbackPort(t), site, store, limit), url)
 		urls = append(urls, url)
 	}
 	return urls
