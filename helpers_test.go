@@ -47,6 +47,15 @@ func startCaddy(t *testing.T, caddyfile string) *caddytest.Tester {
 func startCaddyWith(t *testing.T, config, configType string) *caddytest.Tester {
 	t.Helper()
 	tc := caddytest.NewTester(t)
+	// Start every test with fresh counters, whatever ran before it (also
+	// under -count): load a config without the rate limiter, and wait
+	// until the memory store the last config used has been torn down.
+	tc.InitServer(globalOptions+":9080 {\n\trespond \"between tests\"\n}\n", "caddyfile")
+	for deadline := time.Now().Add(10 * time.Second); memorySweeperRunning(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the memory store outlived the configs that used it")
+		}
+	}
 	tc.InitServer(config, configType)
 	if t.Failed() {
 		t.FailNow()
