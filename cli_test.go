@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -89,20 +89,11 @@ func TestCaddyfileExampleRuns(t *testing.T) {
 	config = strings.ReplaceAll(config, "localhost:8080", site)
 	startProcess(t, config, "http://"+site+"/")
 
+	tc := caddytest.NewTester(t)
 	get := func(method, path string, headers ...string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(method, "http://"+site+path, nil)
-		for _, h := range headers {
-			name, value, _ := strings.Cut(h, ": ")
-			req.Header.Set(name, value)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
+		resp, body := do(t, tc, method, "http://"+site+path, headers...)
+		return resp.StatusCode, body
 	}
 
 	// The example's API windows are 10 s, aligned to the epoch. Start

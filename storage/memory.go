@@ -320,17 +320,6 @@ func (c *memoryCounters) sweep() {
 	}
 }
 
-// len counts the keys held, for tests.
-func (c *memoryCounters) len() int {
-	n := 0
-	for i := range c.shards {
-		c.shards[i].mu.Lock()
-		n += len(c.shards[i].entries)
-		c.shards[i].mu.Unlock()
-	}
-	return n
-}
-
 // Interface guards
 var (
 	_ Store                 = (*Memory)(nil)

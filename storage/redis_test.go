@@ -887,3 +887,14 @@ func BenchmarkRedisTake(b *testing.B) {
 		}
 	}
 }
+
+// len counts the cached rejections, for tests.
+func (c *denyCache) len() int {
+	n := 0
+	for i := range c.shards {
+		c.shards[i].mu.Lock()
+		n += len(c.shards[i].entries)
+		c.shards[i].mu.Unlock()
+	}
+	return n
+}
