@@ -361,9 +361,10 @@ func TestRedisFailure(t *testing.T) {
 	})
 }
 
-// TestRedisReloads reloads the config 50 times through the admin API and
-// checks that the Redis connections and the goroutines are where they
-// started: configs share one client, and the last one to go closes it.
+// TestRedisReloads reloads the config 100 times through the admin API (the
+// issue asks for 50, SPEC §4 for 100) and checks that the Redis connections
+// and the goroutines are where they started: configs share one client, and
+// the last one to go closes it.
 func TestRedisReloads(t *testing.T) {
 	s := redistest.Standalone(t)
 	other := redistest.Standalone(t)
@@ -393,7 +394,8 @@ func TestRedisReloads(t *testing.T) {
 		t.Fatalf("%d Redis clients before reloading", baseClients)
 	}
 
-	for i := range 50 {
+	const reloads = 100
+	for i := range reloads {
 		if code, body := loadConfig(t, redisSite(store, 1000+i, "")); code != 200 {
 			t.Fatalf("reload %d: %d %s", i, code, body)
 		}
@@ -401,17 +403,17 @@ func TestRedisReloads(t *testing.T) {
 			t.Fatalf("request after reload %d: %d", i, code)
 		}
 	}
-	if c, err := s.Do("HGET", "rl:{reload}:per_client", "c"); err != nil || c != "50" {
-		t.Fatalf("counter after 50 reloads: %q %v, want 50: counts survive reloads", c, err)
+	if c, err := s.Do("HGET", "rl:{reload}:per_client", "c"); err != nil || c != strconv.Itoa(reloads) {
+		t.Fatalf("counter after %d reloads: %q %v, want %d: counts survive reloads", reloads, c, err, reloads)
 	}
 	var nc, ng int
 	if !settled(func() bool {
 		nc, ng = clients(s), runtime.NumGoroutine()
 		return nc <= baseClients && ng <= baseGoroutines+2
 	}) {
-		t.Fatalf("after 50 reloads: %d Redis clients (started with %d), %d goroutines (started with %d)", nc, baseClients, ng, baseGoroutines)
+		t.Fatalf("after %d reloads: %d Redis clients (started with %d), %d goroutines (started with %d)", reloads, nc, baseClients, ng, baseGoroutines)
 	}
-	t.Logf("after 50 reloads: %d Redis clients (started with %d), %d goroutines (started with %d)", nc, baseClients, ng, baseGoroutines)
+	t.Logf("after %d reloads: %d Redis clients (started with %d), %d goroutines (started with %d)", reloads, nc, baseClients, ng, baseGoroutines)
 
 	// Moving to another Redis closes the old connections; moving away
 	// from Redis closes the rest.
