@@ -82,6 +82,13 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Limit, cost int64) (Decisi
 	w := l.Window.Milliseconds()
 	nowMs := now.UnixMilli()
 	idx := WindowIndex(nowMs, w)
+	if c.Window > idx {
+		// The counts were written in a later window than now falls in: a
+		// clock stepped back, or another request read the time after this
+		// one but charged first. Decide as of the start of their window
+		// rather than forget what it counted.
+		idx, nowMs = c.Window, c.Window*w
+	}
 	c = Roll(c, idx)
 	elapsed := nowMs - idx*w
 	end := (idx + 1) * w
@@ -104,9 +111,10 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Limit, cost int64) (Decisi
 	return d, c
 }
 
-// Roll moves counts kept for an older window to the window with index idx:
-// the old current window becomes the previous one if it is adjacent, and
-// anything older is forgotten.
+// Roll moves counts kept for window c.Window <= idx to the window with
+// index idx: the old current window becomes the previous one if it is
+// adjacent, and anything older is forgotten. (Decide never rolls counts
+// backwards.)
 func Roll(c Counts, idx int64) Counts {
 	switch c.Window {
 	case idx:

@@ -192,7 +192,6 @@ func (c *memoryCounters) shardOf(id memoryKey) int {
 // of all keys are locked together, in index order so that concurrent takes
 // cannot deadlock.
 func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
-	now := c.now()
 	var buf [4]int
 	shards := buf[:0]
 	for _, r := range reqs {
@@ -211,6 +210,9 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 		}
 	}()
 
+	// Read the clock under the locks, so that no request decides with a
+	// time older than one that charged the same key before it.
+	now := c.now()
 	allowed := true
 	var countsBuf [4]algorithms.Counts
 	next := countsBuf[:0]

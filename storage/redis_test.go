@@ -140,7 +140,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 			now := time.UnixMilli(vectors.Start.UnixMilli() + rng.Int64N(1e12))
 			idx := now.UnixMilli() / w
 			stored := algorithms.Counts{
-				Window:   idx - rng.Int64N(3),
+				Window:   idx + 1 - rng.Int64N(4), // a window ahead: another clock wrote it
 				Current:  rng.Int64N(l.Events + 1),
 				Previous: rng.Int64N(l.Events + 1),
 			}

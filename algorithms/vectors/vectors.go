@@ -110,6 +110,34 @@ var Cases = []Case{
 			{At: 63 * time.Second, Key: "b", Cost: 1, Allowed: true, Remaining: 0},
 		},
 	},
+	{
+		// A request whose clock reads a time before the window its key was
+		// last charged in (a clock stepped back, or a request that read
+		// the time just before another charged the next window) is decided
+		// in that later window: it must not forget what was counted there.
+		Name:      "fixed_window/clock_steps_back",
+		Algorithm: algorithms.FixedWindow,
+		Limit:     algorithms.Limit{Events: 2, Window: time.Minute},
+		Steps: []Step{
+			{At: 60 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
+			{At: 61 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0},
+			{At: 59500 * time.Millisecond, Key: "a", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 60500 * time.Millisecond},
+			{At: 62 * time.Second, Key: "a", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 58 * time.Second},
+		},
+	},
+	{
+		Name:      "sliding_tail/clock_steps_back",
+		Algorithm: algorithms.SlidingTail,
+		Limit:     algorithms.Limit{Events: 2, Window: time.Minute},
+		Steps: []Step{
+			{At: 60 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
+			{At: 61 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0},
+			// Decided as of 12:01:00: the 2 counted then carry into the
+			// next window and round down to 1 from 12:02:00.001.
+			{At: 59500 * time.Millisecond, Key: "a", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 60501 * time.Millisecond},
+			{At: 62 * time.Second, Key: "a", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 58001 * time.Millisecond},
+		},
+	},
 }
 
 // TakeFunc charges one request of cost for key at instant now against the

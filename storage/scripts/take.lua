@@ -90,6 +90,13 @@ for i = 1, n do
   local sc = tonumber(v[2]) or 0
   local sp = tonumber(v[3]) or 0
 
+  -- Counts written in a later window than the clock says (it stepped
+  -- back): decide as of the start of their window rather than forget them.
+  if v[1] and sw > idx then
+    idx = sw
+    elapsed = 0
+  end
+
   -- Roll the stored counts forward to window idx.
   local cur, prev = 0, 0
   if v[1] and sw == idx then
@@ -117,7 +124,7 @@ for i = 1, n do
 
   -- The counters matter until the window ends, or for a sliding tail
   -- until the next one ends, since it is weighed as the previous window.
-  local ttl = (idx + 1) * w - now
+  local ttl = w - elapsed
   if sliding then
     ttl = ttl + w
   end
