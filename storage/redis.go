@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
@@ -83,7 +84,8 @@ type Redis struct {
 	client  *redisClient
 	poolKey string
 	// now is the local clock; tests replace it to skew it.
-	now func() time.Time
+	now    func() time.Time
+	logger *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -100,7 +102,8 @@ var redisClients = caddy.NewUsagePool()
 
 // Provision resolves placeholders in the addresses, checks them and
 // attaches the shared client for them.
-func (r *Redis) Provision(caddy.Context) error {
+func (r *Redis) Provision(ctx caddy.Context) error {
+	r.logger = ctx.Logger()
 	if r.Timeout == 0 {
 		r.Timeout = caddy.Duration(DefaultRedisTimeout)
 	}
@@ -515,6 +518,12 @@ func hashTag(key string) string {
 // atomic in its slot. Until that refund lands, a concurrent request for
 // the same key may see the charge and be rejected; no request is ever
 // allowed beyond a limit.
+//
+// Once a group has rejected the request, Redis errors no longer make it a
+// store error, which on_store_error allow would let through: a group that
+// cannot be asked is reported as not rejecting, and a refund that fails is
+// logged and leaves its charge in place (counting too much, never too
+// little).
 func (r *Redis) decideGroups(ctx context.Context, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
 	type group struct {
 		tag   string
@@ -543,7 +552,7 @@ func (r *Redis) decideGroups(ctx context.Context, keys []string, reqs []Request,
 	var refunds []charged
 	rejected := false
 	var firstErr error
-	for _, g := range groups {
+	for gi, g := range groups {
 		gKeys := make([]string, len(g.index))
 		gReqs := make([]Request, len(g.index))
 		gDec := make([]algorithms.Decision, len(g.index))
@@ -551,6 +560,14 @@ func (r *Redis) decideGroups(ctx context.Context, keys []string, reqs []Request,
 			gKeys[j], gReqs[j] = keys[i], reqs[i]
 		}
 		now, err := r.run(ctx, gKeys, gReqs, gDec, clock, !rejected)
+		if err != nil && rejected {
+			for _, rest := range groups[gi:] {
+				for _, i := range rest.index {
+					decisions[i] = algorithms.Decision{Allowed: true}
+				}
+			}
+			break
+		}
 		if err != nil {
 			firstErr = err
 			break
@@ -581,8 +598,9 @@ func (r *Redis) decideGroups(ctx context.Context, keys []string, reqs []Request,
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(r.Timeout))
 	defer cancel()
 	for _, c := range refunds {
-		if err := refundScript.Run(rctx, r.client.rdb, c.keys, c.args...).Err(); err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("refunding a request rejected in another slot: %w", err)
+		if err := refundScript.Run(rctx, r.client.rdb, c.keys, c.args...).Err(); err != nil {
+			r.logger.Error("refunding a request rejected in another cluster slot failed; its charge stays",
+				zap.Int("zones", len(c.keys)), zap.Error(err))
 		}
 	}
 	return firstErr

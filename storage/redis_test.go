@@ -829,6 +829,29 @@ func TestRedisCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("a rejection stands when a later group cannot be asked", func(t *testing.T) {
+		// k1's zone is full; k2's node hangs. The request is rejected, not
+		// turned into a store error that on_store_error allow would pass.
+		long := algorithms.Limit{Events: 1, Window: time.Hour}
+		redisTake(t, r, time.Time{}, Request{Zone: "h1", Key: k1, Algorithm: algorithms.FixedWindow, Limit: long, Cost: 1})
+		r.client.denies.init() // ask Redis, not the deny cache
+		hung := c.Nodes[nodeOf(t, r.counterKey("probe", k2))]
+		if err := hung.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		d := make([]algorithms.Decision, 2)
+		err := r.Take(context.Background(), []Request{
+			{Zone: "h1", Key: k1, Algorithm: algorithms.FixedWindow, Limit: long, Cost: 1},
+			{Zone: "h2", Key: k2, Algorithm: algorithms.FixedWindow, Limit: long, Cost: 1},
+		}, d)
+		if err := hung.Resume(); err != nil {
+			t.Fatal(err)
+		}
+		if err != nil || d[0].Allowed || d[0].RetryAt.IsZero() || !d[1].Allowed {
+			t.Fatalf("err %v, decisions %+v: want h1 rejected, h2 not asked", err, d)
+		}
+	})
+
 	t.Run("concurrent exactness", func(t *testing.T) {
 		// 10 keys over the nodes, 40 concurrent requests each, limit 7.
 		// The timeout is generous: this is about exactness, not speed.
