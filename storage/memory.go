@@ -27,12 +27,16 @@ const DefaultMaxKeys = 1_000_000
 //
 // Every config that uses it shares one set of counters, which outlives
 // config reloads, so a reload through the admin API loses no counts. The
-// store is split into shards, each with its own lock, and is bounded: when
-// it holds max_keys keys the least recently used one is forgotten. Keys whose
-// windows have passed are swept in the background.
+// store is split into 64 shards, each with its own lock, and is bounded:
+// each shard holds its share of max_keys (rounded up) and, when full,
+// forgets its least recently used key, so eviction can begin a little
+// before the store as a whole holds max_keys. Keys whose windows have
+// passed are swept in the background.
 type Memory struct {
 	// The most keys (zone and key pairs) kept at once. Default: 1,000,000.
-	// All configs share one store; the most recently loaded value applies.
+	// All configs share one store; the value of the most recently loaded
+	// config still running applies, so a config that fails to load leaves
+	// the bound as it was.
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	counters *memoryCounters
@@ -52,8 +56,12 @@ var memoryPool = caddy.NewUsagePool()
 
 const memoryPoolKey = "memory"
 
-// Provision attaches the shared counters.
+// Provision attaches the shared counters. It refuses a negative bound
+// itself, since Caddy validates only after provisioning.
 func (m *Memory) Provision(caddy.Context) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
 	if m.MaxKeys == 0 {
 		m.MaxKeys = DefaultMaxKeys
 	}
@@ -64,11 +72,11 @@ func (m *Memory) Provision(caddy.Context) error {
 		return err
 	}
 	m.counters = val.(*memoryCounters)
-	m.counters.setMaxKeys(m.MaxKeys)
+	m.counters.use(m)
 	return nil
 }
 
-// Validate refuses a non-positive bound.
+// Validate refuses a negative bound (0 means the default).
 func (m *Memory) Validate() error {
 	if m.MaxKeys < 0 {
 		return fmt.Errorf("max_keys must be positive, got %d", m.MaxKeys)
@@ -78,6 +86,10 @@ func (m *Memory) Validate() error {
 
 // Cleanup lets go of the shared counters; the last user stops the sweeper.
 func (m *Memory) Cleanup() error {
+	if m.counters == nil {
+		return nil
+	}
+	m.counters.release(m)
 	_, err := memoryPool.Delete(memoryPoolKey)
 	return err
 }
@@ -150,6 +162,11 @@ type memoryCounters struct {
 	// rather than behind one lock that all shards would share.
 	maxPerShard atomic.Int64
 
+	// users are the configs using the counters, oldest first; the newest
+	// sets the bound.
+	usersMu sync.Mutex
+	users   []*Memory
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -169,8 +186,29 @@ func newMemoryCounters(maxKeys int, now func() time.Time) *memoryCounters {
 	return c
 }
 
+// use makes m's max_keys the bound while m is the newest config using
+// the counters.
+func (c *memoryCounters) use(m *Memory) {
+	c.usersMu.Lock()
+	defer c.usersMu.Unlock()
+	c.users = append(c.users, m)
+	c.setMaxKeys(m.MaxKeys)
+}
+
+// release forgets m, and puts back the bound of the newest config still
+// using the counters.
+func (c *memoryCounters) release(m *Memory) {
+	c.usersMu.Lock()
+	defer c.usersMu.Unlock()
+	c.users = slices.DeleteFunc(c.users, func(u *Memory) bool { return u == m })
+	if len(c.users) > 0 {
+		c.setMaxKeys(c.users[len(c.users)-1].MaxKeys)
+	}
+}
+
+// setMaxKeys bounds each shard to its share of n keys, rounded up.
 func (c *memoryCounters) setMaxKeys(n int) {
-	c.maxPerShard.Store(int64(max(1, (n+memoryShards-1)/memoryShards)))
+	c.maxPerShard.Store(int64(max(1, (n-1)/memoryShards+1)))
 }
 
 // Destruct stops the sweeper; the UsagePool calls it when the last config

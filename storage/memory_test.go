@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -136,6 +137,45 @@ func TestMemorySweepRemovesExpired(t *testing.T) {
 	if n := c.len(); n != 1 {
 		t.Fatalf("after two windows: %d keys, want only the hour-long one", n)
 	}
+}
+
+// TestMemoryBoundFollowsRunningConfigs: the bound is the newest running
+// config's max_keys. A config that is provisioned and then fails to load
+// (cleaned up without ever running) or refused for a negative bound leaves
+// the running config's bound in place; a huge bound does not overflow.
+func TestMemoryBoundFollowsRunningConfigs(t *testing.T) {
+	provision := func(maxKeys int) (*Memory, error) {
+		m := &Memory{MaxKeys: maxKeys}
+		return m, m.Provision(caddy.Context{})
+	}
+	running, err := provision(6400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Cleanup()
+	perShard := func() int64 { return running.counters.maxPerShard.Load() }
+	if perShard() != 100 {
+		t.Fatalf("per shard %d for 6,400 keys, want 100", perShard())
+	}
+
+	failed, err := provision(640)
+	if err != nil || perShard() != 10 {
+		t.Fatalf("per shard %d (%v) while a 640-key config loads, want 10", perShard(), err)
+	}
+	failed.Cleanup()
+	if perShard() != 100 {
+		t.Fatalf("per shard %d after the new config failed, want 100 again", perShard())
+	}
+
+	if _, err := provision(-5); err == nil || perShard() != 100 {
+		t.Fatalf("max_keys -5: %v, per shard %d, want refused and 100", err, perShard())
+	}
+
+	huge, err := provision(math.MaxInt)
+	if err != nil || perShard() < math.MaxInt/memoryShards {
+		t.Fatalf("max_keys MaxInt: %v, per shard %d", err, perShard())
+	}
+	huge.Cleanup()
 }
 
 // TestMemorySharedAcrossProvisions shows that two configs (an old one and
