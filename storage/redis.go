@@ -134,12 +134,15 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
+	// Everything clientOptions reads is in the key, the timeout included:
+	// the connection timeouts derive from it.
 	key, err := json.Marshal(struct {
 		Addrs    []string
 		Cluster  bool
 		Sentinel string
 		PoolSize int
-	}{addrs, r.Cluster, r.Sentinel, r.PoolSize})
+		Timeout  caddy.Duration
+	}{addrs, r.Cluster, r.Sentinel, r.PoolSize, r.Timeout})
 	if err != nil {
 		return err
 	}
@@ -191,8 +194,11 @@ func (r *Redis) Cleanup() error {
 	if r.poolKey == "" {
 		return nil
 	}
+	// r.client stays: requests of this config may still be running (Caddy
+	// cleans up an old config without waiting for them). Once the client
+	// is closed they get an error, which on_store_error answers.
 	_, err := redisClients.Delete(r.poolKey)
-	r.poolKey, r.client = "", nil
+	r.poolKey = ""
 	return err
 }
 

@@ -921,3 +921,26 @@ func (c *denyCache) len() int {
 	}
 	return n
 }
+
+// TestRedisClientSharing: configs with the same connection settings share
+// one client; another timeout (from which the connection timeouts derive)
+// gets its own. A store used after its config was cleaned up, as a request
+// still running in an old config may do, gets an error, not a panic.
+func TestRedisClientSharing(t *testing.T) {
+	s := redistest.Standalone(t)
+	a := newRedisStore(t, new(Redis), s.URL())
+	b := newRedisStore(t, new(Redis), s.URL())
+	c := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Second)}, s.URL())
+	if a.client != b.client || a.client == c.client {
+		t.Fatalf("same settings share: %v, another timeout shares: %v; want true, false", a.client == b.client, a.client == c.client)
+	}
+
+	if err := c.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	d := make([]algorithms.Decision, 1)
+	err := c.Take(context.Background(), []Request{{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 1, Window: time.Minute}, Cost: 1}}, d)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("take after cleanup: %v, want ErrUnavailable", err)
+	}
+}
