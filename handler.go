@@ -168,14 +168,16 @@ func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, bool, 
 			continue
 		}
 
-		// Wait only if every rejecting zone allows a delay that long.
+		// Wait until the last rejecting zone would allow the request, and
+		// only if every rejecting zone allows a delay that long and could
+		// ever allow it (a cost above the limit never passes).
 		deadline := rejected.decision.RetryAt
 		for j := range charges {
 			c := &charges[j]
 			if c.dryRunExceeded || c.decision.Allowed {
 				continue
 			}
-			if c.decision.RetryAt.After(start.Add(time.Duration(c.zone.MaxDelay))) {
+			if c.req.Cost > c.decision.Limit || deadline.After(start.Add(time.Duration(c.zone.MaxDelay))) {
 				return rejected, true, nil
 			}
 			if !slices.Contains(waitingIn, c.zone) {

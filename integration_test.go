@@ -497,21 +497,28 @@ func waitForLog(t *testing.T, logFile string, n int, parts ...string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		b, _ := os.ReadFile(logFile)
-		found := 0
-		for line := range strings.Lines(string(b)) {
-			if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
-				found++
-			}
-		}
+		found := logLines(logFile, parts...)
 		if found >= n {
 			return
 		}
 		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(logFile)
 			t.Fatalf("%d of %d log lines with %q:\n%s", found, n, parts, b)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// logLines counts the lines of the log file that contain all of parts.
+func logLines(logFile string, parts ...string) int {
+	b, _ := os.ReadFile(logFile)
+	found := 0
+	for line := range strings.Lines(string(b)) {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+			found++
+		}
+	}
+	return found
 }
 
 func TestMaxDelay(t *testing.T) {
@@ -526,7 +533,7 @@ func TestMaxDelay(t *testing.T) {
 	rate_limit {
 		zone throttle {
 			match {
-				not path /bounded /strict
+				not path /bounded /strict /pair /costly
 			}
 			key throttle
 			limit 1
@@ -555,6 +562,35 @@ func TestMaxDelay(t *testing.T) {
 			window 1h
 			max_delay 100ms
 		}
+		zone pair_short {
+			match {
+				path /pair
+			}
+			key pair
+			limit 1
+			window 1s
+			algorithm fixed_window
+			max_delay 2s
+		}
+		zone pair_long {
+			match {
+				path /pair
+			}
+			key pair
+			limit 1
+			window 1h
+			max_delay 2h
+		}
+		zone costly {
+			match {
+				path /costly
+			}
+			key costly
+			limit 2
+			window 1h
+			cost POST 5
+			max_delay 2h
+		}
 	}
 	reverse_proxy %s
 }
@@ -578,6 +614,26 @@ func TestMaxDelay(t *testing.T) {
 		status(t, resp, http.StatusTooManyRequests)
 		if after, _ := strconv.Atoi(resp.Header.Get("Retry-After")); after < 60 {
 			t.Fatalf("Retry-After %q, want minutes", resp.Header.Get("Retry-After"))
+		}
+	})
+	t.Run("held_only_as_long_as_every_zone_allows", func(t *testing.T) {
+		// pair_short would hold a request for up to 2 s, pair_long for up
+		// to 2 h. Once both are spent, the request would have to wait for
+		// pair_long's hour, which is beyond pair_short's max_delay.
+		resp, _ := do(t, tc, http.MethodGet, siteURL+"/pair")
+		status(t, resp, http.StatusOK)
+		resp, _ = do(t, tc, http.MethodGet, siteURL+"/pair")
+		status(t, resp, http.StatusTooManyRequests)
+		if n := logLines(logFile, "delaying request", `"key":"pair"`); n != 0 {
+			t.Fatalf("the request was held (%d log lines) before its rejection", n)
+		}
+	})
+	t.Run("never_holds_what_can_never_pass", func(t *testing.T) {
+		// A POST costs 5 against a limit of 2: no wait can let it pass.
+		resp, _ := do(t, tc, http.MethodPost, siteURL+"/costly")
+		status(t, resp, http.StatusTooManyRequests)
+		if n := logLines(logFile, "delaying request", `"key":"costly"`); n != 0 {
+			t.Fatalf("the request was held (%d log lines) before its rejection", n)
 		}
 	})
 	t.Run("disconnect_releases_and_consumes_nothing", func(t *testing.T) {
