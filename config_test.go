@@ -122,6 +122,8 @@ func TestBadJSONRefused(t *testing.T) {
 		{"cost method", `{"zones":[{"name":"z","limit":[1],"window":"1s","cost":{"get":2}}]}`, "unknown HTTP method", "get"},
 		{"unnamed", `{"zones":[{"limit":[1],"window":"1s"}]}`, "zone", "name"},
 		{"limit type", `{"zones":[{"name":"z","limit":[true],"window":"1s"}]}`, "limit", "true"},
+		{"null zone", `{"zones":[null]}`, "rate_limit", "empty zone"},
+		{"negative max_keys", `{"store":{"backend":"memory","max_keys":-5},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "max_keys", "-5"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -164,6 +164,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.store = store
 
 	for _, z := range h.Zones {
+		if z == nil {
+			// Caddy validates after provisioning, so this cannot wait.
+			return errors.New("rate_limit: empty zone")
+		}
 		if err := z.provision(ctx, h.logger); err != nil {
 			return fmt.Errorf("zone %q: %w", z.Name, err)
 		}
