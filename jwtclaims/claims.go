@@ -25,6 +25,8 @@ const PlaceholderPrefix = "jwt."
 // r. The token is read and verified only when such a placeholder is first
 // asked for, and at most once per request. Every {jwt.*} placeholder is
 // known: it is empty if the token did not verify or lacks the claim.
+// Caddy asks a replacer's providers in the order they were added, so the
+// first Config registered for a request answers for all of them.
 func (c *Config) Register(repl *caddy.Replacer, r *http.Request) {
 	rc := &requestClaims{config: c, request: r}
 	repl.Map(rc.placeholder)
