@@ -254,14 +254,23 @@ func (h *Handler) report(w http.ResponseWriter, repl *caddy.Replacer, c *charge,
 	if h.Headers == "" || h.Headers == headersXRateLimit || h.Headers == headersBoth {
 		hdr["X-Ratelimit-Limit"] = []string{strconv.FormatInt(d.Limit, 10)}
 		hdr["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(d.Remaining, 10)}
-		hdr["X-Ratelimit-Reset"] = []string{strconv.FormatInt(d.Reset.Unix(), 10)}
+		hdr["X-Ratelimit-Reset"] = []string{strconv.FormatInt(ceilUnix(d.Reset), 10)}
 		hdr["X-Ratelimit-Used"] = []string{strconv.FormatInt(d.Used, 10)}
 	}
 	if h.Headers == headersIETF || h.Headers == headersBoth {
-		window := int64(time.Duration(c.zone.Window).Seconds())
-		hdr["Ratelimit-Policy"] = []string{fmt.Sprintf("%q;q=%d;w=%d", c.zone.Name, d.Limit, window)}
+		hdr["Ratelimit-Policy"] = []string{fmt.Sprintf("%q;q=%d;w=%d", c.zone.Name, d.Limit, c.zone.policySeconds)}
 		hdr["Ratelimit"] = []string{fmt.Sprintf("%q;r=%d;t=%d", c.zone.Name, d.Remaining, retryAfterSeconds(d.Reset, now))}
 	}
+}
+
+// ceilUnix is t in Unix seconds, rounded up, so that a client waiting until
+// then never comes back before the window has ended.
+func ceilUnix(t time.Time) int64 {
+	s := t.Unix()
+	if t.Nanosecond() > 0 {
+		s++
+	}
+	return s
 }
 
 // retryAfterSeconds rounds the wait up to whole seconds, at least one, so a

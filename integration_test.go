@@ -429,6 +429,39 @@ func TestHeaders(t *testing.T) {
 			}
 		})
 	}
+
+	// Windows that are not whole seconds round up: the policy's window,
+	// and the reset, which a client may wait for, is never early.
+	t.Run("sub-second windows round up", func(t *testing.T) {
+		tc := startCaddy(t, `
+:9080 {
+	rate_limit {
+		headers both
+		zone z_fraction {
+			limit 5
+			window 1500ms
+		}
+	}
+	respond "ok"
+}
+`)
+		before := time.Now().UnixMilli()
+		resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+		after := time.Now().UnixMilli()
+		status(t, resp, http.StatusOK)
+		if got := resp.Header.Get("RateLimit-Policy"); got != `"z_fraction";q=5;w=2` {
+			t.Fatalf("RateLimit-Policy %q, want w=2 for a 1.5 s window", got)
+		}
+		reset, _ := strconv.ParseInt(resp.Header.Get("X-RateLimit-Reset"), 10, 64)
+		ok := false
+		for _, at := range []int64{before, after} {
+			end := (at/1500 + 1) * 1500 // ms
+			ok = ok || reset == (end+999)/1000
+		}
+		if !ok {
+			t.Fatalf("X-RateLimit-Reset %d, want the window end (between %d and %d ms) rounded up to seconds", reset, before, after)
+		}
+	})
 }
 
 func TestPlaceholders(t *testing.T) {

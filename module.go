@@ -124,6 +124,9 @@ type Zone struct {
 	limits   []template
 	costs    [methodCount]int64
 	waiting  atomic.Int64
+	// policySeconds is the window in whole seconds, rounded up, for the
+	// RateLimit-Policy header.
+	policySeconds int64
 }
 
 // CaddyModule returns the Caddy module information.
@@ -197,6 +200,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	}
 	z.keys = compileTemplates(keys)
 	z.limits = compileTemplates(z.Limit)
+	z.policySeconds = int64((time.Duration(z.Window) + time.Second - 1) / time.Second)
 	literal := false
 	for _, l := range z.limits {
 		literal = literal || !l.dynamic
