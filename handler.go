@@ -110,8 +110,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // zones' max_delay waits for its retry instant and asks again.
 func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, bool, error) {
 	start := time.Now()
-	var reqBuf [4]storage.Request
-	var decBuf [4]algorithms.Decision
+	reqs := make([]storage.Request, 0, len(charges))
+	decisions := make([]algorithms.Decision, 0, len(charges))
 	var waitingIn []*Zone
 	defer func() {
 		for _, z := range waitingIn {
@@ -122,7 +122,7 @@ func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, bool, 
 	for {
 		// Ask for the charges still in play: all but dry-run zones that
 		// already said they would reject.
-		reqs, decisions := reqBuf[:0], decBuf[:0]
+		reqs, decisions = reqs[:0], decisions[:0]
 		for _, c := range charges {
 			if !c.dryRunExceeded {
 				reqs = append(reqs, c.req)

@@ -447,8 +447,7 @@ func (r *Redis) take(ctx context.Context, reqs []Request, decisions []algorithms
 	if len(reqs) == 0 {
 		return nil
 	}
-	var keyBuf [4]string
-	keys := keyBuf[:0]
+	keys := make([]string, 0, len(reqs))
 	for _, q := range reqs {
 		if q.Limit.Events > maxExact || q.Cost < 0 || q.Cost > maxExact || q.Limit.Window.Milliseconds() > maxExact {
 			return fmt.Errorf("zone %q: limit, cost or window too large for the Redis store", q.Zone)
