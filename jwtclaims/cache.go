@@ -35,8 +35,10 @@ func newTokenCache(size int, ttl time.Duration) *tokenCache {
 	return &tokenCache{entries: make(map[[sha256.Size]byte]cacheEntry), size: size, ttl: ttl}
 }
 
-func (tc *tokenCache) get(token string, now time.Time) (map[string]any, bool) {
-	sum := sha256.Sum256([]byte(token))
+// digest is what the cache keeps of a token.
+func digest(token string) [sha256.Size]byte { return sha256.Sum256([]byte(token)) }
+
+func (tc *tokenCache) get(sum [sha256.Size]byte, now time.Time) (map[string]any, bool) {
 	tc.mu.RLock()
 	e, ok := tc.entries[sum]
 	tc.mu.RUnlock()
@@ -46,12 +48,11 @@ func (tc *tokenCache) get(token string, now time.Time) (map[string]any, bool) {
 	return e.claims, true
 }
 
-// put remembers claims until expires.
-// When the cache is full, expired entries and then arbitrary ones are
-// dropped until a quarter of it is free, so a full cache costs one sweep
-// per size/4 insertions.
-func (tc *tokenCache) put(token string, claims map[string]any, expires, now time.Time) {
-	sum := sha256.Sum256([]byte(token))
+// put remembers claims for the token with digest sum until expires.
+// When the cache is full, one pass drops every expired entry and, while
+// more than three quarters remain, whichever entries it meets first (map
+// order is random), so a full cache costs one sweep per size/4 insertions.
+func (tc *tokenCache) put(sum [sha256.Size]byte, claims map[string]any, expires, now time.Time) {
 	tc.mu.Lock()
 	defer tc.mu.Unlock()
 	if len(tc.entries) >= tc.size {

@@ -1,6 +1,7 @@
 package jwtclaims
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"math"
@@ -86,8 +87,10 @@ func (c *Config) verify(token string) map[string]any {
 		return nil
 	}
 	now := c.now()
+	var sum [sha256.Size]byte
 	if c.cache != nil {
-		if claims, ok := c.cache.get(token, now); ok {
+		sum = digest(token)
+		if claims, ok := c.cache.get(sum, now); ok {
 			return claims
 		}
 	}
@@ -101,7 +104,7 @@ func (c *Config) verify(token string) map[string]any {
 		return nil
 	}
 	if c.cache != nil {
-		c.cache.put(token, claims, c.cacheUntil(claims, now), now)
+		c.cache.put(sum, claims, c.cacheUntil(claims, now), now)
 	}
 	return claims
 }
