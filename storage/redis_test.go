@@ -484,16 +484,22 @@ func TestBreaker(t *testing.T) {
 	}
 }
 
+// TestRedisSharedClient: configs with the same connection settings share
+// one client, closed when the last of them is cleaned up. Another pool
+// size or timeout (from which the connection timeouts derive) gets its
+// own.
 func TestRedisSharedClient(t *testing.T) {
 	s := redistest.Standalone(t)
 	a := newRedisStore(t, new(Redis), s.URL())
-	b := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Second)}, s.URL())
+	b := newRedisStore(t, &Redis{KeyPrefix: "other:"}, s.URL())
 	if a.client != b.client {
 		t.Fatal("two stores for one Redis do not share a client")
 	}
-	other := newRedisStore(t, &Redis{PoolSize: 3}, s.URL())
-	if other.client == a.client {
+	if other := newRedisStore(t, &Redis{PoolSize: 3}, s.URL()); other.client == a.client {
 		t.Fatal("a different pool size shares the client")
+	}
+	if other := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Second)}, s.URL()); other.client == a.client {
+		t.Fatal("a different timeout shares the client")
 	}
 	client := a.client
 	if err := a.Cleanup(); err != nil {
@@ -922,19 +928,12 @@ func (c *denyCache) len() int {
 	return n
 }
 
-// TestRedisClientSharing: configs with the same connection settings share
-// one client; another timeout (from which the connection timeouts derive)
-// gets its own. A store used after its config was cleaned up, as a request
-// still running in an old config may do, gets an error, not a panic.
-func TestRedisClientSharing(t *testing.T) {
+// TestRedisTakeAfterCleanup: a store used after its config was cleaned
+// up, as a request still running in an old config may do, gets an error,
+// not a panic.
+func TestRedisTakeAfterCleanup(t *testing.T) {
 	s := redistest.Standalone(t)
-	a := newRedisStore(t, new(Redis), s.URL())
-	b := newRedisStore(t, new(Redis), s.URL())
-	c := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Second)}, s.URL())
-	if a.client != b.client || a.client == c.client {
-		t.Fatalf("same settings share: %v, another timeout shares: %v; want true, false", a.client == b.client, a.client == c.client)
-	}
-
+	c := newRedisStore(t, new(Redis), s.URL())
 	if err := c.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
