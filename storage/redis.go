@@ -161,7 +161,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 // Provision, once their placeholders are resolved.
 func (r *Redis) Validate() error {
 	if len(r.Addresses) == 0 {
-		return errors.New("address: at least one Redis address is required")
+		return errors.New("address: at least one address is required")
 	}
 	if r.Cluster && r.Sentinel != "" {
 		return errors.New("cluster and sentinel exclude each other")
@@ -394,14 +394,8 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("store redis: unknown subdirective %q", d.Val())
 		}
 	}
-	if len(r.Addresses) == 0 {
-		return d.Err("store redis: at least one address is required")
-	}
-	if r.Cluster && r.Sentinel != "" {
-		return d.Err("store redis: cluster and sentinel exclude each other")
-	}
-	if len(r.Addresses) > 1 && !r.Cluster && r.Sentinel == "" {
-		return d.Errf("store redis: %d addresses given; several addresses need cluster or sentinel", len(r.Addresses))
+	if err := r.Validate(); err != nil {
+		return d.Errf("store redis: %v", err)
 	}
 	return nil
 }
