@@ -102,11 +102,15 @@ type Zone struct {
 	Cost map[string]int64 `json:"cost,omitempty"`
 
 	// If set, a request that would be allowed within this long is held
-	// until then instead of being rejected.
+	// until then instead of being rejected. With several zones rejecting,
+	// it waits for the last of them, and only if that is within every
+	// one's max_delay.
 	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
 
 	// How many requests may wait at once in this zone because of
-	// max_delay; the rest are rejected at once. Default: 1000.
+	// max_delay; the rest are rejected at once. Default: 1000. The count
+	// is per handler: a zone of the same name in another rate_limit
+	// handler counts its own waiting requests.
 	MaxWaiting int `json:"max_waiting,omitempty"`
 
 	// Count and report, but never reject.
