@@ -17,12 +17,14 @@ import (
 // This file runs the Caddy that users build: ./cmd/caddy, compiled once
 // per test binary, as separate processes.
 
-// caddyBinary builds ./cmd/caddy once per test binary.
+// caddyBinary builds ./cmd/caddy once per test binary, in binaryDir,
+// which TestMain removes.
 var caddyBinary = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "rate-limit-caddy-")
 	if err != nil {
 		return "", err
 	}
+	binaryDir = dir
 	bin := filepath.Join(dir, "caddy")
 	out, err := exec.Command("go", "build", "-o", bin, "./cmd/caddy").CombinedOutput()
 	if err != nil {
@@ -30,6 +32,17 @@ var caddyBinary = sync.OnceValues(func() (string, error) {
 	}
 	return bin, nil
 })
+
+var binaryDir string
+
+// TestMain removes the built Caddy (about 90 MB) when the tests are done.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaryDir != "" {
+		os.RemoveAll(binaryDir)
+	}
+	os.Exit(code)
+}
 
 // caddyCommand returns the built Caddy with args, killed if ctx ends, its
 // home and data directories in a temporary directory so it leaves nothing
