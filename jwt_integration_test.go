@@ -5,15 +5,8 @@ package ratelimit
 // memory store keeps counters across config loads.
 
 import (
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,13 +15,14 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/jwttest"
 )
 
 // jwtSecret is the HMAC secret of the test configs, given to Caddy through
@@ -39,41 +33,8 @@ const (
 	jwtIssuer    = "https://id.example.com"
 )
 
-type jwtTestKeys struct {
-	rsa, rsaOther *rsa.PrivateKey
-	ec256, ec384  *ecdsa.PrivateKey
-	ed            ed25519.PrivateKey
-	rsaPEM        []byte
-}
-
-var jwtKeys = sync.OnceValue(func() *jwtTestKeys {
-	k := new(jwtTestKeys)
-	var err error
-	for _, p := range []**rsa.PrivateKey{&k.rsa, &k.rsaOther} {
-		if *p, err = rsa.GenerateKey(rand.Reader, 2048); err != nil {
-			panic(err)
-		}
-	}
-	if k.ec256, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
-		panic(err)
-	}
-	if k.ec384, err = ecdsa.GenerateKey(elliptic.P384(), rand.Reader); err != nil {
-		panic(err)
-	}
-	if _, k.ed, err = ed25519.GenerateKey(rand.Reader); err != nil {
-		panic(err)
-	}
-	k.rsaPEM = jwtPublicPEM(&k.rsa.PublicKey)
-	return k
-})
-
-func jwtPublicPEM(pub any) []byte {
-	der, err := x509.MarshalPKIXPublicKey(pub)
-	if err != nil {
-		panic(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
-}
+// jwtKeys are the test signing keys, shared with jwtclaims' tests.
+var jwtKeys = jwttest.Generate
 
 // jwtKeyFile writes a PEM file and returns its path.
 func jwtKeyFile(t *testing.T, data []byte) string {
@@ -176,7 +137,7 @@ func jwtUserSite(t *testing.T, zone, limit string) string {
 	}
 	respond "{http.rate_limit.key}|sub={jwt.sub}"
 }
-`, jwtSecretEnv, jwtKeyFile(t, jwtKeys().rsaPEM), jwtIssuer, zone, limit)
+`, jwtSecretEnv, jwtKeyFile(t, jwtKeys().RSAPublicPEM), jwtIssuer, zone, limit)
 }
 
 // TestJWTUserBeforeIP: a verified token keys the request by user, whatever
@@ -196,7 +157,7 @@ func TestJWTUserBeforeIP(t *testing.T) {
 		used  int
 	}{
 		{"alice HS256", jwtHS256(t, jwt.MapClaims{"sub": "alice"}), "user:alice", 1},
-		{"alice RS256", jwtSign(t, jwt.SigningMethodRS256, k.rsa, jwtClaims(jwt.MapClaims{"sub": "alice"})), "user:alice", 2},
+		{"alice RS256", jwtSign(t, jwt.SigningMethodRS256, k.RSA, jwtClaims(jwt.MapClaims{"sub": "alice"})), "user:alice", 2},
 		{"bob", jwtHS256(t, jwt.MapClaims{"sub": "bob"}), "user:bob", 1},
 		{"alice again", jwtHS256(t, jwt.MapClaims{"sub": "alice"}), "user:alice", 3},
 		{"no token again", "", anon.key, 2},
@@ -237,10 +198,10 @@ func TestJWTRejectedTokensFallBackToIP(t *testing.T) {
 		{"expired", bearer(jwtHS256(t, jwt.MapClaims{"sub": "mallory", "exp": now - 60}))},
 		{"not yet valid", bearer(jwtHS256(t, jwt.MapClaims{"sub": "mallory", "nbf": now + 60}))},
 		{"another secret", bearer(jwtSign(t, jwt.SigningMethodHS256, []byte("another secret of 32 bytes......."), jwtClaims(mallory)))},
-		{"another RSA key", bearer(jwtSign(t, jwt.SigningMethodRS256, k.rsaOther, jwtClaims(mallory)))},
-		{"an unconfigured algorithm (ES256)", bearer(jwtSign(t, jwt.SigningMethodES256, k.ec256, jwtClaims(mallory)))},
+		{"another RSA key", bearer(jwtSign(t, jwt.SigningMethodRS256, k.RSAOther, jwtClaims(mallory)))},
+		{"an unconfigured algorithm (ES256)", bearer(jwtSign(t, jwt.SigningMethodES256, k.EC256, jwtClaims(mallory)))},
 		{"alg none", bearer(jwtSign(t, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, jwtClaims(mallory)))},
-		{"alg confusion: HS256 signed with the RSA public key PEM", bearer(jwtSign(t, jwt.SigningMethodHS256, k.rsaPEM, jwtClaims(mallory)))},
+		{"alg confusion: HS256 signed with the RSA public key PEM", bearer(jwtSign(t, jwt.SigningMethodHS256, k.RSAPublicPEM, jwtClaims(mallory)))},
 		{"wrong issuer", bearer(jwtHS256(t, jwt.MapClaims{"sub": "mallory", "iss": "https://evil.example.com"}))},
 		{"wrong audience", bearer(jwtHS256(t, jwt.MapClaims{"sub": "mallory", "aud": "admin"}))},
 		{"claims swapped under a valid signature", bearer(parts[0] + "." + bobPayload + "." + parts[2])},
@@ -308,19 +269,19 @@ func TestJWTPublicKeyTypes(t *testing.T) {
 	}
 	respond "{http.rate_limit.key}|"
 }
-`, jwtKeyFile(t, k.rsaPEM), jwtKeyFile(t, jwtPublicPEM(&k.ec256.PublicKey)), jwtKeyFile(t, jwtPublicPEM(&k.ec384.PublicKey)),
-		jwtKeyFile(t, jwtPublicPEM(k.ed.Public())), jwtZone("jwt_keys")))
+`, jwtKeyFile(t, k.RSAPublicPEM), jwtKeyFile(t, jwttest.PublicPEM(&k.EC256.PublicKey)), jwtKeyFile(t, jwttest.PublicPEM(&k.EC384.PublicKey)),
+		jwtKeyFile(t, jwttest.PublicPEM(k.Ed.Public())), jwtZone("jwt_keys")))
 
 	tests := []struct {
 		method jwt.SigningMethod
 		key    any
 	}{
-		{jwt.SigningMethodRS256, k.rsa},
-		{jwt.SigningMethodRS512, k.rsa},
-		{jwt.SigningMethodPS256, k.rsa},
-		{jwt.SigningMethodES256, k.ec256},
-		{jwt.SigningMethodES384, k.ec384},
-		{jwt.SigningMethodEdDSA, k.ed},
+		{jwt.SigningMethodRS256, k.RSA},
+		{jwt.SigningMethodRS512, k.RSA},
+		{jwt.SigningMethodPS256, k.RSA},
+		{jwt.SigningMethodES256, k.EC256},
+		{jwt.SigningMethodES384, k.EC384},
+		{jwt.SigningMethodEdDSA, k.Ed},
 	}
 	for _, tt := range tests {
 		alg := tt.method.Alg()
@@ -729,7 +690,7 @@ func TestJWTJSONConfig(t *testing.T) {
 			{"handler": "static_response", "body": "{http.rate_limit.key}|"}
 		]}]
 	}}}}
-}`, jwtSecretEnv, jwtKeyFile(t, jwtPublicPEM(&jwtKeys().ec256.PublicKey)), jwtIssuer, zone), "json")
+}`, jwtSecretEnv, jwtKeyFile(t, jwttest.PublicPEM(&jwtKeys().EC256.PublicKey)), jwtIssuer, zone), "json")
 	if t.Failed() {
 		t.FailNow()
 	}
@@ -738,7 +699,7 @@ func TestJWTJSONConfig(t *testing.T) {
 		name, token, key, limit string
 	}{
 		{"HS256", jwtHS256(t, jwt.MapClaims{"sub": "json-hs", "quota": 7}), "user:json-hs", "7"},
-		{"ES256", jwtSign(t, jwt.SigningMethodES256, jwtKeys().ec256, jwtClaims(jwt.MapClaims{"sub": "json-es"})), "user:json-es", "600"},
+		{"ES256", jwtSign(t, jwt.SigningMethodES256, jwtKeys().EC256, jwtClaims(jwt.MapClaims{"sub": "json-es"})), "user:json-es", "600"},
 		{"expired within leeway", jwtHS256(t, jwt.MapClaims{"sub": "json-late", "exp": now - 10}), "user:json-late", "600"},
 		{"HS384 not listed", jwtSign(t, jwt.SigningMethodHS384, []byte(jwtSecret), jwtClaims(jwt.MapClaims{"sub": "json-384"})), "ip:", "600"},
 	}

@@ -18,14 +18,14 @@ import (
 // the same token again.
 func BenchmarkVerifyAndKey(b *testing.B) {
 	k := keys()
-	ecFile := writeFile(b, "ec.pem", publicPEM(&k.ec256.PublicKey))
+	ecFile := writeFile(b, "ec.pem", publicPEM(&k.EC256.PublicKey))
 	claims := jwt.MapClaims{
 		"sub": "user-1234", "iss": "https://id.example.com", "aud": "api",
 		"exp": time.Now().Add(time.Hour).Unix(), "iat": time.Now().Unix(), "quota": 600,
 	}
 	tokens := map[string]string{
 		"HS256": sign(b, jwt.SigningMethodHS256, []byte(testSecret), claims),
-		"ES256": sign(b, jwt.SigningMethodES256, k.ec256, claims),
+		"ES256": sign(b, jwt.SigningMethodES256, k.EC256, claims),
 	}
 	for _, alg := range []string{"HS256", "ES256"} {
 		for _, cached := range []bool{false, true} {

@@ -21,9 +21,9 @@ var epoch = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 func TestVerify(t *testing.T) {
 	k := keys()
 	clk := &clock{t: epoch}
-	rsaFile := writeFile(t, "rsa.pem", k.rsaPublicKeyPEM)
-	ecFile := writeFile(t, "ec.pem", publicPEM(&k.ec256.PublicKey))
-	edFile := writeFile(t, "ed.pem", publicPEM(k.ed.Public()))
+	rsaFile := writeFile(t, "rsa.pem", k.RSAPublicPEM)
+	ecFile := writeFile(t, "ec.pem", publicPEM(&k.EC256.PublicKey))
+	edFile := writeFile(t, "ed.pem", publicPEM(k.Ed.Public()))
 	cfg := provisioned(t, &Config{
 		Secret:     testSecret,
 		PublicKeys: []string{rsaFile, ecFile, edFile},
@@ -57,10 +57,10 @@ func TestVerify(t *testing.T) {
 	}{
 		{"HS256", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(nil)), true},
 		{"HS512", cfg, sign(t, jwt.SigningMethodHS512, []byte(testSecret), good(nil)), true},
-		{"RS256", cfg, sign(t, jwt.SigningMethodRS256, k.rsa, good(nil)), true},
-		{"PS384", cfg, sign(t, jwt.SigningMethodPS384, k.rsa, good(nil)), true},
-		{"ES256", cfg, sign(t, jwt.SigningMethodES256, k.ec256, good(nil)), true},
-		{"EdDSA", cfg, sign(t, jwt.SigningMethodEdDSA, k.ed, good(nil)), true},
+		{"RS256", cfg, sign(t, jwt.SigningMethodRS256, k.RSA, good(nil)), true},
+		{"PS384", cfg, sign(t, jwt.SigningMethodPS384, k.RSA, good(nil)), true},
+		{"ES256", cfg, sign(t, jwt.SigningMethodES256, k.EC256, good(nil)), true},
+		{"EdDSA", cfg, sign(t, jwt.SigningMethodEdDSA, k.Ed, good(nil)), true},
 		{"audience in a list", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"aud": []string{"x", "other-api"}})), true},
 		{"expired within leeway", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": now - 10})), true},
 		{"no exp", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": nil})), true},
@@ -74,16 +74,16 @@ func TestVerify(t *testing.T) {
 		{"expired", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": now - 31})), false},
 		{"not yet valid", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"nbf": now + 31})), false},
 		{"another secret", cfg, sign(t, jwt.SigningMethodHS256, []byte("another secret, also 32 bytes..."), good(nil)), false},
-		{"another RSA key", cfg, sign(t, jwt.SigningMethodRS256, k.rsaOther, good(nil)), false},
-		{"another ECDSA key", cfg, sign(t, jwt.SigningMethodES256, k.ec256Other, good(nil)), false},
-		{"another Ed25519 key", cfg, sign(t, jwt.SigningMethodEdDSA, k.edOther, good(nil)), false},
-		{"ES384 without a P-384 key", cfg, sign(t, jwt.SigningMethodES384, k.ec384, good(nil)), false},
+		{"another RSA key", cfg, sign(t, jwt.SigningMethodRS256, k.RSAOther, good(nil)), false},
+		{"another ECDSA key", cfg, sign(t, jwt.SigningMethodES256, k.EC256Other, good(nil)), false},
+		{"another Ed25519 key", cfg, sign(t, jwt.SigningMethodEdDSA, k.EdOther, good(nil)), false},
+		{"ES384 without a P-384 key", cfg, sign(t, jwt.SigningMethodES384, k.EC384, good(nil)), false},
 		{"alg none", cfg, none, false},
 		{"alg none, signature stripped", cfg, strings.TrimSuffix(none, "."), false},
 		{"alg confusion: HS256 with the RSA public key as secret", rsaOnly,
-			sign(t, jwt.SigningMethodHS256, k.rsaPublicKeyPEM, good(nil)), false},
+			sign(t, jwt.SigningMethodHS256, k.RSAPublicPEM, good(nil)), false},
 		{"alg confusion against a config that also has a secret", cfg,
-			sign(t, jwt.SigningMethodHS256, k.rsaPublicKeyPEM, good(nil)), false},
+			sign(t, jwt.SigningMethodHS256, k.RSAPublicPEM, good(nil)), false},
 		{"wrong issuer", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"iss": "https://evil.example.com"})), false},
 		{"no issuer", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"iss": nil})), false},
 		{"wrong audience", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"aud": "admin"})), false},
@@ -390,10 +390,10 @@ func TestBadInputIsCheap(t *testing.T) {
 func TestKeyRotation(t *testing.T) {
 	k := keys()
 	cfg := provisioned(t, &Config{PublicKeys: []string{
-		writeFile(t, "old.pem", k.rsaPublicKeyPEM),
-		writeFile(t, "new.pem", publicPEM(&k.rsaOther.PublicKey)),
+		writeFile(t, "old.pem", k.RSAPublicPEM),
+		writeFile(t, "new.pem", publicPEM(&k.RSAOther.PublicKey)),
 	}}, nil)
-	for name, key := range map[string]any{"old": k.rsa, "new": k.rsaOther} {
+	for name, key := range map[string]any{"old": k.RSA, "new": k.RSAOther} {
 		if cfg.verify(sign(t, jwt.SigningMethodRS256, key, jwt.MapClaims{"sub": name})) == nil {
 			t.Errorf("token signed with the %s key refused", name)
 		}

@@ -20,9 +20,9 @@ import (
 
 func TestProvisionRefuses(t *testing.T) {
 	k := keys()
-	rsaFile := writeFile(t, "rsa.pem", k.rsaPublicKeyPEM)
-	ecFile := writeFile(t, "ec.pem", publicPEM(&k.ec256.PublicKey))
-	privDER, err := x509.MarshalPKCS8PrivateKey(k.ec256)
+	rsaFile := writeFile(t, "rsa.pem", k.RSAPublicPEM)
+	ecFile := writeFile(t, "ec.pem", publicPEM(&k.EC256.PublicKey))
+	privDER, err := x509.MarshalPKCS8PrivateKey(k.EC256)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func TestProvisionRefuses(t *testing.T) {
 	garbage := writeFile(t, "garbage.pem", []byte("this is not PEM"))
 	badDER := writeFile(t, "bad.pem", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: []byte("junk")}))
 	missing := filepath.Join(t.TempDir(), "missing.pem")
-	unreadable := writeFile(t, "unreadable.pem", k.rsaPublicKeyPEM)
+	unreadable := writeFile(t, "unreadable.pem", k.RSAPublicPEM)
 	if err := os.Chmod(unreadable, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -84,10 +84,10 @@ func TestProvisionRefuses(t *testing.T) {
 
 func TestDefaultAlgorithms(t *testing.T) {
 	k := keys()
-	rsaFile := writeFile(t, "rsa.pem", k.rsaPublicKeyPEM)
+	rsaFile := writeFile(t, "rsa.pem", k.RSAPublicPEM)
 	// Several keys in one file, and a certificate-free PKCS #1 block.
-	pkcs1 := pem.EncodeToMemory(&pem.Block{Type: "RSA PUBLIC KEY", Bytes: x509.MarshalPKCS1PublicKey(&k.rsaOther.PublicKey)})
-	multi := writeFile(t, "multi.pem", slices.Concat(publicPEM(&k.ec256.PublicKey), publicPEM(&k.ec384.PublicKey), publicPEM(k.ed.Public()), pkcs1))
+	pkcs1 := pem.EncodeToMemory(&pem.Block{Type: "RSA PUBLIC KEY", Bytes: x509.MarshalPKCS1PublicKey(&k.RSAOther.PublicKey)})
+	multi := writeFile(t, "multi.pem", slices.Concat(publicPEM(&k.EC256.PublicKey), publicPEM(&k.EC384.PublicKey), publicPEM(k.Ed.Public()), pkcs1))
 
 	tests := []struct {
 		name string

@@ -17,7 +17,7 @@ import (
 // a signature, so any other input that verified would be a bug.
 func FuzzTokenPlaceholder(f *testing.F) {
 	k := keys()
-	ecFile := writeFile(f, "ec.pem", publicPEM(&k.ec256.PublicKey))
+	ecFile := writeFile(f, "ec.pem", publicPEM(&k.EC256.PublicKey))
 	clk := &clock{t: epoch}
 	cfg := provisioned(f, &Config{
 		Secret:     testSecret,
@@ -32,7 +32,7 @@ func FuzzTokenPlaceholder(f *testing.F) {
 	}
 	valid := map[string]bool{
 		sign(f, jwt.SigningMethodHS256, []byte(testSecret), claims): true,
-		sign(f, jwt.SigningMethodES256, k.ec256, claims):            true,
+		sign(f, jwt.SigningMethodES256, k.EC256, claims):            true,
 	}
 	for tok := range valid {
 		f.Add("Bearer "+tok, "sub")
@@ -42,7 +42,7 @@ func FuzzTokenPlaceholder(f *testing.F) {
 		f.Add("Bearer "+flipLastChar(tok), "sub")
 	}
 	f.Add("Bearer "+sign(f, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, claims), "sub")
-	f.Add("Bearer "+sign(f, jwt.SigningMethodHS256, k.rsaPublicKeyPEM, claims), "sub")
+	f.Add("Bearer "+sign(f, jwt.SigningMethodHS256, k.RSAPublicPEM, claims), "sub")
 	f.Add("Bearer "+sign(f, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "x", "exp": epoch.Add(-time.Hour).Unix()}), "sub")
 	f.Add("Bearer "+b64(`{"alg":"HS256"}`)+"."+b64(strings.Repeat(`{"a":`, 500))+".c2ln", "a.a.a")
 	f.Add("Bearer "+strings.Repeat(".", 100), "sub")

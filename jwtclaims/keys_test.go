@@ -1,13 +1,6 @@
 package jwtclaims
 
 import (
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/x509"
-	"encoding/pem"
 	"os"
 	"path/filepath"
 	"sync"
@@ -15,56 +8,18 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/jwttest"
 )
 
 // testSecret is 32 bytes, the shortest secret accepted without a warning.
 const testSecret = "0123456789abcdef0123456789abcdef"
 
-// testKeys are generated once per test binary: RSA generation is slow.
-type testKeys struct {
-	rsa, rsaOther   *rsa.PrivateKey
-	ec256, ec384    *ecdsa.PrivateKey
-	ed, edOther     ed25519.PrivateKey
-	ec256Other      *ecdsa.PrivateKey
-	rsaPublicKeyPEM []byte
-}
-
-var keys = sync.OnceValue(func() *testKeys {
-	k := new(testKeys)
-	var err error
-	if k.rsa, err = rsa.GenerateKey(rand.Reader, 2048); err != nil {
-		panic(err)
-	}
-	if k.rsaOther, err = rsa.GenerateKey(rand.Reader, 2048); err != nil {
-		panic(err)
-	}
-	if k.ec256, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
-		panic(err)
-	}
-	if k.ec256Other, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
-		panic(err)
-	}
-	if k.ec384, err = ecdsa.GenerateKey(elliptic.P384(), rand.Reader); err != nil {
-		panic(err)
-	}
-	if _, k.ed, err = ed25519.GenerateKey(rand.Reader); err != nil {
-		panic(err)
-	}
-	if _, k.edOther, err = ed25519.GenerateKey(rand.Reader); err != nil {
-		panic(err)
-	}
-	k.rsaPublicKeyPEM = publicPEM(&k.rsa.PublicKey)
-	return k
-})
+// keys are the test signing keys, shared with the root package's tests.
+var keys = jwttest.Generate
 
 // publicPEM encodes a public key as a PKIX "PUBLIC KEY" block.
-func publicPEM(pub any) []byte {
-	der, err := x509.MarshalPKIXPublicKey(pub)
-	if err != nil {
-		panic(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
-}
+var publicPEM = jwttest.PublicPEM
 
 // writeFile writes data into a file in a temporary directory and returns
 // its path.
