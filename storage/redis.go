@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -83,6 +85,8 @@ type Redis struct {
 
 	client  *redisClient
 	poolKey string
+	opts    *redis.UniversalOptions
+	lease   *clientLease
 	// now is the local clock; tests replace it to skew it.
 	now    func() time.Time
 	logger *zap.Logger
@@ -154,6 +158,8 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	}
 	r.client = val.(*redisClient)
 	r.poolKey = string(key)
+	r.opts = opts
+	r.lease = new(clientLease)
 	return nil
 }
 
@@ -188,18 +194,69 @@ func (r *Redis) Validate() error {
 	return nil
 }
 
-// Cleanup lets go of the shared client; the last config using it closes
-// its connections.
+// clientLease is a config's hold on its shared client.
+type clientLease struct {
+	// inUse counts the config's decisions in flight, plus retired once
+	// the config has been cleaned up.
+	inUse    atomic.Int64
+	detached sync.Once
+}
+
+// retired is added to clientLease.inUse by Cleanup: far above any number
+// of decisions in flight, so one comparison tells whether it was added.
+const retired = 1 << 40
+
+// Cleanup lets go of the shared client once the last decision of this
+// config has finished; the last config using the client closes its
+// connections. Caddy cleans up an old config while its requests may still
+// be running, and a reload that changes the connection settings must not
+// close the connections under them.
 func (r *Redis) Cleanup() error {
-	if r.poolKey == "" {
+	if r.lease == nil {
 		return nil
 	}
-	// r.client stays: requests of this config may still be running (Caddy
-	// cleans up an old config without waiting for them). Once the client
-	// is closed they get an error, which on_store_error answers.
-	_, err := redisClients.Delete(r.poolKey)
-	r.poolKey = ""
-	return err
+	if r.lease.inUse.Add(retired) == retired {
+		r.detach()
+	}
+	return nil
+}
+
+// acquire returns the client for one decision and the function that ends
+// the decision. Until this config is cleaned up, and while its decisions
+// run, that is the config's own client. A request of this config that
+// starts deciding after that borrows a client from the pool for its one
+// decision (the one a newer config with the same settings uses, or its
+// own connection), so no request is ever sent to closed connections.
+func (r *Redis) acquire() (*redisClient, func(), error) {
+	if r.lease.inUse.Add(1) < retired {
+		return r.client, r.release, nil
+	}
+	r.release()
+	val, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
+		return newRedisClient(r.opts), nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return val.(*redisClient), r.deletePoolUse, nil
+}
+
+// release ends a decision that acquire started on the config's own client.
+func (r *Redis) release() {
+	if r.lease.inUse.Add(-1) == retired {
+		r.detach()
+	}
+}
+
+// detach gives the config's use of the shared client back to the pool.
+func (r *Redis) detach() {
+	r.lease.detached.Do(r.deletePoolUse)
+}
+
+func (r *Redis) deletePoolUse() {
+	if _, err := redisClients.Delete(r.poolKey); err != nil {
+		r.logger.Error("closing Redis connections", zap.Error(err))
+	}
 }
 
 // parseAddress parses one Redis URL. Errors name the address as name,
@@ -451,7 +508,11 @@ func (r *Redis) take(ctx context.Context, reqs []Request, decisions []algorithms
 		}
 		keys = append(keys, r.counterKey(q.Zone, q.Key))
 	}
-	c := r.client
+	c, done, err := r.acquire()
+	if err != nil {
+		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
+	}
+	defer done()
 	if clock == 0 && c.denies.lookup(keys, reqs, decisions, r.now()) {
 		return nil
 	}
@@ -460,7 +521,7 @@ func (r *Redis) take(ctx context.Context, reqs []Request, decisions []algorithms
 	}
 	tctx, cancel := context.WithTimeout(ctx, time.Duration(r.Timeout))
 	defer cancel()
-	err := r.decide(tctx, keys, reqs, decisions, clock)
+	err = r.decide(tctx, c, keys, reqs, decisions, clock)
 	if err != nil {
 		c.breaker.done(err, failureCounts(ctx, err), r.now())
 		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
@@ -484,12 +545,12 @@ func failureCounts(ctx context.Context, err error) bool {
 // that is one call for all zones. On a cluster, zones whose keys lie in
 // different slots are decided one group of keys at a time; see
 // decideGroups.
-func (r *Redis) decide(ctx context.Context, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
+func (r *Redis) decide(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
 	if !r.Cluster || sameTag(keys) {
-		_, err := r.run(ctx, keys, reqs, decisions, clock, true)
+		_, err := r.run(ctx, c, keys, reqs, decisions, clock, true)
 		return err
 	}
-	return r.decideGroups(ctx, keys, reqs, decisions, clock)
+	return r.decideGroups(ctx, c, keys, reqs, decisions, clock)
 }
 
 // sameTag reports whether all keys share one hash tag, and so one slot.
@@ -523,7 +584,7 @@ func hashTag(key string) string {
 // cannot be asked is reported as not rejecting, and a refund that fails is
 // logged and leaves its charge in place (counting too much, never too
 // little).
-func (r *Redis) decideGroups(ctx context.Context, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
+func (r *Redis) decideGroups(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
 	type group struct {
 		tag   string
 		index []int
@@ -558,7 +619,7 @@ func (r *Redis) decideGroups(ctx context.Context, keys []string, reqs []Request,
 		for j, i := range g.index {
 			gKeys[j], gReqs[j] = keys[i], reqs[i]
 		}
-		now, err := r.run(ctx, gKeys, gReqs, gDec, clock, !rejected)
+		now, err := r.run(ctx, c, gKeys, gReqs, gDec, clock, !rejected)
 		if err != nil && rejected {
 			for _, rest := range groups[gi:] {
 				for _, i := range rest.index {
@@ -596,10 +657,10 @@ func (r *Redis) decideGroups(ctx context.Context, keys []string, reqs []Request,
 	// be what ended it.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(r.Timeout))
 	defer cancel()
-	for _, c := range refunds {
-		if err := refundScript.Run(rctx, r.client.rdb, c.keys, c.args...).Err(); err != nil {
+	for _, ch := range refunds {
+		if err := refundScript.Run(rctx, c.rdb, ch.keys, ch.args...).Err(); err != nil {
 			r.logger.Error("refunding a request rejected in another cluster slot failed; its charge stays",
-				zap.Int("zones", len(c.keys)), zap.Error(err))
+				zap.Int("zones", len(ch.keys)), zap.Error(err))
 		}
 	}
 	return firstErr
@@ -608,7 +669,7 @@ func (r *Redis) decideGroups(ctx context.Context, keys []string, reqs []Request,
 // run executes the take script once for keys, all in one slot, and fills
 // decisions. It returns the script's clock (server time unless clock is
 // set), in ms.
-func (r *Redis) run(ctx context.Context, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool) (int64, error) {
+func (r *Redis) run(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool) (int64, error) {
 	args := make([]any, 2, 2+4*len(reqs))
 	args[0] = ""
 	if clock != 0 {
@@ -625,7 +686,7 @@ func (r *Redis) run(ctx context.Context, keys []string, reqs []Request, decision
 		}
 		args = append(args, alg, q.Limit.Events, q.Limit.Window.Milliseconds(), q.Cost)
 	}
-	vals, err := takeScript.Run(ctx, r.client.rdb, keys, args...).Int64Slice()
+	vals, err := takeScript.Run(ctx, c.rdb, keys, args...).Int64Slice()
 	if err != nil {
 		return 0, err
 	}

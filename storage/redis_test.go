@@ -88,7 +88,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 		}
 		want, _ := algorithms.Decide(alg, stored, now, l, cost)
 		got := make([]algorithms.Decision, 1)
-		if _, err := r.run(context.Background(), []string{key}, []Request{{Zone: "z", Key: "k", Algorithm: alg, Limit: l, Cost: cost}}, got, now.UnixMilli(), false); err != nil {
+		if _, err := r.run(context.Background(), r.client, []string{key}, []Request{{Zone: "z", Key: "k", Algorithm: alg, Limit: l, Cost: cost}}, got, now.UnixMilli(), false); err != nil {
 			t.Fatal(err)
 		}
 		if got[0] != want {
@@ -928,18 +928,54 @@ func (c *denyCache) len() int {
 	return n
 }
 
-// TestRedisTakeAfterCleanup: a store used after its config was cleaned
-// up, as a request still running in an old config may do, gets an error,
-// not a panic.
+// TestRedisTakeAfterCleanup: Caddy cleans up an old config while its
+// requests may still be running. A decision in flight keeps the config's
+// client open until it ends, and a request that starts deciding after the
+// cleanup is still decided and counted, on a borrowed client. Once the
+// last decision has ended, no connection is left open.
 func TestRedisTakeAfterCleanup(t *testing.T) {
 	s := redistest.Standalone(t)
-	c := newRedisStore(t, new(Redis), s.URL())
-	if err := c.Cleanup(); err != nil {
+	r := newRedisStore(t, new(Redis), s.URL())
+	take := func() error {
+		d := make([]algorithms.Decision, 1)
+		return r.Take(context.Background(), []Request{{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 100, Window: time.Hour}, Cost: 1}}, d)
+	}
+	open := func() int {
+		n, err := s.Clients(redisClientName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	// A decision in flight across the cleanup: its client stays open.
+	c, done, err := r.acquire()
+	if err != nil {
 		t.Fatal(err)
 	}
-	d := make([]algorithms.Decision, 1)
-	err := c.Take(context.Background(), []Request{{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 1, Window: time.Minute}, Cost: 1}}, d)
-	if !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("take after cleanup: %v, want ErrUnavailable", err)
+	if err := r.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("client closed under a decision in flight: %v", err)
+	}
+	// A request that starts after the cleanup is decided and counted.
+	if err := take(); err != nil {
+		t.Fatalf("take after cleanup: %v", err)
+	}
+	done()
+	if err := c.rdb.Ping(context.Background()).Err(); err == nil {
+		t.Fatal("client still open after the last decision ended")
+	}
+	if err := take(); err != nil {
+		t.Fatalf("take after the last decision ended: %v", err)
+	}
+	if n, err := s.Do("HGET", r.counterKey("z", "k"), "c"); err != nil || n != "2" {
+		t.Fatalf("counter %q (%v), want 2: every request is counted", n, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); open() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections left open after the last decision", open())
+		}
 	}
 }
