@@ -73,14 +73,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 
-	rejected, answered, err := h.decide(r.Context(), charges)
+	rejected, err := h.decide(r.Context(), charges)
 	if err != nil {
-		return err
-	}
-	if !answered {
-		// The store failed and on_store_error let the request through:
-		// there are no counts to report.
-		return next.ServeHTTP(w, r)
+		return h.storeFailed(w, r, next, err)
 	}
 	now := time.Now()
 	if rejected != nil {
@@ -104,11 +99,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // decide asks the store until the request is allowed, rejected, or failed.
 // It returns the charge that rejected the request, or nil if it may pass,
-// and whether the store answered at all (false when it failed and
-// on_store_error lets the request through). Dry-run zones that would
-// reject are left out and asked no more; a request rejected within its
-// zones' max_delay waits for its retry instant and asks again.
-func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, bool, error) {
+// or the error that kept the store from answering (or ended a wait).
+// Dry-run zones that would reject are left out and asked no more; a
+// request rejected within its zones' max_delay waits for its retry
+// instant and asks again.
+func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, error) {
 	start := time.Now()
 	reqs := make([]storage.Request, 0, len(charges))
 	decisions := make([]algorithms.Decision, 0, len(charges))
@@ -130,10 +125,10 @@ func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, bool, 
 			}
 		}
 		if len(reqs) == 0 {
-			return nil, true, nil
+			return nil, nil
 		}
 		if err := h.store.Take(ctx, reqs, decisions); err != nil {
-			return nil, false, h.storeFailed(err)
+			return nil, err
 		}
 		var rejected *charge
 		newDryRun := false
@@ -160,7 +155,7 @@ func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, bool, 
 			}
 		}
 		if rejected == nil && !newDryRun {
-			return nil, true, nil
+			return nil, nil
 		}
 		if rejected == nil {
 			// Only dry-run zones said no, so nothing was charged: ask
@@ -178,12 +173,12 @@ func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, bool, 
 				continue
 			}
 			if c.req.Cost > c.decision.Limit || deadline.After(start.Add(time.Duration(c.zone.MaxDelay))) {
-				return rejected, true, nil
+				return rejected, nil
 			}
 			if !slices.Contains(waitingIn, c.zone) {
 				if c.zone.waiting.Add(1) > int64(c.zone.MaxWaiting) {
 					c.zone.waiting.Add(-1)
-					return rejected, true, nil
+					return rejected, nil
 				}
 				waitingIn = append(waitingIn, c.zone)
 			}
@@ -192,7 +187,7 @@ func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, bool, 
 			c.Write(zap.String("zone", rejected.zone.Name), zap.String("key", rejected.req.Key), zap.Time("until", deadline))
 		}
 		if err := sleepUntil(ctx, deadline); err != nil {
-			return nil, false, caddyhttp.Error(statusClientClosedRequest, err)
+			return nil, err
 		}
 	}
 }
@@ -209,13 +204,35 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 	}
 }
 
-// storeFailed applies on_store_error: nil lets the request through.
-func (h *Handler) storeFailed(err error) error {
-	h.storeErrors.log(h.logger, err)
-	if h.OnStoreError == "deny" {
-		return caddyhttp.Error(http.StatusServiceUnavailable, err)
+// storeFailed answers a request whose decision failed with err. A request
+// whose client went away is its client's doing, whatever the store said:
+// nothing is logged or counted against the store. Otherwise
+// on_store_error applies: allow passes the request on, with no counts to
+// report; deny answers 503.
+func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, err error) error {
+	if r.Context().Err() != nil {
+		return caddyhttp.Error(statusClientClosedRequest, err)
 	}
-	return nil
+	h.storeErrors.log(h.logger, err)
+	if h.OnStoreError != "deny" {
+		return next.ServeHTTP(w, r)
+	}
+	w.Header().Set("Retry-After", "1")
+	return serverError(w, r, http.StatusServiceUnavailable, err)
+}
+
+// serverError answers with a 5xx status. Caddy logs every 5xx handler
+// error that no error route handles at error level, one line per request,
+// which during a store outage under load would flood the log. So the
+// status is written here, and the rate-limited store error line is all
+// the log gets, unless the server has error routes (handle_errors): then
+// the error is returned for them to shape, and Caddy logs it at debug.
+func serverError(w http.ResponseWriter, r *http.Request, status int, err error) error {
+	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && (srv.Errors == nil || len(srv.Errors.Routes) == 0) {
+		w.WriteHeader(status)
+		return nil
+	}
+	return caddyhttp.Error(status, err)
 }
 
 // leastRemaining picks the charge the response headers describe.
@@ -300,5 +317,5 @@ func (e *errorLog) log(logger *zap.Logger, err error) {
 	count := e.suppressed + 1
 	e.last, e.suppressed = now, 0
 	e.mu.Unlock()
-	logger.Error("rate limit store error", zap.Error(err), zap.Int("errors_since_last_log", count))
+	logger.Warn("rate limit store error", zap.Error(err), zap.Int("errors_since_last_log", count))
 }
