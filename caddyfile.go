@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"fmt"
 	"strconv"
 	"time"
 
@@ -43,8 +44,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //	}
 //
-// Every value is checked here too, so `caddy adapt` already refuses a bad
-// one with its file and line.
+// Every value is checked as its line is read, with the check Validate
+// uses, so `caddy adapt` already refuses a bad one with its file and line.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
@@ -59,7 +60,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			if seen[z.Name] {
-				return d.Errf("zone %q: duplicate zone name in one rate_limit handler", z.Name)
+				return d.Errf("zone %q: %v", z.Name, errDuplicateZone)
 			}
 			seen[z.Name] = true
 			h.Zones = append(h.Zones, z)
@@ -69,9 +70,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			name := d.Val()
-			unm, err := caddyfile.UnmarshalModule(d, storage.Namespace+"."+name)
+			id := storage.Namespace + "." + name
+			if _, err := caddy.GetModule(id); err != nil {
+				return d.Errf("store: want memory or redis, got unknown store %q", name)
+			}
+			unm, err := caddyfile.UnmarshalModule(d, id)
 			if err != nil {
-				return d.Errf("store: %v", err)
+				return err
 			}
 			h.StoreRaw = caddyconfig.JSONModuleObject(unm, "backend", name, nil)
 
@@ -88,26 +93,24 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if !d.AllArgs(&h.Headers) {
 				return d.ArgErr()
 			}
-			switch h.Headers {
-			case headersXRateLimit, headersIETF, headersBoth, headersOff:
-			default:
-				return d.Errf("headers: unknown value %q (want x-ratelimit, ietf, both or off)", h.Headers)
+			if err := checkHeaders(h.Headers); err != nil {
+				return d.Errf("headers: %v", err)
 			}
 
 		case "on_store_error":
 			if !d.AllArgs(&h.OnStoreError) {
 				return d.ArgErr()
 			}
-			if h.OnStoreError != "allow" && h.OnStoreError != "deny" {
-				return d.Errf("on_store_error: unknown value %q (want allow or deny)", h.OnStoreError)
+			if err := checkOnStoreError(h.OnStoreError); err != nil {
+				return d.Errf("on_store_error: %v", err)
 			}
 
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q", d.Val())
+			return d.Errf("rate_limit: unknown subdirective %q (want zone, store, jwt, headers or on_store_error)", d.Val())
 		}
 	}
 	if len(h.Zones) == 0 {
-		return d.Err("rate_limit: at least one zone is required")
+		return d.Err(errNoZone.Error())
 	}
 	return nil
 }
@@ -115,7 +118,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 	z := new(Zone)
 	if !d.NextArg() {
-		return nil, d.Errf("zone: a name is required")
+		return nil, d.Err("zone: a name is required")
 	}
 	z.Name = d.Val()
 	if d.NextArg() {
@@ -123,11 +126,13 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		dir := d.Val()
+		// fail names the zone and the directive as written.
+		fail := func(err error) error { return d.Errf("zone %q: %s: %v", z.Name, dir, err) }
 		switch dir {
 		case "match":
 			matcherSet, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
 			if err != nil {
-				return nil, d.Errf("zone %q: match: %v", z.Name, err)
+				return nil, fail(err)
 			}
 			z.MatcherSetsRaw = append(z.MatcherSetsRaw, matcherSet)
 
@@ -136,6 +141,11 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			if len(z.Key) == 0 {
 				return nil, d.ArgErr()
 			}
+			for _, k := range z.Key {
+				if err := checkKey(k); err != nil {
+					return nil, fail(err)
+				}
+			}
 
 		case "limit", "events":
 			z.Limit = d.RemainingArgs()
@@ -143,31 +153,30 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 				return nil, d.ArgErr()
 			}
 			for _, l := range z.Limit {
-				if err := validateLimit(l); err != nil {
-					return nil, d.Errf("zone %q: %s: %v", z.Name, dir, err)
+				if err := checkLimit(l); err != nil {
+					return nil, fail(err)
 				}
 			}
 
-		case "window", "max_delay":
-			var s string
-			if !d.AllArgs(&s) {
-				return nil, d.ArgErr()
+		case "window":
+			dur, err := parseDuration(d)
+			if err == nil {
+				err = checkWindow(dur)
 			}
-			dur, err := caddy.ParseDuration(s)
 			if err != nil {
-				return nil, d.Errf("zone %q: %s: bad duration %q: %v", z.Name, dir, s, err)
+				return nil, fail(err)
 			}
-			if dir == "window" {
-				if dur < time.Millisecond {
-					return nil, d.Errf("zone %q: window: must be at least 1ms, got %q", z.Name, s)
-				}
-				z.Window = caddy.Duration(dur)
-			} else {
-				if dur < 0 {
-					return nil, d.Errf("zone %q: max_delay: must not be negative, got %q", z.Name, s)
-				}
-				z.MaxDelay = caddy.Duration(dur)
+			z.Window = caddy.Duration(dur)
+
+		case "max_delay":
+			dur, err := parseDuration(d)
+			if err == nil {
+				err = checkMaxDelay(dur)
 			}
+			if err != nil {
+				return nil, fail(err)
+			}
+			z.MaxDelay = caddy.Duration(dur)
 
 		case "algorithm":
 			var s string
@@ -175,8 +184,8 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 				return nil, d.ArgErr()
 			}
 			z.Algorithm = algorithms.Algorithm(s)
-			if !z.Algorithm.Valid() {
-				return nil, d.Errf("zone %q: algorithm: unknown algorithm %q (want sliding_tail or fixed_window)", z.Name, s)
+			if err := checkAlgorithm(z.Algorithm); err != nil {
+				return nil, fail(err)
 			}
 
 		case "cost":
@@ -185,12 +194,12 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 				return nil, d.ArgErr()
 			}
 			method, val := args[0], args[1]
-			if method != "*" && methodIndex(method) == methodOther {
-				return nil, d.Errf("zone %q: cost: unknown HTTP method %q", z.Name, method)
-			}
 			n, err := strconv.ParseInt(val, 10, 64)
-			if err != nil || n < 0 || n > maxLimit {
-				return nil, d.Errf("zone %q: cost: %s cost must be an integer between 0 and %d, got %q", z.Name, method, maxLimit, val)
+			if err != nil {
+				return nil, fail(fmt.Errorf("want a %s cost from 0 to %d, got %q", method, maxLimit, val))
+			}
+			if err := checkCost(method, n); err != nil {
+				return nil, fail(err)
 			}
 			if z.Cost == nil {
 				z.Cost = make(map[string]int64)
@@ -210,25 +219,45 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 			n, err := strconv.Atoi(s)
 			if err != nil {
-				return nil, d.Errf("zone %q: %s: not an integer: %q", z.Name, dir, s)
+				return nil, fail(fmt.Errorf("want an integer, got %q", s))
 			}
 			switch dir {
 			case "max_waiting":
+				err = checkMaxWaiting(n)
 				z.MaxWaiting = n
 			case "ipv4_prefix":
+				err = checkPrefix(n, 32)
 				z.IPv4Prefix = n
 			case "ipv6_prefix":
+				err = checkPrefix(n, 128)
 				z.IPv6Prefix = n
+			}
+			if err != nil {
+				return nil, fail(err)
 			}
 
 		default:
-			return nil, d.Errf("zone %q: unknown subdirective %q", z.Name, dir)
+			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, cost, max_delay, max_waiting, dry_run, ipv4_prefix or ipv6_prefix)", z.Name, dir)
 		}
 	}
+	// What no line could check: the fields that are missing.
 	if err := z.validate(); err != nil {
 		return nil, d.Errf("zone %q: %v", z.Name, err)
 	}
 	return z, nil
+}
+
+// parseDuration reads the one argument of a duration directive.
+func parseDuration(d *caddyfile.Dispenser) (time.Duration, error) {
+	var s string
+	if !d.AllArgs(&s) {
+		return 0, d.ArgErr()
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("want a duration such as 500ms or 1m, got %q", s)
+	}
+	return dur, nil
 }
 
 // Interface guard

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -25,7 +26,7 @@ var badCaddyfiles = []struct {
 	{"zero limit", `zone z { limit 0; window 1s }`, "limit", "0"},
 	{"negative limit", `zone z { events -5; window 1s }`, "events", "-5"},
 	{"limit not a number", `zone z { limit lots; window 1s }`, "limit", "lots"},
-	{"missing window", `zone z { limit 1 }`, "window", "0s"},
+	{"missing window", `zone z { limit 1 }`, "window", "missing"},
 	{"zero window", `zone z { limit 1; window 0s }`, "window", "0s"},
 	{"bad window", `zone z { limit 1; window soon }`, "window", "soon"},
 	{"bad cost", `zone z { limit 1; window 1s; cost POST many }`, "cost", "many"},
@@ -53,10 +54,18 @@ func badSite(block string) string {
 	return fmt.Sprintf(":9080 {\n\trate_limit {\n%s\n\t}\n\trespond \"ok\"\n}\n", expand(block))
 }
 
+// assertNames checks that err names the directive once and the bad
+// value, and says what was expected.
 func assertNames(t *testing.T, err string, directive, value string) {
 	t.Helper()
 	if !strings.Contains(err, directive) || !strings.Contains(err, value) {
 		t.Fatalf("error does not name %q and %q:\n%s", directive, value, err)
+	}
+	if n := len(regexp.MustCompile(`(^|[^a-z_.])`+regexp.QuoteMeta(directive)+`:`).FindAllString(err, -1)); n > 1 {
+		t.Fatalf("error names %q %d times:\n%s", directive, n, err)
+	}
+	if !strings.Contains(err, "want") && !strings.Contains(err, "required") && !strings.Contains(err, "module not registered") {
+		t.Fatalf("error does not say what was expected:\n%s", err)
 	}
 }
 
@@ -122,7 +131,7 @@ func TestBadJSONRefused(t *testing.T) {
 		{"cost method", `{"zones":[{"name":"z","limit":[1],"window":"1s","cost":{"get":2}}]}`, "unknown HTTP method", "get"},
 		{"unnamed", `{"zones":[{"limit":[1],"window":"1s"}]}`, "zone", "name"},
 		{"limit type", `{"zones":[{"name":"z","limit":[true],"window":"1s"}]}`, "limit", "true"},
-		{"null zone", `{"zones":[null]}`, "rate_limit", "empty zone"},
+		{"null zone", `{"zones":[null]}`, "zones", "null"},
 		{"negative max_keys", `{"store":{"backend":"memory","max_keys":-5},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "max_keys", "-5"},
 	}
 	for _, c := range cases {

@@ -639,7 +639,7 @@ func TestJWTConfigRefusedAtLoad(t *testing.T) {
 		name, block, want string
 	}{
 		{"no key", "issuer x", "jwt: no key"},
-		{"missing PEM file", "public_key " + missing, "public_key \\\"" + missing},
+		{"missing PEM file", "public_key " + missing, "public_key: want a readable PEM file with a public key, got \\\"" + missing},
 		{"unparsable PEM", "public_key " + garbage, "no PEM block found"},
 		{"algorithm without a key", "secret {env." + jwtSecretEnv + "}\n algorithms HS256 ES256", "no configured key can verify ES256"},
 		{"none", "secret {env." + jwtSecretEnv + "}\n algorithms none", "never accepted"},

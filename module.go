@@ -173,7 +173,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, z := range h.Zones {
 		if z == nil {
 			// Caddy validates after provisioning, so this cannot wait.
-			return errors.New("rate_limit: empty zone")
+			return errNullZone
 		}
 		if err := z.provision(ctx, h.logger); err != nil {
 			return fmt.Errorf("zone %q: %w", z.Name, err)
@@ -230,28 +230,25 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 }
 
 // Validate refuses configurations that cannot work, naming the zone and the
-// field.
+// field. The Caddyfile parser calls the same checks as it reads each line,
+// so that `caddy adapt` names the file and line as well.
 func (h *Handler) Validate() error {
-	switch h.Headers {
-	case "", headersXRateLimit, headersIETF, headersBoth, headersOff:
-	default:
-		return fmt.Errorf("headers: unknown value %q (want x-ratelimit, ietf, both or off)", h.Headers)
+	if err := checkHeaders(h.Headers); err != nil {
+		return fmt.Errorf("headers: %w", err)
 	}
-	switch h.OnStoreError {
-	case "", "allow", "deny":
-	default:
-		return fmt.Errorf("on_store_error: unknown value %q (want allow or deny)", h.OnStoreError)
+	if err := checkOnStoreError(h.OnStoreError); err != nil {
+		return fmt.Errorf("on_store_error: %w", err)
 	}
 	if len(h.Zones) == 0 {
-		return errors.New("rate_limit: at least one zone is required")
+		return errNoZone
 	}
 	seen := make(map[string]bool)
 	for _, z := range h.Zones {
 		if z == nil {
-			return errors.New("rate_limit: empty zone")
+			return errNullZone
 		}
 		if seen[z.Name] {
-			return fmt.Errorf("zone %q: duplicate zone name in one rate_limit handler", z.Name)
+			return fmt.Errorf("zone %q: %w", z.Name, errDuplicateZone)
 		}
 		seen[z.Name] = true
 		if err := z.validate(); err != nil {
@@ -261,67 +258,150 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
+var (
+	errNullZone      = errors.New("zones: want a zone object, got null")
+	errNoZone        = errors.New("rate_limit: at least one zone is required")
+	errDuplicateZone = errors.New("duplicate zone name in one rate_limit handler (want one zone block per name)")
+)
+
+// validate checks each field of the zone with the check the parser uses
+// for it, and the zone as a whole.
 func (z *Zone) validate() error {
-	if z.Name == "" {
-		return errors.New("zone: a name is required")
+	if err := checkZoneName(z.Name); err != nil {
+		return err
 	}
 	if len(z.Limit) == 0 {
-		return errors.New("limit: missing")
+		return errors.New("limit: missing (want a positive integer or a placeholder)")
 	}
 	for _, l := range z.Limit {
-		if err := validateLimit(l); err != nil {
-			return err
+		if err := checkLimit(l); err != nil {
+			return fmt.Errorf("limit: %w", err)
 		}
 	}
 	for _, k := range z.Key {
-		if strings.TrimSpace(k) == "" {
-			return errors.New("key: empty template")
+		if err := checkKey(k); err != nil {
+			return fmt.Errorf("key: %w", err)
 		}
 	}
-	if z.Window <= 0 {
-		return fmt.Errorf("window: must be positive, got %s", time.Duration(z.Window))
+	if z.Window == 0 {
+		return errors.New("window: missing (want a duration of at least 1ms)")
 	}
-	if time.Duration(z.Window) < time.Millisecond {
-		return fmt.Errorf("window: must be at least 1ms, got %s", time.Duration(z.Window))
+	if err := checkWindow(time.Duration(z.Window)); err != nil {
+		return fmt.Errorf("window: %w", err)
 	}
-	if z.Algorithm != "" && !z.Algorithm.Valid() {
-		return fmt.Errorf("algorithm: unknown algorithm %q (want sliding_tail or fixed_window)", z.Algorithm)
+	if z.Algorithm != "" {
+		if err := checkAlgorithm(z.Algorithm); err != nil {
+			return fmt.Errorf("algorithm: %w", err)
+		}
 	}
 	for m, c := range z.Cost {
-		if m != "*" && methodIndex(m) == methodOther {
-			return fmt.Errorf("cost: unknown HTTP method %q", m)
-		}
-		if c < 0 || c > maxLimit {
-			return fmt.Errorf("cost: %s cost must be between 0 and %d, got %d", m, maxLimit, c)
+		if err := checkCost(m, c); err != nil {
+			return fmt.Errorf("cost: %w", err)
 		}
 	}
-	if z.MaxDelay < 0 {
-		return fmt.Errorf("max_delay: must not be negative, got %s", time.Duration(z.MaxDelay))
+	if err := checkMaxDelay(time.Duration(z.MaxDelay)); err != nil {
+		return fmt.Errorf("max_delay: %w", err)
 	}
-	if z.MaxWaiting < 0 {
-		return fmt.Errorf("max_waiting: must not be negative, got %d", z.MaxWaiting)
+	if err := checkMaxWaiting(z.MaxWaiting); err != nil {
+		return fmt.Errorf("max_waiting: %w", err)
 	}
-	if z.IPv4Prefix < 0 || z.IPv4Prefix > 32 {
-		return fmt.Errorf("ipv4_prefix: must be between 0 and 32, got %d", z.IPv4Prefix)
+	if err := checkPrefix(z.IPv4Prefix, 32); err != nil {
+		return fmt.Errorf("ipv4_prefix: %w", err)
 	}
-	if z.IPv6Prefix < 0 || z.IPv6Prefix > 128 {
-		return fmt.Errorf("ipv6_prefix: must be between 0 and 128, got %d", z.IPv6Prefix)
+	if err := checkPrefix(z.IPv6Prefix, 128); err != nil {
+		return fmt.Errorf("ipv6_prefix: %w", err)
 	}
 	return nil
 }
 
-// validateLimit accepts a template, which is resolved per request, or a
+// The checks below hold one rule each. Their errors say what was expected
+// and what was given, without the field's name, which the caller adds:
+// the JSON field in Validate, the directive as written in the Caddyfile.
+
+func checkHeaders(v string) error {
+	switch v {
+	case "", headersXRateLimit, headersIETF, headersBoth, headersOff:
+		return nil
+	}
+	return fmt.Errorf("want x-ratelimit, ietf, both or off, got %q", v)
+}
+
+func checkOnStoreError(v string) error {
+	switch v {
+	case "", "allow", "deny":
+		return nil
+	}
+	return fmt.Errorf("want allow or deny, got %q", v)
+}
+
+func checkZoneName(name string) error {
+	if name == "" {
+		return errors.New("zone: a name is required")
+	}
+	return nil
+}
+
+// checkLimit accepts a template, which is resolved per request, or a
 // positive integer.
-func validateLimit(l string) error {
+func checkLimit(l string) error {
 	if strings.Contains(l, "{") {
 		return nil
 	}
 	n, err := strconv.ParseInt(l, 10, 64)
-	if err != nil {
-		return fmt.Errorf("limit: %q is neither a positive integer nor a placeholder", l)
+	if err != nil || n <= 0 || n > maxLimit {
+		return fmt.Errorf("want an integer from 1 to %d or a placeholder, got %q", maxLimit, l)
 	}
-	if n <= 0 || n > maxLimit {
-		return fmt.Errorf("limit: must be between 1 and %d, got %d", maxLimit, n)
+	return nil
+}
+
+func checkKey(k string) error {
+	if strings.TrimSpace(k) == "" {
+		return errors.New("want a template, got an empty one")
+	}
+	return nil
+}
+
+func checkWindow(d time.Duration) error {
+	if d < time.Millisecond {
+		return fmt.Errorf("want a duration of at least 1ms, got %s", d)
+	}
+	return nil
+}
+
+func checkAlgorithm(a algorithms.Algorithm) error {
+	if !a.Valid() {
+		return fmt.Errorf("want sliding_tail or fixed_window, got %q", a)
+	}
+	return nil
+}
+
+func checkCost(method string, c int64) error {
+	if method != "*" && methodIndex(method) == methodOther {
+		return fmt.Errorf("want an HTTP method such as GET or POST, or *, got unknown HTTP method %q", method)
+	}
+	if c < 0 || c > maxLimit {
+		return fmt.Errorf("want a %s cost from 0 to %d, got %d", method, maxLimit, c)
+	}
+	return nil
+}
+
+func checkMaxDelay(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("want a duration of 0 or more, got %s", d)
+	}
+	return nil
+}
+
+func checkMaxWaiting(n int) error {
+	if n < 0 {
+		return fmt.Errorf("want 0 or more requests, got %d", n)
+	}
+	return nil
+}
+
+func checkPrefix(bits, most int) error {
+	if bits < 0 || bits > most {
+		return fmt.Errorf("want a prefix length from 0 to %d bits, got %d", most, bits)
 	}
 	return nil
 }

@@ -90,11 +90,11 @@ func (c *Config) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			c.Leeway = caddy.Duration(dur)
 
 		default:
-			return d.Errf("jwt: unknown subdirective %q", dir)
+			return d.Errf("jwt: unknown subdirective %q (want from, secret, public_key, algorithms, issuer, audience or leeway)", dir)
 		}
 	}
 	if c.Secret == "" && len(c.PublicKeys) == 0 {
-		return d.Err("jwt: no key: set secret or public_key")
+		return d.Err("jwt: no key: want secret or public_key")
 	}
 	return nil
 }

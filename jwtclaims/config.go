@@ -157,7 +157,7 @@ func (c *Config) Provision(logger *zap.Logger) error {
 		return err
 	}
 	if c.Leeway < 0 {
-		return fmt.Errorf("leeway: must not be negative, got %s", time.Duration(c.Leeway))
+		return fmt.Errorf("leeway: want a duration of 0 or more, got %s", time.Duration(c.Leeway))
 	}
 
 	repl := caddy.NewReplacer()
@@ -180,7 +180,7 @@ func (c *Config) Provision(logger *zap.Logger) error {
 		file := repl.ReplaceKnown(name, "")
 		fileKeys, err := readPublicKeys(file)
 		if err != nil {
-			return fmt.Errorf("public_key %q: %w", file, err)
+			return fmt.Errorf("public_key: want a readable PEM file with a public key, got %q: %w", file, err)
 		}
 		for _, k := range fileKeys {
 			algs, err := algorithmsFor(k)
@@ -193,7 +193,7 @@ func (c *Config) Provision(logger *zap.Logger) error {
 		}
 	}
 	if len(keys) == 0 {
-		return errors.New("no key: set secret or public_key")
+		return errors.New("no key: want secret or public_key")
 	}
 
 	algs := c.Algorithms

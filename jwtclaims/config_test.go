@@ -47,7 +47,7 @@ func TestProvisionRefuses(t *testing.T) {
 	}{
 		{"no key", &Config{}, "no key"},
 		{"secret from an unset variable", &Config{Secret: "{env.JWTCLAIMS_TEST_UNSET}"}, `secret: "{env.JWTCLAIMS_TEST_UNSET}" resolves to an empty string`},
-		{"missing file", &Config{PublicKeys: []string{missing}}, "public_key " + `"` + missing + `"` + ": open"},
+		{"missing file", &Config{PublicKeys: []string{missing}}, "public_key: want a readable PEM file with a public key, got " + `"` + missing + `"` + ": open"},
 		{"not PEM", &Config{PublicKeys: []string{garbage}}, "no PEM block found"},
 		{"bad DER", &Config{PublicKeys: []string{badDER}}, "parsing PUBLIC KEY block"},
 		{"private key", &Config{PublicKeys: []string{privFile}}, "holds a private key"},
@@ -60,7 +60,7 @@ func TestProvisionRefuses(t *testing.T) {
 		{"unknown algorithm", &Config{Secret: testSecret, Algorithms: []string{"HS1"}}, `unknown algorithm "HS1"`},
 		{"two sources", &Config{Secret: testSecret, From: &TokenSource{Header: "X", Cookie: "y"}}, "from: set exactly one"},
 		{"empty source", &Config{Secret: testSecret, From: &TokenSource{}}, "from: set exactly one"},
-		{"negative leeway", &Config{Secret: testSecret, Leeway: -1}, "leeway: must not be negative"},
+		{"negative leeway", &Config{Secret: testSecret, Leeway: -1}, "leeway: want a duration of 0 or more"},
 	}
 	if os.Geteuid() != 0 { // root reads any file
 		tests = append(tests, struct {

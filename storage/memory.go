@@ -33,7 +33,8 @@ const DefaultMaxKeys = 1_000_000
 // before the store as a whole holds max_keys. Keys whose windows have
 // passed are swept in the background.
 type Memory struct {
-	// The most keys (zone and key pairs) kept at once. Default: 1,000,000.
+	// The most keys (zone and key pairs) kept at once. Default (and 0):
+	// 1,000,000.
 	// All configs share one store; the value of the most recently loaded
 	// config still running applies, so a config that fails to load leaves
 	// the bound as it was.
@@ -78,8 +79,15 @@ func (m *Memory) Provision(caddy.Context) error {
 
 // Validate refuses a negative bound (0 means the default).
 func (m *Memory) Validate() error {
-	if m.MaxKeys < 0 {
-		return fmt.Errorf("max_keys must be positive, got %d", m.MaxKeys)
+	if err := checkMaxKeys(m.MaxKeys); err != nil {
+		return fmt.Errorf("store memory: max_keys: %w", err)
+	}
+	return nil
+}
+
+func checkMaxKeys(n int) error {
+	if n < 0 {
+		return fmt.Errorf("want a positive number of keys (0: the default, %d), got %d", DefaultMaxKeys, n)
 	}
 	return nil
 }
@@ -117,8 +125,11 @@ func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			n, err := strconv.Atoi(d.Val())
-			if err != nil || n <= 0 {
-				return d.Errf("max_keys: must be a positive integer, got %q", d.Val())
+			if err != nil {
+				return d.Errf("store memory: max_keys: want an integer, got %q", d.Val())
+			}
+			if err := checkMaxKeys(n); err != nil {
+				return d.Errf("store memory: max_keys: %v", err)
 			}
 			m.MaxKeys = n
 			if d.NextArg() {
