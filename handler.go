@@ -65,7 +65,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			Zone:      z.Name,
 			Key:       z.resolveKey(repl),
 			Algorithm: z.Algorithm,
-			Limit:     algorithms.Limit{Events: limit, Window: time.Duration(z.Window)},
+			Rate:      algorithms.Rate{Units: limit, Window: time.Duration(z.Window)},
 			Cost:      z.costs[methodIndex(r.Method)],
 		}})
 	}

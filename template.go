@@ -1,14 +1,14 @@
 package ratelimit
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"net/netip"
 	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // template is a key or limit alternative: literal text, or text with Caddy
@@ -36,22 +36,19 @@ func compileTemplates(alts Alternatives) []template {
 // error.
 var errUnresolved = errors.New("placeholder unknown or empty")
 
-// maxKeyLen is the longest key stored as is; longer keys (a megabyte header,
-// say) are replaced by their SHA-256 so they cannot bloat a store.
-const maxKeyLen = 128
-
 // resolveKey returns the first alternative whose placeholders all resolve to
 // non-empty values, masking IP addresses to the zone's prefixes. If none
 // does, the key is the client IP, so that a missing or forged credential
-// falls back to per-address limiting rather than escaping the zone.
+// falls back to per-address limiting rather than escaping the zone. The
+// key is bounded by storage.BoundKey, the rule every store relies on.
 func (z *Zone) resolveKey(repl *caddy.Replacer) string {
 	for _, t := range z.keys {
 		if k, ok := z.resolve(repl, t); ok {
-			return boundKey(k)
+			return storage.BoundKey(k)
 		}
 	}
 	k, _ := z.resolve(repl, template{text: "{http.vars.client_ip}", dynamic: true})
-	return boundKey(k)
+	return storage.BoundKey(k)
 }
 
 // resolveLimit returns the first alternative that resolves to an integer in
@@ -112,12 +109,4 @@ func (z *Zone) maskIP(s string) string {
 		return s
 	}
 	return p.String()
-}
-
-func boundKey(k string) string {
-	if len(k) <= maxKeyLen {
-		return k
-	}
-	sum := sha256.Sum256([]byte(k))
-	return "sha256:" + hex.EncodeToString(sum[:])
 }

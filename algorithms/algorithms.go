@@ -31,16 +31,17 @@ const (
 // Valid reports whether a names a known algorithm.
 func (a Algorithm) Valid() bool { return a == FixedWindow || a == SlidingTail }
 
-// Limit is how many cost units may be spent per Window.
-type Limit struct {
-	Events int64
+// Rate is how many cost units may be spent per Window: the limit, over
+// the window.
+type Rate struct {
+	Units  int64
 	Window time.Duration
 }
 
-// Validate refuses limits the arithmetic cannot honour.
-func (l Limit) Validate() error {
-	if l.Events <= 0 {
-		return fmt.Errorf("limit must be positive, got %d", l.Events)
+// Validate refuses rates the arithmetic cannot honour.
+func (l Rate) Validate() error {
+	if l.Units <= 0 {
+		return fmt.Errorf("limit must be positive, got %d", l.Units)
 	}
 	if l.Window < time.Millisecond {
 		return fmt.Errorf("window must be at least 1ms, got %s", l.Window)
@@ -78,7 +79,7 @@ type Decision struct {
 // fits in l and returns the decision with the counts to store: c rolled
 // forward, plus cost when the request was allowed. A rejected request adds
 // nothing.
-func Decide(alg Algorithm, c Counts, now time.Time, l Limit, cost int64) (Decision, Counts) {
+func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decision, Counts) {
 	w := l.Window.Milliseconds()
 	nowMs := now.UnixMilli()
 	idx := WindowIndex(nowMs, w)
@@ -98,16 +99,16 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Limit, cost int64) (Decisi
 		used += mulDiv(c.Previous, w-elapsed, w)
 	}
 
-	d := Decision{Limit: l.Events, Reset: time.UnixMilli(end)}
-	if used+cost <= l.Events {
+	d := Decision{Limit: l.Units, Reset: time.UnixMilli(end)}
+	if used+cost <= l.Units {
 		d.Allowed = true
 		used += cost
 		c.Current += cost
 	} else {
-		d.RetryAt = time.UnixMilli(retryAt(alg, c, idx, w, l.Events, cost))
+		d.RetryAt = time.UnixMilli(retryAt(alg, c, idx, w, l.Units, cost))
 	}
 	d.Used = used
-	d.Remaining = max(l.Events-used, 0)
+	d.Remaining = max(l.Units-used, 0)
 	return d, c
 }
 

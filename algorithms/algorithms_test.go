@@ -14,7 +14,7 @@ import (
 func TestVectors(t *testing.T) {
 	counts := map[string]algorithms.Counts{}
 	vectors.Run(t, func(t *testing.T, now time.Time, c vectors.Case, key string, cost int64) algorithms.Decision {
-		d, next := algorithms.Decide(c.Algorithm, counts[key], now, c.Limit, cost)
+		d, next := algorithms.Decide(c.Algorithm, counts[key], now, c.Rate, cost)
 		counts[key] = next
 		return d
 	})
@@ -23,7 +23,7 @@ func TestVectors(t *testing.T) {
 // TestRetryAtIsFirstAllowedInstant checks, for many states, that the retry
 // instant is allowed and the millisecond before it is not.
 func TestRetryAtIsFirstAllowedInstant(t *testing.T) {
-	l := algorithms.Limit{Events: 7, Window: 3 * time.Second}
+	l := algorithms.Rate{Units: 7, Window: 3 * time.Second}
 	start := vectors.Start
 	for _, alg := range []algorithms.Algorithm{algorithms.SlidingTail, algorithms.FixedWindow} {
 		for prev := int64(0); prev <= 7; prev++ {
@@ -61,7 +61,7 @@ func TestRetryAtIsFirstAllowedInstant(t *testing.T) {
 // TestHugeNumbersDoNotOverflow uses a limit near 2^31 and a window of a year,
 // whose product overflows 64 bits.
 func TestHugeNumbersDoNotOverflow(t *testing.T) {
-	l := algorithms.Limit{Events: math.MaxInt32, Window: 365 * 24 * time.Hour}
+	l := algorithms.Rate{Units: math.MaxInt32, Window: 365 * 24 * time.Hour}
 	w := l.Window.Milliseconds()
 	idx := vectors.Start.UnixMilli() / w
 	now := time.UnixMilli(idx*w + w/2)
@@ -74,18 +74,18 @@ func TestHugeNumbersDoNotOverflow(t *testing.T) {
 }
 
 func TestLimitValidate(t *testing.T) {
-	for _, l := range []algorithms.Limit{{0, time.Second}, {-1, time.Second}, {1, 0}, {1, time.Microsecond}} {
+	for _, l := range []algorithms.Rate{{0, time.Second}, {-1, time.Second}, {1, 0}, {1, time.Microsecond}} {
 		if l.Validate() == nil {
 			t.Errorf("%+v accepted", l)
 		}
 	}
-	if err := (algorithms.Limit{Events: 1, Window: time.Millisecond}).Validate(); err != nil {
+	if err := (algorithms.Rate{Units: 1, Window: time.Millisecond}).Validate(); err != nil {
 		t.Error(err)
 	}
 }
 
 func BenchmarkDecide(b *testing.B) {
-	l := algorithms.Limit{Events: 1 << 30, Window: time.Minute}
+	l := algorithms.Rate{Units: 1 << 30, Window: time.Minute}
 	now := vectors.Start.Add(30 * time.Second)
 	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
 		b.Run(string(alg), func(b *testing.B) {

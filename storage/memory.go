@@ -270,7 +270,7 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 		if e := c.shards[shards[i]].entries[memoryKey{r.Zone, r.Key}]; e != nil {
 			counts = e.counts
 		}
-		d, n := algorithms.Decide(r.Algorithm, counts, now, r.Limit, r.Cost)
+		d, n := algorithms.Decide(r.Algorithm, counts, now, r.Rate, r.Cost)
 		decisions[i] = d
 		next = append(next, n)
 		allowed = allowed && d.Allowed
@@ -288,7 +288,7 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 // fixed window, of the next one for a sliding tail, which still weighs the
 // current window as its previous one.
 func expiry(r Request, c algorithms.Counts) int64 {
-	w := r.Limit.Window.Milliseconds()
+	w := r.Rate.Window.Milliseconds()
 	end := (c.Window + 1) * w
 	if r.Algorithm == algorithms.SlidingTail {
 		end += w

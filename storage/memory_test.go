@@ -41,15 +41,15 @@ func TestMemoryVectors(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
 	vectors.Run(t, func(t *testing.T, now time.Time, vc vectors.Case, key string, cost int64) algorithms.Decision {
 		clock.set(now)
-		return take1(c, Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Limit: vc.Limit, Cost: cost})
+		return take1(c, Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost})
 	})
 }
 
 func TestMemoryAllOrNothing(t *testing.T) {
 	c, _ := newTestCounters(t, DefaultMaxKeys)
 	minute := time.Minute
-	wide := Request{Zone: "wide", Key: "k", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 10, Window: minute}, Cost: 1}
-	narrow := Request{Zone: "narrow", Key: "k", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 1, Window: minute}, Cost: 1}
+	wide := Request{Zone: "wide", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 10, Window: minute}, Cost: 1}
+	narrow := Request{Zone: "narrow", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: minute}, Cost: 1}
 	d := make([]algorithms.Decision, 2)
 
 	c.take([]Request{wide, narrow}, d)
@@ -71,8 +71,8 @@ func TestMemoryAllOrNothing(t *testing.T) {
 func TestMemoryConcurrentExact(t *testing.T) {
 	c, _ := newTestCounters(t, DefaultMaxKeys)
 	const limit, workers, perWorker = 500, 16, 100
-	req := Request{Zone: "z", Key: "hot", Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: limit, Window: time.Hour}, Cost: 1}
-	other := Request{Zone: "z2", Key: "hot", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 1 << 30, Window: time.Hour}, Cost: 1}
+	req := Request{Zone: "z", Key: "hot", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: limit, Window: time.Hour}, Cost: 1}
+	other := Request{Zone: "z2", Key: "hot", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
 	var allowed atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
@@ -104,17 +104,17 @@ func TestMemoryConcurrentExact(t *testing.T) {
 
 func TestMemoryEvictsLeastRecentlyUsed(t *testing.T) {
 	c, _ := newTestCounters(t, memoryShards) // one key per shard
-	l := algorithms.Limit{Events: 1, Window: time.Hour}
+	l := algorithms.Rate{Units: 1, Window: time.Hour}
 	// Fill far beyond the bound; the store must stay bounded.
 	for i := 0; i < 10*memoryShards; i++ {
-		take1(c, Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.FixedWindow, Limit: l, Cost: 1})
+		take1(c, Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1})
 	}
 	if n := c.len(); n > memoryShards {
 		t.Fatalf("%d keys kept, bound is %d", n, memoryShards)
 	}
 	// The most recent key in each shard survives: the last key taken is
 	// still counted, so a second request for it is rejected.
-	last := Request{Zone: "z", Key: fmt.Sprint(10*memoryShards - 1), Algorithm: algorithms.FixedWindow, Limit: l, Cost: 1}
+	last := Request{Zone: "z", Key: fmt.Sprint(10*memoryShards - 1), Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}
 	if take1(c, last).Allowed {
 		t.Fatal("most recently used key was evicted")
 	}
@@ -123,9 +123,9 @@ func TestMemoryEvictsLeastRecentlyUsed(t *testing.T) {
 func TestMemorySweepRemovesExpired(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
 	for i := 0; i < 100; i++ {
-		take1(c, Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: 5, Window: time.Second}, Cost: 1})
+		take1(c, Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Second}, Cost: 1})
 	}
-	take1(c, Request{Zone: "z", Key: "long", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 5, Window: time.Hour}, Cost: 1})
+	take1(c, Request{Zone: "z", Key: "long", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Hour}, Cost: 1})
 	// One window later a sliding tail still needs its counts.
 	clock.set(vectors.Start.Add(1500 * time.Millisecond))
 	c.sweep()
@@ -189,7 +189,7 @@ func TestMemorySharedAcrossProvisions(t *testing.T) {
 	if err := old.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r := []Request{{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Limit: algorithms.Limit{Events: 1, Window: time.Hour}, Cost: 1}}
+	r := []Request{{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: time.Hour}, Cost: 1}}
 	d := make([]algorithms.Decision, 1)
 	if err := old.Take(ctx, r, d); err != nil || !d[0].Allowed {
 		t.Fatalf("first take: %v %+v", err, d[0])
@@ -221,7 +221,7 @@ func BenchmarkMemoryTake(b *testing.B) {
 	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
 		b.Run(string(alg), func(b *testing.B) {
 			b.ReportAllocs()
-			reqs := []Request{{Zone: "z", Key: "203.0.113.7", Algorithm: alg, Limit: algorithms.Limit{Events: 1 << 30, Window: time.Minute}, Cost: 1}}
+			reqs := []Request{{Zone: "z", Key: "203.0.113.7", Algorithm: alg, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Minute}, Cost: 1}}
 			d := make([]algorithms.Decision, 1)
 			for b.Loop() {
 				c.take(reqs, d)
@@ -232,7 +232,7 @@ func BenchmarkMemoryTake(b *testing.B) {
 		b.ReportAllocs()
 		var n atomic.Int64
 		b.RunParallel(func(pb *testing.PB) {
-			reqs := []Request{{Zone: "z", Key: fmt.Sprint("client-", n.Add(1)), Algorithm: algorithms.SlidingTail, Limit: algorithms.Limit{Events: 1 << 30, Window: time.Minute}, Cost: 1}}
+			reqs := []Request{{Zone: "z", Key: fmt.Sprint("client-", n.Add(1)), Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Minute}, Cost: 1}}
 			d := make([]algorithms.Decision, 1)
 			for pb.Next() {
 				c.take(reqs, d)

@@ -1,10 +1,6 @@
 package storage
 
 import (
-	"context"
-	"crypto/sha256"
-	_ "embed"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,8 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
-
-	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
 
 func init() {
@@ -88,8 +82,13 @@ type Redis struct {
 	opts    *redis.UniversalOptions
 	lease   *clientLease
 	// now is the local clock; tests replace it to skew it.
-	now    func() time.Time
-	logger *zap.Logger
+	now func() time.Time
+	// scriptClock, if set, is the clock the take script uses instead of
+	// the Redis server's (TIME); tests drive the shared vectors with it.
+	// With it set, the deny cache is not used and decisions are in that
+	// clock.
+	scriptClock func() time.Time
+	logger      *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -464,265 +463,4 @@ var (
 	_ caddy.Validator       = (*Redis)(nil)
 	_ caddy.CleanerUpper    = (*Redis)(nil)
 	_ caddyfile.Unmarshaler = (*Redis)(nil)
-)
-
-// counterKey names the Redis hash holding the counters of key in zone:
-// <prefix>{<key>}:<zone>. The braces make the key its own cluster hash
-// tag, so the zones of one key share a slot and one script call decides
-// them all, even on a cluster. The hash holds the current and the previous
-// window together, so every key a script touches is declared to it, as a
-// Redis Cluster requires. A key that is empty, long, contains a brace or
-// starts with '#' is replaced by '#' and a hash of it, so a hostile key can
-// neither break out of the tag, nor bloat Redis, nor collide with another.
-func (r *Redis) counterKey(zone, key string) string {
-	tag := key
-	if len(key) == 0 || len(key) > maxPlainKey || key[0] == '#' || strings.ContainsAny(key, "{}") {
-		sum := sha256.Sum256([]byte(key))
-		tag = "#" + hex.EncodeToString(sum[:16])
-	}
-	return r.KeyPrefix + "{" + tag + "}:" + zone
-}
-
-// maxPlainKey is the longest key kept as it is in Redis key names.
-const maxPlainKey = 64
-
-// Take implements Store.
-func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error {
-	return r.take(ctx, reqs, decisions, 0)
-}
-
-// take is Take with the script's clock set to clock (ms since the epoch)
-// instead of the server's, for tests, unless clock is 0. With a set clock
-// the deny cache is not used and decisions are in that clock.
-func (r *Redis) take(ctx context.Context, reqs []Request, decisions []algorithms.Decision, clock int64) error {
-	if len(reqs) == 0 {
-		return nil
-	}
-	keys := make([]string, 0, len(reqs))
-	for _, q := range reqs {
-		if q.Limit.Events > maxExact || q.Cost < 0 || q.Cost > maxExact || q.Limit.Window.Milliseconds() > maxExact {
-			return fmt.Errorf("zone %q: limit, cost or window too large for the Redis store", q.Zone)
-		}
-		if err := q.Limit.Validate(); err != nil {
-			return fmt.Errorf("zone %q: %w", q.Zone, err)
-		}
-		keys = append(keys, r.counterKey(q.Zone, q.Key))
-	}
-	c, done, err := r.acquire()
-	if err != nil {
-		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
-	}
-	defer done()
-	if clock == 0 && c.denies.lookup(keys, reqs, decisions, r.now()) {
-		return nil
-	}
-	if err := c.breaker.allow(r.now()); err != nil {
-		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
-	}
-	tctx, cancel := context.WithTimeout(ctx, time.Duration(r.Timeout))
-	defer cancel()
-	err = r.decide(tctx, c, keys, reqs, decisions, clock)
-	if err != nil {
-		c.breaker.done(err, failureCounts(ctx, err), r.now())
-		return fmt.Errorf("%w: redis: %w", ErrUnavailable, err)
-	}
-	c.breaker.done(nil, true, r.now())
-	if clock == 0 {
-		c.denies.store(keys, reqs, decisions, r.now())
-	}
-	return nil
-}
-
-// failureCounts reports whether err, from a decision asked for under ctx,
-// counts against Redis in the circuit breaker. A client that went away says
-// nothing about Redis, and neither does a wait for a free connection: a
-// burst of traffic must not trip the breaker and so lift every limit.
-func failureCounts(ctx context.Context, err error) bool {
-	return ctx.Err() == nil && !errors.Is(err, redis.ErrPoolTimeout)
-}
-
-// decide runs the script over reqs. On one server or a sentinel's master
-// that is one call for all zones. On a cluster, zones whose keys lie in
-// different slots are decided one group of keys at a time; see
-// decideGroups.
-func (r *Redis) decide(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
-	if !r.Cluster || sameTag(keys) {
-		_, err := r.run(ctx, c, keys, reqs, decisions, clock, true)
-		return err
-	}
-	return r.decideGroups(ctx, c, keys, reqs, decisions, clock)
-}
-
-// sameTag reports whether all keys share one hash tag, and so one slot.
-func sameTag(keys []string) bool {
-	for _, k := range keys[1:] {
-		if hashTag(k) != hashTag(keys[0]) {
-			return false
-		}
-	}
-	return true
-}
-
-func hashTag(key string) string {
-	open := strings.IndexByte(key, '{')
-	end := strings.IndexByte(key[open:], '}')
-	return key[open : open+end+1]
-}
-
-// decideGroups keeps the all-or-nothing rule on a cluster, where one script
-// cannot reach keys in different slots. Keys are grouped by hash tag and
-// each group is decided by one atomic script call, in order. Each group
-// charges its zones only if they all allow the request; once a group
-// rejects, the remaining groups are only asked for their decisions, and
-// every group already charged is refunded by a second script that is
-// atomic in its slot. Until that refund lands, a concurrent request for
-// the same key may see the charge and be rejected; no request is ever
-// allowed beyond a limit.
-//
-// Once a group has rejected the request, Redis errors no longer make it a
-// store error, which on_store_error allow would let through: a group that
-// cannot be asked is reported as not rejecting, and a refund that fails is
-// logged and leaves its charge in place (counting too much, never too
-// little).
-func (r *Redis) decideGroups(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
-	type group struct {
-		tag   string
-		index []int
-	}
-	var groups []group
-	for i, k := range keys {
-		tag := hashTag(k)
-		found := false
-		for g := range groups {
-			if groups[g].tag == tag {
-				groups[g].index = append(groups[g].index, i)
-				found = true
-				break
-			}
-		}
-		if !found {
-			groups = append(groups, group{tag: tag, index: []int{i}})
-		}
-	}
-
-	type charged struct {
-		keys []string
-		args []any
-	}
-	var refunds []charged
-	rejected := false
-	var firstErr error
-	for gi, g := range groups {
-		gKeys := make([]string, len(g.index))
-		gReqs := make([]Request, len(g.index))
-		gDec := make([]algorithms.Decision, len(g.index))
-		for j, i := range g.index {
-			gKeys[j], gReqs[j] = keys[i], reqs[i]
-		}
-		now, err := r.run(ctx, c, gKeys, gReqs, gDec, clock, !rejected)
-		if err != nil && rejected {
-			for _, rest := range groups[gi:] {
-				for _, i := range rest.index {
-					decisions[i] = algorithms.Decision{Allowed: true}
-				}
-			}
-			break
-		}
-		if err != nil {
-			firstErr = err
-			break
-		}
-		allowed := true
-		for j, i := range g.index {
-			decisions[i] = gDec[j]
-			allowed = allowed && gDec[j].Allowed
-		}
-		if !allowed {
-			rejected = true
-			continue
-		}
-		if !rejected {
-			args := make([]any, 0, 2*len(gReqs))
-			for _, q := range gReqs {
-				w := q.Limit.Window.Milliseconds()
-				args = append(args, algorithms.WindowIndex(now, w), q.Cost)
-			}
-			refunds = append(refunds, charged{gKeys, args})
-		}
-	}
-	if !rejected && firstErr == nil {
-		return nil
-	}
-	// Undo the charges with a fresh budget: the decision's own timeout may
-	// be what ended it.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(r.Timeout))
-	defer cancel()
-	for _, ch := range refunds {
-		if err := refundScript.Run(rctx, c.rdb, ch.keys, ch.args...).Err(); err != nil {
-			r.logger.Error("refunding a request rejected in another cluster slot failed; its charge stays",
-				zap.Int("zones", len(ch.keys)), zap.Error(err))
-		}
-	}
-	return firstErr
-}
-
-// run executes the take script once for keys, all in one slot, and fills
-// decisions. It returns the script's clock (server time unless clock is
-// set), in ms.
-func (r *Redis) run(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool) (int64, error) {
-	args := make([]any, 2, 2+4*len(reqs))
-	args[0] = ""
-	if clock != 0 {
-		args[0] = clock
-	}
-	args[1] = "0"
-	if charge {
-		args[1] = "1"
-	}
-	for _, q := range reqs {
-		alg := "s"
-		if q.Algorithm == algorithms.FixedWindow {
-			alg = "f"
-		}
-		args = append(args, alg, q.Limit.Events, q.Limit.Window.Milliseconds(), q.Cost)
-	}
-	vals, err := takeScript.Run(ctx, c.rdb, keys, args...).Int64Slice()
-	if err != nil {
-		return 0, err
-	}
-	if len(vals) != 2+4*len(reqs) {
-		return 0, fmt.Errorf("take script returned %d values for %d zones", len(vals), len(reqs))
-	}
-	serverNow := vals[0]
-	// Decisions are computed in the clock the script used, then moved to
-	// the local clock, so Retry-After and the deny cache are right even
-	// when this machine's clock disagrees with Redis's.
-	var shift time.Duration
-	if clock == 0 {
-		shift = r.now().Sub(time.UnixMilli(serverNow))
-	}
-	for i, q := range reqs {
-		v := vals[2+4*i:]
-		counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
-		d, _ := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(serverNow), q.Limit, q.Cost)
-		// The script's verdict is what was written; it equals Decide's by
-		// construction (and by test), but the store must report what it did.
-		d.Allowed = v[3] == 1
-		d.Reset = d.Reset.Add(shift)
-		if !d.RetryAt.IsZero() {
-			d.RetryAt = d.RetryAt.Add(shift)
-		}
-		decisions[i] = d
-	}
-	return serverNow, nil
-}
-
-var (
-	//go:embed scripts/take.lua
-	takeSource string
-	//go:embed scripts/refund.lua
-	refundSource string
-
-	takeScript   = redis.NewScript(takeSource)
-	refundScript = redis.NewScript(refundSource)
 )

@@ -117,7 +117,7 @@ type denyShard struct {
 
 type denyEntry struct {
 	algorithm algorithms.Algorithm
-	limit     algorithms.Limit
+	limit     algorithms.Rate
 	cost      int64
 	decision  algorithms.Decision // times in the local clock
 }
@@ -153,10 +153,10 @@ func (c *denyCache) lookup(keys []string, reqs []Request, decisions []algorithms
 		}
 		s.mu.Unlock()
 		q := reqs[i]
-		if ok && e.algorithm == q.Algorithm && e.limit == q.Limit && q.Cost >= e.cost {
+		if ok && e.algorithm == q.Algorithm && e.limit == q.Rate && q.Cost >= e.cost {
 			d := e.decision
 			// The window may have ended since: report the current one's end.
-			if w := q.Limit.Window; !now.Before(d.Reset) {
+			if w := q.Rate.Window; !now.Before(d.Reset) {
 				d.Reset = d.Reset.Add(w * (now.Sub(d.Reset)/w + 1))
 			}
 			decisions[i] = d
@@ -165,9 +165,9 @@ func (c *denyCache) lookup(keys []string, reqs []Request, decisions []algorithms
 		}
 		decisions[i] = algorithms.Decision{
 			Allowed:   true,
-			Limit:     q.Limit.Events,
-			Remaining: q.Limit.Events,
-			Reset:     now.Add(q.Limit.Window),
+			Limit:     q.Rate.Units,
+			Remaining: q.Rate.Units,
+			Reset:     now.Add(q.Rate.Window),
 		}
 	}
 	return hit
@@ -192,7 +192,7 @@ func (c *denyCache) store(keys []string, reqs []Request, decisions []algorithms.
 			}
 			c.size.Add(1)
 		}
-		s.entries[keys[i]] = denyEntry{algorithm: reqs[i].Algorithm, limit: reqs[i].Limit, cost: reqs[i].Cost, decision: d}
+		s.entries[keys[i]] = denyEntry{algorithm: reqs[i].Algorithm, limit: reqs[i].Rate, cost: reqs[i].Cost, decision: d}
 		s.mu.Unlock()
 	}
 }

@@ -5,7 +5,9 @@ package storage
 
 import (
 	"context"
-	"errors"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
@@ -13,12 +15,13 @@ import (
 // Namespace is the Caddy module namespace of stores.
 const Namespace = "http.handlers.rate_limit.stores"
 
-// Request asks for Cost units of Key's budget in Zone.
+// Request asks for Cost units of Key's budget in Zone. Key has been
+// bounded by BoundKey; stores keep it as it is.
 type Request struct {
 	Zone      string
 	Key       string
 	Algorithm algorithms.Algorithm
-	Limit     algorithms.Limit
+	Rate      algorithms.Rate
 	Cost      int64
 }
 
@@ -33,6 +36,19 @@ type Store interface {
 	Take(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error
 }
 
-// ErrUnavailable wraps every error that means the store could not be asked,
-// as opposed to a bug in the request.
-var ErrUnavailable = errors.New("rate limit store unavailable")
+// MaxKeyLen is the longest key every store keeps as it is.
+const MaxKeyLen = 64
+
+// BoundKey is the one rule that bounds keys, for every store. A key that
+// is empty, longer than MaxKeyLen bytes, starts with '#' or contains a
+// brace becomes '#' and 32 hex digits of its SHA-256. So a hostile key (a
+// megabyte header, say) cannot bloat a store, nor break out of a Redis
+// Cluster hash tag, nor, since a key kept as it is never starts with '#',
+// take over the counter of a hashed one.
+func BoundKey(key string) string {
+	if len(key) > 0 && len(key) <= MaxKeyLen && key[0] != '#' && !strings.ContainsAny(key, "{}") {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "#" + hex.EncodeToString(sum[:16])
+}

@@ -26,7 +26,7 @@ type Step struct {
 type Case struct {
 	Name      string
 	Algorithm algorithms.Algorithm
-	Limit     algorithms.Limit
+	Rate      algorithms.Rate
 	Steps     []Step
 }
 
@@ -41,7 +41,7 @@ var Cases = []Case{
 		// algorithm: 3 requests per 60 s, windows from 12:00:00 and 12:01:00.
 		Name:      "sliding_tail/worked_example",
 		Algorithm: algorithms.SlidingTail,
-		Limit:     algorithms.Limit{Events: 3, Window: time.Minute},
+		Rate:      algorithms.Rate{Units: 3, Window: time.Minute},
 		Steps: []Step{
 			{At: 5 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 2},
 			{At: 15 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
@@ -62,7 +62,7 @@ var Cases = []Case{
 	{
 		Name:      "sliding_tail/previous_window_decays",
 		Algorithm: algorithms.SlidingTail,
-		Limit:     algorithms.Limit{Events: 4, Window: 10 * time.Second},
+		Rate:      algorithms.Rate{Units: 4, Window: 10 * time.Second},
 		Steps: []Step{
 			{At: 0, Key: "k", Cost: 4, Allowed: true, Remaining: 0},
 			// the 4 carried into the next window round down to 3 from e = 1 ms
@@ -82,7 +82,7 @@ var Cases = []Case{
 	{
 		Name:      "sliding_tail/cost",
 		Algorithm: algorithms.SlidingTail,
-		Limit:     algorithms.Limit{Events: 10, Window: time.Second},
+		Rate:      algorithms.Rate{Units: 10, Window: time.Second},
 		Steps: []Step{
 			{At: 0, Key: "c", Cost: 5, Allowed: true, Remaining: 5},
 			{At: 100 * time.Millisecond, Key: "c", Cost: 5, Allowed: true, Remaining: 0},
@@ -97,7 +97,7 @@ var Cases = []Case{
 	{
 		Name:      "fixed_window/basic",
 		Algorithm: algorithms.FixedWindow,
-		Limit:     algorithms.Limit{Events: 3, Window: time.Minute},
+		Rate:      algorithms.Rate{Units: 3, Window: time.Minute},
 		Steps: []Step{
 			{At: 5 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 2},
 			{At: 15 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
@@ -117,7 +117,7 @@ var Cases = []Case{
 		// in that later window: it must not forget what was counted there.
 		Name:      "fixed_window/clock_steps_back",
 		Algorithm: algorithms.FixedWindow,
-		Limit:     algorithms.Limit{Events: 2, Window: time.Minute},
+		Rate:      algorithms.Rate{Units: 2, Window: time.Minute},
 		Steps: []Step{
 			{At: 60 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
 			{At: 61 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0},
@@ -128,7 +128,7 @@ var Cases = []Case{
 	{
 		Name:      "sliding_tail/clock_steps_back",
 		Algorithm: algorithms.SlidingTail,
-		Limit:     algorithms.Limit{Events: 2, Window: time.Minute},
+		Rate:      algorithms.Rate{Units: 2, Window: time.Minute},
 		Steps: []Step{
 			{At: 60 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
 			{At: 61 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0},

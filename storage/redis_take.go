@@ -1,0 +1,267 @@
+package storage
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+)
+
+// This file is the Redis store's charging protocol: key names, the take
+// and refund scripts, and how zones in different cluster slots are
+// charged all or nothing.
+
+// counterKey names the Redis hash holding the counters of key in zone:
+// <prefix>{<key>}:<zone>. The braces make the key its own cluster hash
+// tag, so the zones of one key share a slot and one script call decides
+// them all, even on a cluster. The hash holds the current and the previous
+// window together, so every key a script touches is declared to it, as a
+// Redis Cluster requires. BoundKey has made sure the key holds no brace.
+func (r *Redis) counterKey(zone, key string) string {
+	return r.KeyPrefix + "{" + key + "}:" + zone
+}
+
+// Take implements Store.
+func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(reqs))
+	for _, q := range reqs {
+		if q.Rate.Units > maxExact || q.Cost < 0 || q.Cost > maxExact || q.Rate.Window.Milliseconds() > maxExact {
+			return fmt.Errorf("zone %q: limit, cost or window too large for the Redis store", q.Zone)
+		}
+		if err := q.Rate.Validate(); err != nil {
+			return fmt.Errorf("zone %q: %w", q.Zone, err)
+		}
+		keys = append(keys, r.counterKey(q.Zone, q.Key))
+	}
+	c, done, err := r.acquire()
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	defer done()
+	var clock int64
+	if r.scriptClock != nil {
+		clock = r.scriptClock().UnixMilli()
+	}
+	if clock == 0 && c.denies.lookup(keys, reqs, decisions, r.now()) {
+		return nil
+	}
+	if err := c.breaker.allow(r.now()); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, time.Duration(r.Timeout))
+	defer cancel()
+	err = r.charge(tctx, c, keys, reqs, decisions, clock)
+	if err != nil {
+		c.breaker.done(err, failureCounts(ctx, err), r.now())
+		return fmt.Errorf("redis: %w", err)
+	}
+	c.breaker.done(nil, true, r.now())
+	if clock == 0 {
+		c.denies.store(keys, reqs, decisions, r.now())
+	}
+	return nil
+}
+
+// failureCounts reports whether err, from a decision asked for under ctx,
+// counts against Redis in the circuit breaker. A client that went away says
+// nothing about Redis, and neither does a wait for a free connection: a
+// burst of traffic must not trip the breaker and so lift every limit.
+func failureCounts(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && !errors.Is(err, redis.ErrPoolTimeout)
+}
+
+// charge runs the take script over reqs. On one server or a sentinel's master
+// that is one call for all zones. On a cluster, zones whose keys lie in
+// different slots are decided one group of keys at a time; see
+// chargeSlotGroups.
+func (r *Redis) charge(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
+	if !r.Cluster || sameTag(keys) {
+		_, err := r.runTake(ctx, c, keys, reqs, decisions, clock, true)
+		return err
+	}
+	return r.chargeSlotGroups(ctx, c, keys, reqs, decisions, clock)
+}
+
+// sameTag reports whether all keys share one hash tag, and so one slot.
+func sameTag(keys []string) bool {
+	for _, k := range keys[1:] {
+		if hashTag(k) != hashTag(keys[0]) {
+			return false
+		}
+	}
+	return true
+}
+
+func hashTag(key string) string {
+	open := strings.IndexByte(key, '{')
+	end := strings.IndexByte(key[open:], '}')
+	return key[open : open+end+1]
+}
+
+// chargeSlotGroups keeps the all-or-nothing rule on a cluster, where one script
+// cannot reach keys in different slots. Keys are grouped by hash tag and
+// each group is decided by one atomic script call, in order. Each group
+// charges its zones only if they all allow the request; once a group
+// rejects, the remaining groups are only asked for their decisions, and
+// every group already charged is refunded by a second script that is
+// atomic in its slot. Until that refund lands, a concurrent request for
+// the same key may see the charge and be rejected; no request is ever
+// allowed beyond a limit.
+//
+// Once a group has rejected the request, Redis errors no longer make it a
+// store error, which on_store_error allow would let through: a group that
+// cannot be asked is reported as not rejecting, and a refund that fails is
+// logged and leaves its charge in place (counting too much, never too
+// little).
+func (r *Redis) chargeSlotGroups(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
+	type group struct {
+		tag   string
+		index []int
+	}
+	var groups []group
+	for i, k := range keys {
+		tag := hashTag(k)
+		found := false
+		for g := range groups {
+			if groups[g].tag == tag {
+				groups[g].index = append(groups[g].index, i)
+				found = true
+				break
+			}
+		}
+		if !found {
+			groups = append(groups, group{tag: tag, index: []int{i}})
+		}
+	}
+
+	type charged struct {
+		keys []string
+		args []any
+	}
+	var refunds []charged
+	rejected := false
+	var firstErr error
+	for gi, g := range groups {
+		gKeys := make([]string, len(g.index))
+		gReqs := make([]Request, len(g.index))
+		gDec := make([]algorithms.Decision, len(g.index))
+		for j, i := range g.index {
+			gKeys[j], gReqs[j] = keys[i], reqs[i]
+		}
+		now, err := r.runTake(ctx, c, gKeys, gReqs, gDec, clock, !rejected)
+		if err != nil && rejected {
+			for _, rest := range groups[gi:] {
+				for _, i := range rest.index {
+					decisions[i] = algorithms.Decision{Allowed: true}
+				}
+			}
+			break
+		}
+		if err != nil {
+			firstErr = err
+			break
+		}
+		allowed := true
+		for j, i := range g.index {
+			decisions[i] = gDec[j]
+			allowed = allowed && gDec[j].Allowed
+		}
+		if !allowed {
+			rejected = true
+			continue
+		}
+		if !rejected {
+			args := make([]any, 0, 2*len(gReqs))
+			for _, q := range gReqs {
+				w := q.Rate.Window.Milliseconds()
+				args = append(args, algorithms.WindowIndex(now, w), q.Cost)
+			}
+			refunds = append(refunds, charged{gKeys, args})
+		}
+	}
+	if !rejected && firstErr == nil {
+		return nil
+	}
+	// Undo the charges with a fresh budget: the decision's own timeout may
+	// be what ended it.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(r.Timeout))
+	defer cancel()
+	for _, ch := range refunds {
+		if err := refundScript.Run(rctx, c.rdb, ch.keys, ch.args...).Err(); err != nil {
+			r.logger.Error("refunding a request rejected in another cluster slot failed; its charge stays",
+				zap.Int("zones", len(ch.keys)), zap.Error(err))
+		}
+	}
+	return firstErr
+}
+
+// runTake executes the take script once for keys, all in one slot, and fills
+// decisions. It returns the script's clock (server time unless clock is
+// set), in ms.
+func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool) (int64, error) {
+	args := make([]any, 2, 2+4*len(reqs))
+	args[0] = ""
+	if clock != 0 {
+		args[0] = clock
+	}
+	args[1] = "0"
+	if charge {
+		args[1] = "1"
+	}
+	for _, q := range reqs {
+		alg := "s"
+		if q.Algorithm == algorithms.FixedWindow {
+			alg = "f"
+		}
+		args = append(args, alg, q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost)
+	}
+	vals, err := takeScript.Run(ctx, c.rdb, keys, args...).Int64Slice()
+	if err != nil {
+		return 0, err
+	}
+	if len(vals) != 2+4*len(reqs) {
+		return 0, fmt.Errorf("take script returned %d values for %d zones", len(vals), len(reqs))
+	}
+	serverNow := vals[0]
+	// Decisions are computed in the clock the script used, then moved to
+	// the local clock, so Retry-After and the deny cache are right even
+	// when this machine's clock disagrees with Redis's.
+	var shift time.Duration
+	if clock == 0 {
+		shift = r.now().Sub(time.UnixMilli(serverNow))
+	}
+	for i, q := range reqs {
+		v := vals[2+4*i:]
+		counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
+		d, _ := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(serverNow), q.Rate, q.Cost)
+		// The script's verdict is what was written; it equals Decide's by
+		// construction (and by test), but the store must report what it did.
+		d.Allowed = v[3] == 1
+		d.Reset = d.Reset.Add(shift)
+		if !d.RetryAt.IsZero() {
+			d.RetryAt = d.RetryAt.Add(shift)
+		}
+		decisions[i] = d
+	}
+	return serverNow, nil
+}
+
+var (
+	//go:embed scripts/take.lua
+	takeSource string
+	//go:embed scripts/refund.lua
+	refundSource string
+
+	takeScript   = redis.NewScript(takeSource)
+	refundScript = redis.NewScript(refundSource)
+)
