@@ -73,122 +73,179 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 
-	rejected, err := h.decide(r.Context(), charges)
-	if err != nil {
+	v, rejected, err := h.decide(r.Context(), charges)
+	switch v {
+	case unanswered:
 		return h.storeFailed(w, r, next, err)
+	case rejectedByZone:
+		return h.reject(w, r, repl, rejected)
 	}
-	now := time.Now()
-	if rejected != nil {
-		h.report(w, repl, rejected, true, now)
-		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(rejected.decision.RetryAt, now), 10))
-		if r.ProtoMajor == 1 && r.ContentLength != 0 {
-			// Otherwise Go's server reads up to 256 KiB of the unread body
-			// before it sends the 429, and a client that withholds its
-			// body waits for nothing. (Not on HTTP/2, where this header
-			// would shut down the whole connection.)
-			w.Header().Set("Connection", "close")
-		}
-		if c := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); c != nil {
-			c.Write(zap.String("zone", rejected.zone.Name), zap.String("key", rejected.req.Key))
-		}
-		return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded in zone %q", rejected.zone.Name))
-	}
-	h.report(w, repl, leastRemaining(charges), anyDryRunExceeded(charges), now)
+	h.report(w, repl, leastRemaining(charges), anyDryRunExceeded(charges), time.Now())
 	return next.ServeHTTP(w, r)
 }
 
-// decide asks the store until the request is allowed, rejected, or failed.
-// It returns the charge that rejected the request, or nil if it may pass,
-// or the error that kept the store from answering (or ended a wait).
-// Dry-run zones that would reject are left out and asked no more; a
-// request rejected within its zones' max_delay waits for its retry
-// instant and asks again.
-func (h *Handler) decide(ctx context.Context, charges []charge) (*charge, error) {
+// reject answers a request that the charge c rejected: 429, with the
+// limit headers and Retry-After.
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, c *charge) error {
+	now := time.Now()
+	h.report(w, repl, c, true, now)
+	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(c.decision.RetryAt, now), 10))
+	if r.ProtoMajor == 1 && r.ContentLength != 0 {
+		// Otherwise Go's server reads up to 256 KiB of the unread body
+		// before it sends the 429, and a client that withholds its body
+		// waits for nothing. (Not on HTTP/2, where this header would shut
+		// down the whole connection.)
+		w.Header().Set("Connection", "close")
+	}
+	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
+		ce.Write(zap.String("zone", c.zone.Name), zap.String("key", c.req.Key))
+	}
+	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded in zone %q", c.zone.Name))
+}
+
+// verdict is how decide found a request.
+type verdict int
+
+const (
+	// allowed: every zone allows the request, and it has been charged
+	// (dry-run zones that would reject it are marked and not charged).
+	allowed verdict = iota
+	// rejectedByZone: a zone rejects the request; nothing was charged.
+	rejectedByZone
+	// unanswered: the store failed, or the client went away while the
+	// request waited; on_store_error decides what happens.
+	unanswered
+)
+
+// decide asks the store until the request is allowed, rejected, or
+// unanswered. It returns the charge whose rejection stands, for a rejected
+// request, and the error, for an unanswered one. A request rejected within
+// its zones' max_delay waits for its retry instant and asks again.
+func (h *Handler) decide(ctx context.Context, charges []charge) (verdict, *charge, error) {
 	start := time.Now()
-	reqs := make([]storage.Request, 0, len(charges))
-	decisions := make([]algorithms.Decision, 0, len(charges))
-	var waitingIn []*Zone
-	defer func() {
-		for _, z := range waitingIn {
-			z.waiting.Add(-1)
-		}
-	}()
-
+	q := newQuestion(len(charges))
+	var waiting waitingZones
+	defer waiting.leave()
 	for {
-		// Ask for the charges still in play: all but dry-run zones that
-		// already said they would reject.
-		reqs, decisions = reqs[:0], decisions[:0]
-		for _, c := range charges {
-			if !c.dryRunExceeded {
-				reqs = append(reqs, c.req)
-				decisions = append(decisions, algorithms.Decision{})
-			}
+		if err := q.ask(ctx, h.store, charges); err != nil {
+			return unanswered, nil, err
 		}
-		if len(reqs) == 0 {
-			return nil, nil
-		}
-		if err := h.store.Take(ctx, reqs, decisions); err != nil {
-			return nil, err
-		}
-		var rejected *charge
-		newDryRun := false
-		i := 0
-		for j := range charges {
-			c := &charges[j]
-			if c.dryRunExceeded {
-				continue
-			}
-			c.decision = decisions[i]
-			i++
-			if c.decision.Allowed {
-				continue
-			}
-			if c.zone.DryRun {
-				c.dryRunExceeded = true
-				newDryRun = true
-				h.logger.Info("rate limit would be exceeded (dry run)",
-					zap.String("zone", c.zone.Name), zap.String("key", c.req.Key))
-				continue
-			}
-			if rejected == nil || c.decision.RetryAt.After(rejected.decision.RetryAt) {
-				rejected = c
-			}
-		}
-		if rejected == nil && !newDryRun {
-			return nil, nil
-		}
+		rejected, dryRunSaidNo := h.rejection(charges)
 		if rejected == nil {
-			// Only dry-run zones said no, so nothing was charged: ask
-			// again without them.
-			continue
-		}
-
-		// Wait until the last rejecting zone would allow the request, and
-		// only if every rejecting zone allows a delay that long and could
-		// ever allow it (a cost above the limit never passes).
-		deadline := rejected.decision.RetryAt
-		for j := range charges {
-			c := &charges[j]
-			if c.dryRunExceeded || c.decision.Allowed {
+			if dryRunSaidNo {
+				// Only dry-run zones said no, so nothing was charged: ask
+				// again without them.
 				continue
 			}
-			if c.req.Cost > c.decision.Limit || deadline.After(start.Add(time.Duration(c.zone.MaxDelay))) {
-				return rejected, nil
-			}
-			if !slices.Contains(waitingIn, c.zone) {
-				if c.zone.waiting.Add(1) > int64(c.zone.MaxWaiting) {
-					c.zone.waiting.Add(-1)
-					return rejected, nil
-				}
-				waitingIn = append(waitingIn, c.zone)
-			}
+			return allowed, nil, nil
+		}
+		deadline := rejected.decision.RetryAt
+		if !waiting.enter(charges, deadline, start) {
+			return rejectedByZone, rejected, nil
 		}
 		if c := h.logger.Check(zap.DebugLevel, "rate limit delaying request"); c != nil {
 			c.Write(zap.String("zone", rejected.zone.Name), zap.String("key", rejected.req.Key), zap.Time("until", deadline))
 		}
 		if err := sleepUntil(ctx, deadline); err != nil {
-			return nil, err
+			return unanswered, nil, err
 		}
+	}
+}
+
+// question is what decide asks the store: the charges still in play, with
+// room for the store's answers, reused from one asking to the next.
+type question struct {
+	reqs      []storage.Request
+	decisions []algorithms.Decision
+}
+
+func newQuestion(n int) *question {
+	return &question{reqs: make([]storage.Request, 0, n), decisions: make([]algorithms.Decision, 0, n)}
+}
+
+// ask takes the charges still in play from the store, all or nothing: all
+// but the dry-run zones that already said they would reject, which are
+// asked no more. Each charge gets its decision.
+func (q *question) ask(ctx context.Context, store storage.Store, charges []charge) error {
+	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
+	for _, c := range charges {
+		if !c.dryRunExceeded {
+			q.reqs = append(q.reqs, c.req)
+			q.decisions = append(q.decisions, algorithms.Decision{})
+		}
+	}
+	if len(q.reqs) == 0 {
+		return nil
+	}
+	if err := store.Take(ctx, q.reqs, q.decisions); err != nil {
+		return err
+	}
+	i := 0
+	for j := range charges {
+		if !charges[j].dryRunExceeded {
+			charges[j].decision = q.decisions[i]
+			i++
+		}
+	}
+	return nil
+}
+
+// rejection picks, among the charges the store rejected, the one whose
+// rejection stands: the enforcing zone that frees up last. Dry-run zones
+// that reject are marked (and logged) instead; dryRunSaidNo reports
+// whether any newly did.
+func (h *Handler) rejection(charges []charge) (rejected *charge, dryRunSaidNo bool) {
+	for j := range charges {
+		c := &charges[j]
+		if c.dryRunExceeded || c.decision.Allowed {
+			continue
+		}
+		if c.zone.DryRun {
+			c.dryRunExceeded = true
+			dryRunSaidNo = true
+			h.logger.Info("rate limit would be exceeded (dry run)",
+				zap.String("zone", c.zone.Name), zap.String("key", c.req.Key))
+			continue
+		}
+		if rejected == nil || c.decision.RetryAt.After(rejected.decision.RetryAt) {
+			rejected = c
+		}
+	}
+	return rejected, dryRunSaidNo
+}
+
+// waitingZones are the zones a request waits in because of max_delay.
+type waitingZones []*Zone
+
+// enter reports whether a request asked for at start may wait until
+// deadline, when the last rejecting zone would allow it, and counts it as
+// waiting in each rejecting zone. It may only if every rejecting zone
+// allows a delay that long, could ever allow it (a cost above the limit
+// never passes), and has fewer than max_waiting requests waiting.
+func (wz *waitingZones) enter(charges []charge, deadline, start time.Time) bool {
+	for j := range charges {
+		c := &charges[j]
+		if c.dryRunExceeded || c.decision.Allowed {
+			continue
+		}
+		if c.req.Cost > c.decision.Limit || deadline.After(start.Add(time.Duration(c.zone.MaxDelay))) {
+			return false
+		}
+		if !slices.Contains(*wz, c.zone) {
+			if c.zone.waiting.Add(1) > int64(c.zone.MaxWaiting) {
+				c.zone.waiting.Add(-1)
+				return false
+			}
+			*wz = append(*wz, c.zone)
+		}
+	}
+	return true
+}
+
+// leave stops counting the request as waiting.
+func (wz *waitingZones) leave() {
+	for _, z := range *wz {
+		z.waiting.Add(-1)
 	}
 }
 
