@@ -52,7 +52,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	seen := make(map[string]bool)
+	given := make(map[string]bool)
 	for d.NextBlock(0) {
+		if d.Val() != "zone" {
+			if given[d.Val()] {
+				return d.Errf("rate_limit: %s: repeated (want one %s per rate_limit; zone is the one that repeats)", d.Val(), d.Val())
+			}
+			given[d.Val()] = true
+		}
 		switch d.Val() {
 		case "zone":
 			z, err := unmarshalZone(d)
@@ -81,9 +88,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.StoreRaw = caddyconfig.JSONModuleObject(unm, "backend", name, nil)
 
 		case "jwt":
-			if h.JWT != nil {
-				return d.Err("jwt: only one jwt block per rate_limit")
-			}
 			h.JWT = new(jwtclaims.Config)
 			if err := h.JWT.UnmarshalCaddyfile(d); err != nil {
 				return err
@@ -124,10 +128,23 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
+	given := make(map[string]bool)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		dir := d.Val()
 		// fail names the zone and the directive as written.
 		fail := func(err error) error { return d.Errf("zone %q: %s: %v", z.Name, dir, err) }
+		// A second line would silently replace the first; key and limit
+		// take their alternatives on one line. match and cost repeat.
+		once := dir
+		if dir == "events" {
+			once = "limit"
+		}
+		if dir != "match" && dir != "cost" {
+			if given[once] {
+				return nil, fail(fmt.Errorf("repeated (want one %s line per zone)", once))
+			}
+			given[once] = true
+		}
 		switch dir {
 		case "match":
 			matcherSet, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
@@ -200,6 +217,9 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 			if err := checkCost(method, n); err != nil {
 				return nil, fail(err)
+			}
+			if _, ok := z.Cost[method]; ok {
+				return nil, fail(fmt.Errorf("%s: repeated (want one cost line per method)", method))
 			}
 			if z.Cost == nil {
 				z.Cost = make(map[string]int64)

@@ -41,6 +41,18 @@ var badCaddyfiles = []struct {
 	{"unknown store", `store etcd; zone z { limit 1; window 1s }`, "store", "etcd"},
 	{"bad max_keys", `store memory { max_keys -1 }; zone z { limit 1; window 1s }`, "max_keys", "-1"},
 	{"unknown match", `zone z { match { nosuch x }; limit 1; window 1s }`, "match", "nosuch"},
+	{"repeated key", `zone z { key a; key b; limit 1; window 1s }`, "key", "repeated"},
+	{"repeated limit", `zone z { limit 1; limit 2; window 1s }`, "limit", "repeated"},
+	{"limit then events", `zone z { limit 1; events 2; window 1s }`, "events", "repeated"},
+	{"repeated window", `zone z { limit 1; window 1s; window 2s }`, "window", "repeated"},
+	{"repeated algorithm", `zone z { limit 1; window 1s; algorithm fixed_window; algorithm sliding_tail }`, "algorithm", "repeated"},
+	{"repeated cost method", `zone z { limit 1; window 1s; cost POST 2; cost POST 3 }`, "cost", "POST: repeated"},
+	{"repeated store", `store memory; store memory; zone z { limit 1; window 1s }`, "store", "repeated"},
+	{"repeated headers", `headers ietf; headers both; zone z { limit 1; window 1s }`, "headers", "repeated"},
+	{"repeated on_store_error", `on_store_error allow; on_store_error deny; zone z { limit 1; window 1s }`, "on_store_error", "repeated"},
+	{"repeated jwt", `jwt { secret a }; jwt { secret b }; zone z { limit 1; window 1s }`, "jwt", "repeated"},
+	{"repeated max_keys", `store memory { max_keys 5; max_keys 6 }; zone z { limit 1; window 1s }`, "max_keys", "repeated"},
+	{"repeated redis option", `store redis { address redis://127.0.0.1:1; pool_size 1; pool_size 2 }; zone z { limit 1; window 1s }`, "pool_size", "repeated"},
 }
 
 // expand turns the one-line blocks above into Caddyfile syntax: `;` ends a

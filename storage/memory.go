@@ -118,9 +118,14 @@ func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := false
 	for d.NextBlock(0) {
 		switch d.Val() {
 		case "max_keys":
+			if seen {
+				return d.Err("store memory: max_keys: repeated (want it once)")
+			}
+			seen = true
 			if !d.NextArg() {
 				return d.ArgErr()
 			}
@@ -136,7 +141,7 @@ func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 		default:
-			return d.Errf("store memory: unknown subdirective %q", d.Val())
+			return d.Errf("store memory: unknown subdirective %q (want max_keys)", d.Val())
 		}
 	}
 	return nil

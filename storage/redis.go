@@ -162,33 +162,68 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Validate refuses options that cannot work. Addresses are checked in
-// Provision, once their placeholders are resolved.
+// Validate refuses options that cannot work, with the checks the
+// Caddyfile parser makes line by line. Addresses with placeholders are
+// checked in Provision, once the placeholders are resolved.
 func (r *Redis) Validate() error {
 	if len(r.Addresses) == 0 {
-		return errors.New("address: at least one address is required")
-	}
-	if r.Cluster && r.Sentinel != "" {
-		return errors.New("cluster and sentinel exclude each other")
-	}
-	if len(r.Addresses) > 1 && !r.Cluster && r.Sentinel == "" {
-		return fmt.Errorf("address: %d addresses given; several addresses need cluster or sentinel", len(r.Addresses))
-	}
-	if r.Timeout < 0 {
-		return fmt.Errorf("timeout: must be positive, got %s", time.Duration(r.Timeout))
-	}
-	if strings.ContainsAny(r.KeyPrefix, "{}") {
-		return fmt.Errorf("key_prefix: must not contain braces, got %q", r.KeyPrefix)
-	}
-	if r.PoolSize < 0 {
-		return fmt.Errorf("pool_size: must not be negative, got %d", r.PoolSize)
+		return errors.New("store redis: address: missing (want at least one redis:// or rediss:// URL)")
 	}
 	for _, a := range r.Addresses {
-		if !strings.Contains(a, "{") {
-			if _, err := parseAddress(a, strconv.Quote(redactAddress(a))); err != nil {
-				return err
-			}
+		if err := checkAddress(a); err != nil {
+			return fmt.Errorf("store redis: %w", err)
 		}
+	}
+	if err := checkTimeout(time.Duration(r.Timeout)); err != nil {
+		return fmt.Errorf("store redis: timeout: %w", err)
+	}
+	if err := checkKeyPrefix(r.KeyPrefix); err != nil {
+		return fmt.Errorf("store redis: key_prefix: %w", err)
+	}
+	if err := checkPoolSize(r.PoolSize); err != nil {
+		return fmt.Errorf("store redis: pool_size: %w", err)
+	}
+	return r.checkTopology()
+}
+
+// checkTopology checks the options that only make sense together.
+func (r *Redis) checkTopology() error {
+	if r.Cluster && r.Sentinel != "" {
+		return errors.New("store redis: cluster and sentinel exclude each other (want one of them)")
+	}
+	if len(r.Addresses) > 1 && !r.Cluster && r.Sentinel == "" {
+		return fmt.Errorf("store redis: address: %d addresses given (want one, or cluster or sentinel)", len(r.Addresses))
+	}
+	return nil
+}
+
+// checkAddress parses a Redis URL, unless placeholders in it wait for
+// Provision. Its errors name the address with any password masked.
+func checkAddress(a string) error {
+	if strings.Contains(a, "{") {
+		return nil
+	}
+	_, err := parseAddress(a, strconv.Quote(redactAddress(a)))
+	return err
+}
+
+func checkTimeout(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("want a positive duration, got %s", d)
+	}
+	return nil
+}
+
+func checkKeyPrefix(p string) error {
+	if strings.ContainsAny(p, "{}") {
+		return fmt.Errorf("want a prefix without braces, got %q", p)
+	}
+	return nil
+}
+
+func checkPoolSize(n int) error {
+	if n < 0 {
+		return fmt.Errorf("want 0 (the go-redis default) or more connections, got %d", n)
 	}
 	return nil
 }
@@ -383,18 +418,25 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := make(map[string]bool)
 	for d.NextBlock(0) {
-		switch d.Val() {
+		dir := d.Val()
+		if dir != "address" && dir != "addresses" {
+			if seen[dir] {
+				return d.Errf("store redis: %s: repeated (want it once; address is the one that repeats)", dir)
+			}
+			seen[dir] = true
+		}
+		fail := func(err error) error { return d.Errf("store redis: %s: %v", dir, err) }
+		switch dir {
 		case "address", "addresses":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
 				return d.ArgErr()
 			}
 			for _, a := range args {
-				if !strings.Contains(a, "{") {
-					if _, err := parseAddress(a, strconv.Quote(redactAddress(a))); err != nil {
-						return d.Errf("store redis: %v", err)
-					}
+				if err := checkAddress(a); err != nil {
+					return d.Errf("store redis: %v", err)
 				}
 			}
 			r.Addresses = append(r.Addresses, args...)
@@ -405,53 +447,51 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			r.Cluster = true
 		case "sentinel":
 			if !d.NextArg() {
-				return d.Errf("store redis: sentinel: the master name is required")
+				return fail(errors.New("missing (want the master name)"))
 			}
 			r.Sentinel = d.Val()
 			if d.NextArg() {
 				return d.ArgErr()
 			}
 		case "timeout":
-			if !d.NextArg() {
+			var v string
+			if !d.AllArgs(&v) {
 				return d.ArgErr()
 			}
-			dur, err := caddy.ParseDuration(d.Val())
+			dur, err := caddy.ParseDuration(v)
 			if err != nil || dur <= 0 {
-				return d.Errf("store redis: timeout: must be a positive duration, got %q", d.Val())
+				return fail(fmt.Errorf("want a positive duration, got %q", v))
 			}
 			r.Timeout = caddy.Duration(dur)
-			if d.NextArg() {
-				return d.ArgErr()
-			}
 		case "key_prefix":
-			if !d.NextArg() {
+			if !d.AllArgs(&r.KeyPrefix) {
 				return d.ArgErr()
 			}
-			r.KeyPrefix = d.Val()
-			if r.KeyPrefix == "" || strings.ContainsAny(r.KeyPrefix, "{}") {
-				return d.Errf("store redis: key_prefix: must be non-empty and without braces, got %q", r.KeyPrefix)
-			}
-			if d.NextArg() {
-				return d.ArgErr()
+			if err := checkKeyPrefix(r.KeyPrefix); err != nil {
+				return fail(err)
 			}
 		case "pool_size":
-			if !d.NextArg() {
+			var v string
+			if !d.AllArgs(&v) {
 				return d.ArgErr()
 			}
-			n, err := strconv.Atoi(d.Val())
-			if err != nil || n < 0 {
-				return d.Errf("store redis: pool_size: must be a non-negative integer, got %q", d.Val())
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return fail(fmt.Errorf("want an integer, got %q", v))
+			}
+			if err := checkPoolSize(n); err != nil {
+				return fail(err)
 			}
 			r.PoolSize = n
-			if d.NextArg() {
-				return d.ArgErr()
-			}
 		default:
-			return d.Errf("store redis: unknown subdirective %q", d.Val())
+			return d.Errf("store redis: unknown subdirective %q (want address, cluster, sentinel, timeout, key_prefix or pool_size)", dir)
 		}
 	}
-	if err := r.Validate(); err != nil {
-		return d.Errf("store redis: %v", err)
+	if len(r.Addresses) == 0 {
+		return d.Err("store redis: address: missing (want at least one redis:// or rediss:// URL)")
+	}
+	if err := r.checkTopology(); err != nil {
+		return d.Err(err.Error())
 	}
 	return nil
 }

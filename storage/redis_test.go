@@ -543,7 +543,7 @@ func TestRedisProvision(t *testing.T) {
 		{Redis{Addresses: []string{"http://127.0.0.1:1"}}, `scheme "http" is not supported`},
 		{Redis{Addresses: []string{"redis://127.0.0.1:1?pool_size=3"}}, `URL option "pool_size" is not supported`},
 		{Redis{Addresses: []string{"redis://127.0.0.1:1/x"}}, `invalid database number`},
-		{Redis{Addresses: []string{"redis://127.0.0.1:1", "redis://127.0.0.1:2"}}, "several addresses need cluster or sentinel"},
+		{Redis{Addresses: []string{"redis://127.0.0.1:1", "redis://127.0.0.1:2"}}, "2 addresses given (want one, or cluster or sentinel)"},
 		{Redis{Addresses: []string{"redis://a:1", "redis://u:p@b:1"}, Cluster: true}, "must be the same for every address"},
 		{Redis{Addresses: []string{"redis://a:1/2"}, Cluster: true}, "only database 0"},
 		{Redis{Addresses: []string{"redis://a:1"}, Cluster: true, Sentinel: "m"}, "exclude each other"},
@@ -599,7 +599,7 @@ func TestRedisUnmarshalCaddyfile(t *testing.T) {
 		}
 	}
 	bad := []struct{ input, want string }{
-		{`redis`, "at least one address"},
+		{`redis`, "address: missing"},
 		{`redis {
 			address redis://h:port
 		}`, `address "redis://h:port"`},
@@ -612,7 +612,7 @@ func TestRedisUnmarshalCaddyfile(t *testing.T) {
 		{`redis {
 			address redis://a:1
 			sentinel
-		}`, "master name is required"},
+		}`, "sentinel: missing (want the master name)"},
 		{`redis {
 			address redis://a:1
 			cluster
@@ -620,11 +620,11 @@ func TestRedisUnmarshalCaddyfile(t *testing.T) {
 		}`, "exclude each other"},
 		{`redis {
 			address redis://a:1 redis://b:1
-		}`, "need cluster or sentinel"},
+		}`, "want one, or cluster or sentinel"},
 		{`redis {
 			address redis://a:1
 			timeout soon
-		}`, `timeout: must be a positive duration, got "soon"`},
+		}`, `timeout: want a positive duration, got "soon"`},
 		{`redis {
 			address redis://a:1
 			key_prefix {x}
@@ -637,6 +637,16 @@ func TestRedisUnmarshalCaddyfile(t *testing.T) {
 			address redis://a:1
 			db 2
 		}`, `unknown subdirective "db"`},
+		{`redis {
+			address redis://a:1
+			timeout 1s
+			timeout 2s
+		}`, "timeout: repeated"},
+		{`redis {
+			address redis://a:1
+			cluster
+			cluster
+		}`, "cluster: repeated"},
 	}
 	for _, c := range bad {
 		var r Redis
