@@ -154,22 +154,22 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			z.MatcherSetsRaw = append(z.MatcherSetsRaw, matcherSet)
 
 		case "key":
-			z.Key = d.RemainingArgs()
-			if len(z.Key) == 0 {
+			z.KeyAlternatives = d.RemainingArgs()
+			if len(z.KeyAlternatives) == 0 {
 				return nil, d.ArgErr()
 			}
-			for _, k := range z.Key {
+			for _, k := range z.KeyAlternatives {
 				if err := checkKey(k); err != nil {
 					return nil, fail(err)
 				}
 			}
 
 		case "limit", "events":
-			z.Limit = d.RemainingArgs()
-			if len(z.Limit) == 0 {
+			z.LimitAlternatives = d.RemainingArgs()
+			if len(z.LimitAlternatives) == 0 {
 				return nil, d.ArgErr()
 			}
-			for _, l := range z.Limit {
+			for _, l := range z.LimitAlternatives {
 				if err := checkLimit(l); err != nil {
 					return nil, fail(err)
 				}

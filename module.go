@@ -84,12 +84,12 @@ type Zone struct {
 	// Key templates (Caddy placeholders and literal text). The first one in
 	// which every placeholder is known and non-empty is the key. If none
 	// is, or none is given, the key is the client IP ({http.vars.client_ip}).
-	Key Alternatives `json:"key,omitempty"`
+	KeyAlternatives Alternatives `json:"key,omitempty"`
 
 	// Limit alternatives: integers or templates. The first that resolves
 	// to a positive integer up to 2^31-1 is the limit, in cost units per
 	// window. A request for which none does is not limited by this zone.
-	Limit Alternatives `json:"limit"`
+	LimitAlternatives Alternatives `json:"limit"`
 
 	// The window length; at least 1ms.
 	Window caddy.Duration `json:"window"`
@@ -198,12 +198,12 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if z.MaxWaiting == 0 {
 		z.MaxWaiting = DefaultMaxWaiting
 	}
-	keys := z.Key
+	keys := z.KeyAlternatives
 	if len(keys) == 0 {
 		keys = Alternatives{"{http.vars.client_ip}"}
 	}
 	z.keys = compileTemplates(keys)
-	z.limits = compileTemplates(z.Limit)
+	z.limits = compileTemplates(z.LimitAlternatives)
 	z.policySeconds = int64((time.Duration(z.Window) + time.Second - 1) / time.Second)
 	literal := false
 	for _, l := range z.limits {
@@ -211,7 +211,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	}
 	if !literal {
 		logger.Warn("zone has no integer limit to fall back on: requests for which no limit alternative resolves are not limited",
-			zap.String("zone", z.Name), zap.Strings("limit", z.Limit))
+			zap.String("zone", z.Name), zap.Strings("limit", z.LimitAlternatives))
 	}
 	for i := range z.costs {
 		z.costs[i] = 1
@@ -270,15 +270,15 @@ func (z *Zone) validate() error {
 	if err := checkZoneName(z.Name); err != nil {
 		return err
 	}
-	if len(z.Limit) == 0 {
+	if len(z.LimitAlternatives) == 0 {
 		return errors.New("limit: missing (want a positive integer or a placeholder)")
 	}
-	for _, l := range z.Limit {
+	for _, l := range z.LimitAlternatives {
 		if err := checkLimit(l); err != nil {
 			return fmt.Errorf("limit: %w", err)
 		}
 	}
-	for _, k := range z.Key {
+	for _, k := range z.KeyAlternatives {
 		if err := checkKey(k); err != nil {
 			return fmt.Errorf("key: %w", err)
 		}
