@@ -2,36 +2,12 @@ package ratelimit
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 )
-
-// benchHandler provisions a handler from JSON the way Caddy would, with the
-// memory store.
-func benchHandler(b *testing.B, config string) (*Handler, func()) {
-	b.Helper()
-	var h Handler
-	if err := json.Unmarshal([]byte(config), &h); err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	if err := h.Provision(ctx); err != nil {
-		b.Fatal(err)
-	}
-	if err := h.Validate(); err != nil {
-		b.Fatal(err)
-	}
-	// Caddy logs at INFO by default; the context's bare logger would log
-	// every rejection at DEBUG and measure the terminal instead.
-	h.logger = zap.NewNop()
-	return &h, cancel
-}
 
 var nextOK = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
 
@@ -47,8 +23,7 @@ func BenchmarkHandler(b *testing.B) {
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
-			h, cancel := benchHandler(b, c.config)
-			defer cancel()
+			h := provisionHandler(b, c.config)
 			req := httptest.NewRequest(http.MethodGet, "/", nil)
 			req.Header.Set("X-Api-Key", "k-123")
 			ctx := context.WithValue(req.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "203.0.113.9"})

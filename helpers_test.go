@@ -4,7 +4,11 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -124,4 +128,60 @@ func send(t *testing.T, exchange func() (*http.Response, error)) *http.Response 
 
 func closedUnanswered(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// app is the application behind Caddy: it counts the requests that reach it.
+type app struct {
+	hits atomic.Int64
+	url  string
+}
+
+func newApp(t *testing.T) *app {
+	t.Helper()
+	a := new(app)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.hits.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, "app")
+	}))
+	t.Cleanup(srv.Close)
+	a.url = strings.TrimPrefix(srv.URL, "http://")
+	return a
+}
+
+func status(t *testing.T, resp *http.Response, want int) {
+	t.Helper()
+	if resp.StatusCode != want {
+		t.Fatalf("%s %s: status %d, want %d", resp.Request.Method, resp.Request.URL, resp.StatusCode, want)
+	}
+}
+
+// waitForLog waits until at least n lines of the log file contain all of
+// parts, and fails the test if that takes more than 10 s.
+func waitForLog(t *testing.T, logFile string, n int, parts ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		found := logLines(logFile, parts...)
+		if found >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(logFile)
+			t.Fatalf("%d of %d log lines with %q:\n%s", found, n, parts, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// logLines counts the lines of the log file that contain all of parts.
+func logLines(logFile string, parts ...string) int {
+	b, _ := os.ReadFile(logFile)
+	found := 0
+	for line := range strings.Lines(string(b)) {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+			found++
+		}
+	}
+	return found
 }

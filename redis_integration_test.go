@@ -86,9 +86,9 @@ func TestRedisStoreConfig(t *testing.T) {
 		{"address redis://user:hunter2@127.0.0.1:70000", `address "redis://user:xxxxx@127.0.0.1:70000"`},
 		{"address mysql://127.0.0.1:1", `scheme "mysql" is not supported`},
 		{"address redis://127.0.0.1:1\ncluster\nsentinel m", "cluster and sentinel exclude each other"},
-		{"address redis://127.0.0.1:1\ntimeout -5ms", `timeout: must be a positive duration, got "-5ms"`},
+		{"address redis://127.0.0.1:1\ntimeout -5ms", `timeout: want a positive duration, got "-5ms"`},
 		{"address redis://127.0.0.1:1\nreplicas 2", `unknown subdirective "replicas"`},
-		{"", "at least one address is required"},
+		{"", "address: missing (want at least one"},
 	} {
 		_, _, err := adapter.Adapt([]byte(globalOptions+redisSite(c.store, 5, "")), nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -116,7 +116,7 @@ func TestRedisStoreConfig(t *testing.T) {
 	for _, c := range []struct{ store, want string }{
 		{"address {env.RL_TEST_BAD_REDIS_URL}", `address "{env.RL_TEST_BAD_REDIS_URL}" = "redis://rl:xxxxx@127.0.0.1:port"`},
 		{"address {env.RL_TEST_NOT_SET}", `address "{env.RL_TEST_NOT_SET}"`},
-		{"address redis://127.0.0.1:1 redis://127.0.0.1:2", "several addresses need cluster or sentinel"},
+		{"address redis://127.0.0.1:1 redis://127.0.0.1:2", "2 addresses given (want one, or cluster or sentinel)"},
 	} {
 		code, body := loadConfig(t, redisSite(c.store, 100, ""))
 		var answer struct{ Error string }

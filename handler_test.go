@@ -1,0 +1,309 @@
+package ratelimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// provisionHandler provisions a handler from JSON the way Caddy would and
+// validates it; the handler's store is cleaned up when tb ends.
+func provisionHandler(tb testing.TB, config string) *Handler {
+	tb.Helper()
+	var h Handler
+	if err := json.Unmarshal([]byte(config), &h); err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	tb.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	if err := h.Validate(); err != nil {
+		tb.Fatal(err)
+	}
+	// Caddy logs at INFO by default; the context's bare logger would log
+	// every rejection at DEBUG.
+	h.logger = zap.NewNop()
+	return &h
+}
+
+// testRequest is a request as Caddy hands it to a handler: with a
+// replacer and the client IP in its variables.
+func testRequest(ctx context.Context, method, clientIP string, headers ...string) (*http.Request, *caddy.Replacer) {
+	r := httptest.NewRequestWithContext(ctx, method, "/", nil)
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ":")
+		r.Header.Set(name, strings.TrimSpace(value))
+	}
+	vars := map[string]any{caddyhttp.ClientIPVarKey: clientIP}
+	r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, vars))
+	repl := caddyhttp.NewTestReplacer(r)
+	return r, repl
+}
+
+// served is what one request through the handler gave.
+type served struct {
+	status  int // 200 when next ran, else the handler error's status
+	header  http.Header
+	repl    *caddy.Replacer
+	reached bool
+}
+
+func serve(t *testing.T, h *Handler, ctx context.Context, method, clientIP string, headers ...string) served {
+	t.Helper()
+	r, repl := testRequest(ctx, method, clientIP, headers...)
+	w := httptest.NewRecorder()
+	var out served
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		out.reached = true
+		return nil
+	})
+	err := h.ServeHTTP(w, r, next)
+	out.status, out.header, out.repl = http.StatusOK, w.Header(), repl
+	var he caddyhttp.HandlerError
+	switch {
+	case errors.As(err, &he):
+		out.status = he.StatusCode
+	case err != nil:
+		t.Fatalf("ServeHTTP: %v", err)
+	}
+	return out
+}
+
+func placeholder(repl *caddy.Replacer, name string) string {
+	v, _ := repl.GetString("http.rate_limit." + name)
+	return v
+}
+
+// step is one request of a handler test and what it must give.
+type step struct {
+	method, ip string
+	headers    []string
+	status     int
+	// want maps response headers and rate_limit placeholders (written
+	// as {name}) to their values.
+	want map[string]string
+}
+
+// TestHandlerDecisions drives the handler without a server: zones, costs,
+// keys, headers, dry run and the all-or-nothing rule across zones. Zone
+// names are unique to each case because the memory store is shared by the
+// whole process.
+func TestHandlerDecisions(t *testing.T) {
+	cases := []struct {
+		name, config string
+		steps        []step
+	}{
+		{"allowed until the limit, then 429", `{"zones":[{"name":"unit_limit","limit":2,"window":"1h"}]}`, []step{
+			{status: 200, want: map[string]string{"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "1", "X-RateLimit-Used": "1", "{exceeded}": "false"}},
+			{status: 200, want: map[string]string{"X-RateLimit-Remaining": "0"}},
+			{status: 429, want: map[string]string{"X-RateLimit-Remaining": "0", "{exceeded}": "true", "{zone}": "unit_limit", "{key}": "192.0.2.1"}},
+		}},
+		{"keys are per client", `{"zones":[{"name":"unit_clients","limit":1,"window":"1h"}]}`, []step{
+			{ip: "192.0.2.1", status: 200},
+			{ip: "192.0.2.2", status: 200},
+			{ip: "192.0.2.1", status: 429},
+		}},
+		{"cost per method", `{"zones":[{"name":"unit_cost","limit":5,"window":"1h","cost":{"POST":3}}]}`, []step{
+			{method: http.MethodPost, status: 200, want: map[string]string{"X-RateLimit-Remaining": "2"}},
+			{method: http.MethodPost, status: 429},
+			{status: 200, want: map[string]string{"X-RateLimit-Remaining": "1"}},
+		}},
+		{"key alternatives fall back to the client IP", `{"zones":[{"name":"unit_keys","key":["user:{http.request.header.X-User}"],"limit":1,"window":"1h"}]}`, []step{
+			{headers: []string{"X-User: ann"}, status: 200, want: map[string]string{"{key}": "user:ann"}},
+			{status: 200, want: map[string]string{"{key}": "192.0.2.1"}},
+			{headers: []string{"X-User: ann"}, status: 429},
+		}},
+		{"limit alternatives", `{"zones":[{"name":"unit_limits","key":["{http.request.header.X-User}"],"limit":["{http.request.header.X-Quota}",1],"window":"1h"}]}`, []step{
+			{headers: []string{"X-User: a", "X-Quota: 3"}, status: 200, want: map[string]string{"X-RateLimit-Limit": "3"}},
+			{headers: []string{"X-User: b", "X-Quota: lots"}, status: 200, want: map[string]string{"X-RateLimit-Limit": "1"}},
+		}},
+		{"ipv6 prefix groups a network", `{"zones":[{"name":"unit_prefix","limit":1,"window":"1h","ipv6_prefix":64}]}`, []step{
+			{ip: "2001:db8::1", status: 200, want: map[string]string{"{key}": "2001:db8::/64"}},
+			{ip: "2001:db8::2", status: 429},
+		}},
+		{"dry run never rejects", `{"zones":[{"name":"unit_dry","limit":1,"window":"1h","dry_run":true}]}`, []step{
+			{status: 200, want: map[string]string{"{exceeded}": "false"}},
+			{status: 200, want: map[string]string{"{exceeded}": "true"}},
+		}},
+		{"ietf headers", `{"headers":"ietf","zones":[{"name":"unit_ietf","limit":3,"window":"90s"}]}`, []step{
+			{status: 200, want: map[string]string{"RateLimit-Policy": `"unit_ietf";q=3;w=90`, "X-RateLimit-Limit": ""}},
+		}},
+		{"headers off", `{"headers":"off","zones":[{"name":"unit_off","limit":3,"window":"1m"}]}`, []step{
+			{status: 200, want: map[string]string{"X-RateLimit-Limit": "", "RateLimit": ""}},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := provisionHandler(t, c.config)
+			for i, s := range c.steps {
+				if s.method == "" {
+					s.method = http.MethodGet
+				}
+				if s.ip == "" {
+					s.ip = "192.0.2.1"
+				}
+				got := serve(t, h, context.Background(), s.method, s.ip, s.headers...)
+				if got.status != s.status || got.reached != (s.status == 200) {
+					t.Fatalf("request %d: status %d (next ran: %v), want %d", i, got.status, got.reached, s.status)
+				}
+				if s.status == 429 && got.header.Get("Retry-After") == "" {
+					t.Fatalf("request %d: 429 without Retry-After", i)
+				}
+				for name, want := range s.want {
+					v := got.header.Get(name)
+					if strings.HasPrefix(name, "{") {
+						v = placeholder(got.repl, strings.Trim(name, "{}"))
+					}
+					if v != want {
+						t.Fatalf("request %d: %s = %q, want %q", i, name, v, want)
+					}
+				}
+			}
+		})
+	}
+
+}
+
+// TestHandlerAllOrNothing: a request rejected by one zone consumes nothing
+// in the others; a handler with only the other zone (same name, so the
+// same counters) shows it.
+func TestHandlerAllOrNothing(t *testing.T) {
+	both := provisionHandler(t, `{"zones":[
+		{"name":"unit_narrow","limit":1,"window":"1h"},
+		{"name":"unit_wide","limit":5,"window":"1h"}]}`)
+	wide := provisionHandler(t, `{"zones":[{"name":"unit_wide","limit":5,"window":"1h"}]}`)
+	for i, want := range []int{200, 429, 429} {
+		if got := serve(t, both, context.Background(), http.MethodGet, "192.0.2.1"); got.status != want {
+			t.Fatalf("request %d: %d, want %d", i, got.status, want)
+		}
+	}
+	if got := serve(t, wide, context.Background(), http.MethodGet, "192.0.2.1"); got.header.Get("X-RateLimit-Remaining") != "3" {
+		t.Fatalf("unit_wide remaining %q after one allowed and two rejected requests, want 3 (5 - 1 - this one)", got.header.Get("X-RateLimit-Remaining"))
+	}
+}
+
+// TestHandlerStoreFailure points a Redis store at a closed port: with
+// on_store_error allow the request passes without limit headers, with deny
+// it gets 503 and Retry-After, and a request whose client has gone is 499
+// either way.
+func TestHandlerStoreFailure(t *testing.T) {
+	zone := `"zones":[{"name":"unit_store","limit":5,"window":"1m"}]`
+	store := `"store":{"backend":"redis","addresses":["redis://127.0.0.1:1"],"timeout":"1s"}`
+	for _, c := range []struct {
+		mode        string
+		status      int
+		passes      bool
+		retryAfter  string
+		limitHeader string
+	}{
+		{"allow", 200, true, "", ""},
+		{"deny", 503, false, "1", ""},
+	} {
+		t.Run(c.mode, func(t *testing.T) {
+			h := provisionHandler(t, `{`+store+`,"on_store_error":"`+c.mode+`",`+zone+`}`)
+			got := serve(t, h, context.Background(), http.MethodGet, "192.0.2.1")
+			if got.status != c.status || got.reached != c.passes || got.header.Get("Retry-After") != c.retryAfter || got.header.Get("X-RateLimit-Limit") != c.limitHeader {
+				t.Fatalf("status %d, next ran %v, Retry-After %q, X-RateLimit-Limit %q; want %d, %v, %q, %q",
+					got.status, got.reached, got.header.Get("Retry-After"), got.header.Get("X-RateLimit-Limit"), c.status, c.passes, c.retryAfter, c.limitHeader)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if got := serve(t, h, ctx, http.MethodGet, "192.0.2.1"); got.status != statusClientClosedRequest || got.reached {
+				t.Fatalf("client gone: status %d, next ran %v; want 499", got.status, got.reached)
+			}
+		})
+	}
+}
+
+func TestMaskIP(t *testing.T) {
+	for _, c := range []struct {
+		v4, v6   int
+		in, want string
+	}{
+		{24, 0, "203.0.113.77", "203.0.113.0/24"},
+		{24, 0, "2001:db8::1", "2001:db8::1"},
+		{0, 64, "2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"},
+		{0, 64, "203.0.113.77", "203.0.113.77"},
+		{16, 48, "::ffff:203.0.113.77", "203.0.0.0/16"},
+		{24, 64, "fe80::1%eth0", "fe80::/64"},
+		{24, 64, "not-an-ip", "not-an-ip"},
+		{32, 128, "203.0.113.77", "203.0.113.77/32"},
+	} {
+		z := &Zone{IPv4Prefix: c.v4, IPv6Prefix: c.v6}
+		if got := z.maskIP(c.in); got != c.want {
+			t.Errorf("maskIP(%q) with /%d, /%d = %q, want %q", c.in, c.v4, c.v6, got, c.want)
+		}
+	}
+}
+
+func TestResolveLimit(t *testing.T) {
+	for _, c := range []struct {
+		alts  Alternatives
+		quota any
+		want  int64
+		ok    bool
+	}{
+		{Alternatives{"10"}, nil, 10, true},
+		{Alternatives{"{q}", "10"}, "25", 25, true},
+		{Alternatives{"{q}", "10"}, " 25 ", 25, true},
+		{Alternatives{"{q}", "10"}, "", 10, true},
+		{Alternatives{"{q}", "10"}, "0", 10, true},
+		{Alternatives{"{q}", "10"}, "-3", 10, true},
+		{Alternatives{"{q}", "10"}, "2147483648", 10, true},
+		{Alternatives{"{q}", "10"}, "1e3", 10, true},
+		{Alternatives{"{q}"}, nil, 0, false},
+		{Alternatives{"{q}"}, "2147483647", 2147483647, true},
+	} {
+		repl := caddy.NewReplacer()
+		if c.quota != nil {
+			repl.Set("q", c.quota)
+		}
+		z := &Zone{limits: compileTemplates(c.alts)}
+		got, ok := z.resolveLimit(repl)
+		if got != c.want || ok != c.ok {
+			t.Errorf("limit %q with {q} = %v: %d %v, want %d %v", c.alts, c.quota, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestRetryAfterAndReset(t *testing.T) {
+	now := time.Unix(1000, 0)
+	for _, c := range []struct {
+		at   time.Time
+		want int64
+	}{
+		{now, 1},
+		{now.Add(-time.Hour), 1},
+		{now.Add(time.Millisecond), 1},
+		{now.Add(time.Second), 1},
+		{now.Add(time.Second + time.Millisecond), 2},
+		{now.Add(time.Hour), 3600},
+	} {
+		if got := retryAfterSeconds(c.at, now); got != c.want {
+			t.Errorf("retryAfterSeconds(now+%v) = %d, want %d", c.at.Sub(now), got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		t    time.Time
+		want int64
+	}{
+		{time.Unix(1000, 0), 1000},
+		{time.Unix(1000, 1), 1001},
+		{time.Unix(1000, 999_999_999), 1001},
+	} {
+		if got := ceilUnix(c.t); got != c.want {
+			t.Errorf("ceilUnix(%v) = %d, want %d", c.t, got, c.want)
+		}
+	}
+}
