@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,8 +48,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.JWT.Register(repl, r)
 	}
 
-	var buf [4]charge
-	charges := buf[:0]
+	s := scratchPool.Get().(*scratch)
+	defer s.release()
 	for _, z := range h.Zones {
 		match, err := z.matchers.AnyMatchWithError(r)
 		if err != nil {
@@ -61,7 +62,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if !ok {
 			continue
 		}
-		charges = append(charges, charge{zone: z, req: storage.Request{
+		s.charges = append(s.charges, charge{zone: z, req: storage.Request{
 			Zone:      z.Name,
 			Key:       z.resolveKey(repl),
 			Algorithm: z.Algorithm,
@@ -69,39 +70,69 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			Cost:      z.costs[methodIndex(r.Method)],
 		}})
 	}
-	if len(charges) == 0 {
+	if len(s.charges) == 0 {
 		return next.ServeHTTP(w, r)
 	}
 
-	v, rejected, err := h.decide(r.Context(), charges)
+	v, rejected, err := h.decide(r.Context(), s.charges, &s.question)
 	switch v {
 	case unanswered:
 		return h.storeFailed(w, r, next, err)
 	case rejectedByZone:
 		return h.reject(w, r, repl, rejected)
 	}
-	h.report(w, repl, leastRemaining(charges), anyDryRunExceeded(charges), time.Now())
+	h.report(w, r, repl, leastRemaining(s.charges), anyDryRunExceeded(s.charges))
 	return next.ServeHTTP(w, r)
+}
+
+// scratch is the working memory of one request's decision. It is pooled,
+// so that deciding allocates nothing: the slices passed to the store
+// through its interface would otherwise go to the heap on every request.
+type scratch struct {
+	charges []charge
+	question
+}
+
+var scratchPool = sync.Pool{New: func() any {
+	return &scratch{
+		charges:  make([]charge, 0, 4),
+		question: question{reqs: make([]storage.Request, 0, 4), decisions: make([]algorithms.Decision, 0, 4)},
+	}
+}}
+
+// release returns s to the pool, keeping no key or zone reachable.
+func (s *scratch) release() {
+	clear(s.charges)
+	clear(s.reqs)
+	s.charges, s.reqs, s.decisions = s.charges[:0], s.reqs[:0], s.decisions[:0]
+	scratchPool.Put(s)
 }
 
 // reject answers a request that the charge c rejected: 429, with the
 // limit headers and Retry-After.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, c *charge) error {
-	now := time.Now()
-	h.report(w, repl, c, true, now)
-	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(c.decision.RetryAt, now), 10))
+	p := h.report(w, r, repl, c, true)
+	hdr := w.Header()
+	p.values[retryAfterValue] = strconv.FormatInt(retryAfterSeconds(c.decision.RetryAt, time.Now()), 10)
+	hdr["Retry-After"] = p.header(retryAfterValue)
 	if r.ProtoMajor == 1 && r.ContentLength != 0 {
 		// Otherwise Go's server reads up to 256 KiB of the unread body
 		// before it sends the 429, and a client that withholds its body
 		// waits for nothing. (Not on HTTP/2, where this header would shut
 		// down the whole connection.)
-		w.Header().Set("Connection", "close")
+		hdr["Connection"] = connectionClose
 	}
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), zap.String("key", c.req.Key))
 	}
+	if !hasErrorRoutes(r) {
+		w.WriteHeader(http.StatusTooManyRequests)
+		return nil
+	}
 	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded in zone %q", c.zone.Name))
 }
+
+var connectionClose = []string{"close"}
 
 // verdict is how decide found a request.
 type verdict int
@@ -121,9 +152,11 @@ const (
 // unanswered. It returns the charge whose rejection stands, for a rejected
 // request, and the error, for an unanswered one. A request rejected within
 // its zones' max_delay waits for its retry instant and asks again.
-func (h *Handler) decide(ctx context.Context, charges []charge) (verdict, *charge, error) {
-	start := time.Now()
-	q := newQuestion(len(charges))
+func (h *Handler) decide(ctx context.Context, charges []charge, q *question) (verdict, *charge, error) {
+	var start time.Time
+	if h.delays {
+		start = time.Now()
+	}
 	var waiting waitingZones
 	defer waiting.leave()
 	for {
@@ -140,7 +173,7 @@ func (h *Handler) decide(ctx context.Context, charges []charge) (verdict, *charg
 			return allowed, nil, nil
 		}
 		deadline := rejected.decision.RetryAt
-		if !waiting.enter(charges, deadline, start) {
+		if !h.delays || !waiting.enter(charges, deadline, start) {
 			return rejectedByZone, rejected, nil
 		}
 		if c := h.logger.Check(zap.DebugLevel, "rate limit delaying request"); c != nil {
@@ -157,10 +190,6 @@ func (h *Handler) decide(ctx context.Context, charges []charge) (verdict, *charg
 type question struct {
 	reqs      []storage.Request
 	decisions []algorithms.Decision
-}
-
-func newQuestion(n int) *question {
-	return &question{reqs: make([]storage.Request, 0, n), decisions: make([]algorithms.Decision, 0, n)}
 }
 
 // ask takes the charges still in play from the store, all or nothing: all
@@ -285,11 +314,21 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 // the log gets, unless the server has error routes (handle_errors): then
 // the error is returned for them to shape, and Caddy logs it at debug.
 func serverError(w http.ResponseWriter, r *http.Request, status int, err error) error {
-	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && (srv.Errors == nil || len(srv.Errors.Routes) == 0) {
+	if !hasErrorRoutes(r) {
 		w.WriteHeader(status)
 		return nil
 	}
 	return caddyhttp.Error(status, err)
+}
+
+// hasErrorRoutes reports whether the request's server has error routes
+// (handle_errors), which a handler error goes to. Without them, a status
+// written directly is the same response, and spares the error value
+// Caddy would build (with a stack trace) and log for it. Outside a Caddy
+// server (as in tests), it reports true.
+func hasErrorRoutes(r *http.Request) bool {
+	srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	return !ok || (srv.Errors != nil && len(srv.Errors.Routes) > 0)
 }
 
 // leastRemaining picks the charge the response headers describe.
@@ -312,30 +351,116 @@ func anyDryRunExceeded(charges []charge) bool {
 	return false
 }
 
-// report sets the response headers and placeholders for charge c.
-func (h *Handler) report(w http.ResponseWriter, repl *caddy.Replacer, c *charge, exceeded bool, now time.Time) {
+// report sets the response headers and placeholders for charge c, and
+// returns the request's placeholder state.
+func (h *Handler) report(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, c *charge, exceeded bool) *placeholders {
+	p := requestPlaceholders(r, repl)
 	d := c.decision
-	repl.Set("http.rate_limit.zone", c.zone.Name)
-	repl.Set("http.rate_limit.key", c.req.Key)
-	repl.Set("http.rate_limit.limit", d.Limit)
-	repl.Set("http.rate_limit.remaining", d.Remaining)
-	repl.Set("http.rate_limit.exceeded", exceeded)
+	p.zone, p.key, p.limit, p.remaining, p.exceeded = c.zone.Name, c.req.Key, d.Limit, d.Remaining, exceeded
 
 	// The header names are written in canonical form (X-Ratelimit-Limit
 	// is how Go spells X-RateLimit-Limit) so the map is set directly,
 	// without canonicalizing them on every request.
 	hdr := w.Header()
-	if h.Headers == "" || h.Headers == headersXRateLimit || h.Headers == headersBoth {
-		hdr["X-Ratelimit-Limit"] = []string{strconv.FormatInt(d.Limit, 10)}
-		hdr["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(d.Remaining, 10)}
-		hdr["X-Ratelimit-Reset"] = []string{strconv.FormatInt(ceilUnix(d.Reset), 10)}
-		hdr["X-Ratelimit-Used"] = []string{strconv.FormatInt(d.Used, 10)}
+	if h.xRateLimitHeaders {
+		// The four numbers are formatted into one string, whose parts
+		// are the values: one allocation for all four headers.
+		var buf [80]byte
+		b := strconv.AppendInt(buf[:0], d.Limit, 10)
+		i := len(b)
+		b = strconv.AppendInt(b, d.Remaining, 10)
+		j := len(b)
+		b = strconv.AppendInt(b, ceilUnix(d.Reset), 10)
+		k := len(b)
+		b = strconv.AppendInt(b, d.Used, 10)
+		all := string(b)
+		p.values[limitValue], p.values[remainingValue], p.values[resetValue], p.values[usedValue] = all[:i], all[i:j], all[j:k], all[k:]
+		hdr["X-Ratelimit-Limit"] = p.header(limitValue)
+		hdr["X-Ratelimit-Remaining"] = p.header(remainingValue)
+		hdr["X-Ratelimit-Reset"] = p.header(resetValue)
+		hdr["X-Ratelimit-Used"] = p.header(usedValue)
 	}
-	if h.Headers == headersIETF || h.Headers == headersBoth {
-		hdr["Ratelimit-Policy"] = []string{fmt.Sprintf("%q;q=%d;w=%d", c.zone.Name, d.Limit, c.zone.policySeconds)}
-		hdr["Ratelimit"] = []string{fmt.Sprintf("%q;r=%d;t=%d", c.zone.Name, d.Remaining, retryAfterSeconds(d.Reset, now))}
+	if h.ietfHeaders {
+		p.values[policyValue] = fmt.Sprintf("%q;q=%d;w=%d", c.zone.Name, d.Limit, c.zone.policySeconds)
+		p.values[rateLimitValue] = fmt.Sprintf("%q;r=%d;t=%d", c.zone.Name, d.Remaining, retryAfterSeconds(d.Reset, time.Now()))
+		hdr["Ratelimit-Policy"] = p.header(policyValue)
+		hdr["Ratelimit"] = p.header(rateLimitValue)
 	}
+	return p
 }
+
+// placeholders answers the {http.rate_limit.*} placeholders of one
+// request, computing their values only when a later handler or a log asks
+// for one. Its one provider is registered with the replacer once per
+// request; a later rate_limit handler on the same request finds it in the
+// request's variables and updates it, so that, as for the headers, the
+// last handler's report is what later handlers see.
+type placeholders struct {
+	zone      string
+	key       string
+	limit     int64
+	remaining int64
+	exceeded  bool
+	// values back the response header values, so that setting a header
+	// allocates no slice of its own.
+	values [valueCount]string
+}
+
+// Indexes into placeholders.values.
+const (
+	limitValue = iota
+	remainingValue
+	resetValue
+	usedValue
+	policyValue
+	rateLimitValue
+	retryAfterValue
+	valueCount
+)
+
+// placeholdersVar names the request variable holding the placeholders.
+const placeholdersVar = "http.handlers.rate_limit.placeholders"
+
+// requestPlaceholders returns the request's placeholder state, registering
+// it on first use.
+func requestPlaceholders(r *http.Request, repl *caddy.Replacer) *placeholders {
+	p, _ := caddyhttp.GetVar(r.Context(), placeholdersVar).(*placeholders)
+	if p == nil {
+		p = new(placeholders)
+		caddyhttp.SetVar(r.Context(), placeholdersVar, p)
+		repl.Map(p.get)
+	}
+	return p
+}
+
+// header returns values[i] as a header value: a slice of capacity 1, so
+// that a later Header.Add copies it rather than writing into values.
+func (p *placeholders) header(i int) []string {
+	return p.values[i : i+1 : i+1]
+}
+
+func (p *placeholders) get(name string) (any, bool) {
+	field, ok := strings.CutPrefix(name, "http.rate_limit.")
+	if !ok {
+		return nil, false
+	}
+	switch field {
+	case "zone":
+		return p.zone, true
+	case "key":
+		return p.key, true
+	case "limit":
+		return p.limit, true
+	case "remaining":
+		return p.remaining, true
+	case "exceeded":
+		return p.exceeded, true
+	}
+	return nil, false
+}
+
+// String keeps the state's contents out of {http.vars.*} output.
+func (p *placeholders) String() string { return "rate_limit placeholders" }
 
 // ceilUnix is t in Unix seconds, rounded up, so that a client waiting until
 // then never comes back before the window has ended.

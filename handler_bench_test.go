@@ -24,14 +24,30 @@ func BenchmarkHandler(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			h := provisionHandler(b, c.config)
-			req := httptest.NewRequest(http.MethodGet, "/", nil)
-			req.Header.Set("X-Api-Key", "k-123")
-			ctx := context.WithValue(req.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "203.0.113.9"})
-			req = req.WithContext(ctx)
-			caddyhttp.NewTestReplacer(req)
+			// A fresh request every 256 iterations: each request registers
+			// its placeholders with its own replacer, which a request
+			// reused forever would grow without end.
+			fresh := func() (*http.Request, map[string]any) {
+				req := httptest.NewRequest(http.MethodGet, "/", nil)
+				req.Header.Set("X-Api-Key", "k-123")
+				vars := map[string]any{caddyhttp.ClientIPVarKey: "203.0.113.9"}
+				ctx := context.WithValue(req.Context(), caddyhttp.VarsCtxKey, vars)
+				// A server without handle_errors, as Caddy serves by default.
+				ctx = context.WithValue(ctx, caddyhttp.ServerCtxKey, new(caddyhttp.Server))
+				req = req.WithContext(ctx)
+				caddyhttp.NewTestReplacer(req)
+				return req, vars
+			}
+			req, vars := fresh()
 			w := httptest.NewRecorder()
 			b.ReportAllocs()
+			i := 0
 			for b.Loop() {
+				if i++; i%256 == 0 {
+					req, vars = fresh()
+				}
+				// Each request registers its placeholders afresh.
+				delete(vars, placeholdersVar)
 				_ = h.ServeHTTP(w, req, nextOK)
 			}
 		})

@@ -307,3 +307,28 @@ func TestRetryAfterAndReset(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaceholdersFollowTheLastHandler: two rate_limit handlers on one
+// request report through one set of placeholders, and, as with the
+// headers, the second handler's report is what later handlers see.
+func TestPlaceholdersFollowTheLastHandler(t *testing.T) {
+	first := provisionHandler(t, `{"zones":[{"name":"unit_first","limit":10,"window":"1h"}]}`)
+	second := provisionHandler(t, `{"zones":[{"name":"unit_second","limit":20,"window":"1h"}]}`)
+	r, repl := testRequest(context.Background(), http.MethodGet, "192.0.2.1")
+	w := httptest.NewRecorder()
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return second.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+	})
+	if err := first.ServeHTTP(w, r, next); err != nil {
+		t.Fatal(err)
+	}
+	if z, l := placeholder(repl, "zone"), placeholder(repl, "limit"); z != "unit_second" || l != "20" {
+		t.Fatalf("placeholders say zone %q limit %q, want the second handler's", z, l)
+	}
+	if got := w.Header().Get("X-RateLimit-Limit"); got != "20" {
+		t.Fatalf("X-RateLimit-Limit %q, want the second handler's", got)
+	}
+	if v, _ := repl.GetString("http.vars." + placeholdersVar); strings.Contains(v, "unit_") {
+		t.Fatalf("the placeholder state shows through {http.vars.*}: %q", v)
+	}
+}

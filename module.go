@@ -67,6 +67,11 @@ type Handler struct {
 
 	store  storage.Store
 	logger *zap.Logger
+	// Which headers report sets, from Headers.
+	xRateLimitHeaders, ietfHeaders bool
+	// delays tells whether any zone has a max_delay, so that a request
+	// needs its start time.
+	delays bool
 	// storeErrors rate-limits the log line for store errors.
 	storeErrors *errorLog
 }
@@ -170,6 +175,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.store = store
 
+	h.xRateLimitHeaders = h.Headers == "" || h.Headers == headersXRateLimit || h.Headers == headersBoth
+	h.ietfHeaders = h.Headers == headersIETF || h.Headers == headersBoth
 	for _, z := range h.Zones {
 		if z == nil {
 			// Caddy validates after provisioning, so this cannot wait.
@@ -178,6 +185,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err := z.provision(ctx, h.logger); err != nil {
 			return fmt.Errorf("zone %q: %w", z.Name, err)
 		}
+		h.delays = h.delays || z.MaxDelay > 0
 	}
 	return nil
 }

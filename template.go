@@ -16,6 +16,10 @@ import (
 type template struct {
 	text    string
 	dynamic bool
+	// placeholder is set when the whole template is one placeholder, such
+	// as {http.vars.client_ip}: its value is then read with one lookup,
+	// without building a string the way a replacement does.
+	placeholder string
 	// number is the value of a literal limit.
 	number int64
 }
@@ -23,13 +27,24 @@ type template struct {
 func compileTemplates(alts Alternatives) []template {
 	out := make([]template, len(alts))
 	for i, a := range alts {
-		out[i] = template{text: a, dynamic: strings.Contains(a, "{")}
-		if !out[i].dynamic {
-			out[i].number, _ = strconv.ParseInt(a, 10, 64)
-		}
+		out[i] = compileTemplate(a)
 	}
 	return out
 }
+
+func compileTemplate(a string) template {
+	t := template{text: a, dynamic: strings.Contains(a, "{")}
+	if !t.dynamic {
+		t.number, _ = strconv.ParseInt(a, 10, 64)
+	}
+	if len(a) > 2 && a[0] == '{' && a[len(a)-1] == '}' && strings.Count(a, "{") == 1 && strings.Count(a, "}") == 1 && !strings.Contains(a, `\`) {
+		t.placeholder = a[1 : len(a)-1]
+	}
+	return t
+}
+
+// clientIP is the key when no key template resolves.
+var clientIP = compileTemplate("{http.vars.client_ip}")
 
 // errUnresolved stops a replacement as soon as one placeholder is unknown or
 // empty; it is a sentinel so that falling through alternatives allocates no
@@ -47,7 +62,7 @@ func (z *Zone) resolveKey(repl *caddy.Replacer) string {
 			return storage.BoundKey(k)
 		}
 	}
-	k, _ := z.resolve(repl, template{text: "{http.vars.client_ip}", dynamic: true})
+	k, _ := z.resolve(repl, clientIP)
 	return storage.BoundKey(k)
 }
 
@@ -70,9 +85,25 @@ func (z *Zone) resolveLimit(repl *caddy.Replacer) (int64, bool) {
 	return 0, false
 }
 
+// resolve returns the template's value, and whether every placeholder in
+// it is known and non-empty.
 func (z *Zone) resolve(repl *caddy.Replacer, t template) (string, bool) {
 	if !t.dynamic {
 		return t.text, true
+	}
+	if t.placeholder != "" {
+		v, ok := repl.Get(t.placeholder)
+		if !ok || v == nil {
+			return "", false
+		}
+		s := caddy.ToString(v)
+		if s == "" {
+			return "", false
+		}
+		if z.IPv4Prefix > 0 || z.IPv6Prefix > 0 {
+			s = z.maskIP(s)
+		}
+		return s, true
 	}
 	out, err := repl.ReplaceFunc(t.text, func(_ string, val any) (any, error) {
 		if val == nil {
