@@ -11,10 +11,21 @@
 #
 # Cases:
 #   plain             plain Caddy, `respond "ok"`
+#   floor             plain Caddy with a no-op middleware (`vars`): the
+#                     least a handler in front of `respond` costs
 #   memory_allowed    rate_limit, memory store, every request allowed
+#   peer_allowed      mholt/caddy-ratelimit, the same zone, every request
+#                     allowed (built like this Caddy; skipped, with a
+#                     message, when the module proxy does not serve it)
 #   memory_rejected   rate_limit, memory store, every request answered 429
-#   redis_allowed     rate_limit, Redis store, every request allowed
+#   memory_many_keys  rate_limit, memory store, 100,000 distinct keys
+#                     (X-Key header drawn at random by wrk), all allowed
+#   redis_allowed     rate_limit, Redis store, one key, every request allowed
 #   redis_rejected    rate_limit, Redis store, every request answered 429
+#
+# After the rounds it measures the memory store's bytes per key: the RSS
+# growth of a Caddy between 20,000 and 200,000 distinct keys (BYTES=0
+# skips it).
 #
 # The Redis cases start their own redis-server on a free loopback port.
 # Everything listens on 127.0.0.1 only. Needs wrk (Debian package `wrk`,
@@ -25,11 +36,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10s}
-THREADS=${THREADS:-2}
-CONNECTIONS=${CONNECTIONS:-50}
-CASES=${CASES:-"plain memory_allowed memory_rejected redis_allowed redis_rejected"}
+THREADS=${THREADS:-1}
+CONNECTIONS=${CONNECTIONS:-32}
+CASES=${CASES:-"plain floor memory_allowed peer_allowed memory_rejected memory_many_keys redis_allowed redis_rejected"}
+BYTES=${BYTES:-1}
 OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 
 if ! command -v wrk >/dev/null; then
 	echo "installing wrk" >&2
@@ -39,6 +52,31 @@ fi
 echo "building caddy with rate_limit and plain caddy ($(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2))" >&2
 go build -o "$OUT/caddy-rl" ./cmd/caddy
 go build -o "$OUT/caddy-plain" github.com/caddyserver/caddy/v2/cmd/caddy
+
+# The peer: the same Caddy with mholt/caddy-ratelimit instead of this module.
+if [[ " $CASES " == *" peer_allowed "* ]]; then
+	peer="$OUT/peer-src"
+	mkdir -p "$peer"
+	caddy_version=$(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2)
+	cat >"$peer/main.go" <<'GO'
+package main
+
+import (
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	_ "github.com/mholt/caddy-ratelimit"
+)
+
+func main() { caddycmd.Main() }
+GO
+	if ! (cd "$peer" && { [[ -f go.mod ]] || go mod init peer >/dev/null 2>&1; } &&
+		go get "github.com/caddyserver/caddy/v2@$caddy_version" github.com/mholt/caddy-ratelimit@latest >"$OUT/peer-build.log" 2>&1 &&
+		go build -o "$OUT/caddy-peer" . >>"$OUT/peer-build.log" 2>&1); then
+		echo "peer_allowed: github.com/mholt/caddy-ratelimit cannot be built here (see $OUT/peer-build.log); skipped" >&2
+		CASES=${CASES//peer_allowed/}
+	fi
+fi
 
 free_port() {
 	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -70,26 +108,46 @@ caddyfile() {
 			address redis://127.0.0.1:$REDIS_PORT/0
 		}" ;;
 	esac
+	local key="{client_ip}"
+	[[ $1 == memory_many_keys || $1 == bytes ]] && key="{header.X-Key}"
+	local order=""
+	[[ $1 == peer_allowed ]] && order="order rate_limit before basic_auth"
 	cat <<CADDY
 {
 	admin off
 	auto_https off
 	persist_config off
+	$order
 }
 http://127.0.0.1:$2 {
 CADDY
-	if [[ $1 != plain ]]; then
+	case $1 in
+	plain) ;;
+	floor) echo "	vars bench 1" ;;
+	peer_allowed)
+		cat <<CADDY
+	rate_limit {
+		zone bench_peer {
+			key {remote_host}
+			events $limit
+			window $window
+		}
+	}
+CADDY
+		;;
+	*)
 		cat <<CADDY
 	rate_limit {
 		$store
 		zone bench_$1 {
-			key {client_ip}
+			key $key
 			limit $limit
 			window $window
 		}
 	}
 CADDY
-	fi
+		;;
+	esac
 	cat <<CADDY
 	respond "ok"
 }
@@ -101,7 +159,8 @@ run() {
 	local port bin
 	port=$(free_port)
 	bin="$OUT/caddy-rl"
-	[[ $1 == plain ]] && bin="$OUT/caddy-plain"
+	[[ $1 == plain || $1 == floor ]] && bin="$OUT/caddy-plain"
+	[[ $1 == peer_allowed ]] && bin="$OUT/caddy-peer"
 	caddyfile "$1" "$port" >"$OUT/$1.Caddyfile"
 	"$bin" run --adapter caddyfile --config "$OUT/$1.Caddyfile" >"$OUT/$1.log" 2>&1 &
 	local pid=$!
@@ -117,10 +176,20 @@ run() {
 		kill "$pid"; wait "$pid" 2>/dev/null || true
 		return 1
 	fi
-	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "http://127.0.0.1:$port/" >"$OUT/$1.wrk" 2>&1
+	local script=()
+	[[ $1 == memory_many_keys ]] && script=(-s "$OUT/many_keys.lua")
+	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "${script[@]}" "http://127.0.0.1:$port/" >"$OUT/$1.wrk" 2>&1
 	kill "$pid"; wait "$pid" 2>/dev/null || true
 	awk '/^Requests\/sec:/ {print $2}' "$OUT/$1.wrk"
 }
+
+# 100,000 distinct keys, drawn at random for each request.
+cat >"$OUT/many_keys.lua" <<'LUA'
+math.randomseed(os.time())
+request = function()
+	return wrk.format("GET", "/", {["X-Key"] = "key-" .. math.random(100000)})
+end
+LUA
 
 declare -A RESULTS
 for round in $(seq "$ROUNDS"); do
@@ -141,3 +210,23 @@ for c in $CASES; do
 	[[ -n $plain ]] && ratio=$(awk -v a="$m" -v b="$plain" 'BEGIN {printf "%.3f", a/b}')
 	printf '%-18s %14s %10s   %s\n' "$c" "$m" "$ratio" "${RESULTS[$c]}"
 done
+
+# bytes_per_key: RSS growth of the memory store between 20,000 and 200,000
+# distinct keys, each charged once.
+if [[ $BYTES == 1 ]]; then
+	port=$(free_port)
+	caddyfile bytes "$port" >"$OUT/bytes.Caddyfile"
+	"$OUT/caddy-rl" run --adapter caddyfile --config "$OUT/bytes.Caddyfile" >"$OUT/bytes.log" 2>&1 &
+	pid=$!
+	PIDS+=("$pid")
+	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
+	rss() { awk '/^VmRSS:/ {print $2 * 1024}' "/proc/$pid/status"; }
+	go build -o "$OUT/keys" ./bench/keys
+	"$OUT/keys" -url "http://127.0.0.1:$port/" -from 0 -to 20000 >/dev/null
+	before=$(rss)
+	"$OUT/keys" -url "http://127.0.0.1:$port/" -from 20000 -to 200000 >/dev/null
+	after=$(rss)
+	kill "$pid"
+	printf '\nmemory store: RSS %d MiB at 20k keys, %d MiB at 200k keys: %.0f bytes per key\n' \
+		$((before >> 20)) $((after >> 20)) "$(awk -v a="$after" -v b="$before" 'BEGIN {print (a-b)/180000}')"
+fi
