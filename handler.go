@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
@@ -79,7 +80,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case unanswered:
 		return h.storeFailed(w, r, next, err)
 	case rejectedByZone:
+		rejected.zone.results[resultRejected].Inc()
 		return h.reject(w, r, repl, rejected)
+	}
+	for _, c := range s.charges {
+		switch {
+		case c.dryRunExceeded:
+			c.zone.results[resultDryRun].Inc()
+		case s.waited:
+			c.zone.results[resultDelayed].Inc()
+		default:
+			c.zone.results[resultAllowed].Inc()
+		}
 	}
 	h.report(w, r, repl, leastRemaining(s.charges), anyDryRunExceeded(s.charges))
 	return next.ServeHTTP(w, r)
@@ -104,7 +116,7 @@ var scratchPool = sync.Pool{New: func() any {
 func (s *scratch) release() {
 	clear(s.charges)
 	clear(s.reqs)
-	s.charges, s.reqs, s.decisions = s.charges[:0], s.reqs[:0], s.decisions[:0]
+	s.charges, s.reqs, s.decisions, s.waited = s.charges[:0], s.reqs[:0], s.decisions[:0], false
 	scratchPool.Put(s)
 }
 
@@ -160,7 +172,7 @@ func (h *Handler) decide(ctx context.Context, charges []charge, q *question) (ve
 	var waiting waitingZones
 	defer waiting.leave()
 	for {
-		if err := q.ask(ctx, h.store, charges); err != nil {
+		if err := q.ask(ctx, h.store, h.storeLatency, charges); err != nil {
 			return unanswered, nil, err
 		}
 		rejected, dryRunSaidNo := h.rejection(charges)
@@ -179,6 +191,7 @@ func (h *Handler) decide(ctx context.Context, charges []charge, q *question) (ve
 		if c := h.logger.Check(zap.DebugLevel, "rate limit delaying request"); c != nil {
 			c.Write(zap.String("zone", rejected.zone.Name), zap.String("key", rejected.req.Key), zap.Time("until", deadline))
 		}
+		q.waited = true
 		if err := sleepUntil(ctx, deadline); err != nil {
 			return unanswered, nil, err
 		}
@@ -190,12 +203,15 @@ func (h *Handler) decide(ctx context.Context, charges []charge, q *question) (ve
 type question struct {
 	reqs      []storage.Request
 	decisions []algorithms.Decision
+	// waited tells that max_delay held the request at least once.
+	waited bool
 }
 
 // ask takes the charges still in play from the store, all or nothing: all
 // but the dry-run zones that already said they would reject, which are
-// asked no more. Each charge gets its decision.
-func (q *question) ask(ctx context.Context, store storage.Store, charges []charge) error {
+// asked no more. Each charge gets its decision. If latency is set, it
+// observes how long the store took.
+func (q *question) ask(ctx context.Context, store storage.Store, latency prometheus.Observer, charges []charge) error {
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
 	for _, c := range charges {
 		if !c.dryRunExceeded {
@@ -206,7 +222,15 @@ func (q *question) ask(ctx context.Context, store storage.Store, charges []charg
 	if len(q.reqs) == 0 {
 		return nil
 	}
-	if err := store.Take(ctx, q.reqs, q.decisions); err != nil {
+	var start time.Time
+	if latency != nil {
+		start = time.Now()
+	}
+	err := store.Take(ctx, q.reqs, q.decisions)
+	if latency != nil {
+		latency.Observe(time.Since(start).Seconds())
+	}
+	if err != nil {
 		return err
 	}
 	i := 0
@@ -299,6 +323,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 	if r.Context().Err() != nil {
 		return caddyhttp.Error(statusClientClosedRequest, err)
 	}
+	h.storeErrorsC.Inc()
 	h.storeErrors.log(h.logger, err)
 	if h.OnStoreError != "deny" {
 		return next.ServeHTTP(w, r)

@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
@@ -72,6 +73,12 @@ type Handler struct {
 	// delays tells whether any zone has a max_delay, so that a request
 	// needs its start time.
 	delays bool
+	// The store's metrics: its name (memory, redis) as the store label,
+	// its error counter, and its latency histogram (remote stores only:
+	// timing an in-memory decision would cost more than it tells).
+	storeName    string
+	storeErrorsC prometheus.Counter
+	storeLatency prometheus.Observer
 	// storeErrors rate-limits the log line for store errors.
 	storeErrors *errorLog
 }
@@ -129,10 +136,14 @@ type Zone struct {
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	matchers caddyhttp.MatcherSets
-	keys     []template
-	limits   []template
-	costs    [methodCount]int64
-	waiting  atomic.Int64
+	// results counts the zone's requests by result (the series of
+	// caddy_http_rate_limit_requests_total), looked up once here so
+	// that counting costs one atomic add.
+	results [resultCount]prometheus.Counter
+	keys    []template
+	limits  []template
+	costs   [methodCount]int64
+	waiting atomic.Int64
 	// policySeconds is the window in whole seconds, rounded up, for the
 	// RateLimit-Policy header.
 	policySeconds int64
@@ -174,6 +185,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("module %T is not a rate_limit store", mod)
 	}
 	h.store = store
+	h.storeName = strings.TrimPrefix(string(mod.(caddy.Module).CaddyModule().ID), storage.Namespace+".")
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	h.storeErrorsC = metrics.storeErrors.WithLabelValues(h.storeName)
+	if h.storeName != "memory" {
+		h.storeLatency = metrics.storeDuration.WithLabelValues(h.storeName)
+	}
 
 	h.xRateLimitHeaders = h.Headers == "" || h.Headers == headersXRateLimit || h.Headers == headersBoth
 	h.ietfHeaders = h.Headers == headersIETF || h.Headers == headersBoth
@@ -202,6 +221,9 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	}
 	if z.Algorithm == "" {
 		z.Algorithm = algorithms.SlidingTail
+	}
+	for i := range z.results {
+		z.results[i] = metrics.requests.WithLabelValues(z.Name, resultNames[i])
 	}
 	if z.MaxWaiting == 0 {
 		z.MaxWaiting = DefaultMaxWaiting

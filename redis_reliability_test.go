@@ -209,6 +209,8 @@ func TestRedisOutageDenyLogIsBounded(t *testing.T) {
 	globals := "log {\n\toutput file " + logFile + "\n\tformat json\n}"
 	startCaddy(t, redisSite(store, 1, "on_store_error deny"))
 	loadWithGlobals(t, globals, redisSite(store, 1, "on_store_error deny"))
+	storeErrors := `caddy_http_rate_limit_store_errors_total{store="redis"}`
+	errorsBefore := metricCount(t, storeErrors)
 	s.Kill()
 
 	start := time.Now()
@@ -220,6 +222,9 @@ func TestRedisOutageDenyLogIsBounded(t *testing.T) {
 	elapsed := time.Since(start)
 	if failed != 0 || len(byStatus) != 1 || byStatus[http.StatusServiceUnavailable] == 0 {
 		t.Fatalf("answers during the outage by status %v, %d without an answer (%v): want only 503", byStatus, failed, lastErr)
+	}
+	if n := metricCount(t, storeErrors) - errorsBefore; n != byStatus[http.StatusServiceUnavailable] {
+		t.Errorf("store errors metric grew by %d for %d × 503", n, byStatus[http.StatusServiceUnavailable])
 	}
 	resp, _ := redisGetResponse(t, "outage")
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" {
@@ -292,6 +297,8 @@ func TestClientGoneIsNotAStoreError(t *testing.T) {
 		t.Fatalf("before the pause: %d", code)
 	}
 
+	storeErrors := `caddy_http_rate_limit_store_errors_total{store="redis"}`
+	errorsBefore := metricCount(t, storeErrors)
 	if err := s.Pause(); err != nil {
 		t.Fatal(err)
 	}
@@ -309,6 +316,9 @@ func TestClientGoneIsNotAStoreError(t *testing.T) {
 	if n := logLines(logFile, "rate limit store error"); n != 0 {
 		b, _ := os.ReadFile(logFile)
 		t.Fatalf("a client that went away was logged as a store error:\n%s", b)
+	}
+	if n := metricCount(t, storeErrors) - errorsBefore; n != 0 {
+		t.Fatalf("a client that went away counted %d store errors", n)
 	}
 	if err := s.Resume(); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,104 @@
+package ratelimit
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// metricValue reads one series from the admin endpoint's /metrics, "" if
+// it is absent.
+func metricValue(t *testing.T, series string) string {
+	t.Helper()
+	resp, err := http.Get(adminURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for line := range strings.Lines(string(body)) {
+		if name, value, ok := strings.Cut(strings.TrimSpace(line), " "); ok && name == series {
+			return value
+		}
+	}
+	return ""
+}
+
+// metricCount reads a counter from /metrics; 0 if it is absent.
+func metricCount(t *testing.T, series string) int {
+	t.Helper()
+	n := 0
+	fmt.Sscan(metricValue(t, series), &n)
+	return n
+}
+
+// TestMetrics: requests are counted by zone and result in Caddy's
+// registry, and the counts survive reloads without a duplicate
+// registration error.
+func TestMetrics(t *testing.T) {
+	site := func(limit int) string {
+		return fmt.Sprintf(`
+:9080 {
+	rate_limit {
+		zone metrics_enforce {
+			key {header.X-Client}
+			limit %d
+			window 1h
+		}
+		zone metrics_trial {
+			key {header.X-Client}
+			limit 1
+			window 1h
+			dry_run
+		}
+	}
+	respond "ok"
+}
+`, limit)
+	}
+	tc := startCaddy(t, site(2))
+	// Counters live as long as the process: compare with where they were.
+	count := func(series string) int { return metricCount(t, series) }
+	allowed := `caddy_http_rate_limit_requests_total{result="allowed",zone="metrics_enforce"}`
+	before := map[string]int{}
+	for _, series := range []string{allowed,
+		`caddy_http_rate_limit_requests_total{result="rejected",zone="metrics_enforce"}`,
+		`caddy_http_rate_limit_requests_total{result="allowed",zone="metrics_trial"}`,
+		`caddy_http_rate_limit_requests_total{result="dry_run",zone="metrics_trial"}`} {
+		before[series] = count(series)
+	}
+	for range 3 {
+		do(t, tc, http.MethodGet, siteURL+"/", "X-Client: m")
+	}
+	want := map[string]int{
+		allowed: 2,
+		`caddy_http_rate_limit_requests_total{result="rejected",zone="metrics_enforce"}`: 1,
+		`caddy_http_rate_limit_requests_total{result="allowed",zone="metrics_trial"}`:    1,
+		`caddy_http_rate_limit_requests_total{result="dry_run",zone="metrics_trial"}`:    1,
+	}
+	for series, n := range want {
+		if got := count(series) - before[series]; got != n {
+			t.Errorf("%s grew by %d, want %d", series, got, n)
+		}
+	}
+	for i := range 3 {
+		if code, body := loadConfig(t, site(3+i)); code != http.StatusOK {
+			t.Fatalf("reload %d: %d %s", i, code, body)
+		}
+	}
+	do(t, tc, http.MethodGet, siteURL+"/", "X-Client: m")
+	if got := count(allowed) - before[allowed]; got != 3 {
+		t.Fatalf("allowed grew by %d after reloads, want 3: counts survive reloads", got)
+	}
+	resp, err := http.Get(adminURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(body), "m\"") && strings.Contains(string(body), `key="`) {
+		t.Fatal("a series is labelled with a key")
+	}
+}
