@@ -29,6 +29,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		jwt { ... }
 //		headers x-ratelimit|ietf|both|off
 //		on_store_error allow|deny
+//		log_keys on|off
 //		zone <name> {
 //			match { <matchers> }
 //			key <template> [<template>...]
@@ -101,6 +102,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("headers: %v", err)
 			}
 
+		case "log_keys":
+			if !d.AllArgs(&h.LogKeys) {
+				return d.ArgErr()
+			}
+			if err := checkLogKeys(h.LogKeys); err != nil {
+				return d.Errf("log_keys: %v", err)
+			}
+
 		case "on_store_error":
 			if !d.AllArgs(&h.OnStoreError) {
 				return d.ArgErr()
@@ -110,7 +119,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q (want zone, store, jwt, headers or on_store_error)", d.Val())
+			return d.Errf("rate_limit: unknown subdirective %q (want zone, store, jwt, headers, on_store_error or log_keys)", d.Val())
 		}
 	}
 	if len(h.Zones) == 0 {

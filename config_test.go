@@ -36,6 +36,8 @@ var badCaddyfiles = []struct {
 	{"no zone", `headers ietf`, "zone", "at least one"},
 	{"bad headers", `headers loud; zone z { limit 1; window 1s }`, "headers", "loud"},
 	{"bad on_store_error", `on_store_error panic; zone z { limit 1; window 1s }`, "on_store_error", "panic"},
+	{"bad log_keys", `log_keys maybe; zone z { limit 1; window 1s }`, "log_keys", "maybe"},
+	{"repeated log_keys", `log_keys on; log_keys off; zone z { limit 1; window 1s }`, "log_keys", "repeated"},
 	{"bad prefix", `zone z { limit 1; window 1s; ipv4_prefix 33 }`, "ipv4_prefix", "33"},
 	{"bad max_delay", `zone z { limit 1; window 1s; max_delay forever }`, "max_delay", "forever"},
 	{"unknown store", `store etcd; zone z { limit 1; window 1s }`, "store", "etcd"},

@@ -135,7 +135,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 		hdr["Connection"] = connectionClose
 	}
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
-		ce.Write(zap.String("zone", c.zone.Name), zap.String("key", c.req.Key))
+		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
 	}
 	if !hasErrorRoutes(r) {
 		w.WriteHeader(http.StatusTooManyRequests)
@@ -189,7 +189,7 @@ func (h *Handler) decide(ctx context.Context, charges []charge, q *question) (ve
 			return rejectedByZone, rejected, nil
 		}
 		if c := h.logger.Check(zap.DebugLevel, "rate limit delaying request"); c != nil {
-			c.Write(zap.String("zone", rejected.zone.Name), zap.String("key", rejected.req.Key), zap.Time("until", deadline))
+			c.Write(zap.String("zone", rejected.zone.Name), h.keyField(rejected.req.Key), zap.Time("until", deadline))
 		}
 		q.waited = true
 		if err := sleepUntil(ctx, deadline); err != nil {
@@ -257,7 +257,7 @@ func (h *Handler) rejection(charges []charge) (rejected *charge, dryRunSaidNo bo
 			c.dryRunExceeded = true
 			dryRunSaidNo = true
 			h.logger.Info("rate limit would be exceeded (dry run)",
-				zap.String("zone", c.zone.Name), zap.String("key", c.req.Key))
+				zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
 			continue
 		}
 		if rejected == nil || c.decision.RetryAt.After(rejected.decision.RetryAt) {
@@ -503,6 +503,15 @@ func retryAfterSeconds(at, now time.Time) int64 {
 	d := at.Sub(now)
 	s := int64((d + time.Second - 1) / time.Second)
 	return max(s, 1)
+}
+
+// keyField is the key as a log field, or a field saying it is hidden when
+// log_keys is off: keys can be credentials (an API key, a session cookie).
+func (h *Handler) keyField(key string) zap.Field {
+	if h.LogKeys == "off" {
+		return zap.String("key", "(hidden: log_keys off)")
+	}
+	return zap.String("key", key)
 }
 
 // errorLog logs store errors at most once per second, with the number of

@@ -13,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // provisionHandler provisions a handler from JSON the way Caddy would and
@@ -330,5 +332,46 @@ func TestPlaceholdersFollowTheLastHandler(t *testing.T) {
 	}
 	if v, _ := repl.GetString("http.vars." + placeholdersVar); strings.Contains(v, "unit_") {
 		t.Fatalf("the placeholder state shows through {http.vars.*}: %q", v)
+	}
+}
+
+// TestLogKeys: rejections are logged at debug level and dry-run
+// rejections at info, with zone and key, unless log_keys is off.
+func TestLogKeys(t *testing.T) {
+	for _, c := range []struct {
+		logKeys string
+		key     string
+	}{
+		{"", "192.0.2.7"},
+		{"on", "192.0.2.7"},
+		{"off", "(hidden: log_keys off)"},
+	} {
+		t.Run("log_keys "+c.logKeys, func(t *testing.T) {
+			name := "unit_log_" + c.logKeys
+			h := provisionHandler(t, `{"log_keys":"`+c.logKeys+`","zones":[
+				{"name":"`+name+`","limit":1,"window":"1h"},
+				{"name":"`+name+`_dry","limit":1,"window":"1h","dry_run":true}]}`)
+			core, logs := observer.New(zap.DebugLevel)
+			h.logger = zap.New(core)
+			serve(t, h, context.Background(), http.MethodGet, "192.0.2.7")
+			serve(t, h, context.Background(), http.MethodGet, "192.0.2.7")
+			for _, want := range []struct {
+				msg   string
+				level zapcore.Level
+				zone  string
+			}{
+				{"rate limit would be exceeded (dry run)", zap.InfoLevel, name + "_dry"},
+				{"rate limit exceeded", zap.DebugLevel, name},
+			} {
+				entries := logs.FilterMessage(want.msg).All()
+				if len(entries) != 1 {
+					t.Fatalf("%d lines %q, want 1", len(entries), want.msg)
+				}
+				e := entries[0]
+				if fields := e.ContextMap(); e.Level != want.level || fields["zone"] != want.zone || fields["key"] != c.key {
+					t.Fatalf("%q at %v with %v; want %v, zone %s, key %s", want.msg, e.Level, fields, want.level, want.zone, c.key)
+				}
+			}
+		})
 	}
 }

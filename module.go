@@ -57,6 +57,12 @@ type Handler struct {
 	// request through, "deny" answers 503 Service Unavailable.
 	OnStoreError string `json:"on_store_error,omitempty"`
 
+	// Whether log lines about a request (rejections and delays at debug
+	// level, dry-run rejections at info) show its key: "on" (default) or
+	// "off". Keys can be credentials, such as an API key or a session
+	// cookie.
+	LogKeys string `json:"log_keys,omitempty"`
+
 	// Verifies a JSON Web Token in each request and makes its claims
 	// available as {jwt.<claim>} placeholders ({jwt.sub}, {jwt.org.id}),
 	// for keys, limits and later handlers alike. A token that is missing
@@ -269,6 +275,9 @@ func (h *Handler) Validate() error {
 	if err := checkOnStoreError(h.OnStoreError); err != nil {
 		return fmt.Errorf("on_store_error: %w", err)
 	}
+	if err := checkLogKeys(h.LogKeys); err != nil {
+		return fmt.Errorf("log_keys: %w", err)
+	}
 	if len(h.Zones) == 0 {
 		return errNoZone
 	}
@@ -362,6 +371,14 @@ func checkOnStoreError(v string) error {
 		return nil
 	}
 	return fmt.Errorf("want allow or deny, got %q", v)
+}
+
+func checkLogKeys(v string) error {
+	switch v {
+	case "", "on", "off":
+		return nil
+	}
+	return fmt.Errorf("want on or off, got %q", v)
 }
 
 func checkZoneName(name string) error {
