@@ -1,10 +1,15 @@
 package storage
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"math"
+	"os"
+	"os/exec"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -239,6 +244,132 @@ func BenchmarkMemoryTake(b *testing.B) {
 			}
 		})
 	})
+}
+
+// BenchmarkMemoryTakeDistinct takes for 100,000 distinct keys in turn, so
+// that lookups miss the CPU caches as they would under many clients.
+func BenchmarkMemoryTakeDistinct(b *testing.B) {
+	const n = 100_000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = ipKey(i)
+	}
+	rate := algorithms.Rate{Units: 1 << 30, Window: time.Minute}
+	c := newMemoryCounters(DefaultMaxKeys, time.Now)
+	defer c.Destruct()
+	d := make([]algorithms.Decision, 1)
+	for _, k := range keys {
+		c.take([]Request{{Zone: "z", Key: k, Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}, d)
+	}
+	b.Run("100k_keys", func(b *testing.B) {
+		b.ReportAllocs()
+		reqs := []Request{{Zone: "z", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}
+		i := 0
+		for b.Loop() {
+			reqs[0].Key = keys[i]
+			c.take(reqs, d)
+			if i++; i == n {
+				i = 0
+			}
+		}
+	})
+	b.Run("parallel_100k_keys", func(b *testing.B) {
+		b.ReportAllocs()
+		var next atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			reqs := []Request{{Zone: "z", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}
+			d := make([]algorithms.Decision, 1)
+			i := int(next.Add(7919)) % n // start each goroutine elsewhere
+			for pb.Next() {
+				reqs[0].Key = keys[i]
+				c.take(reqs, d)
+				if i++; i == n {
+					i = 0
+				}
+			}
+		})
+	})
+}
+
+// ipKey returns a distinct key shaped like an IPv4 address, as most keys are.
+func ipKey(i int) string {
+	return "10." + strconv.Itoa(i>>16&255) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255)
+}
+
+const bytesPerKeyChild = "MEMORY_BYTES_PER_KEY_CHILD"
+
+// BenchmarkMemoryBytesPerKey reports what one more key costs: the growth
+// of the process's RSS (rss-B/key) and of the heap in use (heap-B/key)
+// between 20,000 and 200,000 distinct keys, divided by 180,000. It
+// measures in a fresh process (this test binary, running
+// TestMemoryBytesPerKeyChild) so that memory freed by other benchmarks
+// cannot hide the growth; ns/op means nothing here.
+func BenchmarkMemoryBytesPerKey(b *testing.B) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMemoryBytesPerKeyChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), bytesPerKeyChild+"=1")
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("child: %v\n%s", err, out)
+	}
+	metrics := map[string]float64{}
+	for sc := bufio.NewScanner(strings.NewReader(string(out))); sc.Scan(); {
+		if name, v, ok := strings.Cut(sc.Text(), "="); ok {
+			if f, err := strconv.ParseFloat(v, 64); err == nil {
+				metrics[name] = f
+			}
+		}
+	}
+	if len(metrics) != 2 {
+		b.Fatalf("child printed no figures:\n%s", out)
+	}
+	for b.Loop() {
+	}
+	b.ReportMetric(0, "ns/op")
+	for name, v := range metrics {
+		b.ReportMetric(v, name)
+	}
+}
+
+// TestMemoryBytesPerKeyChild is the measuring half of
+// BenchmarkMemoryBytesPerKey; it runs only when the benchmark starts it.
+func TestMemoryBytesPerKeyChild(t *testing.T) {
+	if os.Getenv(bytesPerKeyChild) == "" {
+		t.Skip("run by BenchmarkMemoryBytesPerKey")
+	}
+	c := newMemoryCounters(DefaultMaxKeys, time.Now)
+	defer c.Destruct()
+	rate := algorithms.Rate{Units: 1 << 30, Window: time.Hour}
+	d := make([]algorithms.Decision, 1)
+	fill := func(from, to int) {
+		for i := from; i < to; i++ {
+			c.take([]Request{{Zone: "z", Key: ipKey(i), Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}, d)
+		}
+	}
+	measure := func() (rss, heap uint64) {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		statm, err := os.ReadFile("/proc/self/statm")
+		if err != nil {
+			t.Skip("no /proc/self/statm:", err)
+		}
+		fields := strings.Fields(string(statm))
+		pages, err := strconv.ParseUint(fields[1], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pages * uint64(os.Getpagesize()), ms.HeapInuse
+	}
+	const small, large = 20_000, 200_000
+	fill(0, small)
+	rss0, heap0 := measure()
+	fill(small, large)
+	rss1, heap1 := measure()
+	if n := c.len(); n != large {
+		t.Fatalf("%d keys held, want %d", n, large)
+	}
+	fmt.Printf("rss-B/key=%.1f\n", float64(int64(rss1-rss0))/(large-small))
+	fmt.Printf("heap-B/key=%.1f\n", float64(int64(heap1-heap0))/(large-small))
 }
 
 // len counts the keys held, for tests.
