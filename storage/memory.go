@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"hash/maphash"
 	"math"
@@ -279,21 +278,17 @@ func (c *memoryCounters) Destruct() error {
 	return nil
 }
 
-// keyHash returns the keyed hash that stands for zone and key. The zone's
-// length goes first, so that no two (zone, key) pairs hash the same bytes:
-// ("ab", "c") and ("a", "bc") differ, whatever bytes names hold. It is
-// never 0, which marks an empty slot. Its low bits pick the shard and its
-// top bits the home slot in the shard's table.
+// keyHash returns the keyed hash that stands for zone and key. It hashes
+// the pair as a value, as a Go map keyed by it would (each string's
+// length and bytes in turn), not their concatenation, so ("ab", "c") and
+// ("a", "bc") are different inputs whatever bytes names hold. It is never
+// 0, which marks an empty slot. Its low bits pick the shard and its top
+// bits the home slot in the shard's table.
 func (c *memoryCounters) keyHash(zone, key string) uint64 {
-	var h maphash.Hash
-	h.SetSeed(c.seed)
-	var n [8]byte
-	binary.LittleEndian.PutUint64(n[:], uint64(len(zone)))
-	h.Write(n[:])
-	h.WriteString(zone)
-	h.WriteString(key)
-	return max(h.Sum64(), 1)
+	return max(maphash.Comparable(c.seed, memoryKey{zone, key}), 1)
 }
+
+type memoryKey struct{ zone, key string }
 
 func shardOf(h uint64) int { return int(h % memoryShards) }
 
