@@ -213,6 +213,9 @@ type memoryShard struct {
 	shift uint         // 64 - log2(len(slots)): a hash's top bits pick its home slot
 	n     int          // keys held
 	hand  int          // CLOCK's hand: the next slot eviction considers
+	// Pad to a cache line, so that locking one shard does not steal the
+	// line of its neighbour from another CPU.
+	_ [64 - 56]byte
 }
 
 type memoryCounters struct {

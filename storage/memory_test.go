@@ -632,3 +632,9 @@ func (c *memoryCounters) len() int {
 	}
 	return n
 }
+
+func TestMemoryShardSize(t *testing.T) {
+	if n := unsafe.Sizeof(memoryShard{}); n != 64 {
+		t.Fatalf("memoryShard is %d bytes, want 64", n)
+	}
+}
