@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"sync"
@@ -29,9 +31,19 @@ const DefaultMaxKeys = 1_000_000
 // config reloads, so a reload through the admin API loses no counts. The
 // store is split into 64 shards, each with its own lock, and is bounded:
 // each shard holds its share of max_keys (rounded up) and, when full,
-// forgets its least recently used key, so eviction can begin a little
-// before the store as a whole holds max_keys. Keys whose windows have
-// passed are swept in the background.
+// forgets a key not used lately (CLOCK, an approximation of least
+// recently used), so eviction can begin a little before the store as a
+// whole holds max_keys. Keys whose windows have passed are swept in the
+// background.
+//
+// A key costs about 43 to 85 bytes (a 32-byte slot in a table that grows
+// by doubling at 3/4 full), whatever the length of the key, because the
+// store keeps not the zone and key but a 64-bit hash of them, keyed with a
+// seed drawn at random when the process starts. Two keys that hashed
+// alike would share a counter, but that is not a risk in practice: without
+// the seed, which never leaves the process, no one can choose keys that
+// collide, and the odds of an accidental collision among a million keys
+// are about n²/2⁶⁵ = 2.7e-8.
 type Memory struct {
 	// The most keys (zone and key pairs) kept at once. Default (and 0):
 	// 1,000,000.
@@ -104,6 +116,14 @@ func (m *Memory) Cleanup() error {
 
 // Take implements Store.
 func (m *Memory) Take(_ context.Context, reqs []Request, decisions []algorithms.Decision) error {
+	for _, r := range reqs {
+		if r.Rate.Units > maxCount || r.Cost < 0 || r.Cost > maxCount {
+			return fmt.Errorf("zone %q: limit or cost too large for the memory store (at most %d)", r.Zone, maxCount)
+		}
+		if err := r.Rate.Validate(); err != nil {
+			return fmt.Errorf("zone %q: %w", r.Zone, err)
+		}
+	}
 	m.counters.take(reqs, decisions)
 	return nil
 }
@@ -152,21 +172,55 @@ const memoryShards = 64
 // sweepEvery is how often expired keys are removed in the background.
 const sweepEvery = 10 * time.Second
 
-type memoryKey struct{ zone, key string }
+// maxCount bounds limits and costs the memory store accepts. Decide adds a
+// cost to a count only while the count stays within the limit, so no count
+// exceeds it and 32 bits hold every count. The handler never asks for
+// more (its limits and costs are at most math.MaxInt32 too).
+const maxCount = math.MaxInt32
 
-type memoryEntry struct {
-	id      memoryKey
-	counts  algorithms.Counts
-	expires int64 // Unix ms after which the counts can no longer matter
-	// prev and next link the shard's entries from most to least recently used.
-	prev, next *memoryEntry
+// memorySlot is one key's counters in a shard's table. It holds no
+// pointers, so a table is one allocation the garbage collector never
+// scans, and it is 32 bytes, so two fit in a cache line (tables are
+// power-of-two allocations, which Go aligns) and none straddles one. The
+// key itself is not kept, only its keyed hash (see Memory).
+type memorySlot struct {
+	hash uint64 // keyHash of zone and key; 0 marks an empty slot
+	// window, current and previous are algorithms.Counts; the counts fit
+	// in 32 bits since they never exceed maxCount.
+	window            int64
+	current, previous uint32
+	// expires is when the counts stop mattering, in Unix seconds rounded
+	// up: the sweep runs every few seconds, so milliseconds would buy
+	// nothing, and 32 bits last until 2106.
+	expires uint32
+	// ref is CLOCK's reference bit: set when the key is asked for again,
+	// cleared when the hand passes it.
+	ref bool
 }
 
+func (e *memorySlot) counts() algorithms.Counts {
+	return algorithms.Counts{Window: e.window, Current: int64(e.current), Previous: int64(e.previous)}
+}
+
+// minSlots is the smallest table a shard allocates.
+const minSlots = 16
+
+// memoryShard is an open-addressing hash table with linear probing. It
+// grows by doubling before it is more than 3/4 full: at that load a
+// lookup for a missing key probes about 8.5 slots on average, four or
+// five adjacent cache lines, and one for a present key about 2.5, while
+// fuller tables make misses (every new key) much longer (about 32 slots
+// at 7/8). Removal shifts the entries after the hole back, so there are
+// no tombstones and probes never lengthen with churn.
 type memoryShard struct {
-	mu      sync.Mutex
-	entries map[memoryKey]*memoryEntry
-	// head is the most recently used entry, tail the least.
-	head, tail *memoryEntry
+	mu    sync.Mutex
+	slots []memorySlot // a power of two long, or nil
+	shift uint         // 64 - log2(len(slots)): a hash's top bits pick its home slot
+	n     int          // keys held
+	hand  int          // CLOCK's hand: the next slot eviction considers
+	// Pad to a cache line, so that locking one shard does not steal the
+	// line of its neighbour from another CPU.
+	_ [64 - 56]byte
 }
 
 type memoryCounters struct {
@@ -193,9 +247,6 @@ func newMemoryCounters(maxKeys int, now func() time.Time) *memoryCounters {
 		now:  now,
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
-	}
-	for i := range c.shards {
-		c.shards[i].entries = make(map[memoryKey]*memoryEntry)
 	}
 	c.setMaxKeys(maxKeys)
 	go c.sweepLoop()
@@ -235,24 +286,33 @@ func (c *memoryCounters) Destruct() error {
 	return nil
 }
 
-func (c *memoryCounters) shardOf(id memoryKey) int {
-	// The zone's hash is mixed in so one key in several zones spreads over
-	// shards.
-	h := maphash.String(c.seed, id.key) ^ maphash.String(c.seed, id.zone)*0x9e3779b97f4a7c15
-	return int(h % memoryShards)
+// keyHash returns the keyed hash that stands for zone and key. It hashes
+// the pair as a value, as a Go map keyed by it would (each string's
+// length and bytes in turn), not their concatenation, so ("ab", "c") and
+// ("a", "bc") are different inputs whatever bytes names hold. It is never
+// 0, which marks an empty slot. Its low bits pick the shard and its top
+// bits the home slot in the shard's table.
+func (c *memoryCounters) keyHash(zone, key string) uint64 {
+	return max(maphash.Comparable(c.seed, memoryKey{zone, key}), 1)
 }
+
+type memoryKey struct{ zone, key string }
+
+func shardOf(h uint64) int { return int(h % memoryShards) }
 
 // take decides and, if all are allowed, charges reqs atomically: the shards
 // of all keys are locked together, in index order so that concurrent takes
-// cannot deadlock.
+// cannot deadlock. Limits and costs must be within maxCount.
 func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
-	var buf [4]int
-	shards := buf[:0]
-	for _, r := range reqs {
-		shards = append(shards, c.shardOf(memoryKey{r.Zone, r.Key}))
-	}
+	var hashBuf [4]uint64
+	hashes := hashBuf[:0]
 	var lockBuf [4]int
-	locks := append(lockBuf[:0], shards...)
+	locks := lockBuf[:0]
+	for _, r := range reqs {
+		h := c.keyHash(r.Zone, r.Key)
+		hashes = append(hashes, h)
+		locks = append(locks, shardOf(h))
+	}
 	slices.Sort(locks)
 	locks = slices.Compact(locks)
 	for _, i := range locks {
@@ -271,9 +331,14 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 	var countsBuf [4]algorithms.Counts
 	next := countsBuf[:0]
 	for i, r := range reqs {
+		s := &c.shards[shardOf(hashes[i])]
 		var counts algorithms.Counts
-		if e := c.shards[shards[i]].entries[memoryKey{r.Zone, r.Key}]; e != nil {
-			counts = e.counts
+		if j, ok := s.lookup(hashes[i]); ok {
+			// A key asked for is in use, allowed or not: a key being
+			// refused must not be the one evicted, or its counts would be
+			// lost.
+			s.slots[j].ref = true
+			counts = s.slots[j].counts()
 		}
 		d, n := algorithms.Decide(r.Algorithm, counts, now, r.Rate, r.Cost)
 		decisions[i] = d
@@ -284,65 +349,159 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 		return
 	}
 	bound := int(c.maxPerShard.Load())
+	nowSec := unixSeconds(now.UnixMilli())
 	for i, r := range reqs {
-		c.shards[shards[i]].store(memoryKey{r.Zone, r.Key}, next[i], expiry(r, next[i]), bound)
+		// Storing one request may move the slots of another in the same
+		// shard (by growing or evicting), so each store looks up again.
+		c.shards[shardOf(hashes[i])].store(hashes[i], next[i], expiry(r, next[i]), bound, nowSec)
 	}
 }
 
-// expiry is when counts stop mattering: the end of the current window for a
-// fixed window, of the next one for a sliding tail, which still weighs the
-// current window as its previous one.
-func expiry(r Request, c algorithms.Counts) int64 {
+// expiry is when counts stop mattering, in Unix seconds rounded up: the end
+// of the current window for a fixed window, of the next one for a sliding
+// tail, which still weighs the current window as its previous one.
+func expiry(r Request, c algorithms.Counts) uint32 {
 	w := r.Rate.Window.Milliseconds()
 	end := (c.Window + 1) * w
 	if r.Algorithm == algorithms.SlidingTail {
 		end += w
 	}
-	return end
+	return unixSeconds(end + 999)
 }
 
-// store writes counts for id, making id the most recently used entry and
-// evicting the least recently used ones beyond bound.
-func (s *memoryShard) store(id memoryKey, counts algorithms.Counts, expires int64, bound int) {
-	e := s.entries[id]
-	if e == nil {
-		e = &memoryEntry{id: id}
-		s.entries[id] = e
-	} else {
-		s.unlink(e)
-	}
-	e.counts, e.expires = counts, expires
-	s.pushFront(e)
-	for len(s.entries) > bound {
-		oldest := s.tail
-		s.unlink(oldest)
-		delete(s.entries, oldest.id)
-	}
+// unixSeconds returns the whole seconds in ms, clamped to 32 bits.
+func unixSeconds(ms int64) uint32 {
+	return uint32(min(max(algorithms.WindowIndex(ms, 1000), 0), math.MaxUint32))
 }
 
-func (s *memoryShard) pushFront(e *memoryEntry) {
-	e.prev, e.next = nil, s.head
-	if s.head != nil {
-		s.head.prev = e
+// lookup returns the slot holding h and true, or the empty slot where h
+// would go and false. The table is never full, so probing ends.
+func (s *memoryShard) lookup(h uint64) (int, bool) {
+	if s.slots == nil {
+		return -1, false
 	}
-	s.head = e
-	if s.tail == nil {
-		s.tail = e
+	mask := len(s.slots) - 1
+	for i := int(h >> s.shift); ; i = (i + 1) & mask {
+		switch s.slots[i].hash {
+		case h:
+			return i, true
+		case 0:
+			return i, false
+		}
 	}
 }
 
-func (s *memoryShard) unlink(e *memoryEntry) {
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else {
-		s.head = e.next
+// store writes counts for h. A new key first makes room: it evicts while
+// the shard holds bound keys, and grows the table rather than fill it
+// beyond 3/4. A new key starts with its reference bit clear: it earns a
+// second chance only by being asked for again, so a flood of one-off keys
+// (an attacker rotating addresses, say) evicts its own keys before those
+// of clients that keep coming back, and a shard in which every key is
+// referenced, where CLOCK would take whichever key the hand reaches first
+// however recently used, stays rare.
+func (s *memoryShard) store(h uint64, counts algorithms.Counts, expires uint32, bound int, now uint32) {
+	i, ok := s.lookup(h)
+	if !ok {
+		for s.n >= bound {
+			s.evict(now)
+		}
+		if (s.n+1)*4 > len(s.slots)*3 {
+			s.resize(max(minSlots, 2*len(s.slots)))
+		}
+		i, _ = s.lookup(h)
+		s.n++
 	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else {
-		s.tail = e.prev
+	s.slots[i] = memorySlot{
+		hash:     h,
+		window:   counts.Window,
+		current:  uint32(counts.Current),
+		previous: uint32(counts.Previous),
+		expires:  expires,
+		ref:      ok, // and take has set it when ok
 	}
-	e.prev, e.next = nil, nil
+}
+
+// evict forgets one key, chosen by CLOCK (second chance): the hand passes
+// over the slots, clearing reference bits, and takes the first key whose
+// bit is already clear or whose counts have expired. A key asked for
+// since the hand last passed survives, so keys in use stay and idle ones
+// go, much as with LRU but without a list threaded through every entry. The shard
+// must hold a key; the hand then stops within two turns.
+func (s *memoryShard) evict(now uint32) {
+	mask := len(s.slots) - 1
+	for {
+		e := &s.slots[s.hand]
+		if e.hash != 0 {
+			if !e.ref || e.expires <= now {
+				// The slot now holds the entry shifted into the hole, if
+				// any, which the hand considers next.
+				s.remove(s.hand)
+				return
+			}
+			e.ref = false
+		}
+		s.hand = (s.hand + 1) & mask
+	}
+}
+
+// remove empties slot i and shifts back the entries after it that probed
+// past it, so every entry stays reachable from its home slot.
+func (s *memoryShard) remove(i int) {
+	mask := len(s.slots) - 1
+	for j := (i + 1) & mask; s.slots[j].hash != 0; j = (j + 1) & mask {
+		// The entry at j may fill the hole at i unless its home lies
+		// (cyclically) after i, where a probe for it starts past the hole.
+		home := int(s.slots[j].hash >> s.shift)
+		if (j-home)&mask >= (j-i)&mask {
+			s.slots[i] = s.slots[j]
+			i = j
+		}
+	}
+	s.slots[i] = memorySlot{}
+	s.n--
+}
+
+// resize moves the entries to a new table of n slots, a power of two.
+func (s *memoryShard) resize(n int) {
+	old := s.slots
+	s.slots = make([]memorySlot, n)
+	s.shift = uint(64 - bits.TrailingZeros(uint(n)))
+	s.hand = 0
+	for _, e := range old {
+		if e.hash != 0 {
+			i, _ := s.lookup(e.hash)
+			s.slots[i] = e
+		}
+	}
+}
+
+// inspect returns the counts kept for zone and key as stored, not rolled
+// forward to now (algorithms.Roll does that), and whether any are kept.
+// Looking does not count as use for eviction.
+func (c *memoryCounters) inspect(zone, key string) (algorithms.Counts, bool) {
+	h := c.keyHash(zone, key)
+	s := &c.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, ok := s.lookup(h)
+	if !ok {
+		return algorithms.Counts{}, false
+	}
+	return s.slots[i].counts(), true
+}
+
+// reset forgets the counts of zone and key, and reports whether any were
+// kept.
+func (c *memoryCounters) reset(zone, key string) bool {
+	h := c.keyHash(zone, key)
+	s := &c.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, ok := s.lookup(h)
+	if ok {
+		s.remove(i)
+	}
+	return ok
 }
 
 func (c *memoryCounters) sweepLoop() {
@@ -362,17 +521,35 @@ func (c *memoryCounters) sweepLoop() {
 // sweep removes entries whose windows have passed, one shard at a time so
 // that requests wait at most for one shard's sweep.
 func (c *memoryCounters) sweep() {
-	now := c.now().UnixMilli()
+	now := unixSeconds(c.now().UnixMilli())
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		for id, e := range s.entries {
-			if e.expires <= now {
-				s.unlink(e)
-				delete(s.entries, id)
-			}
-		}
+		s.sweep(now)
 		s.mu.Unlock()
+	}
+}
+
+// sweep removes the shard's entries that expired by now, and shrinks a
+// table left less than 1/8 full (after a burst of keys, say) to between
+// 1/4 and 1/2 full, so the memory a burst took is given back.
+func (s *memoryShard) sweep(now uint32) {
+	for i := 0; i < len(s.slots); {
+		if e := &s.slots[i]; e.hash != 0 && e.expires <= now {
+			// Removal shifts later entries into i (and entries from the
+			// table's start, already seen, into its end), so look at i
+			// again: every entry is seen at least once.
+			s.remove(i)
+			continue
+		}
+		i++
+	}
+	if len(s.slots) > minSlots && s.n < len(s.slots)/8 {
+		n := len(s.slots)
+		for n > minSlots && s.n < n/4 {
+			n /= 2
+		}
+		s.resize(n)
 	}
 }
 

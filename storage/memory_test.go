@@ -1,14 +1,21 @@
 package storage
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -102,7 +109,7 @@ func TestMemoryConcurrentExact(t *testing.T) {
 	}
 }
 
-func TestMemoryEvictsLeastRecentlyUsed(t *testing.T) {
+func TestMemoryEvictsUnusedKeys(t *testing.T) {
 	c, _ := newTestCounters(t, memoryShards) // one key per shard
 	l := algorithms.Rate{Units: 1, Window: time.Hour}
 	// Fill far beyond the bound; the store must stay bounded.
@@ -117,6 +124,189 @@ func TestMemoryEvictsLeastRecentlyUsed(t *testing.T) {
 	last := Request{Zone: "z", Key: fmt.Sprint(10*memoryShards - 1), Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}
 	if take1(c, last).Allowed {
 		t.Fatal("most recently used key was evicted")
+	}
+}
+
+// TestMemoryClockKeepsUsedKeys fills a store, keeps using some keys while
+// many new ones arrive, and checks that the ones in use keep their counts
+// (CLOCK gives them a second chance each time the hand passes) and that
+// the bound holds throughout.
+func TestMemoryClockKeepsUsedKeys(t *testing.T) {
+	const bound = 100 * memoryShards
+	c, _ := newTestCounters(t, bound)
+	l := algorithms.Rate{Units: 1 << 20, Window: time.Hour}
+	req := func(k string) Request {
+		return Request{Zone: "z", Key: k, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}
+	}
+	hot := make([]string, 0, 50)
+	for i := range cap(hot) {
+		hot = append(hot, fmt.Sprint("hot-", i))
+	}
+	uses := 0
+	for i := 0; i < 20*bound; i++ {
+		take1(c, req(fmt.Sprint("cold-", i)))
+		if i%100 == 0 {
+			// Every hot key is used once per 100 new keys, while the hand
+			// needs ~100 new keys per shard, 64*100 in all, to come round.
+			for _, k := range hot {
+				take1(c, req(k))
+			}
+			uses++
+		}
+		if i%1000 == 0 && c.len() > bound {
+			t.Fatalf("%d keys kept after %d new ones, bound is %d", c.len(), i, bound)
+		}
+	}
+	for _, k := range hot {
+		if got, ok := c.inspect("z", k); !ok || got.Current != int64(uses) {
+			t.Fatalf("hot key %s: %+v %v, want %d uses counted", k, got, ok, uses)
+		}
+	}
+	if n := c.len(); n > bound || n < bound*9/10 {
+		t.Fatalf("%d keys kept, want close to the bound %d", n, bound)
+	}
+}
+
+// TestMemoryKeysNeverShare: the same key text in different zones, and
+// different splits of the same bytes into zone and key, count apart.
+func TestMemoryKeysNeverShare(t *testing.T) {
+	c, _ := newTestCounters(t, DefaultMaxKeys)
+	l := algorithms.Rate{Units: 1, Window: time.Hour}
+	pairs := [][2]string{
+		{"a", "k"}, {"b", "k"}, {"ab", "c"}, {"a", "bc"}, {"abc", ""}, {"", "abc"},
+		{"a\x00b", "c"}, {"a", "b\x00c"}, {"a\x00", "bc"},
+		{"\x01\x00\x00\x00\x00\x00\x00\x00a", "b"}, {"", "\x01\x00\x00\x00\x00\x00\x00\x00ab"},
+	}
+	for _, p := range pairs {
+		if d := take1(c, Request{Zone: p[0], Key: p[1], Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}); !d.Allowed {
+			t.Fatalf("zone %q key %q shares a counter with an earlier pair", p[0], p[1])
+		}
+	}
+	for _, p := range pairs {
+		if got, ok := c.inspect(p[0], p[1]); !ok || got.Current != 1 {
+			t.Fatalf("zone %q key %q: %+v %v, want 1", p[0], p[1], got, ok)
+		}
+	}
+	if n := c.len(); n != len(pairs) {
+		t.Fatalf("%d keys held, want %d", n, len(pairs))
+	}
+}
+
+func TestMemoryInspectAndReset(t *testing.T) {
+	c, clock := newTestCounters(t, DefaultMaxKeys)
+	l := algorithms.Rate{Units: 3, Window: time.Minute}
+	r := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 2}
+	if _, ok := c.inspect("z", "k"); ok {
+		t.Fatal("inspect found a key never taken")
+	}
+	if c.reset("z", "k") {
+		t.Fatal("reset found a key never taken")
+	}
+	take1(c, r)
+	clock.set(vectors.Start.Add(time.Minute))
+	take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
+	idx := algorithms.WindowIndex(vectors.Start.Add(time.Minute).UnixMilli(), time.Minute.Milliseconds())
+	want := algorithms.Counts{Window: idx, Current: 1, Previous: 2}
+	if got, ok := c.inspect("z", "k"); !ok || got != want {
+		t.Fatalf("inspect: %+v %v, want %+v", got, ok, want)
+	}
+	if _, ok := c.inspect("other", "k"); ok {
+		t.Fatal("inspect found k in a zone never used")
+	}
+	if !c.reset("z", "k") {
+		t.Fatal("reset did not find the key")
+	}
+	if _, ok := c.inspect("z", "k"); ok || c.len() != 0 {
+		t.Fatalf("key still held after reset (%d keys)", c.len())
+	}
+	if d := take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 3}); !d.Allowed {
+		t.Fatalf("full budget refused after reset: %+v", d)
+	}
+}
+
+// TestMemoryShardTable drives one shard's table with hashes chosen to
+// crowd a few home slots (so clusters form and wrap round the end of the
+// table) through stores, removals, evictions, sweeps and shrinks, and
+// checks it against a map after every step.
+func TestMemoryShardTable(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var s memoryShard
+	model := map[uint64]uint32{} // hash -> expires
+	check := func(step int) {
+		t.Helper()
+		if s.n != len(model) {
+			t.Fatalf("step %d: n=%d, model holds %d", step, s.n, len(model))
+		}
+		used := 0
+		for _, e := range s.slots {
+			if e.hash != 0 {
+				used++
+				if exp, ok := model[e.hash]; !ok || exp != e.expires {
+					t.Fatalf("step %d: slot %x (expires %d) not in model (%d %v)", step, e.hash, e.expires, exp, ok)
+				}
+			}
+		}
+		if used != s.n {
+			t.Fatalf("step %d: %d slots used, n=%d", step, used, s.n)
+		}
+		for h := range model {
+			if _, ok := s.lookup(h); !ok {
+				t.Fatalf("step %d: %x unreachable", step, h)
+			}
+		}
+	}
+	randHash := func() uint64 {
+		// top bits from a small set, so keys share home slots; low bits
+		// random so they are distinct; never 0.
+		return uint64(rng.IntN(4))<<62 | uint64(rng.IntN(3))<<58 | rng.Uint64()>>8 | 1
+	}
+	for step := range 20000 {
+		bound := 200
+		if step > 10000 {
+			bound = 40 // a lower max_keys
+		}
+		switch op := rng.IntN(10); {
+		case op < 6:
+			h := randHash()
+			exp := uint32(rng.IntN(100))
+			before := s.n
+			_, had := s.lookup(h)
+			s.store(h, algorithms.Counts{Current: 1}, exp, bound, 0)
+			if !had {
+				// evictions, if any, took keys the model must forget
+				for k := range model {
+					if _, ok := s.lookup(k); !ok {
+						delete(model, k)
+					}
+				}
+				if before >= bound && s.n != bound {
+					t.Fatalf("step %d: %d keys after a store into a full shard, bound %d", step, s.n, bound)
+				}
+			}
+			model[h] = exp
+		case op < 8 && len(model) > 0:
+			for h := range model {
+				i, ok := s.lookup(h)
+				if !ok {
+					t.Fatalf("step %d: %x missing", step, h)
+				}
+				s.remove(i)
+				delete(model, h)
+				break
+			}
+		case op == 8:
+			now := uint32(rng.IntN(100))
+			s.sweep(now)
+			for h, exp := range model {
+				if exp <= now {
+					delete(model, h)
+				}
+			}
+		}
+		check(step)
+		if s.n > bound {
+			t.Fatalf("step %d: %d keys, bound %d", step, s.n, bound)
+		}
 	}
 }
 
@@ -136,6 +326,71 @@ func TestMemorySweepRemovesExpired(t *testing.T) {
 	c.sweep()
 	if n := c.len(); n != 1 {
 		t.Fatalf("after two windows: %d keys, want only the hour-long one", n)
+	}
+}
+
+// TestMemorySweepShrinks: a table emptied by the sweep gives its memory
+// back.
+func TestMemorySweepShrinks(t *testing.T) {
+	c, clock := newTestCounters(t, DefaultMaxKeys)
+	for i := range 100 * memoryShards {
+		take1(c, Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Second}, Cost: 1})
+	}
+	for i := range 2 * memoryShards {
+		take1(c, Request{Zone: "z", Key: fmt.Sprint("long-", i), Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Hour}, Cost: 1})
+	}
+	clock.set(vectors.Start.Add(time.Second))
+	c.sweep()
+	if n := c.len(); n != 2*memoryShards {
+		t.Fatalf("%d keys after the sweep, want %d", n, 2*memoryShards)
+	}
+	for i := range c.shards {
+		if s := &c.shards[i]; len(s.slots) > minSlots && s.n*4 < len(s.slots) {
+			t.Fatalf("shard %d: %d keys in %d slots after the sweep", i, s.n, len(s.slots))
+		}
+	}
+	for i := range 2 * memoryShards {
+		if _, ok := c.inspect("z", fmt.Sprint("long-", i)); !ok {
+			t.Fatalf("long-%d lost when its shard shrank", i)
+		}
+	}
+}
+
+// TestMemorySlotSize: two slots per cache line, as the layout intends.
+func TestMemorySlotSize(t *testing.T) {
+	if n := unsafe.Sizeof(memorySlot{}); n != 32 {
+		t.Fatalf("memorySlot is %d bytes, want 32", n)
+	}
+}
+
+// TestMemoryTakeRange: the memory store counts in 32 bits, so it refuses
+// limits and costs beyond maxCount rather than miscount them, and counts
+// the largest ones exactly.
+func TestMemoryTakeRange(t *testing.T) {
+	m := new(Memory)
+	if err := m.Provision(caddy.Context{}); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Cleanup()
+	d := make([]algorithms.Decision, 1)
+	rate := algorithms.Rate{Units: maxCount, Window: time.Hour}
+	for _, r := range []Request{
+		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: maxCount + 1, Window: time.Hour}, Cost: 1},
+		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: rate, Cost: maxCount + 1},
+		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: rate, Cost: -1},
+		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1}, Cost: 1},
+	} {
+		if err := m.Take(context.Background(), []Request{r}, d); err == nil {
+			t.Fatalf("%+v accepted", r)
+		}
+	}
+	r := Request{Zone: "range", Key: "k", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: maxCount}
+	if err := m.Take(context.Background(), []Request{r}, d); err != nil || !d[0].Allowed || d[0].Used != maxCount {
+		t.Fatalf("largest cost: %v %+v", err, d[0])
+	}
+	r.Cost = 1
+	if err := m.Take(context.Background(), []Request{r}, d); err != nil || d[0].Allowed || d[0].Used != maxCount {
+		t.Fatalf("after the largest cost: %v %+v", err, d[0])
 	}
 }
 
@@ -241,13 +496,145 @@ func BenchmarkMemoryTake(b *testing.B) {
 	})
 }
 
+// BenchmarkMemoryTakeDistinct takes for 100,000 distinct keys in turn, so
+// that lookups miss the CPU caches as they would under many clients.
+func BenchmarkMemoryTakeDistinct(b *testing.B) {
+	const n = 100_000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = ipKey(i)
+	}
+	rate := algorithms.Rate{Units: 1 << 30, Window: time.Minute}
+	c := newMemoryCounters(DefaultMaxKeys, time.Now)
+	defer c.Destruct()
+	d := make([]algorithms.Decision, 1)
+	for _, k := range keys {
+		c.take([]Request{{Zone: "z", Key: k, Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}, d)
+	}
+	b.Run("100k_keys", func(b *testing.B) {
+		b.ReportAllocs()
+		reqs := []Request{{Zone: "z", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}
+		i := 0
+		for b.Loop() {
+			reqs[0].Key = keys[i]
+			c.take(reqs, d)
+			if i++; i == n {
+				i = 0
+			}
+		}
+	})
+	b.Run("parallel_100k_keys", func(b *testing.B) {
+		b.ReportAllocs()
+		var next atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			reqs := []Request{{Zone: "z", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}
+			d := make([]algorithms.Decision, 1)
+			i := int(next.Add(7919)) % n // start each goroutine elsewhere
+			for pb.Next() {
+				reqs[0].Key = keys[i]
+				c.take(reqs, d)
+				if i++; i == n {
+					i = 0
+				}
+			}
+		})
+	})
+}
+
+// ipKey returns a distinct key shaped like an IPv4 address, as most keys are.
+func ipKey(i int) string {
+	return "10." + strconv.Itoa(i>>16&255) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255)
+}
+
+const bytesPerKeyChild = "MEMORY_BYTES_PER_KEY_CHILD"
+
+// BenchmarkMemoryBytesPerKey reports what one more key costs: the growth
+// of the process's RSS (rss-B/key) and of the heap in use (heap-B/key)
+// between 20,000 and 200,000 distinct keys, divided by 180,000. It
+// measures in a fresh process (this test binary, running
+// TestMemoryBytesPerKeyChild) so that memory freed by other benchmarks
+// cannot hide the growth; ns/op means nothing here.
+func BenchmarkMemoryBytesPerKey(b *testing.B) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMemoryBytesPerKeyChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), bytesPerKeyChild+"=1")
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("child: %v\n%s", err, out)
+	}
+	metrics := map[string]float64{}
+	for sc := bufio.NewScanner(strings.NewReader(string(out))); sc.Scan(); {
+		if name, v, ok := strings.Cut(sc.Text(), "="); ok {
+			if f, err := strconv.ParseFloat(v, 64); err == nil {
+				metrics[name] = f
+			}
+		}
+	}
+	if len(metrics) != 2 {
+		b.Fatalf("child printed no figures:\n%s", out)
+	}
+	for b.Loop() {
+	}
+	b.ReportMetric(0, "ns/op")
+	for name, v := range metrics {
+		b.ReportMetric(v, name)
+	}
+}
+
+// TestMemoryBytesPerKeyChild is the measuring half of
+// BenchmarkMemoryBytesPerKey; it runs only when the benchmark starts it.
+func TestMemoryBytesPerKeyChild(t *testing.T) {
+	if os.Getenv(bytesPerKeyChild) == "" {
+		t.Skip("run by BenchmarkMemoryBytesPerKey")
+	}
+	c := newMemoryCounters(DefaultMaxKeys, time.Now)
+	defer c.Destruct()
+	rate := algorithms.Rate{Units: 1 << 30, Window: time.Hour}
+	d := make([]algorithms.Decision, 1)
+	fill := func(from, to int) {
+		for i := from; i < to; i++ {
+			c.take([]Request{{Zone: "z", Key: ipKey(i), Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}, d)
+		}
+	}
+	measure := func() (rss, heap uint64) {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		statm, err := os.ReadFile("/proc/self/statm")
+		if err != nil {
+			t.Skip("no /proc/self/statm:", err)
+		}
+		fields := strings.Fields(string(statm))
+		pages, err := strconv.ParseUint(fields[1], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pages * uint64(os.Getpagesize()), ms.HeapInuse
+	}
+	const small, large = 20_000, 200_000
+	fill(0, small)
+	rss0, heap0 := measure()
+	fill(small, large)
+	rss1, heap1 := measure()
+	if n := c.len(); n != large {
+		t.Fatalf("%d keys held, want %d", n, large)
+	}
+	fmt.Printf("rss-B/key=%.1f\n", float64(int64(rss1-rss0))/(large-small))
+	fmt.Printf("heap-B/key=%.1f\n", float64(int64(heap1-heap0))/(large-small))
+}
+
 // len counts the keys held, for tests.
 func (c *memoryCounters) len() int {
 	n := 0
 	for i := range c.shards {
 		c.shards[i].mu.Lock()
-		n += len(c.shards[i].entries)
+		n += c.shards[i].n
 		c.shards[i].mu.Unlock()
 	}
 	return n
+}
+
+func TestMemoryShardSize(t *testing.T) {
+	if n := unsafe.Sizeof(memoryShard{}); n != 64 {
+		t.Fatalf("memoryShard is %d bytes, want 64", n)
+	}
 }
