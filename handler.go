@@ -37,6 +37,9 @@ type charge struct {
 	zone     *Zone
 	req      storage.Request
 	decision algorithms.Decision
+	// dryRun tells that the zone counts without rejecting, by its config
+	// or by a dial.
+	dryRun bool
 	// dryRunExceeded marks a dry-run zone that would have rejected.
 	dryRunExceeded bool
 }
@@ -59,11 +62,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if !match {
 			continue
 		}
-		limit, ok := z.resolveLimit(repl)
-		if !ok {
-			continue
+		dryRun := z.DryRun
+		var dial storage.Dial
+		if z.admin != nil {
+			if d, ok := z.admin.Dial(z.Name); ok && d.Active(time.Now()) {
+				dial = d
+			}
 		}
-		s.charges = append(s.charges, charge{zone: z, req: storage.Request{
+		switch dial.Mode {
+		case storage.ModeOff:
+			continue
+		case storage.ModeDryRun:
+			dryRun = true
+		case storage.ModeEnforce:
+			dryRun = false
+		}
+		limit, ok := dial.Limit, dial.Limit > 0
+		if !ok {
+			if limit, ok = z.resolveLimit(repl); !ok {
+				continue
+			}
+		}
+		s.charges = append(s.charges, charge{zone: z, dryRun: dryRun, req: storage.Request{
 			Zone:      z.Name,
 			Key:       z.resolveKey(repl),
 			Algorithm: z.Algorithm,
@@ -253,7 +273,7 @@ func (h *Handler) rejection(charges []charge) (rejected *charge, dryRunSaidNo bo
 		if c.dryRunExceeded || c.decision.Allowed {
 			continue
 		}
-		if c.zone.DryRun {
+		if c.dryRun {
 			c.dryRunExceeded = true
 			dryRunSaidNo = true
 			h.logger.Info("rate limit would be exceeded (dry run)",

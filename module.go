@@ -153,6 +153,10 @@ type Zone struct {
 	// policySeconds is the window in whole seconds, rounded up, for the
 	// RateLimit-Policy header.
 	policySeconds int64
+	// admin is the store's admin side (dials, overrides), nil if the store
+	// has none; storeName names the store for the admin API.
+	admin     storage.Admin
+	storeName string
 }
 
 // CaddyModule returns the Caddy module information.
@@ -211,6 +215,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("zone %q: %w", z.Name, err)
 		}
 		h.delays = h.delays || z.MaxDelay > 0
+		z.admin, _ = store.(storage.Admin)
+		z.storeName = h.storeName
+		registerZone(z)
 	}
 	return nil
 }
@@ -260,6 +267,16 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	for m, c := range z.Cost {
 		if m != "*" {
 			z.costs[methodIndex(m)] = c
+		}
+	}
+	return nil
+}
+
+// Cleanup takes the handler's zones out of the admin API's view.
+func (h *Handler) Cleanup() error {
+	for _, z := range h.Zones {
+		if z != nil && z.storeName != "" {
+			unregisterZone(z)
 		}
 	}
 	return nil
@@ -526,5 +543,6 @@ func methodIndex(m string) int {
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )

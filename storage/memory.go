@@ -237,6 +237,9 @@ type memoryCounters struct {
 	usersMu sync.Mutex
 	users   []*Memory
 
+	// admin holds the overrides and dials set through the admin API.
+	admin memoryAdmin
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -340,7 +343,11 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 			s.slots[j].ref = true
 			counts = s.slots[j].counts()
 		}
-		d, n := algorithms.Decide(r.Algorithm, counts, now, r.Rate, r.Cost)
+		rate := r.Rate
+		if o, ok := c.admin.override(r.Zone, r.Key, now); ok {
+			rate.Units = o.Limit
+		}
+		d, n := algorithms.Decide(r.Algorithm, counts, now, rate, r.Cost)
 		decisions[i] = d
 		next = append(next, n)
 		allowed = allowed && d.Allowed

@@ -1,0 +1,333 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+)
+
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// adminAPI is the admin endpoint /rate_limit/: it lists the running
+// zones, shows and resets a key's counts, sets per-key limit overrides and
+// zone-wide dials. Every change acts on the zone's store, so with a shared
+// store one call on any instance acts on the whole fleet. The admin
+// endpoint's own access rules apply (it listens on localhost by default).
+type adminAPI struct {
+	logger *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.rate_limit",
+		New: func() caddy.Module { return new(adminAPI) },
+	}
+}
+
+// Provision sets up the logger for admin changes.
+func (a *adminAPI) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger()
+	return nil
+}
+
+// Routes returns the /rate_limit/ routes.
+func (a *adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serve)}}
+}
+
+// running knows the zones of the loaded configs by name. During a reload
+// two configs run at once; the zone provisioned last is the one in force.
+var running = struct {
+	sync.Mutex
+	zones map[string][]*Zone
+}{zones: make(map[string][]*Zone)}
+
+func registerZone(z *Zone) {
+	running.Lock()
+	defer running.Unlock()
+	running.zones[z.Name] = append(running.zones[z.Name], z)
+}
+
+func unregisterZone(z *Zone) {
+	running.Lock()
+	defer running.Unlock()
+	zs := slices.DeleteFunc(running.zones[z.Name], func(o *Zone) bool { return o == z })
+	if len(zs) == 0 {
+		delete(running.zones, z.Name)
+	} else {
+		running.zones[z.Name] = zs
+	}
+}
+
+// runningZone returns the zone in force with that name.
+func runningZone(name string) *Zone {
+	running.Lock()
+	defer running.Unlock()
+	zs := running.zones[name]
+	if len(zs) == 0 {
+		return nil
+	}
+	return zs[len(zs)-1]
+}
+
+// zoneInfo is a zone as GET /rate_limit/zones shows it.
+type zoneInfo struct {
+	Name      string               `json:"name"`
+	Algorithm algorithms.Algorithm `json:"algorithm"`
+	Window    string               `json:"window"`
+	Limit     Alternatives         `json:"limit"`
+	Store     string               `json:"store"`
+	DryRun    bool                 `json:"dry_run,omitempty"`
+	Dial      *dialInfo            `json:"dial,omitempty"`
+}
+
+// dialInfo is a dial as the admin API shows and takes it.
+type dialInfo struct {
+	Mode    string    `json:"mode,omitempty"`
+	Limit   int64     `json:"limit,omitempty"`
+	Expires time.Time `json:"expires,omitzero"`
+}
+
+// keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
+type keyInfo struct {
+	Zone string `json:"zone"`
+	Key  string `json:"key"`
+	// Used is what counts against the limit now: the current window's
+	// count plus, for a sliding tail, the previous window's weighted share.
+	Used             int64             `json:"used"`
+	Current          int64             `json:"current"`
+	Previous         int64             `json:"previous"`
+	PreviousWeighted int64             `json:"previous_weighted"`
+	Reset            time.Time         `json:"reset"`
+	Override         *storage.Override `json:"override,omitempty"`
+}
+
+// serve routes one admin request:
+//
+//	GET    /rate_limit/zones
+//	GET    /rate_limit/zones/<zone>/keys/<key>
+//	DELETE /rate_limit/zones/<zone>/keys/<key>
+//	PUT    /rate_limit/zones/<zone>/keys/<key>/limit   {"limit": n, "ttl": "24h"}
+//	DELETE /rate_limit/zones/<zone>/keys/<key>/limit
+//	PUT    /rate_limit/zones/<zone>/dial               {"mode": m, "limit": n, "ttl": "1h"}
+//	DELETE /rate_limit/zones/<zone>/dial
+//
+// Zone names and keys are path segments, URL-path-escaped.
+func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
+	var parts []string
+	for _, p := range strings.Split(strings.Trim(r.URL.EscapedPath(), "/"), "/") {
+		u, err := url.PathUnescape(p)
+		if err != nil {
+			return apiError(http.StatusBadRequest, fmt.Errorf("path segment %q: %w", p, err))
+		}
+		parts = append(parts, u)
+	}
+	if len(parts) < 2 || parts[0] != "rate_limit" || parts[1] != "zones" {
+		return apiError(http.StatusNotFound, errors.New("not found; see GET /rate_limit/zones"))
+	}
+	if len(parts) == 2 {
+		return a.listZones(w, r)
+	}
+	z := runningZone(parts[2])
+	if z == nil {
+		return apiError(http.StatusNotFound, fmt.Errorf("zone %q: no such zone in the running config", parts[2]))
+	}
+	if z.admin == nil {
+		return apiError(http.StatusNotImplemented, fmt.Errorf("zone %q: store %s has no admin API", z.Name, z.storeName))
+	}
+	switch {
+	case len(parts) == 4 && parts[3] == "dial":
+		return a.dial(w, r, z)
+	case len(parts) == 5 && parts[3] == "keys":
+		return a.key(w, r, z, parts[4])
+	case len(parts) == 6 && parts[3] == "keys" && parts[5] == "limit":
+		return a.override(w, r, z, parts[4])
+	}
+	return apiError(http.StatusNotFound, errors.New("not found; see GET /rate_limit/zones"))
+}
+
+func (a *adminAPI) listZones(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		return methodNotAllowed(r)
+	}
+	running.Lock()
+	names := make([]string, 0, len(running.zones))
+	for name := range running.zones {
+		names = append(names, name)
+	}
+	running.Unlock()
+	slices.Sort(names)
+	out := []zoneInfo{}
+	now := time.Now()
+	for _, name := range names {
+		z := runningZone(name)
+		if z == nil {
+			continue
+		}
+		info := zoneInfo{Name: z.Name, Algorithm: z.Algorithm, Window: time.Duration(z.Window).String(),
+			Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun}
+		if z.admin != nil {
+			if d, ok := z.admin.Dial(z.Name); ok && d.Active(now) {
+				info.Dial = &dialInfo{Mode: d.Mode, Limit: d.Limit, Expires: d.Expires}
+			}
+		}
+		out = append(out, info)
+	}
+	return writeJSON(w, out)
+}
+
+func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z *Zone, raw string) error {
+	key := storage.BoundKey(raw)
+	switch r.Method {
+	case http.MethodGet:
+		counts, o, err := z.admin.KeyState(r.Context(), z.Name, key)
+		if err != nil {
+			return apiError(http.StatusBadGateway, err)
+		}
+		// Decide for a request of no cost against no limit reports what
+		// counts now, without charging anything.
+		d, rolled := algorithms.Decide(z.Algorithm, counts, time.Now(), algorithms.Rate{Units: maxLimit, Window: time.Duration(z.Window)}, 0)
+		return writeJSON(w, keyInfo{Zone: z.Name, Key: key, Used: d.Used, Current: rolled.Current,
+			Previous: rolled.Previous, PreviousWeighted: d.Used - rolled.Current, Reset: d.Reset, Override: o})
+	case http.MethodDelete:
+		if err := z.admin.ResetKey(r.Context(), z.Name, key); err != nil {
+			return apiError(http.StatusBadGateway, err)
+		}
+		a.changed(r, "key reset", z, zap.String("key", key))
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	return methodNotAllowed(r)
+}
+
+func (a *adminAPI) override(w http.ResponseWriter, r *http.Request, z *Zone, raw string) error {
+	key := storage.BoundKey(raw)
+	switch r.Method {
+	case http.MethodPut:
+		var body struct {
+			Limit int64          `json:"limit"`
+			TTL   caddy.Duration `json:"ttl"`
+		}
+		if err := decodeBody(r, &body); err != nil {
+			return err
+		}
+		if body.Limit < 1 || body.Limit > maxLimit {
+			return apiError(http.StatusBadRequest, fmt.Errorf("limit: want an integer from 1 to %d, got %d", maxLimit, body.Limit))
+		}
+		if body.TTL < 0 {
+			return apiError(http.StatusBadRequest, fmt.Errorf("ttl: want a positive duration, got %s", time.Duration(body.TTL)))
+		}
+		o := storage.Override{Limit: body.Limit}
+		if body.TTL > 0 {
+			o.Expires = time.Now().Add(time.Duration(body.TTL))
+		}
+		if err := z.admin.SetOverride(r.Context(), z.Name, key, o); err != nil {
+			return apiError(http.StatusBadGateway, err)
+		}
+		a.changed(r, "key limit override set", z, zap.String("key", key), zap.Int64("limit", o.Limit), zap.Time("expires", o.Expires))
+		return writeJSON(w, o)
+	case http.MethodDelete:
+		if err := z.admin.DeleteOverride(r.Context(), z.Name, key); err != nil {
+			return apiError(http.StatusBadGateway, err)
+		}
+		a.changed(r, "key limit override removed", z, zap.String("key", key))
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	return methodNotAllowed(r)
+}
+
+func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z *Zone) error {
+	switch r.Method {
+	case http.MethodPut:
+		var body struct {
+			Mode  string         `json:"mode"`
+			Limit int64          `json:"limit"`
+			TTL   caddy.Duration `json:"ttl"`
+		}
+		if err := decodeBody(r, &body); err != nil {
+			return err
+		}
+		switch body.Mode {
+		case "", storage.ModeEnforce, storage.ModeDryRun, storage.ModeOff:
+		default:
+			return apiError(http.StatusBadRequest, fmt.Errorf("mode: want enforce, dry_run or off, got %q", body.Mode))
+		}
+		if body.Limit < 0 || body.Limit > maxLimit {
+			return apiError(http.StatusBadRequest, fmt.Errorf("limit: want an integer from 1 to %d, got %d", maxLimit, body.Limit))
+		}
+		if body.TTL < 0 {
+			return apiError(http.StatusBadRequest, fmt.Errorf("ttl: want a positive duration, got %s", time.Duration(body.TTL)))
+		}
+		if body.Mode == "" && body.Limit == 0 {
+			return apiError(http.StatusBadRequest, errors.New("want a mode, a limit or both"))
+		}
+		d := storage.Dial{Mode: body.Mode, Limit: body.Limit}
+		if body.TTL > 0 {
+			d.Expires = time.Now().Add(time.Duration(body.TTL))
+		}
+		if err := z.admin.SetDial(r.Context(), z.Name, d); err != nil {
+			return apiError(http.StatusBadGateway, err)
+		}
+		a.changed(r, "zone dial set", z, zap.String("mode", d.Mode), zap.Int64("limit", d.Limit), zap.Time("expires", d.Expires))
+		return writeJSON(w, dialInfo(d))
+	case http.MethodDelete:
+		if err := z.admin.DeleteDial(r.Context(), z.Name); err != nil {
+			return apiError(http.StatusBadGateway, err)
+		}
+		a.changed(r, "zone dial removed", z)
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	return methodNotAllowed(r)
+}
+
+// changed logs an admin change at info level, with who asked for it.
+func (a *adminAPI) changed(r *http.Request, what string, z *Zone, fields ...zap.Field) {
+	fields = append([]zap.Field{zap.String("zone", z.Name), zap.String("store", z.storeName), zap.String("remote_addr", r.RemoteAddr)}, fields...)
+	a.logger.Info("rate limit admin: "+what, fields...)
+}
+
+// decodeBody reads a JSON body into v, refusing unknown fields.
+func decodeBody(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return apiError(http.StatusBadRequest, fmt.Errorf("body: want a JSON object: %w", err))
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(v)
+}
+
+func apiError(status int, err error) error {
+	return caddy.APIError{HTTPStatus: status, Err: err, Message: err.Error()}
+}
+
+func methodNotAllowed(r *http.Request) error {
+	return apiError(http.StatusMethodNotAllowed, fmt.Errorf("method %s not allowed", r.Method))
+}
+
+// Interface guards
+var (
+	_ caddy.AdminRouter = (*adminAPI)(nil)
+	_ caddy.Provisioner = (*adminAPI)(nil)
+)

@@ -1,0 +1,182 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+// adminDo sends one admin API request to base (an admin endpoint's URL)
+// and returns the status and body.
+func adminDo(t *testing.T, base, method, path, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// adminSite limits each X-Client to limit requests per hour in zone, in
+// the given store.
+func adminSite(zone, store string, limit int) string {
+	return fmt.Sprintf(`
+:9080 {
+	rate_limit {
+		%s
+		zone %s {
+			key {header.X-Client}
+			limit %d
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`, store, zone, limit)
+}
+
+// statuses sends n requests for client and returns their statuses.
+func statuses(t *testing.T, n int, client string) []int {
+	t.Helper()
+	var out []int
+	for range n {
+		code, _ := redisGet(t, client)
+		out = append(out, code)
+	}
+	return out
+}
+
+func wantStatuses(t *testing.T, got []int, want ...int) {
+	t.Helper()
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("statuses %v, want %v", got, want)
+	}
+}
+
+// TestAdminAPIMemory drives every admin route against the memory store
+// through a running Caddy, as an operator would with curl.
+func TestAdminAPIMemory(t *testing.T) {
+	startCaddy(t, adminSite("admin_mem", "", 2))
+	testAdminAPI(t, adminURL, "admin_mem", "memory", func(client string, n int) []int { return statuses(t, n, client) })
+}
+
+// testAdminAPI runs the admin API checks on zone (limit 2 per hour per
+// X-Client) through the admin endpoint at base; send sends n requests for
+// a client to a site using the zone.
+func testAdminAPI(t *testing.T, base, zone, store string, send func(client string, n int) []int) {
+	t.Helper()
+	keyPath := func(key string) string {
+		return "/rate_limit/zones/" + zone + "/keys/" + url.PathEscape(key)
+	}
+
+	t.Run("list zones", func(t *testing.T) {
+		code, body := adminDo(t, base, http.MethodGet, "/rate_limit/zones", "")
+		var zones []zoneInfo
+		if code != 200 || json.Unmarshal([]byte(body), &zones) != nil {
+			t.Fatalf("%d %s", code, body)
+		}
+		found := false
+		for _, z := range zones {
+			if z.Name == zone {
+				found = z.Store == store && z.Window == "1h0m0s" && fmt.Sprint(z.Limit) == "[2]" && z.Algorithm == "sliding_tail"
+			}
+		}
+		if !found {
+			t.Fatalf("zone %s (store %s) not listed as configured: %s", zone, store, body)
+		}
+	})
+
+	t.Run("inspect and reset a key", func(t *testing.T) {
+		client := "a/b c" // a key that needs escaping in a path
+		wantStatuses(t, send(client, 3), 200, 200, 429)
+		code, body := adminDo(t, base, http.MethodGet, keyPath(client), "")
+		var k keyInfo
+		if code != 200 || json.Unmarshal([]byte(body), &k) != nil || k.Key != client || k.Used != 2 || k.Current != 2 || k.Reset.IsZero() {
+			t.Fatalf("GET key: %d %s", code, body)
+		}
+		if code, body := adminDo(t, base, http.MethodDelete, keyPath(client), ""); code != http.StatusNoContent {
+			t.Fatalf("DELETE key: %d %s", code, body)
+		}
+		wantStatuses(t, send(client, 3), 200, 200, 429)
+		code, body = adminDo(t, base, http.MethodGet, keyPath("never-seen"), "")
+		if code != 200 || !strings.Contains(body, `"used":0`) {
+			t.Fatalf("unseen key: %d %s", code, body)
+		}
+	})
+
+	t.Run("per-key limit override", func(t *testing.T) {
+		wantStatuses(t, send("vip", 3), 200, 200, 429)
+		code, body := adminDo(t, base, http.MethodPut, keyPath("vip")+"/limit", `{"limit": 5, "ttl": "24h"}`)
+		if code != 200 || !strings.Contains(body, `"limit":5`) {
+			t.Fatalf("PUT limit: %d %s", code, body)
+		}
+		wantStatuses(t, send("vip", 4), 200, 200, 200, 429)
+		if code, body := adminDo(t, base, http.MethodGet, keyPath("vip"), ""); code != 200 || !strings.Contains(body, `"override":{"limit":5`) {
+			t.Fatalf("GET shows no override: %d %s", code, body)
+		}
+		if code, body := adminDo(t, base, http.MethodDelete, keyPath("vip")+"/limit", ""); code != http.StatusNoContent {
+			t.Fatalf("DELETE limit: %d %s", code, body)
+		}
+		wantStatuses(t, send("vip", 1), 429)
+	})
+
+	t.Run("zone dial", func(t *testing.T) {
+		wantStatuses(t, send("dial", 3), 200, 200, 429)
+		for _, c := range []struct {
+			body string
+			want []int
+		}{
+			{`{"mode": "off"}`, []int{200, 200}},
+			{`{"mode": "dry_run"}`, []int{200, 200}},
+			// dry-run requests over the limit were not charged: 2 counted of 6
+			{`{"mode": "enforce", "limit": 6, "ttl": "1h"}`, []int{200, 200, 200, 200, 429}},
+		} {
+			if code, body := adminDo(t, base, http.MethodPut, "/rate_limit/zones/"+zone+"/dial", c.body); code != 200 {
+				t.Fatalf("PUT dial %s: %d %s", c.body, code, body)
+			}
+			wantStatuses(t, send("dial", len(c.want)), c.want...)
+		}
+		if _, body := adminDo(t, base, http.MethodGet, "/rate_limit/zones", ""); !strings.Contains(body, `"dial":{"mode":"enforce","limit":6`) {
+			t.Fatalf("zone list shows no dial: %s", body)
+		}
+		if code, body := adminDo(t, base, http.MethodDelete, "/rate_limit/zones/"+zone+"/dial", ""); code != http.StatusNoContent {
+			t.Fatalf("DELETE dial: %d %s", code, body)
+		}
+		wantStatuses(t, send("dial", 1), 429)
+	})
+
+	t.Run("errors", func(t *testing.T) {
+		for _, c := range []struct {
+			method, path, body string
+			status             int
+		}{
+			{http.MethodGet, "/rate_limit/zones/nosuch/keys/k", "", http.StatusNotFound},
+			{http.MethodPut, "/rate_limit/zones/nosuch/dial", `{"mode":"off"}`, http.StatusNotFound},
+			{http.MethodPut, "/rate_limit/zones/" + zone + "/dial", `{"mode":"loud"}`, http.StatusBadRequest},
+			{http.MethodPut, "/rate_limit/zones/" + zone + "/dial", `{}`, http.StatusBadRequest},
+			{http.MethodPut, "/rate_limit/zones/" + zone + "/dial", `not json`, http.StatusBadRequest},
+			{http.MethodPut, keyPath("k") + "/limit", `{"limit": 0}`, http.StatusBadRequest},
+			{http.MethodPut, keyPath("k") + "/limit", `{"limit": 5, "tll": "1h"}`, http.StatusBadRequest},
+			{http.MethodPost, keyPath("k"), "", http.StatusMethodNotAllowed},
+		} {
+			code, body := adminDo(t, base, c.method, c.path, c.body)
+			var e struct{ Error string }
+			if code != c.status || json.Unmarshal([]byte(body), &e) != nil || e.Error == "" {
+				t.Errorf("%s %s %s: %d %s, want %d with a JSON error", c.method, c.path, c.body, code, body, c.status)
+			}
+		}
+	})
+}

@@ -1,0 +1,65 @@
+package storage
+
+import (
+	"context"
+	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+)
+
+// Override is a per-key limit set through the admin API. It wins over the
+// zone's limit alternatives and over a dial's limit until it expires.
+type Override struct {
+	Limit int64 `json:"limit"`
+	// Expires is when the override ends; the zero time means never.
+	Expires time.Time `json:"expires,omitzero"`
+}
+
+// Active reports whether o is in force at now.
+func (o Override) Active(now time.Time) bool {
+	return o.Limit > 0 && (o.Expires.IsZero() || now.Before(o.Expires))
+}
+
+// Modes of a dial.
+const (
+	ModeEnforce = "enforce"
+	ModeDryRun  = "dry_run"
+	ModeOff     = "off"
+)
+
+// Dial is a zone-wide setting made through the admin API: a mode (enforce,
+// dry_run or off) and a limit that replaces the zone's limit alternatives
+// for every key without an override. Either may be unset.
+type Dial struct {
+	Mode  string `json:"mode,omitempty"`
+	Limit int64  `json:"limit,omitempty"`
+	// Expires is when the dial ends; the zero time means never.
+	Expires time.Time `json:"expires,omitzero"`
+}
+
+// Active reports whether d is in force at now.
+func (d Dial) Active(now time.Time) bool {
+	return (d.Mode != "" || d.Limit > 0) && (d.Expires.IsZero() || now.Before(d.Expires))
+}
+
+// Admin is what the admin API asks of a store. With a shared store (Redis)
+// a change made through any instance applies on every instance that shares
+// it within a second: each instance rereads the dials in the background,
+// and forgets its cached rejections of a key that was reset or given an
+// override.
+type Admin interface {
+	// KeyState returns the counts the store holds for key in zone (zero
+	// counts for an unseen key) and the override in force, if any.
+	KeyState(ctx context.Context, zone, key string) (algorithms.Counts, *Override, error)
+	// ResetKey forgets key's counts in zone.
+	ResetKey(ctx context.Context, zone, key string) error
+	// SetOverride sets a per-key limit; DeleteOverride removes it.
+	SetOverride(ctx context.Context, zone, key string, o Override) error
+	DeleteOverride(ctx context.Context, zone, key string) error
+	// SetDial sets zone's dial; DeleteDial returns the zone to its config.
+	SetDial(ctx context.Context, zone string, d Dial) error
+	DeleteDial(ctx context.Context, zone string) error
+	// Dial returns the dial in force for zone. It is asked on every
+	// request, so it answers from memory.
+	Dial(zone string) (Dial, bool)
+}

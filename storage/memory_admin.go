@@ -1,0 +1,114 @@
+package storage
+
+import (
+	"context"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+)
+
+// memoryAdmin holds the memory store's per-key overrides and zone dials.
+// It lives in the shared counters, so both outlive config reloads; they
+// are local to this Caddy instance, as the counters are.
+type memoryAdmin struct {
+	mu        sync.Mutex
+	overrides map[memoryKey]Override
+	// count is len(overrides), read on every take so that a store without
+	// overrides pays one atomic load for them.
+	count atomic.Int64
+	// dials is replaced, never changed, so a request reads it without a
+	// lock.
+	dials atomic.Pointer[map[string]Dial]
+}
+
+// override returns the override in force for key in zone at now.
+func (a *memoryAdmin) override(zone, key string, now time.Time) (Override, bool) {
+	if a.count.Load() == 0 {
+		return Override{}, false
+	}
+	a.mu.Lock()
+	o, ok := a.overrides[memoryKey{zone, key}]
+	a.mu.Unlock()
+	return o, ok && o.Active(now)
+}
+
+// KeyState implements Admin.
+func (m *Memory) KeyState(_ context.Context, zone, key string) (algorithms.Counts, *Override, error) {
+	counts, _ := m.counters.inspect(zone, key)
+	if o, ok := m.counters.admin.override(zone, key, time.Now()); ok {
+		return counts, &o, nil
+	}
+	return counts, nil, nil
+}
+
+// ResetKey implements Admin.
+func (m *Memory) ResetKey(_ context.Context, zone, key string) error {
+	m.counters.reset(zone, key)
+	return nil
+}
+
+// SetOverride implements Admin.
+func (m *Memory) SetOverride(_ context.Context, zone, key string, o Override) error {
+	a := &m.counters.admin
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.overrides == nil {
+		a.overrides = make(map[memoryKey]Override)
+	}
+	a.overrides[memoryKey{zone, key}] = o
+	a.count.Store(int64(len(a.overrides)))
+	return nil
+}
+
+// DeleteOverride implements Admin.
+func (m *Memory) DeleteOverride(_ context.Context, zone, key string) error {
+	a := &m.counters.admin
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.overrides, memoryKey{zone, key})
+	a.count.Store(int64(len(a.overrides)))
+	return nil
+}
+
+// SetDial implements Admin.
+func (m *Memory) SetDial(_ context.Context, zone string, d Dial) error {
+	m.counters.admin.updateDials(func(dials map[string]Dial) { dials[zone] = d })
+	return nil
+}
+
+// DeleteDial implements Admin.
+func (m *Memory) DeleteDial(_ context.Context, zone string) error {
+	m.counters.admin.updateDials(func(dials map[string]Dial) { delete(dials, zone) })
+	return nil
+}
+
+// Dial implements Admin.
+func (m *Memory) Dial(zone string) (Dial, bool) {
+	dials := m.counters.admin.dials.Load()
+	if dials == nil {
+		return Dial{}, false
+	}
+	d, ok := (*dials)[zone]
+	return d, ok
+}
+
+// updateDials replaces the dials with a changed copy.
+func (a *memoryAdmin) updateDials(change func(map[string]Dial)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	next := make(map[string]Dial)
+	if old := a.dials.Load(); old != nil {
+		maps.Copy(next, *old)
+	}
+	change(next)
+	if len(next) == 0 {
+		a.dials.Store(nil)
+		return
+	}
+	a.dials.Store(&next)
+}
+
+var _ Admin = (*Memory)(nil)
