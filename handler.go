@@ -112,6 +112,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		default:
 			c.zone.results[resultAllowed].Inc()
 		}
+		if c.decision.Rolled && !c.dryRunExceeded {
+			// This charge moved the key into a new window: report what
+			// it used of its limit in the one that finished.
+			c.zone.usage.Observe(float64(c.decision.Finished) / float64(c.decision.Limit))
+		}
 	}
 	h.report(w, r, repl, leastRemaining(s.charges), anyDryRunExceeded(s.charges))
 	return next.ServeHTTP(w, r)

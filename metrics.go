@@ -17,6 +17,7 @@ var metrics = struct {
 	requests      *prometheus.CounterVec
 	storeErrors   *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
+	periodUsage   *prometheus.HistogramVec
 }{}
 
 // Values of the result label.
@@ -48,8 +49,14 @@ func registerMetrics(registry *prometheus.Registry) error {
 			Help:    "How long a remote store took to answer one decision.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}, []string{"store"})
+		metrics.periodUsage = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "period_usage_ratio",
+			Help: "Once per key and finished window, the share of its limit the key used: how close users run to their limits " +
+				"(histogram_quantile(0.999, ...)). Observed by the instance whose charge rolls the key into a new window.",
+			Buckets: []float64{.05, .1, .25, .5, .75, .9, .95, .99, 1, 1.25, 1.5, 2, 5},
+		}, []string{"zone"})
 	})
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration} {
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // metricValue reads one series from the admin endpoint's /metrics, "" if
@@ -100,5 +102,58 @@ func TestMetrics(t *testing.T) {
 	resp.Body.Close()
 	if strings.Contains(string(body), "m\"") && strings.Contains(string(body), `key="`) {
 		t.Fatal("a series is labelled with a key")
+	}
+}
+
+// TestPeriodUsage: once a key's window has finished, the charge that moves
+// it into the next window observes the share of the limit it used.
+func TestPeriodUsage(t *testing.T) {
+	tc := startCaddy(t, `
+:9080 {
+	rate_limit {
+		zone usage_ratio {
+			key {header.X-Client}
+			limit 4
+			window 1s
+			algorithm fixed_window
+		}
+	}
+	respond "ok"
+}
+`)
+	count := `caddy_http_rate_limit_period_usage_ratio_count{zone="usage_ratio"}`
+	sum := `caddy_http_rate_limit_period_usage_ratio_sum{zone="usage_ratio"}`
+	before := metricCount(t, count)
+	var sumBefore float64
+	fmt.Sscan(metricValue(t, sum), &sumBefore)
+
+	// Three requests in one window (told by their reset instant), then one
+	// in a later window.
+	var client, reset string
+	for try := 0; ; try++ {
+		client = fmt.Sprint("u", try)
+		resets := map[string]bool{}
+		for range 3 {
+			resp, _ := do(t, tc, http.MethodGet, siteURL+"/", "X-Client: "+client)
+			reset = resp.Header.Get("X-RateLimit-Reset")
+			resets[reset] = true
+		}
+		if len(resets) == 1 {
+			break
+		}
+		if try == 10 {
+			t.Fatal("no three requests fell in one window")
+		}
+	}
+	end, _ := strconv.ParseInt(reset, 10, 64)
+	time.Sleep(time.Until(time.Unix(end, 0)))
+	if metricCount(t, count) != before {
+		t.Fatal("usage observed before the window was rolled")
+	}
+	do(t, tc, http.MethodGet, siteURL+"/", "X-Client: "+client)
+	var sumAfter float64
+	fmt.Sscan(metricValue(t, sum), &sumAfter)
+	if n := metricCount(t, count) - before; n != 1 || sumAfter-sumBefore != 0.75 {
+		t.Fatalf("%d observations adding %v, want one of 0.75 (3 of 4)", n, sumAfter-sumBefore)
 	}
 }

@@ -146,6 +146,8 @@ type Zone struct {
 	// caddy_http_rate_limit_requests_total), looked up once here so
 	// that counting costs one atomic add.
 	results [resultCount]prometheus.Counter
+	// usage is the zone's series of caddy_http_rate_limit_period_usage_ratio.
+	usage   prometheus.Observer
 	keys    []template
 	limits  []template
 	costs   [methodCount]int64
@@ -238,6 +240,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	for i := range z.results {
 		z.results[i] = metrics.requests.WithLabelValues(z.Name, resultNames[i])
 	}
+	z.usage = metrics.periodUsage.WithLabelValues(z.Name)
 	if z.MaxWaiting == 0 {
 		z.MaxWaiting = DefaultMaxWaiting
 	}

@@ -73,6 +73,13 @@ type Decision struct {
 	// It is the zero time for an allowed request, and for a request whose
 	// cost exceeds the limit, which can never be allowed, it is Reset.
 	RetryAt time.Time
+	// Rolled tells that the key's stored counts were of an earlier window
+	// than the request's: this request rolls the key into a new window,
+	// and Finished is what the key used in the last window it was charged
+	// in. Stores write the roll only with an allowed request, so across a
+	// fleet exactly one allowed request reports each finished window.
+	Rolled   bool
+	Finished int64
 }
 
 // Decide rolls c forward to now, decides whether a request of the given cost
@@ -90,6 +97,7 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decisio
 		// rather than forget what it counted.
 		idx, nowMs = c.Window, c.Window*w
 	}
+	rolled, finished := c.Window != 0 && c.Window < idx, c.Current
 	c = Roll(c, idx)
 	elapsed := nowMs - idx*w
 	end := (idx + 1) * w
@@ -99,7 +107,10 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decisio
 		used += mulDiv(c.Previous, w-elapsed, w)
 	}
 
-	d := Decision{Limit: l.Units, Reset: time.UnixMilli(end)}
+	d := Decision{Limit: l.Units, Reset: time.UnixMilli(end), Rolled: rolled}
+	if rolled {
+		d.Finished = finished
+	}
 	if used+cost <= l.Units {
 		d.Allowed = true
 		used += cost

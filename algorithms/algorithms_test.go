@@ -97,3 +97,31 @@ func BenchmarkDecide(b *testing.B) {
 		})
 	}
 }
+
+// TestRolledReportsTheFinishedWindow: a decision that moves a key into a
+// new window reports what the key used in the last window it was charged
+// in; a new key and a key within its window report no roll.
+func TestRolledReportsTheFinishedWindow(t *testing.T) {
+	rate := algorithms.Rate{Units: 10, Window: time.Minute}
+	start := time.UnixMilli(vectors.Start.UnixMilli() / 60000 * 60000)
+	var c algorithms.Counts
+	steps := []struct {
+		at       time.Duration
+		cost     int64
+		rolled   bool
+		finished int64
+	}{
+		{0, 3, false, 0},           // a new key
+		{time.Second, 4, false, 0}, // same window: 7 used
+		{time.Minute, 1, true, 7},  // next window: the last one used 7
+		{time.Minute + time.Second, 1, false, 0},
+		{5 * time.Minute, 2, true, 2}, // idle for windows: the last used one had 2
+	}
+	for i, s := range steps {
+		d, next := algorithms.Decide(algorithms.SlidingTail, c, start.Add(s.at), rate, s.cost)
+		if !d.Allowed || d.Rolled != s.rolled || d.Finished != s.finished {
+			t.Fatalf("step %d: allowed %v rolled %v finished %d, want rolled %v finished %d", i, d.Allowed, d.Rolled, d.Finished, s.rolled, s.finished)
+		}
+		c = next
+	}
+}
