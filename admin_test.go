@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -69,8 +71,32 @@ func wantStatuses(t *testing.T, got []int, want ...int) {
 // TestAdminAPIMemory drives every admin route against the memory store
 // through a running Caddy, as an operator would with curl.
 func TestAdminAPIMemory(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	startCaddy(t, adminSite("admin_mem", "", 2))
+	loadWithGlobals(t, "log {\n\toutput file "+logFile+"\n\tformat json\n}", adminSite("admin_mem", "", 2))
 	testAdminAPI(t, adminURL, "admin_mem", "memory", func(client string, n int) []int { return statuses(t, n, client) })
+
+	t.Run("dials and overrides outlive reloads", func(t *testing.T) {
+		base := "/rate_limit/zones/admin_mem"
+		if code, body := adminDo(t, adminURL, http.MethodPut, base+"/keys/kept/limit", `{"limit": 4}`); code != 200 {
+			t.Fatal(code, body)
+		}
+		if code, body := adminDo(t, adminURL, http.MethodPut, base+"/dial", `{"mode": "dry_run"}`); code != 200 {
+			t.Fatal(code, body)
+		}
+		loadWithGlobals(t, "log {\n\toutput file "+logFile+"\n\tformat json\n}", adminSite("admin_mem", "", 3))
+		wantStatuses(t, statuses(t, 6, "kept"), 200, 200, 200, 200, 200, 200) // dry run
+		if code, body := adminDo(t, adminURL, http.MethodDelete, base+"/dial", ""); code != http.StatusNoContent {
+			t.Fatal(code, body)
+		}
+		wantStatuses(t, statuses(t, 1, "kept"), 429) // the override's 4 are used
+	})
+
+	t.Run("admin changes are logged", func(t *testing.T) {
+		for _, msg := range []string{"rate limit admin: key reset", "rate limit admin: key limit override set", "rate limit admin: zone dial set", "rate limit admin: zone dial removed"} {
+			waitForLog(t, logFile, 1, msg, `"zone":"admin_mem"`, `"remote_addr":"127.0.0.1:`, `"level":"info"`)
+		}
+	})
 }
 
 // testAdminAPI runs the admin API checks on zone (limit 2 per hour per
@@ -179,4 +205,91 @@ func testAdminAPI(t *testing.T, base, zone, store string, send func(client strin
 			}
 		}
 	})
+}
+
+// readmeCurls returns the curl commands of the README's "Operating it"
+// section.
+func readmeCurls(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## Operating it\n")
+	if !ok {
+		t.Fatal("README has no Operating it section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	var out []string
+	for line := range strings.Lines(section) {
+		if strings.HasPrefix(line, "curl ") {
+			out = append(out, strings.TrimSpace(line))
+		}
+	}
+	return out
+}
+
+// shellWords splits a command line on spaces, keeping single-quoted text
+// together, as the README's curls are written.
+func shellWords(line string) []string {
+	var words []string
+	var cur strings.Builder
+	quoted, inWord := false, false
+	for _, r := range line {
+		switch {
+		case r == '\'':
+			quoted, inWord = !quoted, true
+		case r == ' ' && !quoted:
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteRune(r)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	return words
+}
+
+// TestReadmeCurls runs every curl of the README's "Operating it" section
+// against a running Caddy (its admin endpoint on this test's port), in
+// order, and expects each to succeed.
+func TestReadmeCurls(t *testing.T) {
+	startCaddy(t, adminSite("api", "", 100))
+	redisGet(t, "customer-42")
+	curls := readmeCurls(t)
+	if len(curls) < 8 {
+		t.Fatalf("%d curls in the README's Operating it section", len(curls))
+	}
+	for _, line := range curls {
+		words := shellWords(line)
+		method, target, body := http.MethodGet, "", ""
+		for i := 1; i < len(words); i++ {
+			switch words[i] {
+			case "-X":
+				i++
+				method = words[i]
+			case "-d":
+				i++
+				body = words[i]
+				if method == http.MethodGet {
+					method = http.MethodPost
+				}
+			default:
+				target = words[i]
+			}
+		}
+		path, ok := strings.CutPrefix(target, "localhost:2019")
+		if !ok {
+			t.Fatalf("%s: not aimed at the admin endpoint", line)
+		}
+		if code, resp := adminDo(t, adminURL, method, path, body); code/100 != 2 {
+			t.Errorf("%s: %d %s", line, code, resp)
+		}
+	}
 }
