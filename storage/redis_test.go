@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -918,6 +919,114 @@ func BenchmarkRedisTake(b *testing.B) {
 		if err := r.Take(ctx, reqs, d); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkRedisTakeParallel measures decisions from many goroutines at
+// once against a real redis-server: for one hot key and for many keys. It
+// reports decisions/s and Redis's own CPU time per decision (INFO cpu), and
+// from that how many decisions one Redis core sustains.
+func BenchmarkRedisTakeParallel(b *testing.B) {
+	bin, _ := redistest.Binaries(b)
+	s, err := redistest.Start(bin, b.TempDir(), redistest.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Kill()
+	// A generous timeout: this measures throughput, and a busy machine
+	// must not turn waits for a connection into errors.
+	r := newRedisStore(b, &Redis{Timeout: caddy.Duration(time.Second)}, s.URL())
+	for _, c := range []struct {
+		name string
+		keys int
+	}{{"one key", 1}, {"many keys", 1024}} {
+		b.Run(c.name, func(b *testing.B) {
+			keys := make([]string, c.keys)
+			for i := range keys {
+				keys[i] = "10.1." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
+			}
+			var next atomic.Int64
+			if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
+				b.Fatal(err)
+			}
+			cpu0 := redisCPU(b, s)
+			b.SetParallelism(32)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				reqs := []Request{{Zone: "bench", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: math.MaxInt32, Window: time.Minute}, Cost: 1}}
+				d := make([]algorithms.Decision, 1)
+				for pb.Next() {
+					reqs[0].Key = keys[int(next.Add(1))%len(keys)]
+					if err := r.Take(context.Background(), reqs, d); err != nil {
+						b.Error(err)
+						return
+					}
+					if !d[0].Allowed {
+						b.Error("rejected")
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			reportRedisCPU(b, redisCPU(b, s)-cpu0)
+			reportScriptCost(b, s)
+		})
+	}
+}
+
+// redisCPU returns the CPU time redis-server has used, system and user.
+func redisCPU(b *testing.B, s *redistest.Server) time.Duration {
+	b.Helper()
+	var total float64
+	for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
+		v, err := s.Info("cpu", f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += x
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// reportScriptCost reports, from INFO commandstats, what one take script
+// call costs Redis (usec_per_call) and how many decisions it made.
+func reportScriptCost(b *testing.B, s *redistest.Server) {
+	b.Helper()
+	text, err := s.Do("INFO", "commandstats")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			x, _ := strconv.ParseFloat(v, 64)
+			switch k {
+			case "calls":
+				b.ReportMetric(float64(b.N)/x, "decisions/call")
+			case "usec_per_call":
+				b.ReportMetric(x, "evalsha-µs/call")
+			}
+		}
+	}
+}
+
+// reportRedisCPU reports decisions/s, Redis CPU per decision, and the
+// decisions one Redis core would sustain at that cost.
+func reportRedisCPU(b *testing.B, cpu time.Duration) {
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	perOp := cpu.Seconds() / float64(b.N)
+	b.ReportMetric(perOp*1e6, "redis-µs/op")
+	if perOp > 0 {
+		b.ReportMetric(1/perOp, "decisions/redis-core-s")
 	}
 }
 
