@@ -209,7 +209,7 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, c *redisClient, keys []str
 // decisions. It returns the script's clock (server time unless clock is
 // set), in ms.
 func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool) (int64, error) {
-	args := make([]any, 2, 2+4*len(reqs))
+	args := make([]any, 3, 3+4*len(reqs))
 	args[0] = ""
 	if clock != 0 {
 		args[0] = clock
@@ -218,6 +218,7 @@ func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs
 	if charge {
 		args[1] = "1"
 	}
+	args[2] = len(reqs)
 	for _, q := range reqs {
 		alg := "s"
 		if q.Algorithm == algorithms.FixedWindow {
@@ -229,7 +230,7 @@ func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs
 	if err != nil {
 		return 0, err
 	}
-	if len(vals) != 2+4*len(reqs) {
+	if len(vals) != 1+4*len(reqs) {
 		return 0, fmt.Errorf("take script returned %d values for %d zones", len(vals), len(reqs))
 	}
 	serverNow := vals[0]
@@ -241,7 +242,7 @@ func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs
 		shift = r.now().Sub(time.UnixMilli(serverNow))
 	}
 	for i, q := range reqs {
-		v := vals[2+4*i:]
+		v := vals[1+4*i:]
 		counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
 		d, _ := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(serverNow), q.Rate, q.Cost)
 		// The script's verdict is what was written; it equals Decide's by
