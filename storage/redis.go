@@ -40,9 +40,10 @@ const maxExact = 1 << 50
 // same Redis shares one exact counter per zone and key. It talks to one
 // Redis server, a Redis Cluster or a Sentinel-managed master.
 //
-// Each decision is one Lua script run on the Redis server (EVALSHA), which
-// reads the server's clock, so instances whose clocks disagree still cut
-// windows at the same instants. A request over the limit writes nothing.
+// Each decision is made by a Lua script on the Redis server (EVALSHA),
+// which reads the server's clock, so instances whose clocks disagree still
+// cut windows at the same instants. Decisions that arrive while a call is
+// in flight share the next call. A request over the limit writes nothing.
 // Counters expire on their own.
 //
 // A key known to be over its limit is answered from a local cache until the

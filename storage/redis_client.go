@@ -19,10 +19,16 @@ type redisClient struct {
 	rdb     redis.UniversalClient
 	breaker breaker
 	denies  denyCache
+	// batchers coalesce concurrent decisions: one per cluster slot, or
+	// one for a single server.
+	batchers []batcher
 }
 
 func newRedisClient(opts *redis.UniversalOptions) *redisClient {
-	c := &redisClient{rdb: redis.NewUniversalClient(opts)}
+	c := &redisClient{rdb: redis.NewUniversalClient(opts), batchers: make([]batcher, 1)}
+	if opts.IsClusterMode {
+		c.batchers = make([]batcher, clusterSlots)
+	}
 	c.denies.init()
 	return c
 }

@@ -205,34 +205,24 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, c *redisClient, keys []str
 	return firstErr
 }
 
-// runTake executes the take script once for keys, all in one slot, and fills
+// runTake decides reqs, whose keys all lie in one slot, in one script call
+// (shared with concurrent requests; see redis_batch.go) and fills
 // decisions. It returns the script's clock (server time unless clock is
 // set), in ms.
 func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool) (int64, error) {
-	args := make([]any, 2, 2+4*len(reqs))
-	args[0] = ""
+	t := &take{keys: keys, reqs: reqs, charge: charge}
+	var err error
 	if clock != 0 {
-		args[0] = clock
+		// A test's clock holds for its own call only.
+		c.call(ctx, clock, []*take{t})
+		err = t.err
+	} else {
+		err = c.take(ctx, t)
 	}
-	args[1] = "0"
-	if charge {
-		args[1] = "1"
-	}
-	for _, q := range reqs {
-		alg := "s"
-		if q.Algorithm == algorithms.FixedWindow {
-			alg = "f"
-		}
-		args = append(args, alg, q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost)
-	}
-	vals, err := takeScript.Run(ctx, c.rdb, keys, args...).Int64Slice()
 	if err != nil {
 		return 0, err
 	}
-	if len(vals) != 2+4*len(reqs) {
-		return 0, fmt.Errorf("take script returned %d values for %d zones", len(vals), len(reqs))
-	}
-	serverNow := vals[0]
+	serverNow := t.now
 	// Decisions are computed in the clock the script used, then moved to
 	// the local clock, so Retry-After and the deny cache are right even
 	// when this machine's clock disagrees with Redis's.
@@ -241,7 +231,7 @@ func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs
 		shift = r.now().Sub(time.UnixMilli(serverNow))
 	}
 	for i, q := range reqs {
-		v := vals[2+4*i:]
+		v := t.vals[4*i:]
 		counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
 		d, _ := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(serverNow), q.Rate, q.Cost)
 		// The script's verdict is what was written; it equals Decide's by

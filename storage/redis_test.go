@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -872,6 +873,103 @@ func TestRedisCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("slots of keys", func(t *testing.T) {
+		for i := range 50 {
+			key := r.counterKey("z", BoundKey("slot-key-"+strconv.Itoa(i)))
+			want, err := c.Nodes[0].Do("CLUSTER", "KEYSLOT", key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strconv.Itoa(keySlot(key)); got != want {
+				t.Fatalf("keySlot(%q) = %s, Redis says %s", key, got, want)
+			}
+		}
+	})
+
+	t.Run("coalesced batches over slots", func(t *testing.T) {
+		// Concurrent requests for keys in several slots, some of them
+		// for two keys in different slots at once, most of them over
+		// their limit: each slot's calls decide several requests, and
+		// exactly the limit is allowed and counted everywhere.
+		r := newRedisStore(t, &Redis{Cluster: true, Timeout: caddy.Duration(10 * time.Second)}, c.URLs()...)
+		count := func(t *testing.T, zone, key string) string {
+			for _, node := range c.Nodes {
+				if v, err := node.Do("HGET", r.counterKey(zone, key), "c"); err == nil && v != "" {
+					return v
+				}
+			}
+			return "0"
+		}
+		const keys, each, limit = 6, 30, 5
+		l := algorithms.Rate{Units: limit, Window: time.Hour}
+		one := func(zone string, k int) Request {
+			return Request{Zone: zone, Key: "mix-" + strconv.Itoa(k), Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}
+		}
+		type result struct {
+			pair    bool
+			key     int
+			allowed bool
+		}
+		results := make(chan result, keys*each+each)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for k := range keys {
+			for range each {
+				wg.Go(func() {
+					<-start
+					d := make([]algorithms.Decision, 1)
+					if err := r.Take(context.Background(), []Request{one("mix", k)}, d); err != nil {
+						t.Error(err)
+						return
+					}
+					results <- result{key: k, allowed: d[0].Allowed}
+				})
+			}
+		}
+		// Requests for two keys on different nodes: both zones or none.
+		for range each {
+			wg.Go(func() {
+				<-start
+				d := make([]algorithms.Decision, 2)
+				err := r.Take(context.Background(), []Request{
+					{Zone: "pair", Key: k1, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1},
+					{Zone: "pair", Key: k2, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1},
+				}, d)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				results <- result{pair: true, allowed: d[0].Allowed && d[1].Allowed}
+			})
+		}
+		resetStats(t)
+		close(start)
+		wg.Wait()
+		close(results)
+		t.Logf("%d requests in %d script calls", keys*each+each, calls(t, "evalsha")+calls(t, "eval"))
+		allowed := make([]int, keys)
+		pairs := 0
+		for res := range results {
+			switch {
+			case res.pair && res.allowed:
+				pairs++
+			case res.allowed:
+				allowed[res.key]++
+			}
+		}
+		for k, n := range allowed {
+			if n != limit {
+				t.Errorf("key %d: %d allowed, want %d", k, n, limit)
+			}
+			if got := count(t, "mix", "mix-"+strconv.Itoa(k)); got != strconv.Itoa(limit) {
+				t.Errorf("key %d: Redis counts %s, want %d", k, got, limit)
+			}
+		}
+		if pairs != limit || count(t, "pair", k1) != strconv.Itoa(limit) || count(t, "pair", k2) != strconv.Itoa(limit) {
+			t.Errorf("two-slot requests: %d allowed, Redis counts %s and %s, want %d", pairs, count(t, "pair", k1), count(t, "pair", k2), limit)
+		}
+	})
+
 	t.Run("concurrent exactness", func(t *testing.T) {
 		// 10 keys over the nodes, 40 concurrent requests each, limit 7.
 		// The timeout is generous: this is about exactness, not speed.
@@ -928,6 +1026,132 @@ func BenchmarkRedisTake(b *testing.B) {
 		if err := r.Take(ctx, reqs, d); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkRedisTakeParallel measures decisions from many goroutines at
+// once against a real redis-server: for one hot key and for many keys. It
+// reports decisions/s and Redis's own CPU time per decision (INFO cpu), and
+// from that how many decisions one Redis core sustains.
+func BenchmarkRedisTakeParallel(b *testing.B) {
+	bin, _ := redistest.Binaries(b)
+	s, err := redistest.Start(bin, b.TempDir(), redistest.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Kill()
+	// A generous timeout: this measures throughput, and a busy machine
+	// must not turn waits for a connection into errors.
+	r := newRedisStore(b, &Redis{Timeout: caddy.Duration(time.Second)}, s.URL())
+	// viaStore decides one request through the store, which coalesces
+	// concurrent decisions; alone sends each in a script call of its
+	// own, as the store did before it coalesced them.
+	viaStore := func(q Request, d []algorithms.Decision) error {
+		return r.Take(context.Background(), []Request{q}, d)
+	}
+	alone := func(q Request, d []algorithms.Decision) error {
+		t := &take{keys: []string{r.counterKey(q.Zone, q.Key)}, reqs: []Request{q}, charge: true}
+		r.client.call(context.Background(), 0, []*take{t})
+		d[0].Allowed = t.err == nil && t.vals[3] == 1
+		return t.err
+	}
+	for _, c := range []struct {
+		name string
+		keys int
+		take func(Request, []algorithms.Decision) error
+	}{
+		{"one key", 1, viaStore},
+		{"many keys", 1024, viaStore},
+		{"one key alone", 1, alone},
+		{"many keys alone", 1024, alone},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			keys := make([]string, c.keys)
+			for i := range keys {
+				keys[i] = "10.1." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
+			}
+			var next atomic.Int64
+			if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
+				b.Fatal(err)
+			}
+			cpu0 := redisCPU(b, s)
+			b.SetParallelism(32)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				req := Request{Zone: "bench", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: math.MaxInt32, Window: time.Minute}, Cost: 1}
+				d := make([]algorithms.Decision, 1)
+				for pb.Next() {
+					req.Key = keys[int(next.Add(1))%len(keys)]
+					if err := c.take(req, d); err != nil {
+						b.Error(err)
+						return
+					}
+					if !d[0].Allowed {
+						b.Error("rejected")
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			reportRedisCPU(b, redisCPU(b, s)-cpu0)
+			reportScriptCost(b, s)
+		})
+	}
+}
+
+// redisCPU returns the CPU time redis-server has used, system and user.
+func redisCPU(b *testing.B, s *redistest.Server) time.Duration {
+	b.Helper()
+	var total float64
+	for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
+		v, err := s.Info("cpu", f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		x, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += x
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// reportScriptCost reports, from INFO commandstats, what one take script
+// call costs Redis (usec_per_call) and how many decisions it made.
+func reportScriptCost(b *testing.B, s *redistest.Server) {
+	b.Helper()
+	text, err := s.Do("INFO", "commandstats")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			x, _ := strconv.ParseFloat(v, 64)
+			switch k {
+			case "calls":
+				b.ReportMetric(float64(b.N)/x, "decisions/call")
+			case "usec_per_call":
+				b.ReportMetric(x, "evalsha-µs/call")
+			}
+		}
+	}
+}
+
+// reportRedisCPU reports decisions/s, Redis CPU per decision, and the
+// decisions one Redis core would sustain at that cost.
+func reportRedisCPU(b *testing.B, cpu time.Duration) {
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	perOp := cpu.Seconds() / float64(b.N)
+	b.ReportMetric(perOp*1e6, "redis-µs/op")
+	if perOp > 0 {
+		b.ReportMetric(1/perOp, "decisions/redis-core-s")
 	}
 }
 
@@ -991,5 +1215,113 @@ func TestRedisTakeAfterCleanup(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d connections left open after the last decision", open())
 		}
+	}
+}
+
+// TestRedisCoalescedExact sends many concurrent requests for one key with
+// limit n through the store: they share script calls, and exactly n are
+// allowed and counted.
+func TestRedisCoalescedExact(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(10 * time.Second)}, s.URL())
+	const requests, limit = 400, 150
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: limit, Window: time.Hour}, Cost: 1}
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range requests {
+		wg.Go(func() {
+			<-start
+			d := make([]algorithms.Decision, 1)
+			if err := r.Take(context.Background(), []Request{req}, d); err != nil {
+				t.Error(err)
+			} else if d[0].Allowed {
+				allowed.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if n := allowed.Load(); n != limit {
+		t.Errorf("%d allowed, want %d", n, limit)
+	}
+	if c, err := s.Do("HGET", r.counterKey("z", "k"), "c"); err != nil || c != strconv.Itoa(limit) {
+		t.Errorf("Redis counts %q (%v), want %d", c, err, limit)
+	}
+	stats, err := s.CommandStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rejections after the first are answered by the deny cache, so
+	// fewer calls than requests is not proof enough: fewer than allowed is.
+	if calls := stats["evalsha"] + stats["eval"]; calls >= limit {
+		t.Errorf("%d script calls for %d allowed requests: none shared a call", calls, limit)
+	} else {
+		t.Logf("%d requests in %d script calls", requests, calls)
+	}
+}
+
+// TestRedisCoalescedCancel: a request whose context ends while it waits for
+// a call in flight returns at once and is never sent; the others in its
+// batch are decided and counted.
+func TestRedisCoalescedCancel(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(10 * time.Second)}, s.URL())
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 100, Window: time.Hour}, Cost: 1}
+	redisTake(t, r, time.Time{}, req) // connect and load the script
+	b := r.client.batcher(r.counterKey("z", "k"))
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			b.mu.Lock()
+			ok := cond()
+			b.mu.Unlock()
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+
+	if err := s.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	take := func(ctx context.Context) error {
+		return r.Take(ctx, []Request{req}, make([]algorithms.Decision, 1))
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 6)
+	wg.Go(func() { errs <- take(context.Background()) }) // the call in flight
+	waitFor("a call in flight", func() bool { return b.busy })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- take(ctx) }()
+	for range 5 {
+		wg.Go(func() { errs <- take(context.Background()) })
+	}
+	waitFor("six queued requests", func() bool { return len(b.waiting) == 6 })
+	cancel()
+	select {
+	case err := <-cancelled:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled request: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("a cancelled request waits for the call in flight")
+	}
+	if err := s.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if c, err := s.Do("HGET", r.counterKey("z", "k"), "c"); err != nil || c != "7" {
+		t.Errorf("Redis counts %q (%v), want 7: the cancelled request must not be charged", c, err)
 	}
 }

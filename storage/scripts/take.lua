@@ -1,19 +1,27 @@
--- take.lua decides one request against one or more zones at once, and
--- charges them all only if every one allows it. It is algorithms.Decide
--- (algorithms/algorithms.go) in Lua, bit for bit.
+-- take.lua decides a batch of requests, one after the other, each against
+-- one or more zones, and charges a request's zones only if every one of them
+-- allows it. Each decision is algorithms.Decide (algorithms/algorithms.go)
+-- in Lua, bit for bit, and sees the charges of the requests before it.
 --
--- KEYS[i]  counters of the i-th zone and key: a hash with fields
---          w (window index), c (cost counted in window w) and
---          p (cost counted in window w-1).
+-- KEYS     the counters of each request's zones, request after request: a
+--          hash per zone and key with fields w (window index), c (cost
+--          counted in window w), p (cost counted in window w-1) and t (the
+--          instant, in ms of the script's clock, the key was last set to
+--          expire at).
 -- ARGV[1]  "" to use the server clock (TIME), or a time in ms since the
 --          epoch; tests drive the shared test vectors with it.
--- ARGV[2]  "1" to charge the zones when all allow, "0" to decide only.
--- ARGV[3 + 4*(i-1) ...] for the i-th zone: algorithm ("f" fixed window,
---          "s" sliding tail), limit, window (ms) and cost.
+-- Then for each request: "1" to charge its zones when all allow it, "0"
+--          to decide only; the number n of its zones; and for each zone:
+--          algorithm ("f" fixed window, "s" sliding tail), limit, window
+--          (ms) and cost.
 --
--- Returns {now, all allowed (1/0), then for each zone: w, c, p as stored
--- before this request (0 when absent) and whether the zone alone allows
+-- Returns {now, then for each zone of each request: w, c, p as stored
+-- before that request (0 when absent) and whether the zone alone allows
 -- the request (1/0)}.
+--
+-- Each key is read once and written at most once per call, after all
+-- requests are decided, with the counts they left. Its expiry is set only
+-- when it must move later: within a window it is already right.
 --
 -- Lua numbers are doubles: integers are exact below 2^53, which every
 -- count, limit, cost, window and time here stays under. Only the sliding
@@ -22,6 +30,7 @@
 -- exactly in 24-bit limbs.
 
 local B = 16777216 -- 2^24
+local EXACT = 9007199254740992 -- 2^53
 
 -- limbs splits x (0 <= x < 2^53) into three 24-bit limbs, low first.
 local function limbs(x)
@@ -62,82 +71,121 @@ else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local charge = ARGV[2] == '1'
 
-local out = {now, 1}
-local all = true
-local n = #KEYS
-local writes = {}
+local out = {now}
+local o = 1
 
-for i = 1, n do
-  local a = 3 + 4 * (i - 1)
-  local sliding = ARGV[a] == 's'
-  local limit = tonumber(ARGV[a + 1])
-  local w = tonumber(ARGV[a + 2])
-  local cost = tonumber(ARGV[a + 3])
+-- The counters of every key the call touches, as the requests so far left
+-- them, six slots per key from s[at[key]]: the key, w (false when Redis
+-- does not hold the key), c, p, t, and what to write at the end (0
+-- nothing, 1 the counts, 2 the counts and a later expiry). Flat arrays
+-- keep the tables per call few.
+local at, s, ns = {}, {}, 0
+-- What charging the current request would write, five slots per zone:
+-- where its key's counters are, and w, c, p and t.
+local pend = {}
 
-  -- The window index floor(now/w), corrected in case the division rounded.
-  local idx = math.floor(now / w)
-  if idx * w > now then
-    idx = idx - 1
-  elseif (idx + 1) * w <= now then
-    idx = idx + 1
+local k, a = 0, 2
+while a <= #ARGV do
+  local charge = ARGV[a] == '1'
+  local n = tonumber(ARGV[a + 1])
+  a = a + 2
+  local all = true
+  for z = 0, n - 1 do
+    k = k + 1
+    local key = KEYS[k]
+    local j = at[key]
+    if not j then
+      j = ns + 1
+      ns = ns + 6
+      at[key] = j
+      local v = redis.call('HMGET', key, 'w', 'c', 'p', 't')
+      s[j], s[j + 1], s[j + 2], s[j + 3], s[j + 4], s[j + 5] =
+        key, tonumber(v[1]) or false, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0, 0
+    end
+
+    local sliding = ARGV[a] == 's'
+    local limit = tonumber(ARGV[a + 1])
+    local w = tonumber(ARGV[a + 2])
+    local cost = tonumber(ARGV[a + 3])
+    a = a + 4
+
+    -- The window index floor(now/w), corrected in case the division rounded.
+    local idx = math.floor(now / w)
+    if idx * w > now then
+      idx = idx - 1
+    elseif (idx + 1) * w <= now then
+      idx = idx + 1
+    end
+    local elapsed = now - idx * w
+
+    -- Counts written in a later window than the clock says (it stepped
+    -- back): decide as of the start of their window rather than forget them.
+    local sw, sc, sp = s[j + 1], s[j + 2], s[j + 3]
+    if sw and sw > idx then
+      idx = sw
+      elapsed = 0
+    end
+
+    -- Roll the stored counts forward to window idx.
+    local cur, prev = 0, 0
+    if sw == idx then
+      cur, prev = sc, sp
+    elseif sw == idx - 1 then
+      prev = sc
+    end
+
+    local ok
+    local room = limit - cost - cur
+    if room < 0 then
+      ok = false
+    elseif sliding and prev > 0 then
+      -- floor(prev*(w-elapsed)/w) <= room  <=>  prev*(w-elapsed) < (room+1)*w.
+      -- A product computed below 2^53 is exact; only larger ones need limbs.
+      local x, y = prev * (w - elapsed), (room + 1) * w
+      if x < EXACT and y < EXACT then
+        ok = x < y
+      else
+        ok = less(mul(prev, w - elapsed), mul(room + 1, w))
+      end
+    else
+      ok = true
+    end
+
+    all = all and ok
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = sw or 0, sc, sp, ok and 1 or 0
+    o = o + 4
+
+    -- The counters matter until the window ends, or for a sliding tail
+    -- until the next one ends, since it is weighed as the previous window.
+    local ttl = w - elapsed
+    if sliding then
+      ttl = ttl + w
+    end
+    local z5 = 5 * z
+    pend[z5 + 1], pend[z5 + 2], pend[z5 + 3], pend[z5 + 4], pend[z5 + 5] = j, idx, cur + cost, prev, now + ttl
   end
-  local elapsed = now - idx * w
 
-  local v = redis.call('HMGET', KEYS[i], 'w', 'c', 'p')
-  local sw = tonumber(v[1]) or 0
-  local sc = tonumber(v[2]) or 0
-  local sp = tonumber(v[3]) or 0
-
-  -- Counts written in a later window than the clock says (it stepped
-  -- back): decide as of the start of their window rather than forget them.
-  if v[1] and sw > idx then
-    idx = sw
-    elapsed = 0
+  if all and charge then
+    for z5 = 0, 5 * (n - 1), 5 do
+      local j = pend[z5 + 1]
+      s[j + 1], s[j + 2], s[j + 3] = pend[z5 + 2], pend[z5 + 3], pend[z5 + 4]
+      if pend[z5 + 5] > s[j + 4] then
+        s[j + 4], s[j + 5] = pend[z5 + 5], 2
+      elseif s[j + 5] == 0 then
+        s[j + 5] = 1
+      end
+    end
   end
-
-  -- Roll the stored counts forward to window idx.
-  local cur, prev = 0, 0
-  if v[1] and sw == idx then
-    cur, prev = sc, sp
-  elseif v[1] and sw == idx - 1 then
-    prev = sc
-  end
-
-  local ok
-  local room = limit - cost - cur
-  if room < 0 then
-    ok = false
-  elseif sliding and prev > 0 then
-    -- floor(prev*(w-elapsed)/w) <= room  <=>  prev*(w-elapsed) < (room+1)*w
-    ok = less(mul(prev, w - elapsed), mul(room + 1, w))
-  else
-    ok = true
-  end
-
-  all = all and ok
-  out[#out + 1] = sw
-  out[#out + 1] = sc
-  out[#out + 1] = sp
-  out[#out + 1] = ok and 1 or 0
-
-  -- The counters matter until the window ends, or for a sliding tail
-  -- until the next one ends, since it is weighed as the previous window.
-  local ttl = w - elapsed
-  if sliding then
-    ttl = ttl + w
-  end
-  writes[i] = {cur + cost, prev, idx, ttl}
 end
 
-if not all then
-  out[2] = 0
-elseif charge then
-  for i = 1, n do
-    local wr = writes[i]
-    redis.call('HSET', KEYS[i], 'w', wr[3], 'c', wr[1], 'p', wr[2])
-    redis.call('PEXPIRE', KEYS[i], wr[4])
+for j = 1, ns, 6 do
+  local write = s[j + 5]
+  if write == 2 then
+    redis.call('HSET', s[j], 'w', s[j + 1], 'c', s[j + 2], 'p', s[j + 3], 't', s[j + 4])
+    redis.call('PEXPIRE', s[j], s[j + 4] - now)
+  elseif write == 1 then
+    redis.call('HSET', s[j], 'w', s[j + 1], 'c', s[j + 2], 'p', s[j + 3])
   end
 end
 return out

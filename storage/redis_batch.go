@@ -1,0 +1,220 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+)
+
+// This file coalesces concurrent decisions into shared script calls. Redis
+// runs one command at a time, and a script call costs it several times what
+// one more request in the same call does (see scripts/take.lua), besides
+// the round trip and the system calls on both ends. So while a call is in
+// flight for a slot, the requests for that slot queue, and the next call
+// decides them all. A request that finds no call in flight is sent at
+// once, on its own goroutine and context: nothing ever waits for a timer.
+//
+// go-redis's AutoPipeliner was measured too: it shares the round trip but
+// still runs one script per request, and it runs queued commands on its own
+// context, so a decision's timeout would no longer bound its wait.
+
+// maxBatch bounds the requests one call decides, so that a call holds
+// Redis for at most a few hundred microseconds.
+const maxBatch = 128
+
+// A take is one request's part of a take script call.
+type take struct {
+	keys   []string
+	reqs   []Request
+	charge bool
+	// deadline bounds the request's decision; zero means none.
+	deadline time.Time
+
+	// state goes from takeWaiting to takeSent when a call picks the
+	// request up, or to takeAbandoned when its context ends first.
+	state atomic.Int32
+	// done, for a queued request, is closed once now, vals and err are set.
+	done chan struct{}
+
+	now  int64   // the script's clock, in ms
+	vals []int64 // four values per zone (see scripts/take.lua)
+	err  error
+}
+
+const (
+	takeWaiting int32 = iota
+	takeSent
+	takeAbandoned
+)
+
+// A batcher queues the requests for one slot while a call is in flight.
+type batcher struct {
+	mu      sync.Mutex
+	busy    bool // a call is in flight
+	waiting []*take
+}
+
+// clusterSlots is the number of hash slots of a Redis Cluster.
+const clusterSlots = 16384
+
+// batcher returns the batcher for key's slot. One script call may only
+// touch keys of one cluster slot; a single server has one batcher.
+func (c *redisClient) batcher(key string) *batcher {
+	if len(c.batchers) == 1 {
+		return &c.batchers[0]
+	}
+	return &c.batchers[keySlot(key)]
+}
+
+// keySlot is the cluster slot of key, which holds a non-empty hash tag:
+// CRC16 (XMODEM) of the tag, modulo 16384.
+func keySlot(key string) int {
+	tag := hashTag(key)
+	tag = tag[1 : len(tag)-1]
+	var crc uint16
+	for i := range len(tag) {
+		crc ^= uint16(tag[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % clusterSlots
+}
+
+// take decides t: in a call of its own if none is in flight for its slot,
+// else in the next call, with the requests that queue meanwhile. It
+// returns when t is decided or ctx ends; a request whose context ends
+// before a call picks it up is never sent.
+func (c *redisClient) take(ctx context.Context, t *take) error {
+	b := c.batcher(t.keys[0])
+	b.mu.Lock()
+	if b.busy {
+		t.deadline, _ = ctx.Deadline()
+		t.done = make(chan struct{})
+		b.waiting = append(b.waiting, t)
+		b.mu.Unlock()
+		select {
+		case <-t.done:
+			return t.err
+		case <-ctx.Done():
+			// Sent or not, the decision is given up; only a request
+			// never sent is known to be uncharged.
+			t.state.CompareAndSwap(takeWaiting, takeAbandoned)
+			return ctx.Err()
+		}
+	}
+	b.busy = true
+	b.mu.Unlock()
+	c.call(ctx, 0, []*take{t})
+	b.mu.Lock()
+	if len(b.waiting) == 0 {
+		b.busy = false
+	} else {
+		go c.drain(b)
+	}
+	b.mu.Unlock()
+	return t.err
+}
+
+// drain decides the queued requests of b, a call at a time, until none
+// are left. Each call runs until the latest deadline among its requests,
+// so one that gives up early does not end the call for the others.
+func (c *redisClient) drain(b *batcher) {
+	for {
+		b.mu.Lock()
+		batch := b.waiting
+		if len(batch) > maxBatch {
+			b.waiting = slices.Clone(batch[maxBatch:])
+			batch = batch[:maxBatch]
+		} else {
+			b.waiting = nil
+		}
+		if len(batch) == 0 {
+			b.busy = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+
+		live := batch[:0]
+		var deadline time.Time
+		bounded := true
+		for _, t := range batch {
+			if !t.state.CompareAndSwap(takeWaiting, takeSent) {
+				continue
+			}
+			live = append(live, t)
+			if t.deadline.IsZero() {
+				bounded = false
+			} else if t.deadline.After(deadline) {
+				deadline = t.deadline
+			}
+		}
+		if len(live) == 0 {
+			continue
+		}
+		ctx, cancel := context.Background(), func() {}
+		if bounded {
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+		}
+		c.call(ctx, 0, live)
+		cancel()
+	}
+}
+
+// call runs the take script once for takes, whose keys all lie in one
+// slot, and hands each take its part of the answer. A clock of 0 means
+// the server's.
+func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
+	zones := 0
+	for _, t := range takes {
+		zones += len(t.keys)
+	}
+	keys := make([]string, 0, zones)
+	args := make([]any, 1, 1+2*len(takes)+4*zones)
+	args[0] = ""
+	if clock != 0 {
+		args[0] = clock
+	}
+	for _, t := range takes {
+		keys = append(keys, t.keys...)
+		charge := "0"
+		if t.charge {
+			charge = "1"
+		}
+		args = append(args, charge, len(t.reqs))
+		for _, q := range t.reqs {
+			alg := "s"
+			if q.Algorithm == algorithms.FixedWindow {
+				alg = "f"
+			}
+			args = append(args, alg, q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost)
+		}
+	}
+	vals, err := takeScript.Run(ctx, c.rdb, keys, args...).Int64Slice()
+	if err == nil && len(vals) != 1+4*zones {
+		err = fmt.Errorf("take script returned %d values for %d zones", len(vals), zones)
+	}
+	next := 1
+	for _, t := range takes {
+		if err != nil {
+			t.err = err
+		} else {
+			t.now = vals[0]
+			t.vals = vals[next : next+4*len(t.reqs)]
+			next += 4 * len(t.reqs)
+		}
+		if t.done != nil {
+			close(t.done)
+		}
+	}
+}
