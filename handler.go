@@ -52,6 +52,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.JWT.Register(repl, r)
 	}
 
+	values := requestValues{repl: repl}
+	values.vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	s := scratchPool.Get().(*scratch)
 	defer s.release()
 	for _, z := range h.Zones {
@@ -79,13 +81,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		limit, ok := dial.Limit, dial.Limit > 0
 		if !ok {
-			if limit, ok = z.resolveLimit(repl); !ok {
+			if limit, ok = z.resolveLimit(values); !ok {
 				continue
 			}
 		}
 		s.charges = append(s.charges, charge{zone: z, dryRun: dryRun, req: storage.Request{
 			Zone:      z.Name,
-			Key:       z.resolveKey(repl),
+			Key:       z.resolveKey(values),
 			Algorithm: z.Algorithm,
 			Rate:      algorithms.Rate{Units: limit, Window: time.Duration(z.Window)},
 			Cost:      z.costs[methodIndex(r.Method)],
@@ -101,7 +103,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.storeFailed(w, r, next, err)
 	case rejectedByZone:
 		rejected.zone.results[resultRejected].Inc()
-		return h.reject(w, r, repl, rejected)
+		return h.reject(w, r, values, rejected)
 	}
 	for _, c := range s.charges {
 		switch {
@@ -118,7 +120,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			c.zone.usage.Observe(float64(c.decision.Finished) / float64(c.decision.Limit))
 		}
 	}
-	h.report(w, r, repl, leastRemaining(s.charges), anyDryRunExceeded(s.charges))
+	h.report(w, values, leastRemaining(s.charges), anyDryRunExceeded(s.charges))
 	return next.ServeHTTP(w, r)
 }
 
@@ -147,8 +149,8 @@ func (s *scratch) release() {
 
 // reject answers a request that the charge c rejected: 429, with the
 // limit headers and Retry-After.
-func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, c *charge) error {
-	p := h.report(w, r, repl, c, true)
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *charge) error {
+	p := h.report(w, values, c, true)
 	hdr := w.Header()
 	p.values[retryAfterValue] = strconv.FormatInt(retryAfterSeconds(c.decision.RetryAt, time.Now()), 10)
 	hdr["Retry-After"] = p.header(retryAfterValue)
@@ -403,8 +405,8 @@ func anyDryRunExceeded(charges []charge) bool {
 
 // report sets the response headers and placeholders for charge c, and
 // returns the request's placeholder state.
-func (h *Handler) report(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, c *charge, exceeded bool) *placeholders {
-	p := requestPlaceholders(r, repl)
+func (h *Handler) report(w http.ResponseWriter, values requestValues, c *charge, exceeded bool) *placeholders {
+	p := requestPlaceholders(values)
 	d := c.decision
 	p.zone, p.key, p.limit, p.remaining, p.exceeded = c.zone.Name, c.req.Key, d.Limit, d.Remaining, exceeded
 
@@ -473,12 +475,14 @@ const placeholdersVar = "http.handlers.rate_limit.placeholders"
 
 // requestPlaceholders returns the request's placeholder state, registering
 // it on first use.
-func requestPlaceholders(r *http.Request, repl *caddy.Replacer) *placeholders {
-	p, _ := caddyhttp.GetVar(r.Context(), placeholdersVar).(*placeholders)
+func requestPlaceholders(v requestValues) *placeholders {
+	p, _ := v.vars[placeholdersVar].(*placeholders)
 	if p == nil {
 		p = new(placeholders)
-		caddyhttp.SetVar(r.Context(), placeholdersVar, p)
-		repl.Map(p.get)
+		if v.vars != nil {
+			v.vars[placeholdersVar] = p
+		}
+		v.repl.Map(p.get)
 	}
 	return p
 }

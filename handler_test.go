@@ -272,7 +272,7 @@ func TestResolveLimit(t *testing.T) {
 			repl.Set("q", c.quota)
 		}
 		z := &Zone{limits: compileTemplates(c.alts)}
-		got, ok := z.resolveLimit(repl)
+		got, ok := z.resolveLimit(requestValues{repl: repl})
 		if got != c.want || ok != c.ok {
 			t.Errorf("limit %q with {q} = %v: %d %v, want %d %v", c.alts, c.quota, got, ok, c.want, c.ok)
 		}

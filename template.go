@@ -20,6 +20,8 @@ type template struct {
 	// as {http.vars.client_ip}: its value is then read with one lookup,
 	// without building a string the way a replacement does.
 	placeholder string
+	// variable is set when that placeholder is {http.vars.<variable>}.
+	variable string
 	// number is the value of a literal limit.
 	number int64
 }
@@ -39,8 +41,27 @@ func compileTemplate(a string) template {
 	}
 	if len(a) > 2 && a[0] == '{' && a[len(a)-1] == '}' && strings.Count(a, "{") == 1 && strings.Count(a, "}") == 1 && !strings.Contains(a, `\`) {
 		t.placeholder = a[1 : len(a)-1]
+		if v, ok := strings.CutPrefix(t.placeholder, "http.vars."); ok {
+			t.variable = v
+		}
 	}
 	return t
+}
+
+// requestValues is where a request's placeholders are read: Caddy's
+// replacer, and the request's variables, read directly for
+// {http.vars.*} (what the replacer would answer, after asking every
+// provider before it).
+type requestValues struct {
+	repl *caddy.Replacer
+	vars map[string]any
+}
+
+func (v requestValues) get(t template) (any, bool) {
+	if t.variable != "" && v.vars != nil {
+		return v.vars[t.variable], true
+	}
+	return v.repl.Get(t.placeholder)
 }
 
 // clientIP is the key when no key template resolves.
@@ -56,24 +77,24 @@ var errUnresolved = errors.New("placeholder unknown or empty")
 // does, the key is the client IP, so that a missing or forged credential
 // falls back to per-address limiting rather than escaping the zone. The
 // key is bounded by storage.BoundKey, the rule every store relies on.
-func (z *Zone) resolveKey(repl *caddy.Replacer) string {
+func (z *Zone) resolveKey(v requestValues) string {
 	for _, t := range z.keys {
-		if k, ok := z.resolve(repl, t); ok {
+		if k, ok := z.resolve(v, t); ok {
 			return storage.BoundKey(k)
 		}
 	}
-	k, _ := z.resolve(repl, clientIP)
+	k, _ := z.resolve(v, clientIP)
 	return storage.BoundKey(k)
 }
 
 // resolveLimit returns the first alternative that resolves to an integer in
 // 1..maxLimit.
-func (z *Zone) resolveLimit(repl *caddy.Replacer) (int64, bool) {
+func (z *Zone) resolveLimit(v requestValues) (int64, bool) {
 	for _, t := range z.limits {
 		if !t.dynamic {
 			return t.number, true
 		}
-		s, ok := z.resolve(repl, t)
+		s, ok := z.resolve(v, t)
 		if !ok {
 			continue
 		}
@@ -87,16 +108,16 @@ func (z *Zone) resolveLimit(repl *caddy.Replacer) (int64, bool) {
 
 // resolve returns the template's value, and whether every placeholder in
 // it is known and non-empty.
-func (z *Zone) resolve(repl *caddy.Replacer, t template) (string, bool) {
+func (z *Zone) resolve(v requestValues, t template) (string, bool) {
 	if !t.dynamic {
 		return t.text, true
 	}
 	if t.placeholder != "" {
-		v, ok := repl.Get(t.placeholder)
-		if !ok || v == nil {
+		val, ok := v.get(t)
+		if !ok || val == nil {
 			return "", false
 		}
-		s := caddy.ToString(v)
+		s := caddy.ToString(val)
 		if s == "" {
 			return "", false
 		}
@@ -105,7 +126,7 @@ func (z *Zone) resolve(repl *caddy.Replacer, t template) (string, bool) {
 		}
 		return s, true
 	}
-	out, err := repl.ReplaceFunc(t.text, func(_ string, val any) (any, error) {
+	out, err := v.repl.ReplaceFunc(t.text, func(_ string, val any) (any, error) {
 		if val == nil {
 			return nil, errUnresolved
 		}
