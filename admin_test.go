@@ -10,6 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
 
 // adminDo sends one admin API request to base (an admin endpoint's URL)
@@ -291,5 +294,85 @@ func TestReadmeCurls(t *testing.T) {
 		if code, resp := adminDo(t, adminURL, method, path, body); code/100 != 2 {
 			t.Errorf("%s: %d %s", line, code, resp)
 		}
+	}
+}
+
+// TestAdminAPIRedis drives every admin route against the Redis store
+// through a running Caddy.
+func TestAdminAPIRedis(t *testing.T) {
+	s := redistest.Standalone(t)
+	startCaddy(t, adminSite("admin_redis", "store redis {\n\t\t\taddress "+s.URL()+"\n\t\t}", 2))
+	testAdminAPI(t, adminURL, "admin_redis", "redis", func(client string, n int) []int { return statuses(t, n, client) })
+	// The override lives beside the key's counters, in the same slot.
+	if o, err := s.Do("HGET", "rl:{vip}:admin_redis", "o"); err != nil || o != "" {
+		t.Fatalf("override field after DELETE: %q %v", o, err)
+	}
+}
+
+// TestAdminAPIFleet: with two Caddy instances sharing Redis, a change made
+// through one instance's admin endpoint applies on the other within a
+// second: a dial, a key reset (clearing the other's cached rejection) and a
+// per-key override.
+func TestAdminAPIFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds Caddy and runs a fleet")
+	}
+	s := redistest.Standalone(t)
+	sites, admins := startFleetWithAdmin(t, 2, "address "+s.URL(), 2)
+	site, admin := sites[0], admins[1] // requests to one, changes through the other
+	get := func(client string) int {
+		req, _ := http.NewRequest(http.MethodGet, site, nil)
+		req.Header.Set("X-Client", client)
+		resp, err := redisHTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// eventually sends requests until one is answered want, and fails the
+	// test if that takes more than 5 s (the promise is 1 s).
+	eventually := func(client string, want int) {
+		t.Helper()
+		start := time.Now()
+		for get(client) != want {
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("client %s: no %d within 5 s", client, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("client %s: %d after %v", client, want, time.Since(start).Round(time.Millisecond))
+	}
+	change := func(method, path, body string, want int) {
+		t.Helper()
+		if code, resp := adminDo(t, admin, method, path, body); code != want {
+			t.Fatalf("%s %s: %d %s", method, path, code, resp)
+		}
+	}
+	for range 3 {
+		get("f")
+	}
+	if code := get("f"); code != http.StatusTooManyRequests {
+		t.Fatalf("exhausted key: %d", code)
+	}
+
+	change(http.MethodPut, "/rate_limit/zones/fleet/dial", `{"mode": "off"}`, 200)
+	eventually("f", http.StatusOK)
+	change(http.MethodDelete, "/rate_limit/zones/fleet/dial", "", http.StatusNoContent)
+	eventually("f", http.StatusTooManyRequests)
+
+	change(http.MethodDelete, "/rate_limit/zones/fleet/keys/f", "", http.StatusNoContent)
+	eventually("f", http.StatusOK)
+	get("f")
+	if code := get("f"); code != http.StatusTooManyRequests {
+		t.Fatalf("after a reset, the limit of 2 still holds: %d", code)
+	}
+
+	change(http.MethodPut, "/rate_limit/zones/fleet/keys/f/limit", `{"limit": 4, "ttl": "1h"}`, 200)
+	eventually("f", http.StatusOK)
+	get("f")
+	if code := get("f"); code != http.StatusTooManyRequests {
+		t.Fatalf("the override of 4 holds: %d", code)
 	}
 }

@@ -444,6 +444,14 @@ func TestRedisReloads(t *testing.T) {
 // sites' URLs; the processes are killed when t ends.
 func startFleet(t *testing.T, n int, store string, limit int) []string {
 	t.Helper()
+	sites, _ := startFleetWithAdmin(t, n, store, limit)
+	return sites
+}
+
+// startFleetWithAdmin is startFleet that also returns each instance's admin
+// endpoint URL.
+func startFleetWithAdmin(t *testing.T, n int, store string, limit int) (sites, admins []string) {
+	t.Helper()
 	var urls []string
 	for range n {
 		site, admin := freeLoopbackPort(t), freeLoopbackPort(t)
@@ -472,8 +480,9 @@ http://127.0.0.1:%d {
 }
 `, admin, site, freeLoopbackPort(t), site, store, limit), url)
 		urls = append(urls, url)
+		admins = append(admins, fmt.Sprintf("http://127.0.0.1:%d", admin))
 	}
-	return urls
+	return urls, admins
 }
 
 // burst sends n concurrent requests for client, spread over urls, and

@@ -235,6 +235,9 @@ type clientLease struct {
 	// the config has been cleaned up.
 	inUse    atomic.Int64
 	detached sync.Once
+	// dials is the client's dial watcher for this config's key prefix,
+	// found once.
+	dials atomic.Pointer[dialWatcher]
 }
 
 // retired is added to clientLease.inUse by Cleanup: far above any number

@@ -42,7 +42,7 @@ type take struct {
 	done chan struct{}
 
 	now  int64   // the script's clock, in ms
-	vals []int64 // four values per zone (see scripts/take.lua)
+	vals []int64 // five values per zone (see scripts/take.lua)
 	err  error
 }
 
@@ -201,7 +201,7 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 		}
 	}
 	vals, err := takeScript.Run(ctx, c.rdb, keys, args...).Int64Slice()
-	if err == nil && len(vals) != 1+4*zones {
+	if err == nil && len(vals) != 1+5*zones {
 		err = fmt.Errorf("take script returned %d values for %d zones", len(vals), zones)
 	}
 	next := 1
@@ -210,8 +210,8 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 			t.err = err
 		} else {
 			t.now = vals[0]
-			t.vals = vals[next : next+4*len(t.reqs)]
-			next += 4 * len(t.reqs)
+			t.vals = vals[next : next+5*len(t.reqs)]
+			next += 5 * len(t.reqs)
 		}
 		if t.done != nil {
 			close(t.done)

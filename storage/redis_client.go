@@ -22,10 +22,17 @@ type redisClient struct {
 	// batchers coalesce concurrent decisions: one per cluster slot, or
 	// one for a single server.
 	batchers []batcher
+
+	// watchers reread the admin API's dials, one per key prefix; they
+	// stop when closed is closed.
+	watchersMu sync.Mutex
+	watchers   map[string]*dialWatcher
+	watching   sync.WaitGroup
+	closed     chan struct{}
 }
 
 func newRedisClient(opts *redis.UniversalOptions) *redisClient {
-	c := &redisClient{rdb: redis.NewUniversalClient(opts), batchers: make([]batcher, 1)}
+	c := &redisClient{rdb: redis.NewUniversalClient(opts), batchers: make([]batcher, 1), closed: make(chan struct{})}
 	if opts.IsClusterMode {
 		c.batchers = make([]batcher, clusterSlots)
 	}
@@ -36,6 +43,8 @@ func newRedisClient(opts *redis.UniversalOptions) *redisClient {
 // Destruct closes the connections; the UsagePool calls it when the last
 // config using this Redis is cleaned up.
 func (c *redisClient) Destruct() error {
+	close(c.closed)
+	c.watching.Wait()
 	return c.rdb.Close()
 }
 
@@ -132,6 +141,18 @@ func (c *denyCache) init() {
 	c.seed = maphash.MakeSeed()
 	for i := range c.shards {
 		c.shards[i].entries = make(map[string]denyEntry)
+	}
+}
+
+// clear forgets every cached rejection: the admin API reset a key or
+// changed a limit, so they may no longer hold.
+func (c *denyCache) clear() {
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		c.size.Add(-int64(len(s.entries)))
+		clear(s.entries)
+		s.mu.Unlock()
 	}
 }
 

@@ -231,9 +231,11 @@ func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs
 		shift = r.now().Sub(time.UnixMilli(serverNow))
 	}
 	for i, q := range reqs {
-		v := t.vals[4*i:]
+		v := t.vals[5*i:]
 		counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
-		d, _ := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(serverNow), q.Rate, q.Cost)
+		// The limit the script used: the request's, or a per-key override.
+		rate := algorithms.Rate{Units: v[4], Window: q.Rate.Window}
+		d, _ := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(serverNow), rate, q.Cost)
 		// The script's verdict is what was written; it equals Decide's by
 		// construction (and by test), but the store must report what it did.
 		d.Allowed = v[3] == 1

@@ -7,7 +7,10 @@
 --          hash per zone and key with fields w (window index), c (cost
 --          counted in window w), p (cost counted in window w-1) and t (the
 --          instant, in ms of the script's clock, the key was last set to
---          expire at).
+--          expire at); and, when the admin API set a per-key limit, o (the
+--          limit) and ox (when it ends, in ms; 0 for never). While the
+--          override is in force it replaces the request's limit, and the
+--          key's expiry is the admin call's to set, not this script's.
 -- ARGV[1]  "" to use the server clock (TIME), or a time in ms since the
 --          epoch; tests drive the shared test vectors with it.
 -- Then for each request: "1" to charge its zones when all allow it, "0"
@@ -16,8 +19,8 @@
 --          (ms) and cost.
 --
 -- Returns {now, then for each zone of each request: w, c, p as stored
--- before that request (0 when absent) and whether the zone alone allows
--- the request (1/0)}.
+-- before that request (0 when absent), whether the zone alone allows the
+-- request (1/0), and the limit it was decided against}.
 --
 -- Each key is read once and written at most once per call, after all
 -- requests are decided, with the counts they left. Its expiry is set only
@@ -76,10 +79,10 @@ local out = {now}
 local o = 1
 
 -- The counters of every key the call touches, as the requests so far left
--- them, six slots per key from s[at[key]]: the key, w (false when Redis
--- does not hold the key), c, p, t, and what to write at the end (0
--- nothing, 1 the counts, 2 the counts and a later expiry). Flat arrays
--- keep the tables per call few.
+-- them, seven slots per key from s[at[key]]: the key, w (false when Redis
+-- does not hold the key), c, p, t, what to write at the end (0 nothing, 1
+-- the counts, 2 the counts and a later expiry), and the override in force
+-- (false if none). Flat arrays keep the tables per call few.
 local at, s, ns = {}, {}, 0
 -- What charging the current request would write, five slots per zone:
 -- where its key's counters are, and w, c, p and t.
@@ -97,15 +100,24 @@ while a <= #ARGV do
     local j = at[key]
     if not j then
       j = ns + 1
-      ns = ns + 6
+      ns = ns + 7
       at[key] = j
-      local v = redis.call('HMGET', key, 'w', 'c', 'p', 't')
-      s[j], s[j + 1], s[j + 2], s[j + 3], s[j + 4], s[j + 5] =
-        key, tonumber(v[1]) or false, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0, 0
+      local v = redis.call('HMGET', key, 'w', 'c', 'p', 't', 'o', 'ox')
+      local over = tonumber(v[5]) or false
+      local ox = tonumber(v[6]) or 0
+      if over and ox ~= 0 and ox <= now then
+        -- An override that has ended: forget it, and let the counters
+        -- expire as they would without it.
+        redis.call('HDEL', key, 'o', 'ox')
+        over = false
+        v[4] = 0
+      end
+      s[j], s[j + 1], s[j + 2], s[j + 3], s[j + 4], s[j + 5], s[j + 6] =
+        key, tonumber(v[1]) or false, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0, 0, over
     end
 
     local sliding = ARGV[a] == 's'
-    local limit = tonumber(ARGV[a + 1])
+    local limit = s[j + 6] or tonumber(ARGV[a + 1])
     local w = tonumber(ARGV[a + 2])
     local cost = tonumber(ARGV[a + 3])
     a = a + 4
@@ -153,8 +165,8 @@ while a <= #ARGV do
     end
 
     all = all and ok
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = sw or 0, sc, sp, ok and 1 or 0
-    o = o + 4
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = sw or 0, sc, sp, ok and 1 or 0, limit
+    o = o + 5
 
     -- The counters matter until the window ends, or for a sliding tail
     -- until the next one ends, since it is weighed as the previous window.
@@ -179,12 +191,12 @@ while a <= #ARGV do
   end
 end
 
-for j = 1, ns, 6 do
+for j = 1, ns, 7 do
   local write = s[j + 5]
-  if write == 2 then
+  if write == 2 and not s[j + 6] then
     redis.call('HSET', s[j], 'w', s[j + 1], 'c', s[j + 2], 'p', s[j + 3], 't', s[j + 4])
     redis.call('PEXPIRE', s[j], s[j + 4] - now)
-  elseif write == 1 then
+  elseif write ~= 0 then
     redis.call('HSET', s[j], 'w', s[j + 1], 'c', s[j + 2], 'p', s[j + 3])
   end
 end

@@ -1,0 +1,300 @@
+package storage
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+)
+
+// The Redis store's admin side. A per-key override lives in the key's
+// counter hash (fields o and ox), so the take script reads it with the
+// counters, in the same call. A zone's dial is a key of its own,
+// <prefix>dial:{<zone>}, expiring with the dial. Every change also bumps
+// <prefix>admin:epoch. Each instance rereads the dials of the zones it
+// serves, and the epoch, once a second; when the epoch has moved it forgets
+// its cached rejections, so a key reset or given an override is asked
+// about afresh everywhere within a second.
+
+// dialRefresh is how often an instance rereads dials and the epoch.
+const dialRefresh = time.Second
+
+func (r *Redis) dialKey(zone string) string { return r.KeyPrefix + "dial:{" + zone + "}" }
+func (r *Redis) epochKey() string           { return r.KeyPrefix + "admin:epoch" }
+func (r *Redis) adminCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, max(time.Duration(r.Timeout), time.Second))
+}
+
+// KeyState implements Admin.
+func (r *Redis) KeyState(ctx context.Context, zone, key string) (algorithms.Counts, *Override, error) {
+	ctx, cancel := r.adminCtx(ctx)
+	defer cancel()
+	vals, err := keyStateScript.Run(ctx, r.client.rdb, []string{r.counterKey(zone, key)}).Int64Slice()
+	if err != nil {
+		return algorithms.Counts{}, nil, fmt.Errorf("redis: %w", err)
+	}
+	counts := algorithms.Counts{Window: vals[1], Current: vals[2], Previous: vals[3]}
+	if vals[4] == 0 {
+		return counts, nil, nil
+	}
+	o := &Override{Limit: vals[4]}
+	if vals[5] != 0 {
+		// The server's instant, moved to the local clock.
+		o.Expires = time.Now().Add(time.Duration(vals[5]-vals[0]) * time.Millisecond)
+	}
+	return counts, o, nil
+}
+
+// ResetKey implements Admin.
+func (r *Redis) ResetKey(ctx context.Context, zone, key string) error {
+	return r.adminOp(ctx, "reset", r.counterKey(zone, key), 0, 0)
+}
+
+// SetOverride implements Admin.
+func (r *Redis) SetOverride(ctx context.Context, zone, key string, o Override) error {
+	var ttl int64
+	if !o.Expires.IsZero() {
+		ttl = max(time.Until(o.Expires).Milliseconds(), 1)
+	}
+	return r.adminOp(ctx, "override", r.counterKey(zone, key), o.Limit, ttl)
+}
+
+// DeleteOverride implements Admin.
+func (r *Redis) DeleteOverride(ctx context.Context, zone, key string) error {
+	return r.adminOp(ctx, "unoverride", r.counterKey(zone, key), 0, 0)
+}
+
+// adminOp runs one change of a key's admin state (scripts/admin.lua) and
+// bumps the epoch, so that every instance forgets its cached rejections.
+func (r *Redis) adminOp(ctx context.Context, op, key string, limit, ttl int64) error {
+	ctx, cancel := r.adminCtx(ctx)
+	defer cancel()
+	if err := adminScript.Run(ctx, r.client.rdb, []string{key}, op, limit, ttl).Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	return r.bumpEpoch(ctx)
+}
+
+func (r *Redis) bumpEpoch(ctx context.Context) error {
+	if err := r.client.rdb.Incr(ctx, r.epochKey()).Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	// This instance need not wait for its next refresh.
+	r.client.denies.clear()
+	return nil
+}
+
+// SetDial implements Admin.
+func (r *Redis) SetDial(ctx context.Context, zone string, d Dial) error {
+	ctx, cancel := r.adminCtx(ctx)
+	defer cancel()
+	var ttl time.Duration
+	if !d.Expires.IsZero() {
+		ttl = max(time.Until(d.Expires), time.Millisecond)
+	}
+	b, err := json.Marshal(struct {
+		Mode  string `json:"mode,omitempty"`
+		Limit int64  `json:"limit,omitempty"`
+	}{d.Mode, d.Limit})
+	if err != nil {
+		return err
+	}
+	if err := r.client.rdb.Set(ctx, r.dialKey(zone), b, ttl).Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	r.watcher().set(zone, d)
+	return r.bumpEpoch(ctx)
+}
+
+// DeleteDial implements Admin.
+func (r *Redis) DeleteDial(ctx context.Context, zone string) error {
+	ctx, cancel := r.adminCtx(ctx)
+	defer cancel()
+	if err := r.client.rdb.Del(ctx, r.dialKey(zone)).Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	r.watcher().set(zone, Dial{})
+	return r.bumpEpoch(ctx)
+}
+
+// Dial implements Admin: it answers from what this instance last read, and
+// asks for zone to be read from then on.
+func (r *Redis) Dial(zone string) (Dial, bool) {
+	return r.watcher().dial(zone)
+}
+
+// watcher returns the dial watcher of this store's client and key prefix.
+func (r *Redis) watcher() *dialWatcher {
+	if w := r.lease.dials.Load(); w != nil {
+		return w
+	}
+	w := r.client.watcher(r.KeyPrefix, r)
+	r.lease.dials.Store(w)
+	return w
+}
+
+// dialWatcher keeps the dials of the zones asked about, for one client and
+// key prefix, rereading them and the epoch once a second.
+type dialWatcher struct {
+	client   *redisClient
+	dialKey  func(zone string) string
+	epochKey string
+	logger   *zap.Logger
+
+	// dials is replaced, never changed: requests read it without a lock.
+	dials atomic.Pointer[map[string]Dial]
+
+	// wake asks for a refresh before the next tick.
+	wake chan struct{}
+
+	mu    sync.Mutex
+	zones map[string]bool
+	epoch string
+	// sets counts the dials this instance wrote, so that a refresh that
+	// read Redis before one of them does not undo it.
+	sets int
+}
+
+// watcher returns the client's dial watcher for prefix, starting it on
+// first use; it stops when the client is closed.
+func (c *redisClient) watcher(prefix string, r *Redis) *dialWatcher {
+	c.watchersMu.Lock()
+	defer c.watchersMu.Unlock()
+	if w, ok := c.watchers[prefix]; ok {
+		return w
+	}
+	w := &dialWatcher{client: c, dialKey: r.dialKey, epochKey: r.epochKey(), logger: r.logger,
+		zones: make(map[string]bool), wake: make(chan struct{}, 1)}
+	if c.watchers == nil {
+		c.watchers = make(map[string]*dialWatcher)
+	}
+	c.watchers[prefix] = w
+	c.watching.Add(1)
+	go func() {
+		defer c.watching.Done()
+		w.run()
+	}()
+	return w
+}
+
+func (w *dialWatcher) dial(zone string) (Dial, bool) {
+	if dials := w.dials.Load(); dials != nil {
+		if d, ok := (*dials)[zone]; ok {
+			return d, d.Mode != "" || d.Limit > 0
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.zones[zone] {
+		w.zones[zone] = true
+		w.store(zone, Dial{})
+		// Read it now rather than at the next tick, without making this
+		// request wait for Redis.
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+	return Dial{}, false
+}
+
+// set records a dial this instance just wrote, ahead of the next refresh.
+func (w *dialWatcher) set(zone string, d Dial) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.zones[zone] = true
+	w.sets++
+	w.store(zone, d)
+}
+
+func (w *dialWatcher) store(zone string, d Dial) {
+	next := make(map[string]Dial)
+	if old := w.dials.Load(); old != nil {
+		maps.Copy(next, *old)
+	}
+	next[zone] = d
+	w.dials.Store(&next)
+}
+
+func (w *dialWatcher) run() {
+	t := time.NewTicker(dialRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.client.closed:
+			return
+		case <-t.C:
+		case <-w.wake:
+		}
+		w.refresh()
+	}
+}
+
+// refresh rereads the dials and the epoch, with one round trip.
+func (w *dialWatcher) refresh() {
+	ctx, cancel := context.WithTimeout(context.Background(), dialRefresh)
+	defer cancel()
+	w.mu.Lock()
+	zones := make([]string, 0, len(w.zones))
+	for z := range w.zones {
+		zones = append(zones, z)
+	}
+	sets := w.sets
+	w.mu.Unlock()
+	var epoch *redis.StringCmd
+	gets := make([]*redis.StringCmd, len(zones))
+	_, err := w.client.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		epoch = p.Get(ctx, w.epochKey)
+		for i, z := range zones {
+			gets[i] = p.Get(ctx, w.dialKey(z))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		// Keep the dials last read; the store's errors are logged where
+		// requests meet them.
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e := epoch.Val(); e != w.epoch {
+		w.epoch = e
+		w.client.denies.clear()
+	}
+	if w.sets != sets {
+		return // a dial written meanwhile; the next refresh reads it
+	}
+	next := make(map[string]Dial, len(zones))
+	for i, z := range zones {
+		var d Dial
+		if b, err := gets[i].Bytes(); err == nil {
+			if err := json.Unmarshal(b, &d); err != nil {
+				w.logger.Warn("unreadable rate limit dial in Redis", zap.String("zone", z), zap.Error(err))
+			}
+		}
+		next[z] = d
+	}
+	w.dials.Store(&next)
+}
+
+var (
+	//go:embed scripts/admin.lua
+	adminSource string
+	//go:embed scripts/key_state.lua
+	keyStateSource string
+
+	adminScript    = redis.NewScript(adminSource)
+	keyStateScript = redis.NewScript(keyStateSource)
+)
+
+var _ Admin = (*Redis)(nil)

@@ -1,0 +1,16 @@
+-- key_state.lua reads what the store holds for one zone and key, for the
+-- admin API.
+--
+-- KEYS[1]  the counter hash (see take.lua).
+--
+-- Returns {now (the server's clock, ms), w, c, p (0 when absent), the
+-- override's limit (0 when none is in force) and its end (ms; 0 for never)}.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = redis.call('HMGET', KEYS[1], 'w', 'c', 'p', 'o', 'ox')
+local o, ox = tonumber(v[4]) or 0, tonumber(v[5]) or 0
+if ox ~= 0 and ox <= now then
+  o, ox = 0, 0
+end
+return {now, tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0, o, ox}
