@@ -125,7 +125,8 @@ for c in $CASES; do
 	if [[ $c != plain ]]; then
 		curl -s -o /dev/null "http://127.0.0.1:$site/"
 		used=$(curl -s "http://127.0.0.1:$admin/rate_limit/zones/reload/keys/127.0.0.1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["used"])')
-		# Every answered request, plus the three curls, is counted.
+		# Every answered request, plus the three curls, is counted; wrk does
+		# not report the (at most 32) requests in flight when it stopped.
 		kept="counter $used for $((requests + 3)) requests"
 		sleep 2
 		kept+=", goroutines $g0 -> $(goroutines "$admin")"

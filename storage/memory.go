@@ -365,15 +365,13 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 }
 
 // expiry is when counts stop mattering, in Unix seconds rounded up: the end
-// of the current window for a fixed window, of the next one for a sliding
-// tail, which still weighs the current window as its previous one.
+// of the next window, for either algorithm. A sliding tail weighs the
+// current window as its previous one, and the first charge in the next
+// window reports what the current one came to (the period usage metric),
+// as the Redis store does.
 func expiry(r Request, c algorithms.Counts) uint32 {
 	w := r.Rate.Window.Milliseconds()
-	end := (c.Window + 1) * w
-	if r.Algorithm == algorithms.SlidingTail {
-		end += w
-	}
-	return unixSeconds(end + 999)
+	return unixSeconds((c.Window+2)*w + 999)
 }
 
 // unixSeconds returns the whole seconds in ms, clamped to 32 bits.

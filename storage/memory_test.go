@@ -339,7 +339,7 @@ func TestMemorySweepShrinks(t *testing.T) {
 	for i := range 2 * memoryShards {
 		take1(c, Request{Zone: "z", Key: fmt.Sprint("long-", i), Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Hour}, Cost: 1})
 	}
-	clock.set(vectors.Start.Add(time.Second))
+	clock.set(vectors.Start.Add(2 * time.Second)) // counts live until the next window ends
 	c.sweep()
 	if n := c.len(); n != 2*memoryShards {
 		t.Fatalf("%d keys after the sweep, want %d", n, 2*memoryShards)

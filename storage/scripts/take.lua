@@ -168,12 +168,11 @@ while a <= #ARGV do
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = sw or 0, sc, sp, ok and 1 or 0, limit
     o = o + 5
 
-    -- The counters matter until the window ends, or for a sliding tail
-    -- until the next one ends, since it is weighed as the previous window.
-    local ttl = w - elapsed
-    if sliding then
-      ttl = ttl + w
-    end
+    -- The counters matter until the next window ends: a sliding tail
+    -- weighs them as its previous window, and for either algorithm the
+    -- first charge in the next window reports what they came to (the
+    -- period usage metric). Both stores keep them that long.
+    local ttl = w - elapsed + w
     local z5 = 5 * z
     pend[z5 + 1], pend[z5 + 2], pend[z5 + 3], pend[z5 + 4], pend[z5 + 5] = j, idx, cur + cost, prev, now + ttl
   end
