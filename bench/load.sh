@@ -40,18 +40,7 @@ THREADS=${THREADS:-1}
 CONNECTIONS=${CONNECTIONS:-32}
 CASES=${CASES:-"plain floor memory_allowed peer_allowed memory_rejected memory_many_keys redis_allowed redis_rejected"}
 BYTES=${BYTES:-1}
-OUT=${OUT:-bench/out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-
-if ! command -v wrk >/dev/null; then
-	echo "installing wrk" >&2
-	(apt-get update -qq && apt-get install -y -qq wrk) >/dev/null
-fi
-
-echo "building caddy with rate_limit and plain caddy ($(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2))" >&2
-go build -o "$OUT/caddy-rl" ./cmd/caddy
-go build -o "$OUT/caddy-plain" github.com/caddyserver/caddy/v2/cmd/caddy
+source bench/common.sh
 
 # The peer: the same Caddy with mholt/caddy-ratelimit instead of this module.
 if [[ " $CASES " == *" peer_allowed "* ]]; then
@@ -78,23 +67,9 @@ GO
 	fi
 fi
 
-free_port() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-PIDS=()
-cleanup() {
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
 REDIS_PORT=""
 if [[ " $CASES " == *" redis_"* ]]; then
-	REDIS_PORT=$(free_port)
-	redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize no >"$OUT/redis.log" 2>&1 &
-	PIDS+=($!)
-	for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+	start_redis
 fi
 
 # caddyfile CASE PORT prints the Caddyfile for a case.

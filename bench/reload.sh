@@ -16,34 +16,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RELOADS=${RELOADS:-100}
 CASES=${CASES:-"plain memory redis"}
-OUT=${OUT:-bench/out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-
-if ! command -v wrk >/dev/null; then
-	echo "installing wrk" >&2
-	(apt-get update -qq && apt-get install -y -qq wrk) >/dev/null
-fi
-go build -o "$OUT/caddy-rl" ./cmd/caddy
-go build -o "$OUT/caddy-plain" github.com/caddyserver/caddy/v2/cmd/caddy
-
-free_port() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-PIDS=()
-cleanup() {
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-}
-trap cleanup EXIT
+source bench/common.sh
 
 REDIS_PORT=""
 if [[ " $CASES " == *" redis "* ]]; then
-	REDIS_PORT=$(free_port)
-	redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no >"$OUT/reload-redis.log" 2>&1 &
-	PIDS+=($!)
-	for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+	start_redis
 fi
 
 # config CASE ADMIN SITE N prints the Caddyfile: generation N of two.
