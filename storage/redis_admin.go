@@ -31,6 +31,7 @@ const dialRefresh = time.Second
 
 func (r *Redis) dialKey(zone string) string { return r.KeyPrefix + "dial:{" + zone + "}" }
 func (r *Redis) epochKey() string           { return r.KeyPrefix + "admin:epoch" }
+
 // adminCtx bounds an admin call: the store's timeout, but at least a
 // second, since an operator waits for it, not a request.
 func (r *Redis) adminCtx(ctx context.Context) (context.Context, context.CancelFunc) {
