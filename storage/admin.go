@@ -2,6 +2,8 @@ package storage
 
 import (
 	"context"
+	"maps"
+	"sync/atomic"
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
@@ -62,4 +64,51 @@ type Admin interface {
 	// Dial returns the dial in force for zone. It is asked on every
 	// request, so it answers from memory.
 	Dial(zone string) (Dial, bool)
+}
+
+// dialTable holds zone dials for the stores, read on every request without
+// a lock: the map is replaced, never changed. Writers serialise their
+// changes themselves.
+type dialTable struct {
+	m atomic.Pointer[map[string]Dial]
+}
+
+func (t *dialTable) get(zone string) (Dial, bool) {
+	m := t.m.Load()
+	if m == nil {
+		return Dial{}, false
+	}
+	d, ok := (*m)[zone]
+	return d, ok
+}
+
+// set replaces the table with a copy in which zone has dial d.
+func (t *dialTable) set(zone string, d Dial) {
+	next := make(map[string]Dial)
+	if old := t.m.Load(); old != nil {
+		maps.Copy(next, *old)
+	}
+	next[zone] = d
+	t.m.Store(&next)
+}
+
+// remove replaces the table with a copy without zone.
+func (t *dialTable) remove(zone string) {
+	old := t.m.Load()
+	if old == nil {
+		return
+	}
+	next := maps.Clone(*old)
+	delete(next, zone)
+	if len(next) == 0 {
+		// No dial left: requests are back to a nil check.
+		t.m.Store(nil)
+		return
+	}
+	t.m.Store(&next)
+}
+
+// replace puts m in the table; m must not change afterwards.
+func (t *dialTable) replace(m map[string]Dial) {
+	t.m.Store(&m)
 }

@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,9 +18,7 @@ type memoryAdmin struct {
 	// count is len(overrides), read on every take so that a store without
 	// overrides pays one atomic load for them.
 	count atomic.Int64
-	// dials is replaced, never changed, so a request reads it without a
-	// lock.
-	dials atomic.Pointer[map[string]Dial]
+	dials dialTable
 }
 
 // override returns the override in force for key in zone at now.
@@ -75,40 +72,25 @@ func (m *Memory) DeleteOverride(_ context.Context, zone, key string) error {
 
 // SetDial implements Admin.
 func (m *Memory) SetDial(_ context.Context, zone string, d Dial) error {
-	m.counters.admin.updateDials(func(dials map[string]Dial) { dials[zone] = d })
+	a := &m.counters.admin
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.dials.set(zone, d)
 	return nil
 }
 
 // DeleteDial implements Admin.
 func (m *Memory) DeleteDial(_ context.Context, zone string) error {
-	m.counters.admin.updateDials(func(dials map[string]Dial) { delete(dials, zone) })
+	a := &m.counters.admin
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.dials.remove(zone)
 	return nil
 }
 
 // Dial implements Admin.
 func (m *Memory) Dial(zone string) (Dial, bool) {
-	dials := m.counters.admin.dials.Load()
-	if dials == nil {
-		return Dial{}, false
-	}
-	d, ok := (*dials)[zone]
-	return d, ok
-}
-
-// updateDials replaces the dials with a changed copy.
-func (a *memoryAdmin) updateDials(change func(map[string]Dial)) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	next := make(map[string]Dial)
-	if old := a.dials.Load(); old != nil {
-		maps.Copy(next, *old)
-	}
-	change(next)
-	if len(next) == 0 {
-		a.dials.Store(nil)
-		return
-	}
-	a.dials.Store(&next)
+	return m.counters.admin.dials.get(zone)
 }
 
 var _ Admin = (*Memory)(nil)

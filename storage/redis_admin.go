@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -154,8 +152,7 @@ type dialWatcher struct {
 	epochKey string
 	logger   *zap.Logger
 
-	// dials is replaced, never changed: requests read it without a lock.
-	dials atomic.Pointer[map[string]Dial]
+	dials dialTable
 
 	// wake asks for a refresh before the next tick.
 	wake chan struct{}
@@ -191,16 +188,14 @@ func (c *redisClient) watcher(prefix string, r *Redis) *dialWatcher {
 }
 
 func (w *dialWatcher) dial(zone string) (Dial, bool) {
-	if dials := w.dials.Load(); dials != nil {
-		if d, ok := (*dials)[zone]; ok {
-			return d, d.Mode != "" || d.Limit > 0
-		}
+	if d, ok := w.dials.get(zone); ok {
+		return d, d.Mode != "" || d.Limit > 0
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.zones[zone] {
 		w.zones[zone] = true
-		w.store(zone, Dial{})
+		w.dials.set(zone, Dial{})
 		// Read it now rather than at the next tick, without making this
 		// request wait for Redis.
 		select {
@@ -217,16 +212,7 @@ func (w *dialWatcher) set(zone string, d Dial) {
 	defer w.mu.Unlock()
 	w.zones[zone] = true
 	w.sets++
-	w.store(zone, d)
-}
-
-func (w *dialWatcher) store(zone string, d Dial) {
-	next := make(map[string]Dial)
-	if old := w.dials.Load(); old != nil {
-		maps.Copy(next, *old)
-	}
-	next[zone] = d
-	w.dials.Store(&next)
+	w.dials.set(zone, d)
 }
 
 func (w *dialWatcher) run() {
@@ -287,7 +273,7 @@ func (w *dialWatcher) refresh() {
 		}
 		next[z] = d
 	}
-	w.dials.Store(&next)
+	w.dials.replace(next)
 }
 
 var (
