@@ -93,14 +93,7 @@ type zoneInfo struct {
 	Limit     Alternatives         `json:"limit"`
 	Store     string               `json:"store"`
 	DryRun    bool                 `json:"dry_run,omitempty"`
-	Dial      *dialInfo            `json:"dial,omitempty"`
-}
-
-// dialInfo is a dial as the admin API shows and takes it.
-type dialInfo struct {
-	Mode    string    `json:"mode,omitempty"`
-	Limit   int64     `json:"limit,omitempty"`
-	Expires time.Time `json:"expires,omitzero"`
+	Dial      *storage.Dial        `json:"dial,omitempty"`
 }
 
 // keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
@@ -183,7 +176,7 @@ func (a *adminAPI) listZones(w http.ResponseWriter, r *http.Request) error {
 			Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun}
 		if z.admin != nil {
 			if d, ok := z.admin.Dial(z.Name); ok && d.Active(now) {
-				info.Dial = &dialInfo{Mode: d.Mode, Limit: d.Limit, Expires: d.Expires}
+				info.Dial = &d
 			}
 		}
 		out = append(out, info)
@@ -285,7 +278,7 @@ func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z *Zone) error {
 			return apiError(http.StatusBadGateway, err)
 		}
 		a.changed(r, "zone dial set", z, zap.String("mode", d.Mode), zap.Int64("limit", d.Limit), zap.Time("expires", d.Expires))
-		return writeJSON(w, dialInfo(d))
+		return writeJSON(w, d)
 	case http.MethodDelete:
 		if err := z.admin.DeleteDial(r.Context(), z.Name); err != nil {
 			return apiError(http.StatusBadGateway, err)
