@@ -164,11 +164,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestV
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
 	}
-	if !hasErrorRoutes(r) {
-		w.WriteHeader(http.StatusTooManyRequests)
-		return nil
-	}
-	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded in zone %q", c.zone.Name))
+	return errorStatus(w, r, http.StatusTooManyRequests, c.zone.exceeded)
 }
 
 var connectionClose = []string{"close"}
@@ -356,16 +352,18 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 		return next.ServeHTTP(w, r)
 	}
 	w.Header().Set("Retry-After", "1")
-	return serverError(w, r, http.StatusServiceUnavailable, err)
+	return errorStatus(w, r, http.StatusServiceUnavailable, err)
 }
 
-// serverError answers with a 5xx status. Caddy logs every 5xx handler
-// error that no error route handles at error level, one line per request,
-// which during a store outage under load would flood the log. So the
-// status is written here, and the rate-limited store error line is all
-// the log gets, unless the server has error routes (handle_errors): then
-// the error is returned for them to shape, and Caddy logs it at debug.
-func serverError(w http.ResponseWriter, r *http.Request, status int, err error) error {
+// errorStatus answers with an error status: a 429, or a 503 from
+// on_store_error deny. Caddy logs every 5xx handler error that no error
+// route handles at error level, one line per request, which during a
+// store outage under load would flood the log; and a handler error costs
+// a random ID and a stack trace, more than a rejection should. So the
+// status is written here, unless the server has error routes
+// (handle_errors): then the error is returned for them to shape, and
+// Caddy logs it at debug.
+func errorStatus(w http.ResponseWriter, r *http.Request, status int, err error) error {
 	if !hasErrorRoutes(r) {
 		w.WriteHeader(status)
 		return nil

@@ -155,6 +155,9 @@ type Zone struct {
 	// policySeconds is the window in whole seconds, rounded up, for the
 	// RateLimit-Policy header.
 	policySeconds int64
+	// exceeded is the error a rejection in this zone returns to
+	// handle_errors, made once.
+	exceeded error
 	// admin is the store's admin side (dials, overrides), nil if the store
 	// has none; storeName names the store for the admin API.
 	admin     storage.Admin
@@ -241,6 +244,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 		z.results[i] = metrics.requests.WithLabelValues(z.Name, resultNames[i])
 	}
 	z.usage = metrics.periodUsage.WithLabelValues(z.Name)
+	z.exceeded = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
 	if z.MaxWaiting == 0 {
 		z.MaxWaiting = DefaultMaxWaiting
 	}
