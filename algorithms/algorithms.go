@@ -26,17 +26,42 @@ const (
 	// still lies inside a window-long interval ending now, rounded down, and
 	// adds the current window's count.
 	SlidingTail Algorithm = "sliding_tail"
+
+	// GCRA is the generic cell rate algorithm: a token bucket of Burst
+	// units that refills one unit every Window/Units, kept as one instant
+	// (the theoretical arrival time) instead of a count and a timer.
+	GCRA Algorithm = "gcra"
+
+	// Concurrency limits the units of a key's requests in flight at once:
+	// a request holds its cost from admission until it is released.
+	Concurrency Algorithm = "concurrency"
 )
 
 // Valid reports whether a names a known algorithm.
-func (a Algorithm) Valid() bool { return a == FixedWindow || a == SlidingTail }
+func (a Algorithm) Valid() bool {
+	return a == FixedWindow || a == SlidingTail || a == GCRA || a == Concurrency
+}
+
+// Windowed reports whether a counts in windows, so that a zone needs a
+// window and its period usage can be observed.
+func (a Algorithm) Windowed() bool { return a == FixedWindow || a == SlidingTail }
 
 // Rate is how many cost units may be spent per Window: the limit, over
-// the window.
+// the window. For GCRA, Burst is how many may be spent at once (0: Units).
+// For Concurrency, Units is how many may be held at once and Window is
+// the lease: how long a shared store keeps units whose holder never
+// released them (an instance that died).
 type Rate struct {
 	Units  int64
 	Window time.Duration
+	Burst  int64
 }
+
+// MaxBucket bounds a GCRA bucket's depth, Burst×Window/Units, in
+// milliseconds: 2^50 ms is 35,000 years, and it keeps every instant the
+// algorithm computes (now plus at most two bucket depths) below 2^53 ms,
+// where the Redis script's doubles still count exact milliseconds.
+const MaxBucket = 1 << 50
 
 // Validate refuses rates the arithmetic cannot honour.
 func (l Rate) Validate() error {
@@ -46,11 +71,21 @@ func (l Rate) Validate() error {
 	if l.Window < time.Millisecond {
 		return fmt.Errorf("window must be at least 1ms, got %s", l.Window)
 	}
+	if l.Burst < 0 {
+		return fmt.Errorf("burst must be positive, got %d", l.Burst)
+	}
+	if l.Burst > 0 {
+		if q, _ := mulDivMod(l.Burst, l.Window.Milliseconds(), l.Units); q > MaxBucket {
+			return fmt.Errorf("burst %d over limit %d per %s is a bucket deeper than 2^50 ms", l.Burst, l.Units, l.Window)
+		}
+	}
 	return nil
 }
 
 // Counts is what a store keeps for one key: the cost spent in the window with
-// index Window (floor(now/window)) and in the window before it.
+// index Window (floor(now/window)) and in the window before it. GCRA keeps
+// its theoretical arrival time in the same three numbers (see gcraTAT), and
+// Concurrency the units held in Current.
 type Counts struct {
 	Window   int64
 	Current  int64
@@ -87,6 +122,12 @@ type Decision struct {
 // forward, plus cost when the request was allowed. A rejected request adds
 // nothing.
 func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decision, Counts) {
+	switch alg {
+	case GCRA:
+		return decideGCRA(c, now, l, cost)
+	case Concurrency:
+		return decideConcurrency(c, now, l, cost)
+	}
 	w := l.Window.Milliseconds()
 	nowMs := now.UnixMilli()
 	idx := WindowIndex(nowMs, w)

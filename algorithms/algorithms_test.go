@@ -2,6 +2,7 @@ package algorithms_test
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -74,7 +75,7 @@ func TestHugeNumbersDoNotOverflow(t *testing.T) {
 }
 
 func TestLimitValidate(t *testing.T) {
-	for _, l := range []algorithms.Rate{{0, time.Second}, {-1, time.Second}, {1, 0}, {1, time.Microsecond}} {
+	for _, l := range []algorithms.Rate{{Units: 0, Window: time.Second}, {Units: -1, Window: time.Second}, {Units: 1}, {Units: 1, Window: time.Microsecond}, {Units: 1, Window: time.Second, Burst: -1}, {Units: 1, Window: 24 * time.Hour, Burst: 1 << 31}} {
 		if l.Validate() == nil {
 			t.Errorf("%+v accepted", l)
 		}
@@ -123,5 +124,129 @@ func TestRolledReportsTheFinishedWindow(t *testing.T) {
 			t.Fatalf("step %d: allowed %v rolled %v finished %d, want rolled %v finished %d", i, d.Allowed, d.Rolled, d.Finished, s.rolled, s.finished)
 		}
 		c = next
+	}
+}
+
+// TestGCRARetryAtIsFirstAllowedInstant drives keys with random costs and
+// gaps through rates whose interval is and is not a whole number of
+// milliseconds, and checks every rejection's retry instant exactly: allowed
+// there, not 1 ms before.
+func TestGCRARetryAtIsFirstAllowedInstant(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	rates := []algorithms.Rate{
+		{Units: 10, Window: time.Second, Burst: 3},
+		{Units: 3, Window: time.Second, Burst: 1},
+		{Units: 7, Window: 1000 * time.Millisecond},
+		{Units: 1000, Window: 7 * time.Millisecond, Burst: 50},
+		{Units: 1<<31 - 1, Window: 30 * 24 * time.Hour, Burst: 5},
+		{Units: 1, Window: 24 * time.Hour, Burst: 2},
+	}
+	for _, l := range rates {
+		var c algorithms.Counts
+		now := vectors.Start
+		burst := l.BurstFor(l.Units)
+		for range 2000 {
+			now = now.Add(time.Duration(rng.IntN(int(l.Window.Milliseconds()/l.Units+2))) * time.Millisecond)
+			cost := int64(rng.IntN(int(min(burst, 4)))) + 1
+			d, next := algorithms.Decide(algorithms.GCRA, c, now, l, cost)
+			if d.Remaining < 0 || d.Remaining > burst {
+				t.Fatalf("%+v: remaining %d outside [0, %d]", l, d.Remaining, burst)
+			}
+			if d.Allowed {
+				c = next
+				continue
+			}
+			if next != c {
+				t.Fatalf("%+v: rejection changed the state %+v -> %+v", l, c, next)
+			}
+			if !d.RetryAt.After(now) {
+				t.Fatalf("%+v: retry %s not after now", l, d.RetryAt.Sub(now))
+			}
+			if got, _ := algorithms.Decide(algorithms.GCRA, c, d.RetryAt, l, cost); !got.Allowed {
+				t.Fatalf("%+v cost %d: not allowed at the retry instant", l, cost)
+			}
+			if before := d.RetryAt.Add(-time.Millisecond); before.After(now) {
+				if got, _ := algorithms.Decide(algorithms.GCRA, c, before, l, cost); got.Allowed {
+					t.Fatalf("%+v cost %d: allowed 1 ms before the retry instant", l, cost)
+				}
+			}
+		}
+	}
+}
+
+// TestGCRAKeepsTheRateExactly spends one unit at every first allowed
+// instant, 5,000 times, at 3 per second with a burst of 2: the burst at
+// once, then the k-th unit at exactly ceil((k−1)·1000/3) ms, with no drift
+// from rounding. (With a burst of 1 a request that comes the fraction of a
+// millisecond after its TAT restarts the schedule from then, as GCRA
+// does.)
+func TestGCRAKeepsTheRateExactly(t *testing.T) {
+	l := algorithms.Rate{Units: 3, Window: time.Second, Burst: 2}
+	var c algorithms.Counts
+	now := vectors.Start
+	for k := int64(0); k < 5000; {
+		d, next := algorithms.Decide(algorithms.GCRA, c, now, l, 1)
+		if !d.Allowed {
+			now = d.RetryAt
+			continue
+		}
+		if got, want := now.Sub(vectors.Start).Milliseconds(), max((k-1)*1000+2, 0)/3; got != want {
+			t.Fatalf("unit %d allowed at +%d ms, want +%d ms", k, got, want)
+		}
+		c = next
+		k++
+	}
+}
+
+// TestGCRALimitChangeRescalesTheFraction: a TAT kept in thirds of a
+// millisecond, read for a limit of 7, is rounded down, never up.
+func TestGCRALimitChangeRescalesTheFraction(t *testing.T) {
+	three := algorithms.Rate{Units: 3, Window: time.Second, Burst: 1}
+	_, c := algorithms.Decide(algorithms.GCRA, algorithms.Counts{}, vectors.Start, three, 1) // TAT = +333⅓ ms
+	seven := algorithms.Rate{Units: 7, Window: time.Second, Burst: 1}
+	// At +333 ms the old TAT is ⅓ ms ahead: rescaled to 2/7 ms, so a
+	// request of T = 142 6/7 ms needs TAT−t+T <= T: rejected until +334.
+	d, _ := algorithms.Decide(algorithms.GCRA, c, vectors.Start.Add(333*time.Millisecond), seven, 1)
+	if d.Allowed || d.RetryAt.Sub(vectors.Start) != 334*time.Millisecond {
+		t.Fatalf("allowed %v retry +%s, want rejected until +334ms", d.Allowed, d.RetryAt.Sub(vectors.Start))
+	}
+}
+
+func TestConcurrency(t *testing.T) {
+	l := algorithms.Rate{Units: 3, Window: time.Minute}
+	now := vectors.Start
+	var c algorithms.Counts
+	for i, want := range []bool{true, true, false} {
+		d, next := algorithms.Decide(algorithms.Concurrency, c, now, l, int64(1+i%2))
+		if d.Allowed != want {
+			t.Fatalf("request %d: allowed %v, want %v", i, d.Allowed, want)
+		}
+		if !d.Allowed && !d.RetryAt.Equal(now) {
+			t.Fatalf("rejection retry %s, want now", d.RetryAt.Sub(now))
+		}
+		c = next
+	}
+	if c.Current != 3 {
+		t.Fatalf("held %d, want 3", c.Current)
+	}
+	c = algorithms.Release(c, 2)
+	if d, _ := algorithms.Decide(algorithms.Concurrency, c, now, l, 2); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("after release: %+v", d)
+	}
+	if c = algorithms.Release(algorithms.Release(c, 1), 1); c.Current != 0 {
+		t.Fatalf("released below zero: %d", c.Current)
+	}
+}
+
+func BenchmarkDecideGCRA(b *testing.B) {
+	l := algorithms.Rate{Units: 1000, Window: 7 * time.Second, Burst: 50}
+	now := vectors.Start
+	var c algorithms.Counts
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(7 * time.Millisecond)
+		var d algorithms.Decision
+		d, c = algorithms.Decide(algorithms.GCRA, c, now, l, 1)
+		_ = d
 	}
 }

@@ -19,6 +19,8 @@ type Step struct {
 	Remaining int64
 	// RetryAfter, for a rejected step, is RetryAt minus the step's instant.
 	RetryAfter time.Duration
+	// ResetAfter, when not zero, is Reset minus the step's instant.
+	ResetAfter time.Duration
 }
 
 // Case is a sequence of requests against one limit, starting from empty
@@ -138,6 +140,90 @@ var Cases = []Case{
 			{At: 62 * time.Second, Key: "a", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 58001 * time.Millisecond},
 		},
 	},
+	{
+		// SPEC §5: limit 10 per 1s, burst 3, so T = 100ms.
+		Name:      "gcra/spec_vector",
+		Algorithm: algorithms.GCRA,
+		Rate:      algorithms.Rate{Units: 10, Window: time.Second, Burst: 3},
+		Steps: []Step{
+			{At: 0, Key: "a", Cost: 1, Allowed: true, Remaining: 2, ResetAfter: 100 * time.Millisecond},
+			{At: 0, Key: "a", Cost: 1, Allowed: true, Remaining: 1, ResetAfter: 200 * time.Millisecond},
+			{At: 0, Key: "a", Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 300 * time.Millisecond},
+			{At: 0, Key: "a", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 100 * time.Millisecond},
+			{At: 100 * time.Millisecond, Key: "a", Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 300 * time.Millisecond},
+			{At: 100 * time.Millisecond, Key: "a", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 100 * time.Millisecond},
+			{At: time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 2},
+			{At: time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
+			{At: time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		// T = 333⅓ ms is no whole number of milliseconds: the fraction is
+		// kept exactly, so each retry instant is the next millisecond after
+		// the exact one, and no drift builds up.
+		Name:      "gcra/fractional_interval",
+		Algorithm: algorithms.GCRA,
+		Rate:      algorithms.Rate{Units: 3, Window: time.Second, Burst: 1},
+		Steps: []Step{
+			{At: 0, Key: "f", Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 334 * time.Millisecond},
+			{At: 333 * time.Millisecond, Key: "f", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: time.Millisecond},
+			{At: 334 * time.Millisecond, Key: "f", Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 334 * time.Millisecond},
+			{At: 667 * time.Millisecond, Key: "f", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: time.Millisecond},
+			{At: 668 * time.Millisecond, Key: "f", Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 334 * time.Millisecond},
+			{At: 2002 * time.Millisecond, Key: "f", Cost: 1, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		Name:      "gcra/cost",
+		Algorithm: algorithms.GCRA,
+		Rate:      algorithms.Rate{Units: 10, Window: time.Second, Burst: 3},
+		Steps: []Step{
+			// more than the burst is never allowed: retry names the time
+			// a bucket takes to fill
+			{At: 0, Key: "c", Cost: 4, Allowed: false, Remaining: 3, RetryAfter: 300 * time.Millisecond},
+			{At: 0, Key: "c", Cost: 3, Allowed: true, Remaining: 0, ResetAfter: 300 * time.Millisecond},
+			// cost 0 is allowed while the bucket is not over-full, and
+			// reports what is left
+			{At: 50 * time.Millisecond, Key: "c", Cost: 0, Allowed: true, Remaining: 0, ResetAfter: 250 * time.Millisecond},
+			{At: 400 * time.Millisecond, Key: "c", Cost: 0, Allowed: true, Remaining: 3},
+		},
+	},
+	{
+		// A clock stepped back sees a TAT further ahead than it is.
+		Name:      "gcra/clock_steps_back",
+		Algorithm: algorithms.GCRA,
+		Rate:      algorithms.Rate{Units: 10, Window: time.Second, Burst: 3},
+		Steps: []Step{
+			{At: time.Second, Key: "b", Cost: 3, Allowed: true, Remaining: 0},
+			{At: 500 * time.Millisecond, Key: "b", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 600 * time.Millisecond},
+			{At: 1100 * time.Millisecond, Key: "b", Cost: 1, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		// A key idle for a long time has a full bucket, and partial
+		// refills count whole units.
+		Name:      "gcra/idle_key",
+		Algorithm: algorithms.GCRA,
+		Rate:      algorithms.Rate{Units: 5, Window: time.Hour},
+		Steps: []Step{
+			{At: 0, Key: "i", Cost: 5, Allowed: true, Remaining: 0, ResetAfter: time.Hour},
+			{At: 12 * time.Minute, Key: "i", Cost: 1, Allowed: true, Remaining: 0, ResetAfter: time.Hour},
+			{At: 100 * 24 * time.Hour, Key: "i", Cost: 1, Allowed: true, Remaining: 4, ResetAfter: 12 * time.Minute},
+		},
+	},
+	{
+		// The largest limit over 30 days: T is 1.2069... ms, and the
+		// products c·window and remaining's span pass 2^53.
+		Name:      "gcra/largest_limit",
+		Algorithm: algorithms.GCRA,
+		Rate:      algorithms.Rate{Units: 1<<31 - 1, Window: 30 * 24 * time.Hour},
+		Steps: []Step{
+			{At: 0, Key: "h", Cost: 1<<31 - 1, Allowed: true, Remaining: 0, ResetAfter: 30 * 24 * time.Hour},
+			{At: time.Millisecond, Key: "h", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: time.Millisecond},
+			{At: 2 * time.Millisecond, Key: "h", Cost: 1, Allowed: true, Remaining: 0},
+			{At: 30 * 24 * time.Hour, Key: "h", Cost: 1, Allowed: true, Remaining: 1<<31 - 3, ResetAfter: 3 * time.Millisecond},
+		},
+	},
 }
 
 // TakeFunc charges one request of cost for key at instant now against the
@@ -156,6 +242,11 @@ func Run(t *testing.T, take TakeFunc) {
 				if d.Allowed != s.Allowed || d.Remaining != s.Remaining {
 					t.Fatalf("step %d (+%s key %s cost %d): allowed=%v remaining=%d, want allowed=%v remaining=%d",
 						i, s.At, s.Key, s.Cost, d.Allowed, d.Remaining, s.Allowed, s.Remaining)
+				}
+				if s.ResetAfter != 0 {
+					if got := d.Reset.Sub(now); got != s.ResetAfter {
+						t.Fatalf("step %d (+%s key %s): reset after %s, want %s", i, s.At, s.Key, got, s.ResetAfter)
+					}
 				}
 				if !s.Allowed {
 					if got := d.RetryAt.Sub(now); got != s.RetryAfter {
