@@ -128,6 +128,19 @@ func (m *Memory) Take(_ context.Context, reqs []Request, decisions []algorithms.
 	return nil
 }
 
+// Release implements Store: it gives back the units of concurrency
+// requests that Take allowed, and wakes requests waiting for units.
+func (m *Memory) Release(_ context.Context, reqs []Request) error {
+	m.counters.releaseUnits(reqs)
+	return nil
+}
+
+// Released implements Store: the channel is closed at the next Release,
+// the moment units come back.
+func (m *Memory) Released() <-chan struct{} {
+	return m.counters.released.wait()
+}
+
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens:
 //
 //	store memory {
@@ -239,6 +252,10 @@ type memoryCounters struct {
 
 	// admin holds the overrides and dials set through the admin API.
 	admin memoryAdmin
+
+	// released wakes the requests that max_delay holds for concurrency
+	// units.
+	released releaseSignal
 
 	stop chan struct{}
 	done chan struct{}
@@ -364,15 +381,28 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 	}
 }
 
-// expiry is when counts stop mattering, in Unix seconds rounded up: the end
-// of the next window, for either algorithm. A sliding tail weighs the
-// current window as its previous one, and the first charge in the next
-// window reports what the current one came to (the period usage metric),
-// as the Redis store does.
+// expiry is when counts stop mattering, in Unix seconds rounded up.
+// Windowed counts matter until the end of the next window: a sliding tail
+// weighs the current window as its previous one, and the first charge in
+// the next window reports what the current one came to (the period usage
+// metric), as the Redis store does. A GCRA key matters until its TAT,
+// when its bucket is full again, as if it had never been seen. Units held
+// by a concurrency key matter until they are released: such a slot is
+// pinned.
 func expiry(r Request, c algorithms.Counts) uint32 {
+	switch r.Algorithm {
+	case algorithms.GCRA:
+		return unixSeconds(c.Window + 1 + 999)
+	case algorithms.Concurrency:
+		return pinned
+	}
 	w := r.Rate.Window.Milliseconds()
 	return unixSeconds((c.Window+2)*w + 999)
 }
+
+// pinned is the expiry of a slot that neither the sweep nor eviction may
+// take: a concurrency key with units held.
+const pinned = math.MaxUint32
 
 // unixSeconds returns the whole seconds in ms, clamped to 32 bits.
 func unixSeconds(ms int64) uint32 {
@@ -408,7 +438,9 @@ func (s *memoryShard) store(h uint64, counts algorithms.Counts, expires uint32, 
 	i, ok := s.lookup(h)
 	if !ok {
 		for s.n >= bound {
-			s.evict(now)
+			if !s.evict(now) {
+				break
+			}
 		}
 		if (s.n+1)*4 > len(s.slots)*3 {
 			s.resize(max(minSlots, 2*len(s.slots)))
@@ -430,23 +462,27 @@ func (s *memoryShard) store(h uint64, counts algorithms.Counts, expires uint32, 
 // over the slots, clearing reference bits, and takes the first key whose
 // bit is already clear or whose counts have expired. A key asked for
 // since the hand last passed survives, so keys in use stay and idle ones
-// go, much as with LRU but without a list threaded through every entry. The shard
-// must hold a key; the hand then stops within two turns.
-func (s *memoryShard) evict(now uint32) {
+// go, much as with LRU but without a list threaded through every entry.
+// Pinned keys (units held in flight) are never taken: forgetting them
+// would admit more than the limit. The hand stops within two turns; it
+// reports false if every key was pinned, and the shard then holds more
+// than its bound until units are released.
+func (s *memoryShard) evict(now uint32) bool {
 	mask := len(s.slots) - 1
-	for {
+	for range 2 * len(s.slots) {
 		e := &s.slots[s.hand]
-		if e.hash != 0 {
+		if e.hash != 0 && e.expires != pinned {
 			if !e.ref || e.expires <= now {
 				// The slot now holds the entry shifted into the hole, if
 				// any, which the hand considers next.
 				s.remove(s.hand)
-				return
+				return true
 			}
 			e.ref = false
 		}
 		s.hand = (s.hand + 1) & mask
 	}
+	return false
 }
 
 // remove empties slot i and shifts back the entries after it that probed
@@ -478,6 +514,28 @@ func (s *memoryShard) resize(n int) {
 			s.slots[i] = e
 		}
 	}
+}
+
+// releaseUnits gives back the units that reqs, allowed concurrency requests,
+// hold. A key whose units are all back is forgotten.
+func (c *memoryCounters) releaseUnits(reqs []Request) {
+	for _, r := range reqs {
+		if r.Algorithm != algorithms.Concurrency {
+			continue
+		}
+		h := c.keyHash(r.Zone, r.Key)
+		s := &c.shards[shardOf(h)]
+		s.mu.Lock()
+		if i, ok := s.lookup(h); ok {
+			if n := algorithms.Release(s.slots[i].counts(), r.Cost); n.Current == 0 {
+				s.remove(i)
+			} else {
+				s.slots[i].current = uint32(n.Current)
+			}
+		}
+		s.mu.Unlock()
+	}
+	c.released.signal()
 }
 
 // inspect returns the counts kept for zone and key as stored, not rolled

@@ -89,6 +89,10 @@ type Redis struct {
 	// With it set, the deny cache is not used and decisions are in that
 	// clock.
 	scriptClock func() time.Time
+
+	// released wakes requests waiting for concurrency units that this
+	// config released.
+	released *releaseSignal
 	logger      *zap.Logger
 }
 
@@ -108,6 +112,7 @@ var redisClients = caddy.NewUsagePool()
 // attaches the shared client for them.
 func (r *Redis) Provision(ctx caddy.Context) error {
 	r.logger = ctx.Logger()
+	r.released = new(releaseSignal)
 	if r.Timeout == 0 {
 		r.Timeout = caddy.Duration(DefaultRedisTimeout)
 	}

@@ -1,6 +1,9 @@
 package storage
 
 import (
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
 	"context"
 	"fmt"
 	"slices"
@@ -180,7 +183,7 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 		zones += len(t.keys)
 	}
 	keys := make([]string, 0, zones)
-	args := make([]any, 1, 1+2*len(takes)+4*zones)
+	args := make([]any, 1, 1+2*len(takes)+5*zones)
 	args[0] = ""
 	if clock != 0 {
 		args[0] = clock
@@ -193,11 +196,7 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 		}
 		args = append(args, charge, len(t.reqs))
 		for _, q := range t.reqs {
-			alg := "s"
-			if q.Algorithm == algorithms.FixedWindow {
-				alg = "f"
-			}
-			args = append(args, alg, q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost)
+			args = append(args, scriptAlgorithm(q.Algorithm), q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost, scriptExtra(q))
 		}
 	}
 	vals, err := takeScript.Run(ctx, c.rdb, keys, args...).Int64Slice()
@@ -218,3 +217,43 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 		}
 	}
 }
+
+// scriptAlgorithm names an algorithm as the scripts do.
+func scriptAlgorithm(a algorithms.Algorithm) string {
+	switch a {
+	case algorithms.FixedWindow:
+		return "f"
+	case algorithms.GCRA:
+		return "g"
+	case algorithms.Concurrency:
+		return "c"
+	}
+	return "s"
+}
+
+// scriptExtra is the take script's last argument for a zone: gcra's
+// burst, or the name a concurrency request holds its units under.
+func scriptExtra(q Request) any {
+	switch q.Algorithm {
+	case algorithms.GCRA:
+		return q.Rate.Burst
+	case algorithms.Concurrency:
+		return holderName(q)
+	}
+	return ""
+}
+
+// holderName names a concurrency request in its key's set of holders:
+// this process, the request, and its cost, which the take script reads
+// back when the holder's lease ends.
+func holderName(q Request) string {
+	return processID + ":" + strconv.FormatUint(q.Holder, 10) + "/" + strconv.FormatInt(q.Cost, 10)
+}
+
+// processID tells this process's holders from those of other instances
+// sharing the store.
+var processID = func() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}()

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"math"
 	"context"
 	_ "embed"
 	"errors"
@@ -35,8 +36,9 @@ func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms
 	}
 	keys := make([]string, 0, len(reqs))
 	for _, q := range reqs {
-		if q.Rate.Units > maxExact || q.Cost < 0 || q.Cost > maxExact || q.Rate.Window.Milliseconds() > maxExact {
-			return fmt.Errorf("zone %q: limit, cost or window too large for the Redis store", q.Zone)
+		if q.Rate.Units > maxExact || q.Cost < 0 || q.Cost > maxExact || q.Rate.Window.Milliseconds() > maxExact ||
+			q.Algorithm == algorithms.GCRA && (q.Rate.Units > math.MaxInt32 || q.Rate.Burst > math.MaxInt32) {
+			return fmt.Errorf("zone %q: limit, burst, cost or window too large for the Redis store", q.Zone)
 		}
 		if err := q.Rate.Validate(); err != nil {
 			return fmt.Errorf("zone %q: %w", q.Zone, err)
@@ -181,10 +183,9 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, c *redisClient, keys []str
 			continue
 		}
 		if !rejected {
-			args := make([]any, 0, 2*len(gReqs))
-			for _, q := range gReqs {
-				w := q.Rate.Window.Milliseconds()
-				args = append(args, algorithms.WindowIndex(now, w), q.Cost)
+			args := make([]any, 0, 5*len(gReqs))
+			for j, q := range gReqs {
+				args = append(args, refundArgs(q, gDec[j], now)...)
 			}
 			refunds = append(refunds, charged{gKeys, args})
 		}
@@ -234,7 +235,8 @@ func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs
 		v := t.vals[5*i:]
 		counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
 		// The limit the script used: the request's, or a per-key override.
-		rate := algorithms.Rate{Units: v[4], Window: q.Rate.Window}
+		rate := q.Rate
+		rate.Units = v[4]
 		d, _ := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(serverNow), rate, q.Cost)
 		// The script's verdict is what was written; it equals Decide's by
 		// construction (and by test), but the store must report what it did.
@@ -246,6 +248,54 @@ func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs
 		decisions[i] = d
 	}
 	return serverNow, nil
+}
+
+// refundArgs are the refund script's arguments that take back the charge
+// d of q, made at now (ms of the script's clock).
+func refundArgs(q Request, d algorithms.Decision, now int64) []any {
+	alg := scriptAlgorithm(q.Algorithm)
+	switch q.Algorithm {
+	case algorithms.GCRA:
+		ms, frac := algorithms.Interval(q.Cost, q.Rate.Window, d.Limit)
+		return []any{alg, ms, frac, "", d.Limit}
+	case algorithms.Concurrency:
+		return []any{alg, 0, q.Cost, holderName(q), 0}
+	}
+	return []any{alg, algorithms.WindowIndex(now, q.Rate.Window.Milliseconds()), q.Cost, "", 0}
+}
+
+// Release implements Store: each concurrency request leaves its key's
+// holders, in one script call per key, atomic in its slot. A request the
+// script finds no longer holding (its lease ended) is released already.
+func (r *Redis) Release(ctx context.Context, reqs []Request) error {
+	c, done, err := r.acquire()
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	defer done()
+	tctx, cancel := context.WithTimeout(ctx, time.Duration(r.Timeout))
+	defer cancel()
+	released := false
+	for _, q := range reqs {
+		if q.Algorithm != algorithms.Concurrency {
+			continue
+		}
+		key := r.counterKey(q.Zone, q.Key)
+		if err := refundScript.Run(tctx, c.rdb, []string{key}, refundArgs(q, algorithms.Decision{}, 0)...).Err(); err != nil {
+			return fmt.Errorf("redis: releasing zone %q: %w", q.Zone, err)
+		}
+		released = true
+	}
+	if released {
+		r.released.signal()
+	}
+	return nil
+}
+
+// Released implements Store: closed at this instance's next release.
+// Releases by other instances and ended leases are seen only by asking.
+func (r *Redis) Released() <-chan struct{} {
+	return r.released.wait()
 }
 
 var (

@@ -160,6 +160,45 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 			t.Fatalf("only %d boundary cases", boundaries)
 		}
 	})
+
+	t.Run("gcra", func(t *testing.T) {
+		// Random TATs around now, kept for this limit or another one,
+		// with limits and windows where cost·window and burst·window pass
+		// 2^53, and the millisecond either side of each retry instant.
+		boundaries := 0
+		for range 1500 {
+			limit := logUniform(1, math.MaxInt32)
+			l := algorithms.Rate{Units: limit, Window: time.Duration(logUniform(1, 90*24*3600*1000)) * time.Millisecond}
+			if rng.IntN(2) == 0 {
+				l.Burst = logUniform(1, math.MaxInt32)
+				if l.Validate() != nil {
+					l.Burst = 0
+				}
+			}
+			burst := l.BurstFor(limit)
+			now := time.UnixMilli(vectors.Start.UnixMilli() + rng.Int64N(1e12))
+			den := limit
+			if rng.IntN(4) == 0 {
+				den = logUniform(1, math.MaxInt32)
+			}
+			depth, _ := algorithms.Interval(burst, l.Window, limit)
+			stored := algorithms.Counts{
+				Window:   now.UnixMilli() - depth/2 + rng.Int64N(depth+2),
+				Current:  rng.Int64N(den),
+				Previous: den,
+			}
+			cost := rng.Int64N(min(burst, 1<<20) + 2)
+			d := check(t, algorithms.GCRA, l, stored, now, cost)
+			if !d.Allowed && d.RetryAt.Sub(now) > time.Millisecond && cost <= burst {
+				check(t, algorithms.GCRA, l, stored, d.RetryAt.Add(-time.Millisecond), cost)
+				check(t, algorithms.GCRA, l, stored, d.RetryAt, cost)
+				boundaries++
+			}
+		}
+		if boundaries < 100 {
+			t.Fatalf("only %d boundary cases", boundaries)
+		}
+	})
 }
 
 // TestRedisKeys: keys bounded by BoundKey make one hash tag each, distinct

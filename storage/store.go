@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+	"sync"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
@@ -23,6 +24,10 @@ type Request struct {
 	Algorithm algorithms.Algorithm
 	Rate      algorithms.Rate
 	Cost      int64
+	// Holder tells apart, for a concurrency request, the requests of this
+	// process that hold units of one key at once: a shared store keeps
+	// each holder with its own lease, and Release names it.
+	Holder uint64
 }
 
 // Store keeps counters per zone and key.
@@ -34,6 +39,18 @@ type Store interface {
 	// non-nil error means no decision was made; a remote store whose
 	// answer timed out may still have charged the request.
 	Take(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error
+
+	// Release gives back the units held by the concurrency requests in
+	// reqs (others are skipped), which Take allowed. It is called once per
+	// allowed request, when Caddy is done with it. A shared store that
+	// cannot be reached keeps the units until their lease ends.
+	Release(ctx context.Context, reqs []Request) error
+
+	// Released returns a channel closed at this instance's next Release,
+	// so a request held by max_delay for units can ask again at once.
+	// Units released elsewhere (another instance, a lease ending) close
+	// it not; waiters on a shared store also ask again from time to time.
+	Released() <-chan struct{}
 }
 
 // MaxKeyLen is the longest key every store keeps as it is.
@@ -51,4 +68,29 @@ func BoundKey(key string) string {
 	}
 	sum := sha256.Sum256([]byte(key))
 	return "#" + hex.EncodeToString(sum[:16])
+}
+
+// releaseSignal wakes the requests waiting for concurrency units: wait
+// returns a channel that the next signal closes.
+type releaseSignal struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (r *releaseSignal) wait() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch == nil {
+		r.ch = make(chan struct{})
+	}
+	return r.ch
+}
+
+func (r *releaseSignal) signal() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch != nil {
+		close(r.ch)
+		r.ch = nil
+	}
 }

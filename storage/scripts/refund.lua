@@ -1,25 +1,52 @@
--- refund.lua takes back a charge made by take.lua, when a request was
--- charged in some cluster slots and then rejected in another. It runs
--- atomically in one slot, like the charge it undoes.
+-- refund.lua takes back a charge made by take.lua: a request charged in
+-- some cluster slots and then rejected in another, or a concurrency
+-- request that is done and releases its units. It runs atomically in one
+-- slot, like the charge it undoes.
 --
--- KEYS[i]            counters of the i-th zone and key (see take.lua).
--- ARGV[2i-1], ARGV[2i]  the window index the cost was charged in, and the
---                       cost.
+-- KEYS[i]  counters of the i-th zone and key (see take.lua).
+-- ARGV     five per key: the algorithm ("f", "s", "g", "c"), two numbers
+--          a and b, the holder (concurrency) and the limit (gcra). For the
+--          windowed algorithms a is the window index the cost was charged
+--          in and b the cost; for gcra, cost*window/limit as a whole ms and
+--          a fraction in 1/limit ms (computed exactly by the caller); for
+--          concurrency b is the cost.
 --
--- A charge still in the current window comes off c; one that has since
--- become the previous window comes off p; an older one no longer counts.
+-- Windowed: a charge still in the current window comes off c; one that
+-- has since become the previous window comes off p; an older one no
+-- longer counts. GCRA: the TAT moves back by cost*window/limit (a TAT
+-- moved from the past to now plus that is then now: the same bucket).
+-- Concurrency: the holder leaves the set and its cost comes off c, only
+-- if it was still there: a holder whose lease ended was taken off then.
 -- Counts never go below zero, and the key keeps its expiry.
 
 for i = 1, #KEYS do
-  local idx = tonumber(ARGV[2 * i - 1])
-  local cost = tonumber(ARGV[2 * i])
-  local v = redis.call('HMGET', KEYS[i], 'w', 'c', 'p')
-  if v[1] then
-    local w = tonumber(v[1])
-    if w == idx then
-      redis.call('HSET', KEYS[i], 'c', math.max((tonumber(v[2]) or 0) - cost, 0))
-    elseif w == idx + 1 then
-      redis.call('HSET', KEYS[i], 'p', math.max((tonumber(v[3]) or 0) - cost, 0))
+  local b = 5 * (i - 1)
+  local alg, x, y = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local key = KEYS[i]
+  if alg == 'c' then
+    if redis.call('ZREM', key .. ':h', ARGV[b + 4]) == 1 then
+      local c = tonumber(redis.call('HGET', key, 'c')) or 0
+      redis.call('HSET', key, 'c', math.max(c - y, 0))
+    end
+  else
+    local v = redis.call('HMGET', key, 'w', 'c', 'p')
+    if v[1] then
+      local w = tonumber(v[1])
+      if alg == 'g' then
+        -- The TAT's fraction is in 1/p ms; take.lua wrote p = limit.
+        local limit = tonumber(ARGV[b + 5])
+        if tonumber(v[3]) == limit then
+          local ms, f = w - x, (tonumber(v[2]) or 0) - y
+          if f < 0 then
+            ms, f = ms - 1, f + limit
+          end
+          redis.call('HSET', key, 'w', ms, 'c', f)
+        end
+      elseif w == x then
+        redis.call('HSET', key, 'c', math.max((tonumber(v[2]) or 0) - y, 0))
+      elseif w == x + 1 then
+        redis.call('HSET', key, 'p', math.max((tonumber(v[3]) or 0) - y, 0))
+      end
     end
   end
 end

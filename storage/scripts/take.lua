@@ -15,8 +15,19 @@
 --          epoch; tests drive the shared test vectors with it.
 -- Then for each request: "1" to charge its zones when all allow it, "0"
 --          to decide only; the number n of its zones; and for each zone:
---          algorithm ("f" fixed window, "s" sliding tail), limit, window
---          (ms) and cost.
+--          algorithm ("f" fixed window, "s" sliding tail, "g" gcra, "c"
+--          concurrency), limit, window (ms; for concurrency the lease),
+--          cost, and one more: gcra's burst (0: the limit), concurrency's
+--          holder (see below), "" otherwise.
+--
+-- GCRA keeps its theoretical arrival time TAT in the same fields: w its
+-- whole ms, c its fraction in units of 1/p ms (algorithms/gcra.go).
+-- Concurrency keeps the units held in c, and each holder in a sorted set
+-- beside the hash (the hash's name with ":h", in the same slot by its hash
+-- tag), scored by when its lease ends; a holder is named
+-- "<instance>:<request>/<cost>". Holders whose lease ended (their instance
+-- died without releasing) are removed, and their cost taken off c, before
+-- the key is decided.
 --
 -- Returns {now, then for each zone of each request: w, c, p as stored
 -- before that request (0 when absent), whether the zone alone allows the
@@ -57,6 +68,38 @@ local function mul(a, b)
   return r
 end
 
+-- muldiv returns floor(a*b/d) and a*b mod d, exactly, for 0 <= a, b <
+-- 2^53 and 0 < d < 2^31 whose quotient is below 2^53: a product past 2^53
+-- is divided limb by limb, 12 bits at a time, so that every partial
+-- dividend stays below 2^43.
+local function muldiv(a, b, d)
+  local x = a * b
+  local q, r
+  if x < EXACT then
+    q = math.floor(x / d)
+    r = x - q * d
+  else
+    local m = mul(a, b)
+    q, r = 0, 0
+    for i = 6, 1, -1 do
+      local hi = math.floor(m[i] / 4096)
+      for _, part in ipairs({hi, m[i] - hi * 4096}) do
+        local cur = r * 4096 + part
+        local qd = math.floor(cur / d)
+        r = cur - qd * d
+        q = q * 4096 + qd
+      end
+    end
+  end
+  -- A quotient rounded the wrong way by the division is put right.
+  if r < 0 then
+    q, r = q - 1, r + d
+  elseif r >= d then
+    q, r = q + 1, r - d
+  end
+  return q, r
+end
+
 -- less reports whether the limb numbers x < y.
 local function less(x, y)
   for i = 6, 1, -1 do
@@ -79,13 +122,15 @@ local out = {now}
 local o = 1
 
 -- The counters of every key the call touches, as the requests so far left
--- them, seven slots per key from s[at[key]]: the key, w (false when Redis
+-- them, eight slots per key from s[at[key]]: the key, w (false when Redis
 -- does not hold the key), c, p, t, what to write at the end (0 nothing, 1
--- the counts, 2 the counts and a later expiry), and the override in force
--- (false if none). Flat arrays keep the tables per call few.
+-- the counts, 2 the counts and a later expiry), the override in force
+-- (false if none), and the holders' set of a concurrency key (false for
+-- others). Flat arrays keep the tables per call few.
 local at, s, ns = {}, {}, 0
--- What charging the current request would write, five slots per zone:
--- where its key's counters are, and w, c, p and t.
+-- What charging the current request would write, six slots per zone:
+-- where its key's counters are, w, c, p and t, and the holder to add
+-- (false if none).
 local pend = {}
 
 local k, a = 0, 2
@@ -98,9 +143,10 @@ while a <= #ARGV do
     k = k + 1
     local key = KEYS[k]
     local j = at[key]
+    local alg = ARGV[a]
     if not j then
       j = ns + 1
-      ns = ns + 7
+      ns = ns + 8
       at[key] = j
       local v = redis.call('HMGET', key, 'w', 'c', 'p', 't', 'o', 'ox')
       local over = tonumber(v[5]) or false
@@ -112,89 +158,153 @@ while a <= #ARGV do
         over = false
         v[4] = 0
       end
-      s[j], s[j + 1], s[j + 2], s[j + 3], s[j + 4], s[j + 5], s[j + 6] =
-        key, tonumber(v[1]) or false, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0, 0, over
+      s[j], s[j + 1], s[j + 2], s[j + 3], s[j + 4], s[j + 5], s[j + 6], s[j + 7] =
+        key, tonumber(v[1]) or false, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0, 0, over, false
+      if alg == 'c' then
+        local hk = key .. ':h'
+        s[j + 7] = hk
+        local ended = redis.call('ZRANGEBYSCORE', hk, '-inf', now)
+        if #ended > 0 then
+          local gone = 0
+          for _, m in ipairs(ended) do
+            gone = gone + (tonumber(string.match(m, '/(%d+)$')) or 0)
+          end
+          redis.call('ZREMRANGEBYSCORE', hk, '-inf', now)
+          -- Written back with at least a lease to live, so that a hash
+          -- the reaping recreates does not outlive its holders.
+          local lease = tonumber(ARGV[a + 2])
+          s[j + 1], s[j + 2] = s[j + 1] or 0, math.max(s[j + 2] - gone, 0)
+          if s[j + 4] < now + lease then
+            s[j + 4], s[j + 5] = now + lease, 2
+          else
+            s[j + 5] = 1
+          end
+        end
+      end
     end
 
-    local sliding = ARGV[a] == 's'
+    local sliding = alg == 's'
     local limit = s[j + 6] or tonumber(ARGV[a + 1])
     local w = tonumber(ARGV[a + 2])
     local cost = tonumber(ARGV[a + 3])
-    a = a + 4
-
-    -- The window index floor(now/w), corrected in case the division rounded.
-    local idx = math.floor(now / w)
-    if idx * w > now then
-      idx = idx - 1
-    elseif (idx + 1) * w <= now then
-      idx = idx + 1
-    end
-    local elapsed = now - idx * w
-
-    -- Counts written in a later window than the clock says (it stepped
-    -- back): decide as of the start of their window rather than forget them.
+    local extra = ARGV[a + 4]
+    a = a + 5
     local sw, sc, sp = s[j + 1], s[j + 2], s[j + 3]
-    if sw and sw > idx then
-      idx = sw
-      elapsed = 0
-    end
+    local ok, pw, pc, pp, pt, holder
 
-    -- Roll the stored counts forward to window idx.
-    local cur, prev = 0, 0
-    if sw == idx then
-      cur, prev = sc, sp
-    elseif sw == idx - 1 then
-      prev = sc
-    end
-
-    local ok
-    local room = limit - cost - cur
-    if room < 0 then
-      ok = false
-    elseif sliding and prev > 0 then
-      -- floor(prev*(w-elapsed)/w) <= room  <=>  prev*(w-elapsed) < (room+1)*w.
-      -- A product computed below 2^53 is exact; only larger ones need limbs.
-      local x, y = prev * (w - elapsed), (room + 1) * w
-      if x < EXACT and y < EXACT then
-        ok = x < y
-      else
-        ok = less(mul(prev, w - elapsed), mul(room + 1, w))
+    if alg == 'g' then
+      -- GCRA, as algorithms/gcra.go decides it: instants are kept as
+      -- (ms, fraction in 1/limit ms).
+      local burst = tonumber(extra)
+      if burst == 0 then
+        burst = limit
       end
+      local tms, tf = sw or 0, 0
+      if sp > 0 and sc > 0 then
+        if sp == limit then
+          tf = sc
+        else
+          tf = math.min(muldiv(sc, limit, sp), limit - 1)
+        end
+      end
+      if tms < now then
+        tms, tf = now, 0
+      end
+      local bq, br = muldiv(burst, w, limit)
+      local fms, ff = now + bq, br -- now + burst*T
+      ok = cost <= burst
+      if ok then
+        local cq, cr = muldiv(cost, w, limit)
+        local nms, nf = tms + cq, tf + cr
+        if nf >= limit then
+          nms, nf = nms + 1, nf - limit
+        end
+        ok = nms < fms or (nms == fms and nf <= ff)
+        -- The key matters until its TAT, when its bucket is full again.
+        pw, pc, pp, pt = nms, nf, limit, nms + 1
+      end
+    elseif alg == 'c' then
+      ok = sc + cost <= limit
+      pw, pc, pp, pt, holder = 0, sc + cost, 0, now + w, extra
     else
-      ok = true
+      -- The window index floor(now/w), corrected in case the division rounded.
+      local idx = math.floor(now / w)
+      if idx * w > now then
+        idx = idx - 1
+      elseif (idx + 1) * w <= now then
+        idx = idx + 1
+      end
+      local elapsed = now - idx * w
+
+      -- Counts written in a later window than the clock says (it stepped
+      -- back): decide as of the start of their window rather than forget them.
+      if sw and sw > idx then
+        idx = sw
+        elapsed = 0
+      end
+
+      -- Roll the stored counts forward to window idx.
+      local cur, prev = 0, 0
+      if sw == idx then
+        cur, prev = sc, sp
+      elseif sw == idx - 1 then
+        prev = sc
+      end
+
+      local room = limit - cost - cur
+      if room < 0 then
+        ok = false
+      elseif sliding and prev > 0 then
+        -- floor(prev*(w-elapsed)/w) <= room  <=>  prev*(w-elapsed) < (room+1)*w.
+        -- A product computed below 2^53 is exact; only larger ones need limbs.
+        local x, y = prev * (w - elapsed), (room + 1) * w
+        if x < EXACT and y < EXACT then
+          ok = x < y
+        else
+          ok = less(mul(prev, w - elapsed), mul(room + 1, w))
+        end
+      else
+        ok = true
+      end
+
+      -- The counters matter until the next window ends: a sliding tail
+      -- weighs them as its previous window, and for either algorithm the
+      -- first charge in the next window reports what they came to (the
+      -- period usage metric). Both stores keep them that long.
+      pw, pc, pp, pt = idx, cur + cost, prev, now + (w - elapsed + w)
     end
 
     all = all and ok
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = sw or 0, sc, sp, ok and 1 or 0, limit
     o = o + 5
-
-    -- The counters matter until the next window ends: a sliding tail
-    -- weighs them as its previous window, and for either algorithm the
-    -- first charge in the next window reports what they came to (the
-    -- period usage metric). Both stores keep them that long.
-    local ttl = w - elapsed + w
-    local z5 = 5 * z
-    pend[z5 + 1], pend[z5 + 2], pend[z5 + 3], pend[z5 + 4], pend[z5 + 5] = j, idx, cur + cost, prev, now + ttl
+    local z6 = 6 * z
+    pend[z6 + 1], pend[z6 + 2], pend[z6 + 3], pend[z6 + 4], pend[z6 + 5], pend[z6 + 6] = j, pw, pc, pp, pt, holder or false
   end
 
   if all and charge then
-    for z5 = 0, 5 * (n - 1), 5 do
-      local j = pend[z5 + 1]
-      s[j + 1], s[j + 2], s[j + 3] = pend[z5 + 2], pend[z5 + 3], pend[z5 + 4]
-      if pend[z5 + 5] > s[j + 4] then
-        s[j + 4], s[j + 5] = pend[z5 + 5], 2
+    for z6 = 0, 6 * (n - 1), 6 do
+      local j = pend[z6 + 1]
+      s[j + 1], s[j + 2], s[j + 3] = pend[z6 + 2], pend[z6 + 3], pend[z6 + 4]
+      if pend[z6 + 5] > s[j + 4] then
+        s[j + 4], s[j + 5] = pend[z6 + 5], 2
       elseif s[j + 5] == 0 then
         s[j + 5] = 1
+      end
+      if pend[z6 + 6] then
+        redis.call('ZADD', s[j + 7], pend[z6 + 5], pend[z6 + 6])
       end
     end
   end
 end
 
-for j = 1, ns, 7 do
+for j = 1, ns, 8 do
   local write = s[j + 5]
   if write == 2 and not s[j + 6] then
     redis.call('HSET', s[j], 'w', s[j + 1], 'c', s[j + 2], 'p', s[j + 3], 't', s[j + 4])
     redis.call('PEXPIRE', s[j], s[j + 4] - now)
+    if s[j + 7] then
+      redis.call('PEXPIRE', s[j + 7], s[j + 4] - now)
+    end
   elseif write ~= 0 then
     redis.call('HSET', s[j], 'w', s[j + 1], 'c', s[j + 2], 'p', s[j + 3])
   end

@@ -1,0 +1,139 @@
+package storage
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+)
+
+// testConcurrency holds, rejects and releases units of one key through a
+// store, and checks that Released wakes at a release.
+func testConcurrency(t *testing.T, s Store, at time.Time, held func() int64) {
+	t.Helper()
+	ctx := context.Background()
+	var holder uint64
+	req := func(cost int64) Request {
+		holder++
+		return Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency,
+			Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: cost, Holder: holder}
+	}
+	take := func(r Request) algorithms.Decision {
+		t.Helper()
+		d := make([]algorithms.Decision, 1)
+		if err := s.Take(ctx, []Request{r}, d); err != nil {
+			t.Fatal(err)
+		}
+		return d[0]
+	}
+	a, b := req(1), req(2)
+	if d := take(a); !d.Allowed || d.Remaining != 2 {
+		t.Fatalf("first: %+v", d)
+	}
+	if d := take(b); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("second: %+v", d)
+	}
+	c := req(1)
+	d := take(c)
+	if d.Allowed || d.RetryAt.After(time.Now().Add(time.Second)) {
+		t.Fatalf("third: want rejected with no retry instant ahead: %+v", d)
+	}
+	if got := held(); got != 3 {
+		t.Fatalf("held %d, want 3", got)
+	}
+	woken := s.Released()
+	if err := s.Release(ctx, []Request{b}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-woken:
+	default:
+		t.Fatal("Release did not wake waiters")
+	}
+	if d := take(c); !d.Allowed || d.Remaining != 1 {
+		t.Fatalf("after release: %+v", d)
+	}
+	// Releasing twice gives back nothing more.
+	if err := s.Release(ctx, []Request{b, a, c, a}); err != nil {
+		t.Fatal(err)
+	}
+	if got := held(); got != 0 {
+		t.Fatalf("held %d after releasing everything, want 0", got)
+	}
+}
+
+func TestMemoryConcurrency(t *testing.T) {
+	c, _ := newTestCounters(t, DefaultMaxKeys)
+	m := &Memory{counters: c}
+	testConcurrency(t, m, vectors.Start, func() int64 {
+		counts, _ := c.inspect("conc", "k")
+		return counts.Current
+	})
+	if _, ok := c.inspect("conc", "k"); ok {
+		t.Fatal("a key with nothing held is still kept")
+	}
+}
+
+// TestMemoryHeldKeysAreNotEvicted: a flood of other keys past max_keys
+// does not make the store forget units in flight.
+func TestMemoryHeldKeysAreNotEvicted(t *testing.T) {
+	c, _ := newTestCounters(t, memoryShards) // one key per shard
+	held := Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 1, Window: time.Minute}, Cost: 1}
+	if d := take1(c, held); !d.Allowed {
+		t.Fatal(d)
+	}
+	for i := range 5000 {
+		take1(c, Request{Zone: "flood", Key: string(rune('a'+i%26)) + time.Duration(i).String(), Algorithm: algorithms.FixedWindow,
+			Rate: algorithms.Rate{Units: 1, Window: time.Minute}, Cost: 1})
+	}
+	if d := take1(c, held); d.Allowed {
+		t.Fatal("a held unit was evicted: a second request got in")
+	}
+}
+
+func TestRedisConcurrency(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	key := r.counterKey("conc", "k")
+	testConcurrency(t, r, time.Time{}, func() int64 {
+		n, _ := s.Do("HGET", key, "c")
+		var v int64
+		for _, ch := range n {
+			v = v*10 + int64(ch-'0')
+		}
+		return v
+	})
+	if n, _ := s.Do("ZCARD", key+":h"); n != "0" {
+		t.Fatalf("%s holders left", n)
+	}
+}
+
+// TestRedisConcurrencyLease: units of a holder that never releases (its
+// instance died) come back when the lease ends, and its late release
+// gives back nothing twice.
+func TestRedisConcurrencyLease(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	rate := algorithms.Rate{Units: 2, Window: time.Second} // a lease of 1s
+	dead := Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: rate, Cost: 2, Holder: 1}
+	alive := Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: rate, Cost: 1, Holder: 2}
+	t0 := vectors.Start
+	if d := redisTake(t, r, t0, dead)[0]; !d.Allowed {
+		t.Fatal(d)
+	}
+	if d := redisTake(t, r, t0.Add(999*time.Millisecond), alive)[0]; d.Allowed {
+		t.Fatal("allowed while the dead holder's lease runs")
+	}
+	if d := redisTake(t, r, t0.Add(time.Second), alive)[0]; !d.Allowed || d.Remaining != 1 {
+		t.Fatalf("after the lease: %+v", d)
+	}
+	if err := r.Release(context.Background(), []Request{dead}); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := s.Do("HGET", r.counterKey("conc", "k"), "c"); n != "1" {
+		t.Fatalf("held %s after the dead holder's late release, want 1", n)
+	}
+}
