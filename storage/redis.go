@@ -93,7 +93,7 @@ type Redis struct {
 	// released wakes requests waiting for concurrency units that this
 	// config released.
 	released *releaseSignal
-	logger      *zap.Logger
+	logger   *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.

@@ -1,12 +1,12 @@
 package storage
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"strconv"
-	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"

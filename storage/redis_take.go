@@ -1,11 +1,11 @@
 package storage
 
 import (
-	"math"
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
