@@ -24,9 +24,10 @@ func init() {
 
 // adminAPI is the admin endpoint /rate_limit/: it lists the running
 // zones, shows and resets a key's counts, sets per-key limit overrides and
-// zone-wide dials. Every change acts on the zone's store, so with a shared
-// store one call on any instance acts on the whole fleet. The admin
-// endpoint's own access rules apply (it listens on localhost by default).
+// zone-wide dials, and shows the running load shedders. Every change acts
+// on the zone's store, so with a shared store one call on any instance acts
+// on the whole fleet. The admin endpoint's own access rules apply (it
+// listens on localhost by default).
 type adminAPI struct {
 	logger *zap.Logger
 }
@@ -119,6 +120,7 @@ type keyInfo struct {
 //	DELETE /rate_limit/zones/<zone>/keys/<key>/limit
 //	PUT    /rate_limit/zones/<zone>/dial               {"mode": m, "limit": n, "ttl": "1h"}
 //	DELETE /rate_limit/zones/<zone>/dial
+//	GET    /rate_limit/shed
 //
 // Zone names and keys are path segments, URL-path-escaped.
 func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
@@ -129,6 +131,9 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 			return apiError(http.StatusBadRequest, fmt.Errorf("path segment %q: %w", p, err))
 		}
 		parts = append(parts, u)
+	}
+	if len(parts) == 2 && parts[0] == "rate_limit" && parts[1] == "shed" {
+		return listShedders(w, r)
 	}
 	if len(parts) < 2 || parts[0] != "rate_limit" || parts[1] != "zones" {
 		return apiError(http.StatusNotFound, errors.New("not found; see GET /rate_limit/zones"))

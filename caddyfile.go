@@ -30,6 +30,17 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		headers x-ratelimit|ietf|both|off
 //		on_store_error allow|deny
 //		log_keys on|off
+//		shed [<name>] {
+//			priority <template>
+//			classes <class> [<class>...]
+//			capacity <n>
+//			good <utilization>
+//			bad <utilization>
+//			after <duration>
+//			full <duration>
+//			status <code>
+//			dry_run
+//		}
 //		zone <name> {
 //			match { <matchers> }
 //			key <template> [<template>...]
@@ -42,6 +53,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			dry_run
 //			ipv4_prefix <bits>
 //			ipv6_prefix <bits>
+//			status <code>
 //		}
 //	}
 //
@@ -72,6 +84,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			seen[z.Name] = true
 			h.Zones = append(h.Zones, z)
+
+		case "shed":
+			sh, err := unmarshalShed(d)
+			if err != nil {
+				return err
+			}
+			h.Shed = sh
 
 		case "store":
 			if !d.NextArg() {
@@ -119,10 +138,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q (want zone, store, jwt, headers, on_store_error or log_keys)", d.Val())
+			return d.Errf("rate_limit: unknown subdirective %q (want zone, shed, store, jwt, headers, on_store_error or log_keys)", d.Val())
 		}
 	}
-	if len(h.Zones) == 0 {
+	if len(h.Zones) == 0 && h.Shed == nil {
 		return d.Err(errNoZone.Error())
 	}
 	return nil
@@ -241,6 +260,13 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 			z.DryRun = true
 
+		case "status":
+			code, err := parseStatus(d)
+			if err != nil {
+				return nil, fail(err)
+			}
+			z.Status = code
+
 		case "max_waiting", "ipv4_prefix", "ipv6_prefix":
 			var s string
 			if !d.AllArgs(&s) {
@@ -266,7 +292,7 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 
 		default:
-			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, cost, max_delay, max_waiting, dry_run, ipv4_prefix or ipv6_prefix)", z.Name, dir)
+			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix or status)", z.Name, dir)
 		}
 	}
 	// What no line could check: the fields that are missing.

@@ -55,6 +55,35 @@ var badCaddyfiles = []struct {
 	{"repeated jwt", `jwt { secret a }; jwt { secret b }; zone z { limit 1; window 1s }`, "jwt", "repeated"},
 	{"repeated max_keys", `store memory { max_keys 5; max_keys 6 }; zone z { limit 1; window 1s }`, "max_keys", "repeated"},
 	{"repeated redis option", `store redis { address redis://127.0.0.1:1; pool_size 1; pool_size 2 }; zone z { limit 1; window 1s }`, "pool_size", "repeated"},
+	{"zone status 3xx", `zone z { limit 1; window 1s; status 302 }`, "status", "302"},
+	{"zone status 600", `zone z { limit 1; window 1s; status 600 }`, "status", "600"},
+	{"zone status not a number", `zone z { limit 1; window 1s; status busy }`, "status", "busy"},
+	{"repeated zone status", `zone z { limit 1; window 1s; status 503; status 429 }`, "status", "repeated"},
+	{"shed no classes", `shed { classes; capacity 4 }`, "classes", "none"},
+	{"shed missing classes", `shed { capacity 4 }`, "classes", "missing"},
+	{"shed repeated class", `shed { classes critical low critical; capacity 4 }`, "classes", "critical"},
+	{"shed missing capacity", `shed { classes critical low }`, "capacity", "missing"},
+	{"shed zero capacity", `shed { classes critical low; capacity 0 }`, "capacity", "0"},
+	{"shed negative capacity", `shed { classes critical low; capacity -4 }`, "capacity", "-4"},
+	{"shed capacity not a number", `shed { classes critical low; capacity lots }`, "capacity", "lots"},
+	{"shed good at bad", `shed { classes critical low; capacity 4; good 0.8; bad 0.8 }`, "good", "0.8"},
+	{"shed good above default bad", `shed { classes critical low; capacity 4; good 0.9 }`, "good", "0.9"},
+	{"shed good 0", `shed { classes critical low; capacity 4; good 0 }`, "good", "0"},
+	{"shed bad above 1", `shed { classes critical low; capacity 4; bad 1.5 }`, "bad", "1.5"},
+	{"shed bad negative", `shed { classes critical low; capacity 4; bad -0.2 }`, "bad", "-0.2"},
+	{"shed good not a number", `shed { classes critical low; capacity 4; good NaN }`, "good", "NaN"},
+	{"shed good words", `shed { classes critical low; capacity 4; good most }`, "good", "most"},
+	{"shed zero after", `shed { classes critical low; capacity 4; after 0s }`, "after", "0s"},
+	{"shed negative full", `shed { classes critical low; capacity 4; full -1m }`, "full", "-1m"},
+	{"shed bad after", `shed { classes critical low; capacity 4; after later }`, "after", "later"},
+	{"shed status 200", `shed { classes critical low; capacity 4; status 200 }`, "status", "200"},
+	{"shed repeated capacity", `shed { classes critical low; capacity 4; capacity 8 }`, "capacity", "repeated"},
+	{"shed repeated classes", `shed { classes critical low; classes a b; capacity 4 }`, "classes", "repeated"},
+	{"shed repeated priority", `shed { priority a; priority b; classes critical low; capacity 4 }`, "priority", "repeated"},
+	{"shed repeated dry_run", `shed { classes critical low; capacity 4; dry_run; dry_run }`, "dry_run", "repeated"},
+	{"shed unknown subdirective", `shed { classes critical low; capacity 4; ratio 2 }`, "unknown subdirective", "ratio"},
+	{"repeated shed", `shed a { classes c; capacity 4 }; shed b { classes c; capacity 4 }`, "shed", "repeated"},
+	{"shedder name not ASCII", `shed café { classes c; capacity 4 }`, "shed", "café"},
 }
 
 // expand turns the one-line blocks above into Caddyfile syntax: `;` ends a
@@ -147,6 +176,17 @@ func TestBadJSONRefused(t *testing.T) {
 		{"limit type", `{"zones":[{"name":"z","limit":[true],"window":"1s"}]}`, "limit", "true"},
 		{"null zone", `{"zones":[null]}`, "zones", "null"},
 		{"negative max_keys", `{"store":{"backend":"memory","max_keys":-5},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "max_keys", "-5"},
+		{"zone status", `{"zones":[{"name":"z","limit":[1],"window":"1s","status":302}]}`, "status", "302"},
+		{"shed classes", `{"shed":{"classes":[],"capacity":4}}`, "classes", "missing"},
+		{"shed repeated class", `{"shed":{"classes":["a","a"],"capacity":4}}`, "classes", `"a"`},
+		{"shed capacity", `{"shed":{"classes":["a"],"capacity":-1}}`, "capacity", "-1"},
+		{"shed no capacity", `{"shed":{"classes":["a"]}}`, "capacity", "missing"},
+		{"shed good", `{"shed":{"classes":["a"],"capacity":4,"good":1.2}}`, "good", "1.2"},
+		{"shed good above bad", `{"shed":{"classes":["a"],"capacity":4,"good":0.6,"bad":0.5}}`, "good", "0.6"},
+		{"shed after", `{"shed":{"classes":["a"],"capacity":4,"after":"-1s"}}`, "after", "-1s"},
+		{"shed full", `{"shed":{"classes":["a"],"capacity":4,"full":"-2s"}}`, "full", "-2s"},
+		{"shed status", `{"shed":{"classes":["a"],"capacity":4,"status":302}}`, "status", "302"},
+		{"shedder name", `{"shed":{"name":"caf\u00e9","classes":["a"],"capacity":4}}`, "name", "caf"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -179,6 +219,7 @@ func FuzzCaddyfile(f *testing.F) {
 	f.Add(`rate_limit { zone z { key {client_ip} limit 5 window 1s } }`)
 	f.Add("rate_limit {\nzone z {\nmatch {\npath /a\n}\nkey a {header.X}\nlimit {header.Q} 5\nwindow 1m\nalgorithm fixed_window\ncost POST 2\ncost * 1\nmax_delay 1s\ndry_run\nipv4_prefix 24\nipv6_prefix 64\n}\n}")
 	f.Add("rate_limit {\nstore memory {\nmax_keys 10\n}\nheaders both\non_store_error deny\nzone a {\nevents 1\nwindow 1s\n}\n}")
+	f.Add("rate_limit {\nshed s {\npriority {header.X}\nclasses a b\ncapacity 4\ngood 0.5\nbad 0.9\nafter 1s\nfull 2s\nstatus 503\ndry_run\n}\nzone z {\nlimit 1\nwindow 1s\nstatus 503\n}\n}")
 	for _, c := range badCaddyfiles {
 		f.Add("rate_limit {\n" + expand(c.block) + "\n}")
 	}

@@ -54,6 +54,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	values := requestValues{repl: repl}
 	values.vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if shed, err := h.shedding(w, r, values); shed {
+		return err
+	}
 	s := scratchPool.Get().(*scratch)
 	defer s.release()
 	for _, z := range h.Zones {
@@ -94,7 +97,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}})
 	}
 	if len(s.charges) == 0 {
-		return next.ServeHTTP(w, r)
+		return h.serveNext(w, r, next)
 	}
 
 	v, rejected, err := h.decide(r.Context(), s.charges, &s.question)
@@ -121,7 +124,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 	h.report(w, values, leastRemaining(s.charges), anyDryRunExceeded(s.charges))
-	return next.ServeHTTP(w, r)
+	return h.serveNext(w, r, next)
 }
 
 // scratch is the working memory of one request's decision. It is pooled,
@@ -147,8 +150,8 @@ func (s *scratch) release() {
 	scratchPool.Put(s)
 }
 
-// reject answers a request that the charge c rejected: 429, with the
-// limit headers and Retry-After.
+// reject answers a request that the charge c rejected: the zone's status
+// (429 by default), with the limit headers and Retry-After.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *charge) error {
 	p := h.report(w, values, c, true)
 	hdr := w.Header()
@@ -164,7 +167,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestV
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
 	}
-	return errorStatus(w, r, http.StatusTooManyRequests, c.zone.exceeded)
+	return errorStatus(w, r, c.zone.Status, c.zone.exceeded)
 }
 
 var connectionClose = []string{"close"}
@@ -349,18 +352,18 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 	h.storeErrorsC.Inc()
 	h.storeErrors.log(h.logger, err)
 	if h.OnStoreError != "deny" {
-		return next.ServeHTTP(w, r)
+		return h.serveNext(w, r, next)
 	}
 	w.Header().Set("Retry-After", "1")
 	return errorStatus(w, r, http.StatusServiceUnavailable, err)
 }
 
-// errorStatus answers with an error status: a 429, or a 503 from
-// on_store_error deny. Caddy logs every 5xx handler error that no error
-// route handles at error level, one line per request, which during a
-// store outage under load would flood the log; and a handler error costs
-// a random ID and a stack trace, more than a rejection should. So the
-// status is written here, unless the server has error routes
+// errorStatus answers with an error status: a zone's rejection (429 or its
+// status), a shed request, or a 503 from on_store_error deny. Caddy logs
+// every 5xx handler error that no error route handles at error level, one
+// line per request, which during a store outage or an overload would flood
+// the log; and a handler error costs a random ID and a stack trace, more
+// than a rejection should. So the status is written here, unless the server has error routes
 // (handle_errors): then the error is returned for them to shape, and
 // Caddy logs it at debug.
 func errorStatus(w http.ResponseWriter, r *http.Request, status int, err error) error {

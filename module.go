@@ -72,6 +72,12 @@ type Handler struct {
 	// per request. Default: none.
 	JWT *jwtclaims.Config `json:"jwt,omitempty"`
 
+	// A worker utilization load shedder: when the requests in flight
+	// through the handlers after this one stay near capacity, it drops the
+	// least important requests first. Checked before any zone, so a shed
+	// request consumes nothing. Default: none.
+	Shed *Shed `json:"shed,omitempty"`
+
 	store  storage.Store
 	logger *zap.Logger
 	// Which headers report sets, from Headers.
@@ -133,6 +139,10 @@ type Zone struct {
 
 	// Count and report, but never reject.
 	DryRun bool `json:"dry_run,omitempty"`
+
+	// The status rejections answer with: a client or server error, 400 to
+	// 599. Default: 429.
+	Status int `json:"status,omitempty"`
 
 	// If set, a key placeholder whose value is an IPv4 address is masked to
 	// this many leading bits, so a whole network shares one counter.
@@ -224,6 +234,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		z.storeName = h.storeName
 		registerZone(z)
 	}
+	if h.Shed != nil {
+		if err := h.Shed.provision(ctx, h.logger); err != nil {
+			return fmt.Errorf("shed %q: %w", h.Shed.name(), err)
+		}
+	}
 	return nil
 }
 
@@ -247,6 +262,9 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	z.exceeded = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
 	if z.MaxWaiting == 0 {
 		z.MaxWaiting = DefaultMaxWaiting
+	}
+	if z.Status == 0 {
+		z.Status = http.StatusTooManyRequests
 	}
 	keys := z.KeyAlternatives
 	if len(keys) == 0 {
@@ -279,12 +297,16 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	return nil
 }
 
-// Cleanup takes the handler's zones out of the admin API's view.
+// Cleanup takes the handler's zones out of the admin API's view and lets
+// go of its shedder.
 func (h *Handler) Cleanup() error {
 	for _, z := range h.Zones {
 		if z != nil && z.storeName != "" {
 			unregisterZone(z)
 		}
+	}
+	if h.Shed != nil {
+		return h.Shed.cleanup()
 	}
 	return nil
 }
@@ -302,8 +324,13 @@ func (h *Handler) Validate() error {
 	if err := checkLogKeys(h.LogKeys); err != nil {
 		return fmt.Errorf("log_keys: %w", err)
 	}
-	if len(h.Zones) == 0 {
+	if len(h.Zones) == 0 && h.Shed == nil {
 		return errNoZone
+	}
+	if h.Shed != nil {
+		if err := h.Shed.validate(); err != nil {
+			return fmt.Errorf("shed %q: %w", h.Shed.name(), err)
+		}
 	}
 	seen := make(map[string]bool)
 	for _, z := range h.Zones {
@@ -323,7 +350,7 @@ func (h *Handler) Validate() error {
 
 var (
 	errNullZone      = errors.New("zones: want a zone object, got null")
-	errNoZone        = errors.New("rate_limit: at least one zone is required")
+	errNoZone        = errors.New("rate_limit: at least one zone or a shed block is required")
 	errDuplicateZone = errors.New("duplicate zone name in one rate_limit handler (want one zone block per name)")
 )
 
@@ -373,6 +400,11 @@ func (z *Zone) validate() error {
 	}
 	if err := checkPrefix(z.IPv6Prefix, 128); err != nil {
 		return fmt.Errorf("ipv6_prefix: %w", err)
+	}
+	if z.Status != 0 {
+		if err := checkStatus(z.Status); err != nil {
+			return fmt.Errorf("status: %w", err)
+		}
 	}
 	return nil
 }

@@ -14,6 +14,8 @@
 #   floor             plain Caddy with a no-op middleware (`vars`): the
 #                     least a handler in front of `respond` costs
 #   memory_allowed    rate_limit, memory store, every request allowed
+#   memory_shed_idle  memory_allowed with a `shed` block that never sheds
+#                     (what an idle load shedder costs; compare the two)
 #   peer_allowed      mholt/caddy-ratelimit, the same zone, every request
 #                     allowed (built like this Caddy; skipped, with a
 #                     message, when the module proxy does not serve it)
@@ -38,7 +40,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10s}
 THREADS=${THREADS:-1}
 CONNECTIONS=${CONNECTIONS:-32}
-CASES=${CASES:-"plain floor memory_allowed peer_allowed memory_rejected memory_many_keys redis_allowed redis_rejected"}
+CASES=${CASES:-"plain floor memory_allowed memory_shed_idle peer_allowed memory_rejected memory_many_keys redis_allowed redis_rejected"}
 BYTES=${BYTES:-1}
 source bench/common.sh
 
@@ -87,6 +89,12 @@ caddyfile() {
 	[[ $1 == memory_many_keys || $1 == bytes ]] && key="{header.X-Key}"
 	local order=""
 	[[ $1 == peer_allowed ]] && order="order rate_limit before basic_auth"
+	local shed=""
+	[[ $1 == memory_shed_idle ]] && shed="shed {
+			priority {header.X-Priority}
+			classes critical normal low
+			capacity 1000000
+		}"
 	cat <<CADDY
 {
 	admin off
@@ -114,6 +122,7 @@ CADDY
 		cat <<CADDY
 	rate_limit {
 		$store
+		$shed
 		zone bench_$1 {
 			key $key
 			limit $limit
@@ -175,9 +184,10 @@ for round in $(seq "$ROUNDS"); do
 	done
 done
 
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+median() { tr ' ' '\n' | { grep -v '^$' || true; } | sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2}'; }
 
-plain=$(echo "${RESULTS[plain]:-}" | median)
+plain=""
+[[ -n ${RESULTS[plain]:-} ]] && plain=$(echo "${RESULTS[plain]}" | median)
 printf '\n%-18s %14s %10s   %s\n' case "median req/s" "vs plain" "runs"
 for c in $CASES; do
 	m=$(echo "${RESULTS[$c]}" | median)
@@ -185,6 +195,10 @@ for c in $CASES; do
 	[[ -n $plain ]] && ratio=$(awk -v a="$m" -v b="$plain" 'BEGIN {printf "%.3f", a/b}')
 	printf '%-18s %14s %10s   %s\n' "$c" "$m" "$ratio" "${RESULTS[$c]}"
 done
+if [[ -n ${RESULTS[memory_allowed]:-} && -n ${RESULTS[memory_shed_idle]:-} ]]; then
+	printf '\nidle shed block: memory_shed_idle / memory_allowed = %s\n' \
+		"$(awk -v a="$(echo "${RESULTS[memory_shed_idle]}" | median)" -v b="$(echo "${RESULTS[memory_allowed]}" | median)" 'BEGIN {printf "%.3f", a/b}')"
+fi
 
 # bytes_per_key: RSS growth of the memory store between 20,000 and 200,000
 # distinct keys, each charged once.

@@ -1,0 +1,421 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// slowApp is an application behind Caddy that holds requests to /hold
+// until released, answers the others at once, and remembers the X-Id of
+// every request it sees.
+type slowApp struct {
+	url     string
+	held    atomic.Int64
+	release chan struct{}
+	once    sync.Once
+	seen    sync.Map
+}
+
+func newSlowApp(t *testing.T) *slowApp {
+	t.Helper()
+	a := &slowApp{release: make(chan struct{})}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.seen.Store(r.Header.Get("X-Id"), true)
+		if r.URL.Path == "/hold" {
+			a.held.Add(1)
+			defer a.held.Add(-1)
+			select {
+			case <-a.release:
+			case <-r.Context().Done():
+			}
+		}
+		_, _ = io.WriteString(w, "app")
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(a.releaseAll) // before srv.Close, which waits for held requests
+	a.url = strings.TrimPrefix(srv.URL, "http://")
+	return a
+}
+
+func (a *slowApp) releaseAll() { a.once.Do(func() { close(a.release) }) }
+
+// hold sends n requests to /hold, each on its own connection, and waits
+// until the app holds them all. The returned channel gets each one's
+// status, or 0 for a failure, once the app lets it go.
+func (a *slowApp) hold(t *testing.T, n int, headers ...string) <-chan int {
+	t.Helper()
+	before := a.held.Load()
+	done := make(chan int, n)
+	for range n {
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, siteURL+"/hold", nil)
+			req.Close = true
+			for _, h := range headers {
+				name, value, _ := strings.Cut(h, ":")
+				req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				done <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+	}
+	waitFor(t, "the app to hold the requests", func() bool { return a.held.Load() == before+int64(n) })
+	return done
+}
+
+// waitFor polls cond until it holds, and fails the test if that takes
+// more than 20 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// shedState reads the named shedder from the admin API; ok is false if
+// no such shedder runs.
+func shedState(t *testing.T, name string) (info shedInfo, ok bool) {
+	t.Helper()
+	code, body := adminDo(t, adminURL, http.MethodGet, "/rate_limit/shed", "")
+	if code != http.StatusOK {
+		t.Fatalf("GET /rate_limit/shed: %d %s", code, body)
+	}
+	var all []shedInfo
+	if err := json.Unmarshal([]byte(body), &all); err != nil {
+		t.Fatalf("GET /rate_limit/shed: %v: %s", err, body)
+	}
+	for _, s := range all {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return shedInfo{}, false
+}
+
+// chance is a class's drop chance as the admin API shows it.
+func (s shedInfo) chance(class string) float64 {
+	for _, c := range s.Classes {
+		if c.Class == class {
+			return c.DropChance
+		}
+	}
+	return -1
+}
+
+// TestShedThroughCaddy is SPEC §8's vector in real time through a real
+// Caddy (capacity 4, after 2 s, full 4 s, classes critical normal low,
+// the class from a `map` of the path): four requests held by a slow app
+// keep utilization at 1. Nothing is shed before `after`, low goes before
+// normal, critical never; the app never sees a shed request, which
+// consumes nothing in the zone; once the load stops shedding eases off
+// over seconds, normal first; one log line when shedding starts and one
+// when it stops. handle_errors shapes a shed request's answer.
+func TestShedThroughCaddy(t *testing.T) {
+	const after, full = 2 * time.Second, 4 * time.Second
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	a := newSlowApp(t)
+	tc := startCaddyWith(t, withGlobals(fmt.Sprintf(`log {
+		output file %s
+		format json
+		level INFO
+	}`, logFile))+fmt.Sprintf(`
+:9080 {
+	map {path} {priority} {
+		/hold          critical
+		~^/critical(/|$) critical
+		~^/normal(/|$)   normal
+	}
+	rate_limit {
+		shed vector {
+			priority {priority}
+			classes critical normal low
+			capacity 4
+			good 0.7
+			bad 0.8
+			after %s
+			full %s
+		}
+		zone shed_zone {
+			key {header.X-Client}
+			limit 1000000
+			window 1h
+		}
+	}
+	reverse_proxy %s
+	handle_errors 503 {
+		respond "{http.error.message}, retry in {http.response.header.Retry-After}s" 503
+	}
+}
+`, after, full, a.url), "caddyfile")
+	metric := func(class string) int {
+		return metricCount(t, fmt.Sprintf(`caddy_http_rate_limit_shed_total{class=%q,shedder="vector"}`, class))
+	}
+	shedBefore := map[string]int{"critical": metric("critical"), "normal": metric("normal"), "low": metric("low")}
+
+	// Each probe sends one request of each class; low's path is not in
+	// the map, so its priority is empty: the last class.
+	classes := []string{"critical", "normal", "low"}
+	paths := map[string]string{"critical": "/critical", "normal": "/normal", "low": "/low"}
+	var (
+		ids       int
+		served    int                // probes answered by the app
+		shedIDs   []string           // probes answered 503
+		shed      = map[string]int{} // by class
+		firstShed = map[string]time.Time{}
+	)
+	// probe sends a round and checks it against the drop chances the
+	// admin API shows before and after: if the amount did not move in
+	// between, a class with chance 0 is served and one with chance 1 shed.
+	probe := func() (before shedInfo, consistent bool) {
+		t.Helper()
+		before, _ = shedState(t, "vector")
+		got := map[string]int{}
+		for _, class := range classes {
+			ids++
+			id := fmt.Sprintf("probe-%d", ids)
+			resp, body := do(t, tc, http.MethodGet, siteURL+paths[class], "X-Client: probes", "X-Id: "+id)
+			got[class] = resp.StatusCode
+			switch resp.StatusCode {
+			case http.StatusOK:
+				served++
+				if body != "app" {
+					t.Fatalf("%s: body %q", class, body)
+				}
+			case http.StatusServiceUnavailable:
+				if resp.Header.Get("Retry-After") != "1" {
+					t.Fatalf("%s shed without Retry-After: 1: %v", class, resp.Header)
+				}
+				// handle_errors shapes it.
+				if want := fmt.Sprintf(`load shed by shedder "vector": class %q, retry in 1s`, class); body != want {
+					t.Fatalf("%s shed: body %q, want %q", class, body, want)
+				}
+				shedIDs = append(shedIDs, id)
+				shed[class]++
+				if firstShed[class].IsZero() {
+					firstShed[class] = time.Now()
+				}
+			default:
+				t.Fatalf("%s: status %d", class, resp.StatusCode)
+			}
+		}
+		if got["critical"] != http.StatusOK {
+			t.Fatalf("critical shed at amount %v", before.Amount)
+		}
+		after, _ := shedState(t, "vector")
+		if after.Amount != before.Amount {
+			return before, false
+		}
+		for _, class := range classes {
+			switch c := before.chance(class); {
+			case c == 0 && got[class] != http.StatusOK, c == 1 && got[class] != http.StatusServiceUnavailable:
+				t.Fatalf("amount %v: %s (drop chance %v) answered %d", before.Amount, class, c, got[class])
+			}
+		}
+		return before, true
+	}
+
+	// Load: four held requests, all the capacity.
+	if s, ok := shedState(t, "vector"); !ok || s.Amount != -0.5 {
+		t.Fatalf("before the load: %+v, %v; want the amount at -after/full", s, ok)
+	}
+	loadStart := time.Now()
+	held := a.hold(t, 4, "X-Client: hold", "X-Id: hold")
+	sawUnshed, sawLowOnly := false, false
+	for {
+		s, consistent := probe()
+		if s.Amount <= 0 && consistent {
+			sawUnshed = true
+		}
+		if consistent && s.chance("low") > 0 && s.chance("normal") == 0 {
+			sawLowOnly = true
+		}
+		if s.chance("normal") == 1 {
+			if s.Utilization < 1 || s.InFlight < 4 {
+				t.Fatalf("shedding everything but critical at utilization %v with %d in flight", s.Utilization, s.InFlight)
+			}
+			break
+		}
+		if time.Since(loadStart) > 30*time.Second {
+			t.Fatalf("still not shedding normal after 30 s: %+v", s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for class, at := range firstShed {
+		// The amount cannot pass 0 before `after` of full utilization.
+		if at.Sub(loadStart) < after {
+			t.Fatalf("%s shed %v after the load started, before after (%v)", class, at.Sub(loadStart), after)
+		}
+	}
+	if !sawUnshed || !sawLowOnly || firstShed["low"].IsZero() || !firstShed["low"].Before(firstShed["normal"]) {
+		t.Fatalf("saw nothing shed: %v, low shed alone: %v, first low shed %v, first normal shed %v; want low first",
+			sawUnshed, sawLowOnly, firstShed["low"], firstShed["normal"])
+	}
+
+	// The load stops: shedding eases off over seconds, normal first.
+	a.releaseAll()
+	released := time.Now()
+	for range 4 {
+		if code := <-held; code != http.StatusOK {
+			t.Fatalf("held critical request: %d", code)
+		}
+	}
+	if s, _ := probe(); s.chance("low") != 1 {
+		t.Fatalf("low no longer shed right after the load stopped: %+v", s)
+	}
+	var normalBack time.Time
+	for {
+		s, consistent := probe()
+		if normalBack.IsZero() && consistent && s.chance("normal") == 0 {
+			normalBack = time.Now()
+			if s.chance("low") == 0 {
+				t.Fatalf("normal and low came back at once: %+v", s)
+			}
+		}
+		if s.Amount <= 0 {
+			break
+		}
+		if time.Since(released) > 30*time.Second {
+			t.Fatalf("still shedding 30 s after the load stopped: %+v", s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// From 1, the amount falls at most 1/full a second, and the last move
+	// before the release was at most a second before it.
+	if back := time.Since(released); back < full-time.Second-100*time.Millisecond {
+		t.Fatalf("shedding stopped %v after the load did; it cannot before %v", back, full-time.Second)
+	}
+
+	// The app saw no shed request, and they consumed nothing in the zone.
+	for _, id := range shedIDs {
+		if _, ok := a.seen.Load(id); ok {
+			t.Fatalf("the app saw shed request %s", id)
+		}
+	}
+	code, body := adminDo(t, adminURL, http.MethodGet, "/rate_limit/zones/shed_zone/keys/probes", "")
+	var key keyInfo
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &key) != nil || key.Used != int64(served) {
+		t.Fatalf("zone key of the probes: %d %s; want used %d (the served probes only; %d were shed)", code, body, served, len(shedIDs))
+	}
+
+	// Visibility: the metrics count what was shed, by class; the amount
+	// is a gauge; one log line when shedding started, one when it stopped.
+	for _, class := range classes {
+		if d := metric(class) - shedBefore[class]; d != shed[class] {
+			t.Fatalf("shed_total{class=%q} grew by %d, want %d", class, d, shed[class])
+		}
+	}
+	if shed["critical"] != 0 || shed["normal"] == 0 || shed["low"] <= shed["normal"] {
+		t.Fatalf("shed by class: %v", shed)
+	}
+	if g := metricValue(t, `caddy_http_rate_limit_shed_amount{shedder="vector"}`); g == "" || strings.HasPrefix(g, "0.") || g[0] != '-' && g != "0" {
+		t.Fatalf("shed_amount gauge %q, want at most 0", g)
+	}
+	waitForLog(t, logFile, 1, `"msg":"load shedding stopped"`, `"shedder":"vector"`, `"level":"info"`)
+	if n, m := logLines(logFile, `"msg":"load shedding started"`), logLines(logFile, `"shedder":"vector"`); n != 1 || m != 2 {
+		t.Fatalf("%d lines saying shedding started, %d naming the shedder; want 1 and 2", n, m)
+	}
+	t.Logf("shed %v of %d probes; normal back %v and low back %v after the load stopped",
+		shed, ids, normalBack.Sub(released).Round(time.Millisecond), time.Since(released).Round(time.Millisecond))
+}
+
+// TestShedSurvivesReload: a reload to a config with a shedder of the same
+// name keeps its amount and in-flight count and runs one sampler; a reload
+// to a config without it stops the sampler.
+func TestShedSurvivesReload(t *testing.T) {
+	a := newSlowApp(t)
+	site := func(body string) string {
+		return fmt.Sprintf(`
+:9080 {
+	rate_limit {
+		shed kept {
+			classes critical low
+			capacity 4
+			after 2s
+			full 4s
+		}
+	}
+	handle /hold {
+		reverse_proxy %s
+	}
+	respond %q
+}
+`, a.url, body)
+	}
+	tc := startCaddy(t, site("v1"))
+	held := a.hold(t, 4)
+	var before shedInfo
+	waitFor(t, "the amount to move", func() bool {
+		before, _ = shedState(t, "kept")
+		return before.Amount > -0.5
+	})
+	if code, body := loadConfig(t, site("v2")); code != http.StatusOK {
+		t.Fatalf("reload: %d %s", code, body)
+	}
+	if _, body := do(t, tc, http.MethodGet, siteURL+"/"); body != "v2" {
+		t.Fatalf("new config not serving: %q", body)
+	}
+	s, ok := shedState(t, "kept")
+	if !ok || s.Amount < before.Amount || s.InFlight != 4 {
+		t.Fatalf("after the reload: %+v; want the amount at least %v and the old config's 4 requests in flight", s, before.Amount)
+	}
+	if n := shedSamplers(); n != 1 {
+		t.Fatalf("%d samplers after the reload, want 1", n)
+	}
+	a.releaseAll()
+	for range 4 {
+		<-held
+	}
+	waitFor(t, "the requests to count down", func() bool { s, _ := shedState(t, "kept"); return s.InFlight == 0 })
+
+	if code, body := loadConfig(t, ":9080 {\n\trespond \"plain\"\n}\n"); code != http.StatusOK {
+		t.Fatalf("reload: %d %s", code, body)
+	}
+	waitForSamplers(t, 0)
+	if _, ok := shedState(t, "kept"); ok {
+		t.Fatal("the admin API still shows a shedder no config uses")
+	}
+}
+
+// TestShedOnlyHandler: a rate_limit block may hold a shed block and no
+// zone; the admin API refuses other methods on /rate_limit/shed.
+func TestShedOnlyHandler(t *testing.T) {
+	tc := startCaddy(t, `
+:9080 {
+	rate_limit {
+		shed {
+			classes critical low
+			capacity 64
+		}
+	}
+	respond "ok"
+}
+`)
+	resp, body := do(t, tc, http.MethodGet, siteURL+"/")
+	status(t, resp, http.StatusOK)
+	if body != "ok" || resp.Header.Get("X-RateLimit-Limit") != "" {
+		t.Fatalf("body %q, headers %v", body, resp.Header)
+	}
+	s, ok := shedState(t, DefaultShedName)
+	if !ok || s.Capacity != 64 || s.Amount != -DefaultShedAfter.Seconds()/DefaultShedFull.Seconds() || len(s.Classes) != 2 {
+		t.Fatalf("default shedder: %+v, %v", s, ok)
+	}
+	if code, _ := adminDo(t, adminURL, http.MethodPost, "/rate_limit/shed", "{}"); code != http.StatusMethodNotAllowed {
+		t.Fatalf("POST /rate_limit/shed: %d", code)
+	}
+}
