@@ -30,6 +30,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		headers x-ratelimit|ietf|both|off
 //		on_store_error allow|deny
 //		log_keys on|off
+//		jitter <fraction>
+//		sweep_interval <duration>
+//		log_key
+//		disable_metrics
 //		zone <name> {
 //			match { <matchers> }
 //			key <template> [<template>...]
@@ -119,11 +123,21 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q (want zone, store, jwt, headers, on_store_error or log_keys)", d.Val())
+			if ok, err := h.unmarshalOption(d); ok || err != nil {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			return d.Errf("rate_limit: unknown subdirective %q (want zone, store, jwt, headers, on_store_error, log_keys, jitter, sweep_interval, log_key or disable_metrics)", d.Val())
 		}
 	}
 	if len(h.Zones) == 0 {
 		return d.Err(errNoZone.Error())
+	}
+	// What no line could check: options that conflict.
+	if err := h.validateOptions(); err != nil {
+		return d.Err(err.Error())
 	}
 	return nil
 }
