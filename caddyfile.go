@@ -41,6 +41,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			status <code>
 //			dry_run
 //		}
+//		jitter <fraction>
+//		sweep_interval <duration>
+//		log_key
+//		disable_metrics
 //		zone <name> {
 //			match { <matchers> }
 //			key <template> [<template>...]
@@ -138,11 +142,21 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q (want zone, shed, store, jwt, headers, on_store_error or log_keys)", d.Val())
+			if ok, err := h.unmarshalOption(d); ok || err != nil {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			return d.Errf("rate_limit: unknown subdirective %q (want zone, shed, store, jwt, headers, on_store_error, log_keys, jitter, sweep_interval, log_key or disable_metrics)", d.Val())
 		}
 	}
 	if len(h.Zones) == 0 && h.Shed == nil {
 		return d.Err(errNoZone.Error())
+	}
+	// What no line could check: options that conflict.
+	if err := h.validateOptions(); err != nil {
+		return d.Err(err.Error())
 	}
 	return nil
 }

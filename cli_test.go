@@ -35,6 +35,7 @@ func TestCLIRefusesBadConfig(t *testing.T) {
 		{"zero limit", `zone z { limit 0; window 1s }`, "limit", "0", false},
 		{"bad max_delay", `zone z { limit 1; window 1s; max_delay forever }`, "max_delay", "forever", false},
 		{"unknown store", `store etcd; zone z { limit 1; window 1s }`, "store", "etcd", false},
+		{"mholt distributed", `distributed; zone z { limit 1; window 1s }`, "distributed", "store redis { address ... }", false},
 		{"unreadable public key", `jwt { public_key ` + missing + ` }; zone z { key u:{jwt.sub}; limit 1; window 1s }`, "public_key", missing, true},
 	}
 	for _, c := range cases {

@@ -20,7 +20,21 @@ var badCaddyfiles = []struct {
 	name, block, directive, value string
 }{
 	{"unknown subdirective", `zone z { limit 1; window 1s; burst 5 }`, "unknown subdirective", "burst"},
-	{"unknown handler subdirective", `distributed; zone z { limit 1; window 1s }`, "unknown subdirective", "distributed"},
+	{"unknown handler subdirective", `sync_interval 5s; zone z { limit 1; window 1s }`, "unknown subdirective", "sync_interval"},
+	{"mholt distributed", `distributed; zone z { limit 1; window 1s }`, "distributed", "store redis { address ... }"},
+	{"mholt distributed block", `distributed { read_interval 5s; write_interval 5s; purge_age 10s }; zone z { limit 1; window 1s }`, "distributed", "store redis { address ... }"},
+	{"mholt storage", `storage file_system { root /tmp/rl }; zone z { limit 1; window 1s }`, "storage", "store redis { address ... }"},
+	{"jitter above 1", `jitter 1.5; zone z { limit 1; window 1s }`, "jitter", "1.5"},
+	{"negative jitter", `jitter -0.1; zone z { limit 1; window 1s }`, "jitter", "-0.1"},
+	{"jitter not a number", `jitter 20%; zone z { limit 1; window 1s }`, "jitter", "20%"},
+	{"repeated jitter", `jitter 0.1; jitter 0.2; zone z { limit 1; window 1s }`, "jitter", "repeated"},
+	{"bad sweep_interval", `sweep_interval often; zone z { limit 1; window 1s }`, "sweep_interval", "often"},
+	{"tiny sweep_interval", `sweep_interval 1ms; zone z { limit 1; window 1s }`, "sweep_interval", "1ms"},
+	{"sweep_interval with redis", `store redis { address redis://127.0.0.1:1 }; sweep_interval 1m; zone z { limit 1; window 1s }`, "sweep_interval", "redis"},
+	{"log_key and log_keys", `log_keys off; log_key; zone z { limit 1; window 1s }`, "log_key", "log_keys"},
+	{"zone name not ASCII", `zone "zöne" { limit 1; window 1s }`, "name", "0xc3"},
+	{"zone name with a tab", "zone \"a\tb\" { limit 1; window 1s }", "name", "0x09"},
+	{"zone name too long", `zone ` + strings.Repeat("n", maxNameLen+1) + ` { limit 1; window 1s }`, "name", "129"},
 	{"unknown algorithm", `zone z { limit 1; window 1s; algorithm leaky_bucket }`, "algorithm", "leaky_bucket"},
 	{"missing limit", `zone z { window 1s }`, "limit", "missing"},
 	{"zero limit", `zone z { limit 0; window 1s }`, "limit", "0"},
@@ -187,6 +201,12 @@ func TestBadJSONRefused(t *testing.T) {
 		{"shed full", `{"shed":{"classes":["a"],"capacity":4,"full":"-2s"}}`, "full", "-2s"},
 		{"shed status", `{"shed":{"classes":["a"],"capacity":4,"status":302}}`, "status", "302"},
 		{"shedder name", `{"shed":{"name":"caf\u00e9","classes":["a"],"capacity":4}}`, "name", "caf"},
+		{"mholt distributed", `{"distributed":{},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "distributed", "store redis { address ... }"},
+		{"mholt storage", `{"storage":{"module":"file_system","root":"/tmp/rl"},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "storage", "store redis { address ... }"},
+		{"jitter", `{"jitter":2,"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "jitter", "2"},
+		{"sweep_interval", `{"sweep_interval":"-1s","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "sweep_interval", "-1s"},
+		{"log_key and log_keys", `{"log_key":true,"log_keys":"on","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "log_key", "log_keys"},
+		{"zone name", `{"zones":[{"name":"z\u00f6ne","limit":[1],"window":"1s"}]}`, "name", "0xc3"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

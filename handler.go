@@ -155,7 +155,7 @@ func (s *scratch) release() {
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *charge) error {
 	p := h.report(w, values, c, true)
 	hdr := w.Header()
-	p.values[retryAfterValue] = strconv.FormatInt(retryAfterSeconds(c.decision.RetryAt, time.Now()), 10)
+	p.values[retryAfterValue] = strconv.FormatInt(h.retryAfter(c.decision.RetryAt, time.Now()), 10)
 	hdr["Retry-After"] = p.header(retryAfterValue)
 	if r.ProtoMajor == 1 && r.ContentLength != 0 {
 		// Otherwise Go's server reads up to 256 KiB of the unread body
@@ -434,8 +434,8 @@ func (h *Handler) report(w http.ResponseWriter, values requestValues, c *charge,
 		hdr["X-Ratelimit-Used"] = p.header(usedValue)
 	}
 	if h.ietfHeaders {
-		p.values[policyValue] = fmt.Sprintf("%q;q=%d;w=%d", c.zone.Name, d.Limit, c.zone.policySeconds)
-		p.values[rateLimitValue] = fmt.Sprintf("%q;r=%d;t=%d", c.zone.Name, d.Remaining, retryAfterSeconds(d.Reset, time.Now()))
+		p.values[policyValue] = fmt.Sprintf("%s;q=%d;w=%d", c.zone.sfName, d.Limit, c.zone.policySeconds)
+		p.values[rateLimitValue] = fmt.Sprintf("%s;r=%d;t=%d", c.zone.sfName, d.Remaining, retryAfterSeconds(d.Reset, time.Now()))
 		hdr["Ratelimit-Policy"] = p.header(policyValue)
 		hdr["Ratelimit"] = p.header(rateLimitValue)
 	}
@@ -510,6 +510,12 @@ func (p *placeholders) get(name string) (any, bool) {
 		return p.remaining, true
 	case "exceeded":
 		return p.exceeded, true
+	case "exceeded.name":
+		// mholt/caddy-ratelimit's placeholder: the rejecting zone.
+		if p.exceeded {
+			return p.zone, true
+		}
+		return "", true
 	}
 	return nil, false
 }

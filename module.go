@@ -78,6 +78,37 @@ type Handler struct {
 	// request consumes nothing. Default: none.
 	Shed *Shed `json:"shed,omitempty"`
 
+	// The handler options of mholt/caddy-ratelimit, under its names, so
+	// that its configs carry over (see the README's "Migrating from
+	// mholt/caddy-ratelimit").
+
+	// Adds to Retry-After a uniformly random extra of 0 to this fraction
+	// of the wait (0.2: up to 20% more), so that rejected clients do not
+	// all come back at the same instant. From 0 to 1; default 0. The
+	// counters, the deny cache and max_delay keep the true instant.
+	Jitter float64 `json:"jitter,omitempty"`
+
+	// How often the memory store sweeps out keys whose counts no longer
+	// matter. The store is shared, so the shortest interval any running
+	// config asks for applies. Default: 10s. Memory store only.
+	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
+
+	// Log the key of rejected requests: the same as "log_keys": "on",
+	// which is the default here. Not allowed together with log_keys.
+	LogKey bool `json:"log_key,omitempty"`
+
+	// This handler records no rate-limit metrics: its zones and its store
+	// add no series to the caddy_http_rate_limit_* metrics.
+	DisableMetrics bool `json:"disable_metrics,omitempty"`
+
+	// mholt/caddy-ratelimit's distributed mode and its sync storage,
+	// refused with what to write instead: "store": {"backend": "redis"}.
+	Distributed json.RawMessage `json:"distributed,omitempty"`
+	Storage     json.RawMessage `json:"storage,omitempty"`
+
+	// random draws the jitter, uniformly from [0, 1).
+	random func() float64
+
 	store  storage.Store
 	logger *zap.Logger
 	// Which headers report sets, from Headers.
@@ -172,6 +203,11 @@ type Zone struct {
 	// has none; storeName names the store for the admin API.
 	admin     storage.Admin
 	storeName string
+	// sfName is the name as an RFC 8941 string, for the RateLimit and
+	// RateLimit-Policy headers.
+	sfName string
+	// metricsOff: the zone's handler has disable_metrics.
+	metricsOff bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -214,9 +250,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
-	h.storeErrorsC = metrics.storeErrors.WithLabelValues(h.storeName)
-	if h.storeName != "memory" {
-		h.storeLatency = metrics.storeDuration.WithLabelValues(h.storeName)
+	if err := h.provisionOptions(store); err != nil {
+		return err
 	}
 
 	h.xRateLimitHeaders = h.Headers == "" || h.Headers == headersXRateLimit || h.Headers == headersBoth
@@ -255,10 +290,9 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if z.Algorithm == "" {
 		z.Algorithm = algorithms.SlidingTail
 	}
-	for i := range z.results {
-		z.results[i] = metrics.requests.WithLabelValues(z.Name, resultNames[i])
+	if err := z.provisionName(); err != nil {
+		return err
 	}
-	z.usage = metrics.periodUsage.WithLabelValues(z.Name)
 	z.exceeded = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
 	if z.MaxWaiting == 0 {
 		z.MaxWaiting = DefaultMaxWaiting
@@ -323,6 +357,9 @@ func (h *Handler) Validate() error {
 	}
 	if err := checkLogKeys(h.LogKeys); err != nil {
 		return fmt.Errorf("log_keys: %w", err)
+	}
+	if err := h.validateOptions(); err != nil {
+		return err
 	}
 	if len(h.Zones) == 0 && h.Shed == nil {
 		return errNoZone
@@ -441,7 +478,7 @@ func checkZoneName(name string) error {
 	if name == "" {
 		return errors.New("zone: a name is required")
 	}
-	return nil
+	return checkName(name)
 }
 
 // checkLimit accepts a template, which is resolved per request, or a

@@ -151,7 +151,7 @@ func (sh *Shed) params() shedParams {
 func (sh *Shed) validate() error {
 	if sh.Name != "" {
 		if err := checkShedderName(sh.Name); err != nil {
-			return fmt.Errorf("name: %w", err)
+			return err
 		}
 	}
 	if sh.Priority != "" {
@@ -206,18 +206,14 @@ func (sh *Shed) validate() error {
 // The checks of the shed block's fields, one rule each, as in module.go:
 // the caller adds the field's name.
 
-// checkShedderName accepts printable ASCII (0x20 to 0x7E): the name is a
-// metric label, a log field and part of an admin API answer.
+// checkShedderName applies the rule for every name a response may show
+// (checkName): the shedder's name is a metric label, a log field and part
+// of an admin API answer.
 func checkShedderName(name string) error {
 	if name == "" {
-		return errors.New("want a name of printable ASCII, got an empty one")
+		return errors.New("name: want a name of printable ASCII, got an empty one")
 	}
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("want a name of printable ASCII (0x20 to 0x7E), got %q", name)
-		}
-	}
-	return nil
+	return checkName(name)
 }
 
 func checkShedClasses(classes []string) error {

@@ -34,7 +34,8 @@ const DefaultMaxKeys = 1_000_000
 // forgets a key not used lately (CLOCK, an approximation of least
 // recently used), so eviction can begin a little before the store as a
 // whole holds max_keys. Keys whose windows have passed are swept in the
-// background.
+// background, every DefaultSweepInterval unless a config asks for another
+// interval (SetSweepInterval).
 //
 // A key costs about 43 to 85 bytes (a 32-byte slot in a table that grows
 // by doubling at 3/4 full), whatever the length of the key, because the
@@ -53,6 +54,9 @@ type Memory struct {
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	counters *memoryCounters
+	// sweepInterval is the interval this config asks for (0: none); see
+	// SetSweepInterval.
+	sweepInterval time.Duration
 }
 
 // CaddyModule returns the Caddy module information.
@@ -182,8 +186,10 @@ func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 const memoryShards = 64
 
-// sweepEvery is how often expired keys are removed in the background.
-const sweepEvery = 10 * time.Second
+// DefaultSweepInterval is how often expired keys are removed in the
+// background when no config asks for another interval (see
+// Memory.SetSweepInterval).
+const DefaultSweepInterval = 10 * time.Second
 
 // maxCount bounds limits and costs the memory store accepts. Decide adds a
 // cost to a count only while the count stays within the limit, so no count
@@ -257,17 +263,24 @@ type memoryCounters struct {
 	// units.
 	released releaseSignal
 
+	// sweepEvery is the sweep interval in force, in nanoseconds, and
+	// resweep tells the sweeper that it changed (see updateSweepInterval).
+	sweepEvery atomic.Int64
+	resweep    chan struct{}
+
 	stop chan struct{}
 	done chan struct{}
 }
 
 func newMemoryCounters(maxKeys int, now func() time.Time) *memoryCounters {
 	c := &memoryCounters{
-		seed: maphash.MakeSeed(),
-		now:  now,
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		seed:    maphash.MakeSeed(),
+		now:     now,
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		resweep: make(chan struct{}, 1),
 	}
+	c.sweepEvery.Store(int64(DefaultSweepInterval))
 	c.setMaxKeys(maxKeys)
 	go c.sweepLoop()
 	return c
@@ -291,6 +304,7 @@ func (c *memoryCounters) release(m *Memory) {
 	if len(c.users) > 0 {
 		c.setMaxKeys(c.users[len(c.users)-1].MaxKeys)
 	}
+	c.updateSweepInterval()
 }
 
 // setMaxKeys bounds each shard to its share of n keys, rounded up.
@@ -569,12 +583,14 @@ func (c *memoryCounters) reset(zone, key string) bool {
 
 func (c *memoryCounters) sweepLoop() {
 	defer close(c.done)
-	t := time.NewTicker(sweepEvery)
+	t := time.NewTicker(time.Duration(c.sweepEvery.Load()))
 	defer t.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
+		case <-c.resweep:
+			t.Reset(time.Duration(c.sweepEvery.Load()))
 		case <-t.C:
 			c.sweep()
 		}
