@@ -227,6 +227,30 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 			z.Window = caddy.Duration(dur)
 
+		case "lease":
+			dur, err := parseDuration(d)
+			if err == nil {
+				err = checkLease(dur)
+			}
+			if err != nil {
+				return nil, fail(err)
+			}
+			z.Lease = caddy.Duration(dur)
+
+		case "burst":
+			var s string
+			if !d.AllArgs(&s) {
+				return nil, d.ArgErr()
+			}
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil {
+				return nil, fail(fmt.Errorf("want an integer from 1 to %d, got %q", maxLimit, s))
+			}
+			if err := checkBurst(n); err != nil {
+				return nil, fail(err)
+			}
+			z.Burst = n
+
 		case "max_delay":
 			dur, err := parseDuration(d)
 			if err == nil {
@@ -306,7 +330,7 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 
 		default:
-			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix or status)", z.Name, dir)
+			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, burst, lease, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix or status)", z.Name, dir)
 		}
 	}
 	// What no line could check: the fields that are missing.

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -88,13 +89,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
-		s.charges = append(s.charges, charge{zone: z, dryRun: dryRun, req: storage.Request{
+		req := storage.Request{
 			Zone:      z.Name,
 			Key:       z.resolveKey(values),
 			Algorithm: z.Algorithm,
-			Rate:      algorithms.Rate{Units: limit, Window: time.Duration(z.Window)},
+			Rate:      algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst},
 			Cost:      z.costs[methodIndex(r.Method)],
-		}})
+		}
+		if z.Algorithm == algorithms.Concurrency {
+			req.Holder = holders.Add(1)
+		}
+		s.charges = append(s.charges, charge{zone: z, dryRun: dryRun, req: req})
 	}
 	if len(s.charges) == 0 {
 		return h.serveNext(w, r, next)
@@ -123,8 +128,45 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			c.zone.usage.Observe(float64(c.decision.Finished) / float64(c.decision.Limit))
 		}
 	}
+	if holding(s.charges) {
+		// Runs before the scratch goes back to the pool, and on every way
+		// out: a response, an error, a panic, a client gone.
+		defer h.release(r.Context(), &s.question, s.charges)
+	}
 	h.report(w, values, leastRemaining(s.charges), anyDryRunExceeded(s.charges))
 	return h.serveNext(w, r, next)
+}
+
+// holders numbers the concurrency requests of this process, so that a
+// shared store can tell apart the holders of one key.
+var holders atomic.Uint64
+
+// holding reports whether allowed charges hold concurrency units, which
+// must be released when Caddy is done with the request.
+func holding(charges []charge) bool {
+	for _, c := range charges {
+		if c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded {
+			return true
+		}
+	}
+	return false
+}
+
+// release gives back the concurrency units that charges hold. The client
+// may be gone, so the request's context may be done: the release does not
+// depend on it. A release that fails is a store error; a shared store then
+// keeps the units until their lease ends.
+func (h *Handler) release(ctx context.Context, q *question, charges []charge) {
+	q.reqs = q.reqs[:0]
+	for _, c := range charges {
+		if c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded {
+			q.reqs = append(q.reqs, c.req)
+		}
+	}
+	if err := h.store.Release(context.WithoutCancel(ctx), q.reqs); err != nil {
+		h.storeErrorsC.Inc()
+		h.storeErrors.log(h.logger, err)
+	}
 }
 
 // scratch is the working memory of one request's decision. It is pooled,
@@ -198,7 +240,14 @@ func (h *Handler) decide(ctx context.Context, charges []charge, q *question) (ve
 	var waiting waitingZones
 	defer waiting.leave()
 	for {
-		if err := q.ask(ctx, h.store, h.storeLatency, charges); err != nil {
+		// Asked for before the store is, so that no release between the
+		// store's answer and the wait goes unseen.
+		var released <-chan struct{}
+		if h.delays && holdsOrWaits(charges) {
+			released = h.store.Released()
+		}
+		err := q.ask(ctx, h.store, h.storeLatency, charges)
+		if err != nil {
 			return unanswered, nil, err
 		}
 		rejected, dryRunSaidNo := h.rejection(charges)
@@ -218,9 +267,54 @@ func (h *Handler) decide(ctx context.Context, charges []charge, q *question) (ve
 			c.Write(zap.String("zone", rejected.zone.Name), h.keyField(rejected.req.Key), zap.Time("until", deadline))
 		}
 		q.waited = true
-		if err := sleepUntil(ctx, deadline); err != nil {
+		if rejected.req.Algorithm == algorithms.Concurrency {
+			// Every rejecting zone is a concurrency zone (the others
+			// free up later): wait for units to come back.
+			deadline = waitingLimit(charges, start)
+			err = waitForRelease(ctx, released, deadline)
+		} else {
+			err = sleepUntil(ctx, deadline)
+		}
+		if err != nil {
 			return unanswered, nil, err
 		}
+	}
+}
+
+// releasePoll is how often a request held for concurrency units asks
+// again when no release of this instance wakes it: units released by
+// another instance sharing the store, or by a lease ending, are seen
+// only by asking.
+const releasePoll = 25 * time.Millisecond
+
+// waitingLimit is the last instant the rejecting zones let a request
+// asked for at start wait: the earliest end of their max_delay.
+func waitingLimit(charges []charge, start time.Time) time.Time {
+	var until time.Time
+	for _, c := range charges {
+		if c.dryRunExceeded || c.decision.Allowed {
+			continue
+		}
+		if t := start.Add(time.Duration(c.zone.MaxDelay)); until.IsZero() || t.Before(until) {
+			until = t
+		}
+	}
+	return until
+}
+
+// waitForRelease waits until released is closed, the next poll, or
+// until, whichever comes first, or until ctx is done. Past until, the
+// next asking finds the request still rejected and beyond max_delay.
+func waitForRelease(ctx context.Context, released <-chan struct{}, until time.Time) error {
+	timer := time.NewTimer(min(time.Until(until)+time.Millisecond, releasePoll))
+	defer timer.Stop()
+	select {
+	case <-released:
+		return nil
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -293,6 +387,17 @@ func (h *Handler) rejection(charges []charge) (rejected *charge, dryRunSaidNo bo
 	return rejected, dryRunSaidNo
 }
 
+// holdsOrWaits reports whether charges include a concurrency zone, whose
+// rejection max_delay waits out by watching releases.
+func holdsOrWaits(charges []charge) bool {
+	for _, c := range charges {
+		if c.req.Algorithm == algorithms.Concurrency {
+			return true
+		}
+	}
+	return false
+}
+
 // waitingZones are the zones a request waits in because of max_delay.
 type waitingZones []*Zone
 
@@ -307,7 +412,11 @@ func (wz *waitingZones) enter(charges []charge, deadline, start time.Time) bool 
 		if c.dryRunExceeded || c.decision.Allowed {
 			continue
 		}
-		if c.req.Cost > c.decision.Limit || deadline.After(start.Add(time.Duration(c.zone.MaxDelay))) {
+		capacity := c.decision.Limit
+		if c.req.Algorithm == algorithms.GCRA {
+			capacity = c.req.Rate.BurstFor(c.decision.Limit)
+		}
+		if c.req.Cost > capacity || deadline.After(start.Add(time.Duration(c.zone.MaxDelay))) {
 			return false
 		}
 		if !slices.Contains(*wz, c.zone) {
@@ -385,10 +494,14 @@ func hasErrorRoutes(r *http.Request) bool {
 }
 
 // leastRemaining picks the charge the response headers describe.
+// Concurrency zones have no window to describe, so another zone is
+// preferred whatever its remaining.
 func leastRemaining(charges []charge) *charge {
 	best := &charges[0]
 	for i := range charges[1:] {
-		if c := &charges[i+1]; c.decision.Remaining < best.decision.Remaining {
+		c := &charges[i+1]
+		bestConc, cConc := best.req.Algorithm == algorithms.Concurrency, c.req.Algorithm == algorithms.Concurrency
+		if bestConc && !cConc || bestConc == cConc && c.decision.Remaining < best.decision.Remaining {
 			best = c
 		}
 	}
@@ -414,6 +527,10 @@ func (h *Handler) report(w http.ResponseWriter, values requestValues, c *charge,
 	// The header names are written in canonical form (X-Ratelimit-Limit
 	// is how Go spells X-RateLimit-Limit) so the map is set directly,
 	// without canonicalizing them on every request.
+	if c.req.Algorithm == algorithms.Concurrency {
+		// Units in flight have no window, reset or policy to describe.
+		return p
+	}
 	hdr := w.Header()
 	if h.xRateLimitHeaders {
 		// The four numbers are formatted into one string, whose parts

@@ -149,8 +149,19 @@ type Zone struct {
 	// The window length; at least 1ms.
 	Window caddy.Duration `json:"window"`
 
-	// "sliding_tail" (default) or "fixed_window".
+	// "sliding_tail" (default), "fixed_window", "gcra" or "concurrency".
+	// A concurrency zone limits the requests in flight, not a rate: it has
+	// no window.
 	Algorithm algorithms.Algorithm `json:"algorithm,omitempty"`
+
+	// gcra only: how many cost units a key may spend at once, its bucket.
+	// Default: the limit.
+	Burst int64 `json:"burst,omitempty"`
+
+	// concurrency only: how long a shared store (Redis) keeps the units of
+	// a request whose instance died before releasing them. Set it above
+	// the longest a request may take. Default: 1m.
+	Lease caddy.Duration `json:"lease,omitempty"`
 
 	// Cost of a request by HTTP method; "*" sets the cost of other methods.
 	// Default: 1 for every method. A cost of 0 counts nothing.
@@ -193,6 +204,9 @@ type Zone struct {
 	limits  []template
 	costs   [methodCount]int64
 	waiting atomic.Int64
+	// period is the Window of the zone's rates: the window, or for a
+	// concurrency zone the lease.
+	period time.Duration
 	// policySeconds is the window in whole seconds, rounded up, for the
 	// RateLimit-Policy header.
 	policySeconds int64
@@ -299,6 +313,13 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	}
 	if z.Status == 0 {
 		z.Status = http.StatusTooManyRequests
+	}
+	z.period = time.Duration(z.Window)
+	if z.Algorithm == algorithms.Concurrency {
+		if z.Lease == 0 {
+			z.Lease = caddy.Duration(DefaultLease)
+		}
+		z.period = time.Duration(z.Lease)
 	}
 	keys := z.KeyAlternatives
 	if len(keys) == 0 {
@@ -410,16 +431,13 @@ func (z *Zone) validate() error {
 			return fmt.Errorf("key: %w", err)
 		}
 	}
-	if z.Window == 0 {
-		return errors.New("window: missing (want a duration of at least 1ms)")
-	}
-	if err := checkWindow(time.Duration(z.Window)); err != nil {
-		return fmt.Errorf("window: %w", err)
-	}
 	if z.Algorithm != "" {
 		if err := checkAlgorithm(z.Algorithm); err != nil {
 			return fmt.Errorf("algorithm: %w", err)
 		}
+	}
+	if err := z.validateAlgorithmOptions(); err != nil {
+		return err
 	}
 	for m, c := range z.Cost {
 		if err := checkCost(m, c); err != nil {
@@ -441,6 +459,47 @@ func (z *Zone) validate() error {
 	if z.Status != 0 {
 		if err := checkStatus(z.Status); err != nil {
 			return fmt.Errorf("status: %w", err)
+		}
+	}
+	return nil
+}
+
+// validateAlgorithmOptions checks the options that belong to some
+// algorithms only: a window for every algorithm but concurrency, burst for
+// gcra, lease for concurrency.
+func (z *Zone) validateAlgorithmOptions() error {
+	alg := z.Algorithm
+	if alg == "" {
+		alg = algorithms.SlidingTail
+	}
+	if alg == algorithms.Concurrency {
+		if z.Window != 0 {
+			return fmt.Errorf("window: not used by algorithm concurrency, which limits requests in flight (want no window; lease bounds how long a dead instance's units stay held), got %s", time.Duration(z.Window))
+		}
+		if err := checkLease(time.Duration(z.Lease)); z.Lease != 0 && err != nil {
+			return fmt.Errorf("lease: %w", err)
+		}
+	} else {
+		if z.Window == 0 {
+			return errors.New("window: missing (want a duration of at least 1ms)")
+		}
+		if err := checkWindow(time.Duration(z.Window)); err != nil {
+			return fmt.Errorf("window: %w", err)
+		}
+		if z.Lease != 0 {
+			return fmt.Errorf("lease: only for algorithm concurrency (want no lease with algorithm %s), got %s", alg, time.Duration(z.Lease))
+		}
+	}
+	if z.Burst != 0 {
+		if alg != algorithms.GCRA {
+			return fmt.Errorf("burst: only for algorithm gcra (want no burst with algorithm %s), got %d", alg, z.Burst)
+		}
+		if err := checkBurst(z.Burst); err != nil {
+			return fmt.Errorf("burst: %w", err)
+		}
+		// With a limit of 1 the bucket is deepest: burst windows.
+		if err := (algorithms.Rate{Units: 1, Window: time.Duration(z.Window), Burst: z.Burst}).Validate(); err != nil {
+			return fmt.Errorf("burst: want burst × window at most 2^50 ms, got %d × %s", z.Burst, time.Duration(z.Window))
 		}
 	}
 	return nil
@@ -510,7 +569,25 @@ func checkWindow(d time.Duration) error {
 
 func checkAlgorithm(a algorithms.Algorithm) error {
 	if !a.Valid() {
-		return fmt.Errorf("want sliding_tail or fixed_window, got %q", a)
+		return fmt.Errorf("want sliding_tail, fixed_window, gcra or concurrency, got %q", a)
+	}
+	return nil
+}
+
+func checkBurst(n int64) error {
+	if n < 1 || n > maxLimit {
+		return fmt.Errorf("want an integer from 1 to %d, got %d", maxLimit, n)
+	}
+	return nil
+}
+
+// DefaultLease is how long a shared store keeps concurrency units whose
+// holder never released them, when lease is not set.
+const DefaultLease = time.Minute
+
+func checkLease(d time.Duration) error {
+	if d < time.Second {
+		return fmt.Errorf("want a duration of at least 1s, got %s", d)
 	}
 	return nil
 }

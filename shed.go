@@ -213,7 +213,10 @@ func checkShedderName(name string) error {
 	if name == "" {
 		return errors.New("name: want a name of printable ASCII, got an empty one")
 	}
-	return checkName(name)
+	if err := checkName(name); err != nil {
+		return fmt.Errorf("%w, in %q", err, name)
+	}
+	return nil
 }
 
 func checkShedClasses(classes []string) error {
