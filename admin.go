@@ -90,7 +90,9 @@ func runningZone(name string) *Zone {
 type zoneInfo struct {
 	Name      string               `json:"name"`
 	Algorithm algorithms.Algorithm `json:"algorithm"`
-	Window    string               `json:"window"`
+	Window    string               `json:"window,omitempty"`
+	Burst     int64                `json:"burst,omitempty"`
+	Lease     string               `json:"lease,omitempty"`
 	Limit     Alternatives         `json:"limit"`
 	Store     string               `json:"store"`
 	DryRun    bool                 `json:"dry_run,omitempty"`
@@ -102,7 +104,10 @@ type keyInfo struct {
 	Zone string `json:"zone"`
 	Key  string `json:"key"`
 	// Used is what counts against the limit now: the current window's
-	// count plus, for a sliding tail, the previous window's weighted share.
+	// count plus, for a sliding tail, the previous window's weighted share;
+	// for gcra the units the bucket lacks; for concurrency the units in
+	// flight. Current and the previous window's are for windowed
+	// algorithms only.
 	Used             int64             `json:"used"`
 	Current          int64             `json:"current"`
 	Previous         int64             `json:"previous"`
@@ -177,8 +182,13 @@ func (a *adminAPI) listZones(w http.ResponseWriter, r *http.Request) error {
 		if z == nil {
 			continue
 		}
-		info := zoneInfo{Name: z.Name, Algorithm: z.Algorithm, Window: time.Duration(z.Window).String(),
+		info := zoneInfo{Name: z.Name, Algorithm: z.Algorithm, Burst: z.Burst,
 			Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun}
+		if z.Algorithm == algorithms.Concurrency {
+			info.Lease = time.Duration(z.Lease).String()
+		} else {
+			info.Window = time.Duration(z.Window).String()
+		}
 		if z.admin != nil {
 			if d, ok := z.admin.Dial(z.Name); ok && d.Active(now) {
 				info.Dial = &d
@@ -198,10 +208,20 @@ func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z *Zone, raw stri
 			return apiError(http.StatusBadGateway, err)
 		}
 		// Decide for a request of no cost against no limit reports what
-		// counts now, without charging anything.
-		d, rolled := algorithms.Decide(z.Algorithm, counts, time.Now(), algorithms.Rate{Units: maxLimit, Window: time.Duration(z.Window)}, 0)
-		return writeJSON(w, keyInfo{Zone: z.Name, Key: key, Used: d.Used, Current: rolled.Current,
-			Previous: rolled.Previous, PreviousWeighted: d.Used - rolled.Current, Reset: d.Reset, Override: o})
+		// counts now, without charging anything. A GCRA bucket is measured
+		// against the limit the key was last charged with, kept with its
+		// TAT: Used is then the units its bucket lacks, Reset when it is
+		// full. A concurrency key's Used is the units in flight.
+		rate := algorithms.Rate{Units: maxLimit, Window: z.period}
+		if z.Algorithm == algorithms.GCRA {
+			rate = algorithms.Rate{Units: max(counts.Previous, 1), Window: z.period, Burst: z.Burst}
+		}
+		d, rolled := algorithms.Decide(z.Algorithm, counts, time.Now(), rate, 0)
+		info := keyInfo{Zone: z.Name, Key: key, Used: d.Used, Reset: d.Reset, Override: o}
+		if z.Algorithm.Windowed() {
+			info.Current, info.Previous, info.PreviousWeighted = rolled.Current, rolled.Previous, d.Used-rolled.Current
+		}
+		return writeJSON(w, info)
 	case http.MethodDelete:
 		if err := z.admin.ResetKey(r.Context(), z.Name, key); err != nil {
 			return apiError(http.StatusBadGateway, err)
