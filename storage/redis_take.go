@@ -60,7 +60,15 @@ func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms
 	if err := c.breaker.allow(r.now()); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	tctx, cancel := context.WithTimeout(ctx, time.Duration(r.Timeout))
+	// A decision that takes concurrency units is not given up when the
+	// client goes away: the script may have charged it, and only an
+	// answer tells the handler to release the units. Its timeout still
+	// bounds it; units a timed-out call took wait for their lease.
+	base := ctx
+	if takesUnits(reqs) {
+		base = context.WithoutCancel(ctx)
+	}
+	tctx, cancel := context.WithTimeout(base, time.Duration(r.Timeout))
 	defer cancel()
 	err = r.charge(tctx, c, keys, reqs, decisions, clock)
 	if err != nil {
@@ -248,6 +256,16 @@ func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs
 		decisions[i] = d
 	}
 	return serverNow, nil
+}
+
+// takesUnits reports whether reqs hold concurrency units once charged.
+func takesUnits(reqs []Request) bool {
+	for _, q := range reqs {
+		if q.Algorithm == algorithms.Concurrency {
+			return true
+		}
+	}
+	return false
 }
 
 // refundArgs are the refund script's arguments that take back the charge
