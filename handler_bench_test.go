@@ -24,6 +24,10 @@ func BenchmarkHandler(b *testing.B) {
 	cases := []struct{ name, config string }{
 		{"allowed", `{"zones":[{"name":"bench_allowed","limit":[2000000000],"window":"1m"}]}`},
 		{"rejected", `{"zones":[{"name":"bench_rejected","limit":[1],"window":"1h"}]}`},
+		{"gcra_allowed", `{"zones":[{"name":"bench_gcra","limit":[2000000000],"window":"1m","algorithm":"gcra"}]}`},
+		// Taken and released on every request: the key's slot is made
+		// and forgotten each time.
+		{"concurrency_allowed", `{"zones":[{"name":"bench_conc","limit":[1000],"algorithm":"concurrency"}]}`},
 		{"two_zones_api_key", `{"zones":[
 			{"name":"bench_ip","limit":[2000000000],"window":"1m"},
 			{"name":"bench_key","key":["key:{http.request.header.X-Api-Key}","{http.vars.client_ip}"],"limit":[2000000000],"window":"1s","cost":{"POST":5}}]}`},

@@ -19,6 +19,9 @@
 #   peer_allowed      mholt/caddy-ratelimit, the same zone, every request
 #                     allowed (built like this Caddy; skipped, with a
 #                     message, when the module proxy does not serve it)
+#   memory_gcra       memory_allowed with algorithm gcra
+#   memory_concurrency  memory_allowed with algorithm concurrency (each
+#                     request takes a unit and gives it back)
 #   memory_rejected   rate_limit, memory store, every request answered 429
 #   memory_many_keys  rate_limit, memory store, 100,000 distinct keys
 #                     (X-Key header drawn at random by wrk), all allowed
@@ -40,7 +43,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10s}
 THREADS=${THREADS:-1}
 CONNECTIONS=${CONNECTIONS:-32}
-CASES=${CASES:-"plain floor memory_allowed memory_shed_idle peer_allowed memory_rejected memory_many_keys redis_allowed redis_rejected"}
+CASES=${CASES:-"plain floor memory_allowed memory_shed_idle memory_gcra memory_concurrency peer_allowed memory_rejected memory_many_keys redis_allowed redis_rejected"}
 BYTES=${BYTES:-1}
 source bench/common.sh
 
@@ -85,6 +88,11 @@ caddyfile() {
 			address redis://127.0.0.1:$REDIS_PORT/0
 		}" ;;
 	esac
+	local period="window $window" algorithm=""
+	case $1 in
+	memory_gcra) algorithm="algorithm gcra" ;;
+	memory_concurrency) algorithm="algorithm concurrency" period="" ;;
+	esac
 	local key="{client_ip}"
 	[[ $1 == memory_many_keys || $1 == bytes ]] && key="{header.X-Key}"
 	local order=""
@@ -126,7 +134,8 @@ CADDY
 		zone bench_$1 {
 			key $key
 			limit $limit
-			window $window
+			$period
+			$algorithm
 		}
 	}
 CADDY
