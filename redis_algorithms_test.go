@@ -113,3 +113,49 @@ func TestRedisGCRAFleetExact(t *testing.T) {
 		t.Fatalf("the app saw %d requests, want 30", n)
 	}
 }
+
+// TestRedisFleetUsageShedder is the README's fleet usage load shedder: a
+// concurrency zone on a literal key, matched to the traffic that may be
+// shed, with status 503, on two instances sharing Redis. With limit 3,
+// 8 non-critical requests at once get 3 served and 5 × 503 with
+// Retry-After, and critical requests, which the zone does not match, go
+// through while the 3 still hold every unit.
+func TestRedisFleetUsageShedder(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds Caddy and runs a fleet")
+	}
+	s := redistest.Standalone(t)
+	g := newGate(t)
+	zone := "\t\t\tmatch {\n\t\t\t\tnot path /critical*\n\t\t\t}\n\t\t\tkey fleet\n\t\t\talgorithm concurrency\n\t\t\tlimit 3\n\t\t\tstatus 503"
+	urls, admins := startZoneFleet(t, 2, "address "+s.URL(), zone, g.url)
+
+	answers := sendAll(context.Background(), urls, "any", 8)
+	g.waitArrivals(t, 3)
+	for range 5 {
+		if r := <-answers; r.err != nil || r.status != http.StatusServiceUnavailable || r.retryAfter != "1" {
+			t.Fatalf("shed: %+v, want 503 with Retry-After 1", r)
+		}
+	}
+	if n := keyUsed(t, admins[1], "expensive", "fleet"); n != 3 {
+		t.Fatalf("%d units held fleet-wide, want 3", n)
+	}
+
+	var critical []string
+	for _, u := range urls {
+		critical = append(critical, strings.TrimSuffix(u, "/work")+"/critical/charge")
+	}
+	criticalAnswers := sendAll(context.Background(), critical, "any", 4)
+	g.waitArrivals(t, 7) // all 4 reach the app while the fleet is full
+	g.open(7)
+	for range 4 {
+		if r := <-criticalAnswers; r.status != http.StatusOK {
+			t.Fatalf("critical: %+v, want 200", r)
+		}
+	}
+	for range 3 {
+		if r := <-answers; r.status != http.StatusOK {
+			t.Fatalf("served: %+v, want 200", r)
+		}
+	}
+	waitUsed(t, admins[0], "expensive", "fleet", 0)
+}
