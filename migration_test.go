@@ -562,3 +562,19 @@ func TestReadmeMigrationSnippets(t *testing.T) {
 		t.Fatalf("caddy adapt says\n%v\nthe README quotes\n%s", err, want)
 	}
 }
+
+// TestReadmeAlgorithmSnippets: every zone the README's Algorithms section
+// shows adapts inside a rate_limit block, so its examples stay true to
+// the parser.
+func TestReadmeAlgorithmSnippets(t *testing.T) {
+	zones := fencedBlocks(readmeSection(t, "Algorithms"), "caddyfile")
+	if len(zones) < 4 {
+		t.Fatalf("%d Caddyfile blocks in Algorithms, want one per algorithm", len(zones))
+	}
+	for _, z := range zones {
+		site := globalOptions + ":9080 {\n\trate_limit {\n" + z + "\t}\n\trespond \"ok\"\n}\n"
+		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site), nil); err != nil {
+			t.Errorf("does not adapt: %v\n%s", err, z)
+		}
+	}
+}
