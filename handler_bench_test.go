@@ -22,6 +22,8 @@ var nextOK = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) 
 // the timed loop, so only the handler's own work is measured.
 func BenchmarkHandler(b *testing.B) {
 	cases := []struct{ name, config string }{
+		// The floor: the zone does not match, so nothing is decided.
+		{"no_match", `{"zones":[{"name":"bench_no_match","match":[{"path":["/elsewhere"]}],"limit":[1],"window":"1m"}]}`},
 		{"allowed", `{"zones":[{"name":"bench_allowed","limit":[2000000000],"window":"1m"}]}`},
 		{"rejected", `{"zones":[{"name":"bench_rejected","limit":[1],"window":"1h"}]}`},
 		{"gcra_allowed", `{"zones":[{"name":"bench_gcra","limit":[2000000000],"window":"1m","algorithm":"gcra"}]}`},
