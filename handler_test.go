@@ -15,6 +15,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // provisionHandler provisions a handler from JSON the way Caddy would and
@@ -374,4 +376,83 @@ func TestLogKeys(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConcurrencyReleasedOnEveryWayOut: a concurrency zone's units come
+// back however the request ends: a response, a handler error, a panic
+// further down, a client gone while the request is being served, and a
+// rejection by another zone, which releases them before answering.
+func TestConcurrencyReleasedOnEveryWayOut(t *testing.T) {
+	h := provisionHandler(t, `{"zones":[
+		{"name":"conc_ways","limit":[3],"algorithm":"concurrency","cost":{"POST":2}},
+		{"name":"posts_ways","match":[{"method":["POST"]}],"limit":[1],"window":"1h"}]}`)
+	admin := h.store.(storage.Admin)
+	held := func() int64 {
+		t.Helper()
+		c, _, err := admin.KeyState(context.Background(), "conc_ways", "192.0.2.7")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Current
+	}
+	// next checks the units are held while the request is served, then
+	// ends it the way the case says.
+	cases := []struct {
+		name   string
+		method string
+		end    func(r *http.Request) error
+	}{
+		{"response", http.MethodGet, func(*http.Request) error { return nil }},
+		{"handler error", http.MethodGet, func(*http.Request) error {
+			return caddyhttp.Error(http.StatusBadGateway, errors.New("upstream down"))
+		}},
+		{"panic", http.MethodGet, func(*http.Request) error { panic("next handler panicked") }},
+		{"client gone", http.MethodGet, func(r *http.Request) error {
+			<-r.Context().Done()
+			return r.Context().Err()
+		}},
+		// The first POST passes posts_ways and holds 2 units.
+		{"post", http.MethodPost, func(*http.Request) error { return nil }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			r, _ := testRequest(ctx, c.method, "192.0.2.7")
+			var during int64
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				during = held()
+				cancel() // the client gives up; only "client gone" waits for it
+				return c.end(r)
+			})
+			func() {
+				defer func() { _ = recover() }()
+				_ = h.ServeHTTP(httptest.NewRecorder(), r, next)
+			}()
+			if want := map[string]int64{http.MethodGet: 1, http.MethodPost: 2}[c.method]; during != want {
+				t.Fatalf("%d units held while served, want %d", during, want)
+			}
+			if n := held(); n != 0 {
+				t.Fatalf("%d units held after the request ended, want 0", n)
+			}
+		})
+	}
+
+	t.Run("rejected by another zone", func(t *testing.T) {
+		// posts_ways has spent its one POST: concurrency admits this one,
+		// then gives its units back when posts_ways rejects it.
+		r, _ := testRequest(context.Background(), http.MethodPost, "192.0.2.7")
+		reached := false
+		err := h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+			reached = true
+			return nil
+		}))
+		var he caddyhttp.HandlerError
+		if !errors.As(err, &he) || he.StatusCode != http.StatusTooManyRequests || reached {
+			t.Fatalf("got %v (reached next: %v), want a 429 from posts_ways", err, reached)
+		}
+		if n := held(); n != 0 {
+			t.Fatalf("%d units held after the rejection, want 0", n)
+		}
+	})
 }
