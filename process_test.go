@@ -70,6 +70,20 @@ func freeLoopbackPort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// processGlobals is the global options block of a Caddy run as a
+// process of its own: its admin API and its HTTP port on loopback, an
+// unused HTTPS port, and nothing installed or saved.
+func processGlobals(t *testing.T, admin, site int) string {
+	return fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	http_port %d
+	https_port %d
+	skip_install_trust
+	persist_config off
+}
+`, admin, site, freeLoopbackPort(t))
+}
+
 // startProcess runs the built Caddy with caddyfile and waits until it
 // answers readyURL. The process is killed when t ends; its output is
 // logged if t failed.

@@ -18,14 +18,7 @@ func startZoneFleet(t *testing.T, n int, store, zone, upstream string) (urls, ad
 	t.Helper()
 	for range n {
 		site, admin := freeLoopbackPort(t), freeLoopbackPort(t)
-		startProcess(t, fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	http_port %d
-	https_port %d
-	skip_install_trust
-	persist_config off
-}
-http://127.0.0.1:%d {
+		startProcess(t, processGlobals(t, admin, site)+fmt.Sprintf(`http://127.0.0.1:%d {
 	handle /ready {
 		respond "ok"
 	}
@@ -41,7 +34,7 @@ http://127.0.0.1:%d {
 	}
 	reverse_proxy %s
 }
-`, admin, site, freeLoopbackPort(t), site, store, zone, upstream), fmt.Sprintf("http://127.0.0.1:%d/ready", site))
+`, site, store, zone, upstream), fmt.Sprintf("http://127.0.0.1:%d/ready", site))
 		urls = append(urls, fmt.Sprintf("http://127.0.0.1:%d/work", site))
 		admins = append(admins, fmt.Sprintf("http://127.0.0.1:%d", admin))
 	}

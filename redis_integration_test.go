@@ -456,14 +456,7 @@ func startFleetWithAdmin(t *testing.T, n int, store string, limit int) (sites, a
 	for range n {
 		site, admin := freeLoopbackPort(t), freeLoopbackPort(t)
 		url := fmt.Sprintf("http://127.0.0.1:%d/", site)
-		startProcess(t, fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	http_port %d
-	https_port %d
-	skip_install_trust
-	persist_config off
-}
-http://127.0.0.1:%d {
+		startProcess(t, processGlobals(t, admin, site)+fmt.Sprintf(`http://127.0.0.1:%d {
 	rate_limit {
 		store redis {
 %s
@@ -478,7 +471,7 @@ http://127.0.0.1:%d {
 	}
 	respond "ok"
 }
-`, admin, site, freeLoopbackPort(t), site, store, limit), url)
+`, site, store, limit), url)
 		urls = append(urls, url)
 		admins = append(admins, fmt.Sprintf("http://127.0.0.1:%d", admin))
 	}
