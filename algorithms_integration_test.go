@@ -313,3 +313,148 @@ func TestGCRAThroughCaddy(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestConcurrencyEveryWayOutThroughCaddy: a concurrency zone's units come
+// back however Caddy ends the request: a response, a handler error (the
+// error directive, and reverse_proxy to an upstream that is down), a
+// panic (abort, which panics with http.ErrAbortHandler) and a rejection by
+// another zone.
+func TestConcurrencyEveryWayOutThroughCaddy(t *testing.T) {
+	tc := startCaddy(t, fmt.Sprintf(`
+:9080 {
+	rate_limit {
+		zone expensive {
+			key {header.X-Client}
+			limit 3
+			algorithm concurrency
+		}
+		zone posts {
+			match {
+				method POST
+			}
+			key {header.X-Client}
+			limit 1
+			window 1h
+		}
+	}
+	handle /error {
+		error 500
+	}
+	handle /down {
+		reverse_proxy 127.0.0.1:%d
+	}
+	handle /abort {
+		abort
+	}
+	respond "ok"
+}
+`, freeLoopbackPort(t)))
+	for _, c := range []struct {
+		method, path string
+		status       int // 0: the connection is closed unanswered
+	}{
+		{http.MethodGet, "/", http.StatusOK},
+		{http.MethodGet, "/error", http.StatusInternalServerError},
+		{http.MethodGet, "/down", http.StatusBadGateway},
+		{http.MethodGet, "/abort", 0},
+		{http.MethodPost, "/", http.StatusOK},
+		{http.MethodPost, "/", http.StatusTooManyRequests}, // rejected by posts
+	} {
+		req, _ := http.NewRequest(c.method, siteURL+c.path, nil)
+		req.Header.Set("X-Client", "ways")
+		resp, err := tc.Client.Do(req)
+		switch {
+		case c.status == 0 && err == nil:
+			resp.Body.Close()
+			t.Fatalf("%s %s answered %d, want the connection closed", c.method, c.path, resp.StatusCode)
+		case c.status != 0 && err != nil:
+			t.Fatalf("%s %s: %v", c.method, c.path, err)
+		case c.status != 0:
+			resp.Body.Close()
+			if resp.StatusCode != c.status {
+				t.Fatalf("%s %s answered %d, want %d", c.method, c.path, resp.StatusCode, c.status)
+			}
+		}
+		waitUsed(t, adminURL, "expensive", "ways", 0)
+	}
+}
+
+// TestGCRAOptionsThroughCaddy: gcra works with the options the other
+// algorithms have: both header sets (remaining and reset as SPEC §5
+// defines them for gcra), the placeholders, max_delay (a request over the
+// burst is held until its token comes back) and dry_run.
+func TestGCRAOptionsThroughCaddy(t *testing.T) {
+	tc := startCaddy(t, `
+:9080 {
+	rate_limit {
+		headers both
+		zone smooth_delay {
+			match {
+				path /delay
+			}
+			key {header.X-Client}
+			limit 1
+			window 2s
+			algorithm gcra
+			burst 1
+			max_delay 5s
+		}
+		zone smooth_dry {
+			match {
+				path /dry
+			}
+			key {header.X-Client}
+			limit 1
+			window 1h
+			algorithm gcra
+			burst 2
+			dry_run
+		}
+	}
+	respond "{http.rate_limit.zone} {http.rate_limit.remaining} {http.rate_limit.exceeded}"
+}
+`)
+	before := time.Now()
+	resp, body := do(t, tc, http.MethodGet, siteURL+"/delay", "X-Client: o")
+	status(t, resp, http.StatusOK)
+	if body != "smooth_delay 0 false" {
+		t.Fatalf("placeholders %q", body)
+	}
+	h := resp.Header
+	if h.Get("X-RateLimit-Limit") != "1" || h.Get("X-RateLimit-Remaining") != "0" || h.Get("X-RateLimit-Used") != "1" {
+		t.Fatalf("headers %v, want limit 1, remaining 0, used 1", h)
+	}
+	// Reset is the TAT: when the bucket is full again, 2 s after the
+	// request, in Unix seconds rounded up.
+	var reset int64
+	fmt.Sscan(h.Get("X-RateLimit-Reset"), &reset)
+	if reset < before.Add(2*time.Second).Unix() || reset > time.Now().Add(3*time.Second).Unix() {
+		t.Fatalf("X-RateLimit-Reset %d, want about %d", reset, before.Add(2*time.Second).Unix())
+	}
+	if p := h.Get("RateLimit-Policy"); p != `"smooth_delay";q=1;w=2` {
+		t.Fatalf("RateLimit-Policy %q", p)
+	}
+	if r := h.Get("RateLimit"); r != `"smooth_delay";r=0;t=2` && r != `"smooth_delay";r=0;t=1` {
+		t.Fatalf("RateLimit %q, want r=0 and t the seconds to the reset", r)
+	}
+	// The bucket is empty: the next request waits about 2 s for its
+	// token instead of being rejected.
+	resp, _ = do(t, tc, http.MethodGet, siteURL+"/delay", "X-Client: o")
+	status(t, resp, http.StatusOK)
+	if n := metricCount(t, `caddy_http_rate_limit_requests_total{result="delayed",zone="smooth_delay"}`); n != 1 {
+		t.Fatalf("%d requests delayed, want 1", n)
+	}
+
+	// dry_run: the third request in an hour is over the burst of 2, and
+	// passes with exceeded true.
+	for i, want := range []string{"smooth_dry 1 false", "smooth_dry 0 false", "smooth_dry 0 true"} {
+		resp, body := do(t, tc, http.MethodGet, siteURL+"/dry", "X-Client: o")
+		status(t, resp, http.StatusOK)
+		if body != want {
+			t.Fatalf("dry run request %d: %q, want %q", i+1, body, want)
+		}
+	}
+	if n := metricCount(t, `caddy_http_rate_limit_requests_total{result="dry_run",zone="smooth_dry"}`); n != 1 {
+		t.Fatalf("%d dry-run rejections counted, want 1", n)
+	}
+}

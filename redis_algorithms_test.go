@@ -88,23 +88,30 @@ func TestRedisConcurrencyFleet(t *testing.T) {
 	})
 }
 
-// TestRedisGCRAFleetExact: three instances on one Redis share one bucket
-// of 30: 150 requests at once, exactly 30 pass.
+// TestRedisGCRAFleetExact: three instances on one Redis, standalone and
+// cluster, share one bucket of 30: 150 requests at once, exactly 30 pass.
 func TestRedisGCRAFleetExact(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds Caddy and runs a fleet")
 	}
-	a := newApp(t)
-	s := redistest.Standalone(t)
-	urls, _ := startZoneFleet(t, 3, "address "+s.URL(),
-		"\t\t\tkey {header.X-Client}\n\t\t\tlimit 30\n\t\t\twindow 1h\n\t\t\talgorithm gcra", a.url)
-	codes := burst(t, urls, "one", 150)
-	if codes[200] != 30 || codes[429] != 120 {
-		t.Fatalf("answers by status %v, want exactly 30 × 200 and 120 × 429", codes)
+	run := func(t *testing.T, store string) {
+		a := newApp(t)
+		urls, _ := startZoneFleet(t, 3, store,
+			"\t\t\tkey {header.X-Client}\n\t\t\tlimit 30\n\t\t\twindow 1h\n\t\t\talgorithm gcra", a.url)
+		codes := burst(t, urls, "one", 150)
+		if codes[200] != 30 || codes[429] != 120 {
+			t.Fatalf("answers by status %v, want exactly 30 × 200 and 120 × 429", codes)
+		}
+		if n := a.hits.Load(); n != 30 {
+			t.Fatalf("the app saw %d requests, want 30", n)
+		}
 	}
-	if n := a.hits.Load(); n != 30 {
-		t.Fatalf("the app saw %d requests, want 30", n)
-	}
+	t.Run("standalone", func(t *testing.T) {
+		run(t, "address "+redistest.Standalone(t).URL())
+	})
+	t.Run("cluster", func(t *testing.T) {
+		run(t, "address "+strings.Join(redistest.NewCluster(t, 3).URLs(), " ")+"\ncluster")
+	})
 }
 
 // TestRedisFleetUsageShedder is the README's fleet usage load shedder: a

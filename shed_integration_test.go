@@ -419,3 +419,44 @@ func TestShedOnlyHandler(t *testing.T) {
 		t.Fatalf("POST /rate_limit/shed: %d", code)
 	}
 }
+
+// TestShedSharedAcrossHandlers: two rate_limit handlers of one config
+// with shedders of the same name are one shedder: the requests in flight
+// through either count together, and one sampler runs.
+func TestShedSharedAcrossHandlers(t *testing.T) {
+	a := newSlowApp(t)
+	shed := `
+		shed shared {
+			classes critical low
+			capacity 4
+			after 2s
+			full 4s
+		}`
+	startCaddy(t, fmt.Sprintf(`
+:9080 {
+	@a header X-Side a
+	@b header X-Side b
+	rate_limit @a {%s
+	}
+	rate_limit @b {%s
+	}
+	reverse_proxy %s
+}
+`, shed, shed, a.url))
+	heldA := a.hold(t, 2, "X-Side: a")
+	heldB := a.hold(t, 3, "X-Side: b")
+	if s, ok := shedState(t, "shared"); !ok || s.InFlight != 5 {
+		t.Fatalf("shedder: %+v (found: %v), want the 5 requests of both handlers in flight", s, ok)
+	}
+	if n := shedSamplers(); n != 1 {
+		t.Fatalf("%d samplers, want 1", n)
+	}
+	a.releaseAll()
+	for range 2 {
+		<-heldA
+	}
+	for range 3 {
+		<-heldB
+	}
+	waitFor(t, "the requests to count down", func() bool { s, _ := shedState(t, "shared"); return s.InFlight == 0 })
+}
