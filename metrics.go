@@ -10,14 +10,16 @@ import (
 // metrics are the module's Prometheus collectors. They are created once
 // per process and registered with the registry of every config that uses
 // the handler (Caddy makes a new registry on each load), so counts
-// survive reloads. Labels are bounded sets, zone and result or store,
-// never a key: a label per key would grow without end.
+// survive reloads. Labels are bounded sets (zone and result, store,
+// shedder and class), never a key: a label per key would grow without end.
 var metrics = struct {
 	once          sync.Once
 	requests      *prometheus.CounterVec
 	storeErrors   *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
 	periodUsage   *prometheus.HistogramVec
+	shedAmount    *prometheus.GaugeVec
+	shedTotal     *prometheus.CounterVec
 }{}
 
 // Values of the result label.
@@ -55,8 +57,16 @@ func registerMetrics(registry *prometheus.Registry) error {
 				"(histogram_quantile(0.999, ...)). Observed by the instance whose charge rolls the key into a new window.",
 			Buckets: []float64{.05, .1, .25, .5, .75, .9, .95, .99, 1, 1.25, 1.5, 2, 5},
 		}, []string{"zone"})
+		metrics.shedAmount = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "shed_amount",
+			Help: "A load shedder's amount A: at or below 0 nothing is shed; at 1 all but its first class are.",
+		}, []string{"shedder"})
+		metrics.shedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "shed_total",
+			Help: "Requests a load shedder shed (or, in dry run, would have shed), by class.",
+		}, []string{"shedder", "class"})
 	})
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage} {
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage, metrics.shedAmount, metrics.shedTotal} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}

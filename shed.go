@@ -372,7 +372,7 @@ func newShedder(sh *Shed, now time.Time) *shedder {
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
 		last:  now,
-		gauge: shedMetrics.amount.WithLabelValues(sh.name()),
+		gauge: metrics.shedAmount.WithLabelValues(sh.name()),
 	}
 	s.apply(sh)
 	s.store(s.params.floor())
@@ -472,7 +472,7 @@ func (s *shedder) update(now time.Time) {
 func (s *shedder) Destruct() error {
 	close(s.stop)
 	<-s.done
-	shedMetrics.amount.DeleteLabelValues(s.name)
+	metrics.shedAmount.DeleteLabelValues(s.name)
 	return nil
 }
 
@@ -483,9 +483,6 @@ func (sh *Shed) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if err := sh.validate(); err != nil {
 		return err
 	}
-	if err := registerShedMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return fmt.Errorf("registering metrics: %w", err)
-	}
 	name := sh.name()
 	sh.logger = logger
 	sh.priority = compileTemplate(sh.Priority)
@@ -494,7 +491,7 @@ func (sh *Shed) provision(ctx caddy.Context, logger *zap.Logger) error {
 	sh.shedErrs = make([]error, len(sh.Classes))
 	for i, c := range sh.Classes {
 		sh.classIndex[c] = i
-		sh.shedTotal[i] = shedMetrics.total.WithLabelValues(name, c)
+		sh.shedTotal[i] = metrics.shedTotal.WithLabelValues(name, c)
 		sh.shedErrs[i] = fmt.Errorf("load shed by shedder %q: class %q", name, c)
 	}
 	if sh.Status == 0 {
@@ -596,34 +593,6 @@ func (h *Handler) serveNext(w http.ResponseWriter, r *http.Request, next caddyht
 	n.Add(1)
 	defer n.Add(-1)
 	return next.ServeHTTP(w, r)
-}
-
-// shedMetrics are the shedders' Prometheus collectors, made once per
-// process and registered with each config's registry, like metrics.
-var shedMetrics = struct {
-	once   sync.Once
-	amount *prometheus.GaugeVec
-	total  *prometheus.CounterVec
-}{}
-
-func registerShedMetrics(registry *prometheus.Registry) error {
-	const ns, sub = "caddy", "http_rate_limit"
-	shedMetrics.once.Do(func() {
-		shedMetrics.amount = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "shed_amount",
-			Help: "A load shedder's amount A: at or below 0 nothing is shed; at 1 all but its first class are.",
-		}, []string{"shedder"})
-		shedMetrics.total = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "shed_total",
-			Help: "Requests a load shedder shed (or, in dry run, would have shed), by class.",
-		}, []string{"shedder", "class"})
-	})
-	for _, c := range []prometheus.Collector{shedMetrics.amount, shedMetrics.total} {
-		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
-			return err
-		}
-	}
-	return nil
 }
 
 // shedInfo is a shedder as GET /rate_limit/shed shows it.

@@ -139,11 +139,11 @@ func TestDropChance(t *testing.T) {
 // drives it with a fake clock.
 func newTestShedder(t *testing.T, sh *Shed, now time.Time) *shedder {
 	t.Helper()
-	if err := registerShedMetrics(prometheus.NewRegistry()); err != nil {
+	if err := registerMetrics(prometheus.NewRegistry()); err != nil {
 		t.Fatal(err)
 	}
 	s := newShedder(sh, now)
-	t.Cleanup(func() { shedMetrics.amount.DeleteLabelValues(s.name) })
+	t.Cleanup(func() { metrics.shedAmount.DeleteLabelValues(s.name) })
 	return s
 }
 
@@ -364,7 +364,7 @@ func TestShedHandler(t *testing.T) {
 func shedTotalValue(t *testing.T, shedder, class string) float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(shedMetrics.total)
+	reg.MustRegister(metrics.shedTotal)
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
