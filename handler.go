@@ -45,6 +45,13 @@ type charge struct {
 	dryRunExceeded bool
 }
 
+// holds reports whether the allowed charge c holds concurrency units,
+// which must be released when Caddy is done with the request. A dry-run
+// zone that would have rejected took none.
+func (c *charge) holds() bool {
+	return c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded
+}
+
 // ServeHTTP charges the request to every zone it matches and passes it on
 // if every zone allows it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -141,11 +148,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // shared store can tell apart the holders of one key.
 var holders atomic.Uint64
 
-// holding reports whether allowed charges hold concurrency units, which
-// must be released when Caddy is done with the request.
+// holding reports whether any of the allowed charges holds units.
 func holding(charges []charge) bool {
-	for _, c := range charges {
-		if c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded {
+	for i := range charges {
+		if charges[i].holds() {
 			return true
 		}
 	}
@@ -158,9 +164,9 @@ func holding(charges []charge) bool {
 // keeps the units until their lease ends.
 func (h *Handler) release(ctx context.Context, q *question, charges []charge) {
 	q.reqs = q.reqs[:0]
-	for _, c := range charges {
-		if c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded {
-			q.reqs = append(q.reqs, c.req)
+	for i := range charges {
+		if charges[i].holds() {
+			q.reqs = append(q.reqs, charges[i].req)
 		}
 	}
 	if err := h.store.Release(context.WithoutCancel(ctx), q.reqs); err != nil {
@@ -472,9 +478,9 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 // every 5xx handler error that no error route handles at error level, one
 // line per request, which during a store outage or an overload would flood
 // the log; and a handler error costs a random ID and a stack trace, more
-// than a rejection should. So the status is written here, unless the server has error routes
-// (handle_errors): then the error is returned for them to shape, and
-// Caddy logs it at debug.
+// than a rejection should. So the status is written here, unless the
+// server has error routes (handle_errors): then the error is returned for
+// them to shape, and Caddy logs it at debug.
 func errorStatus(w http.ResponseWriter, r *http.Request, status int, err error) error {
 	if !hasErrorRoutes(r) {
 		w.WriteHeader(status)
