@@ -78,7 +78,7 @@ func TestRedisConcurrencyFleet(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		s := redistest.Standalone(t)
 		run(t, "address "+s.URL())
-		if n, _ := s.Do("ZCARD", "rl:{leak}:expensive:h"); n != "0" {
+		if n, _ := s.Do("ZCARD", "rl:{leak}h:expensive"); n != "0" {
 			t.Fatalf("%s holders left in Redis", n)
 		}
 	})

@@ -106,7 +106,43 @@ func TestRedisConcurrency(t *testing.T) {
 		}
 		return v
 	})
-	if n, _ := s.Do("ZCARD", key+":h"); n != "0" {
+	if n, _ := s.Do("ZCARD", r.holderKey("conc", "k")); n != "0" {
+		t.Fatalf("%s holders left", n)
+	}
+}
+
+// TestRedisHolderSetNamedApart: a concurrency key's holder set is named
+// so that no zone's counters can share its name. Zone names may hold a
+// colon: a set named after the counter key plus a suffix such as ":h"
+// would be zone "conc:h"'s counters, and Redis would refuse the hash
+// commands on it (WRONGTYPE).
+func TestRedisHolderSetNamedApart(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	ctx := context.Background()
+	held := Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency,
+		Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 1, Holder: 1}
+	d := make([]algorithms.Decision, 1)
+	if err := r.Take(ctx, []Request{held}, d); err != nil || !d[0].Allowed {
+		t.Fatalf("concurrency take: %+v, %v", d[0], err)
+	}
+	if n, _ := s.Do("ZCARD", r.holderKey("conc", "k")); n != "1" {
+		t.Fatalf("%s holders in %s, want 1", n, r.holderKey("conc", "k"))
+	}
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.GCRA} {
+		other := Request{Zone: "conc:h", Key: "k", Algorithm: alg,
+			Rate: algorithms.Rate{Units: 10, Window: time.Minute}, Cost: 1}
+		if err := r.Take(ctx, []Request{other}, d); err != nil || !d[0].Allowed {
+			t.Fatalf("zone conc:h, %s: %+v, %v", alg, d[0], err)
+		}
+		if err := r.ResetKey(ctx, "conc:h", "k"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Release(ctx, []Request{held}); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := s.Do("ZCARD", r.holderKey("conc", "k")); n != "0" {
 		t.Fatalf("%s holders left", n)
 	}
 }

@@ -23,10 +23,21 @@ import (
 // <prefix>{<key>}:<zone>. The braces make the key its own cluster hash
 // tag, so the zones of one key share a slot and one script call decides
 // them all, even on a cluster. The hash holds the current and the previous
-// window together, so every key a script touches is declared to it, as a
-// Redis Cluster requires. BoundKey has made sure the key holds no brace.
+// window together, so the counters a script touches are declared to it;
+// only a concurrency key's holder set (holderKey) is derived in the
+// scripts, in the declared key's slot. BoundKey has made sure the key
+// holds no brace.
 func (r *Redis) counterKey(zone, key string) string {
 	return r.KeyPrefix + "{" + key + "}:" + zone
+}
+
+// holderKey names the sorted set of a concurrency key's holders, which the
+// scripts derive from the counter key: <prefix>{<key>}h:<zone>. Any text
+// after "}:" may be a zone name, so a suffix could name another zone's
+// counters; "}h:" can start no counter key. It shares the counter key's
+// hash tag, and so its slot.
+func (r *Redis) holderKey(zone, key string) string {
+	return r.KeyPrefix + "{" + key + "}h:" + zone
 }
 
 // Take implements Store.

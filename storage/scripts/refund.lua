@@ -24,9 +24,14 @@ for i = 1, #KEYS do
   local alg, x, y = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   local key = KEYS[i]
   if alg == 'c' then
-    if redis.call('ZREM', key .. ':h', ARGV[b + 4]) == 1 then
-      local c = tonumber(redis.call('HGET', key, 'c')) or 0
-      redis.call('HSET', key, 'c', math.max(c - y, 0))
+    -- The holder set is named as take.lua names it.
+    if redis.call('ZREM', (string.gsub(key, '}:', '}h:', 1)), ARGV[b + 4]) == 1 then
+      -- A hash gone (reset through the admin API) is not made again,
+      -- which would leave it without an expiry.
+      local c = tonumber(redis.call('HGET', key, 'c'))
+      if c then
+        redis.call('HSET', key, 'c', math.max(c - y, 0))
+      end
     end
   else
     local v = redis.call('HMGET', key, 'w', 'c', 'p')

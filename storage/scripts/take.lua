@@ -23,8 +23,9 @@
 -- GCRA keeps its theoretical arrival time TAT in the same fields: w its
 -- whole ms, c its fraction in units of 1/p ms (algorithms/gcra.go).
 -- Concurrency keeps the units held in c, and each holder in a sorted set
--- beside the hash (the hash's name with ":h", in the same slot by its hash
--- tag), scored by when its lease ends; a holder is named
+-- beside the hash (its name with "}h:" for the "}:" after the hash tag:
+-- prefix{key}h:zone, which no counter hash can be named, in the same slot
+-- by the same tag), scored by when its lease ends; a holder is named
 -- "<instance>:<request>/<cost>". Holders whose lease ended (their instance
 -- died without releasing) are removed, and their cost taken off c, before
 -- the key is decided.
@@ -161,7 +162,7 @@ while a <= #ARGV do
       s[j], s[j + 1], s[j + 2], s[j + 3], s[j + 4], s[j + 5], s[j + 6], s[j + 7] =
         key, tonumber(v[1]) or false, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0, 0, over, false
       if alg == 'c' then
-        local hk = key .. ':h'
+        local hk = string.gsub(key, '}:', '}h:', 1)
         s[j + 7] = hk
         local ended = redis.call('ZRANGEBYSCORE', hk, '-inf', now)
         if #ended > 0 then
