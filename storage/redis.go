@@ -90,10 +90,7 @@ type Redis struct {
 	// clock.
 	scriptClock func() time.Time
 
-	// released wakes requests waiting for concurrency units that this
-	// config released.
-	released *releaseSignal
-	logger   *zap.Logger
+	logger *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -112,7 +109,6 @@ var redisClients = caddy.NewUsagePool()
 // attaches the shared client for them.
 func (r *Redis) Provision(ctx caddy.Context) error {
 	r.logger = ctx.Logger()
-	r.released = new(releaseSignal)
 	if r.Timeout == 0 {
 		r.Timeout = caddy.Duration(DefaultRedisTimeout)
 	}

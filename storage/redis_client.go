@@ -22,6 +22,10 @@ type redisClient struct {
 	// batchers coalesce concurrent decisions: one per cluster slot, or
 	// one for a single server.
 	batchers []batcher
+	// released wakes the requests waiting for concurrency units that a
+	// config on this client released: every handler and config sharing
+	// the connections, across reloads, as the memory store's does.
+	released releaseSignal
 
 	// watchers reread the admin API's dials, one per key prefix; they
 	// stop when closed is closed.

@@ -316,15 +316,16 @@ func (r *Redis) Release(ctx context.Context, reqs []Request) error {
 		released = true
 	}
 	if released {
-		r.released.signal()
+		c.released.signal()
 	}
 	return nil
 }
 
-// Released implements Store: closed at this instance's next release.
-// Releases by other instances and ended leases are seen only by asking.
+// Released implements Store: closed at the next release by this
+// instance. Releases by other instances and ended leases are seen only by
+// asking.
 func (r *Redis) Released() <-chan struct{} {
-	return r.released.wait()
+	return r.client.released.wait()
 }
 
 var (
