@@ -10,6 +10,7 @@ package algorithms
 
 import (
 	"fmt"
+	"math"
 	"math/bits"
 	"time"
 )
@@ -145,7 +146,8 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decisio
 
 	used := c.Current
 	if alg == SlidingTail {
-		used += mulDiv(c.Previous, w-elapsed, w)
+		share, _ := mulDivMod(c.Previous, w-elapsed, w) // at most Previous: w-elapsed <= w
+		used += share
 	}
 
 	d := Decision{Limit: l.Units, Reset: time.UnixMilli(end), Rolled: rolled}
@@ -216,12 +218,19 @@ func decayedAt(prev, room, w int64) int64 {
 	return w - int64(q)
 }
 
-// mulDiv returns floor(a*b/c) for non-negative a, b and positive c with b <= c,
-// without overflowing: the product may exceed 64 bits, the result cannot.
-func mulDiv(a, b, c int64) int64 {
+// mulDivMod returns a·b/d and a·b mod d, for a, b >= 0 and d > 0, with
+// the product formed in 128 bits. A quotient past int64 is returned as
+// math.MaxInt64.
+func mulDivMod(a, b, d int64) (int64, int64) {
 	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	q, _ := bits.Div64(hi, lo, uint64(c))
-	return int64(q)
+	if hi >= uint64(d) {
+		return math.MaxInt64, 0
+	}
+	q, r := bits.Div64(hi, lo, uint64(d))
+	if q > math.MaxInt64 {
+		return math.MaxInt64, 0
+	}
+	return int64(q), int64(r)
 }
 
 // WindowIndex returns the index of the window of length w (ms) that holds

@@ -1,7 +1,6 @@
 package algorithms
 
 import (
-	"math"
 	"math/bits"
 	"time"
 )
@@ -63,21 +62,6 @@ func (a fracTime) ceil() time.Time {
 	return time.UnixMilli(a.ms)
 }
 
-// mulDivMod returns a·b/d and a·b mod d, for a, b >= 0 and d > 0, with
-// the product formed in 128 bits. A quotient past int64 is returned as
-// math.MaxInt64.
-func mulDivMod(a, b, d int64) (int64, int64) {
-	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	if hi >= uint64(d) {
-		return math.MaxInt64, 0
-	}
-	q, r := bits.Div64(hi, lo, uint64(d))
-	if q > math.MaxInt64 {
-		return math.MaxInt64, 0
-	}
-	return int64(q), int64(r)
-}
-
 // span returns n·window/limit as a fracTime in units of 1/limit ms.
 func span(n, window, limit int64) fracTime {
 	q, r := mulDivMod(n, window, limit)
@@ -127,7 +111,7 @@ func decideGCRA(c Counts, now time.Time, l Rate, cost int64) (Decision, Counts) 
 		d.RetryAt = full.ceil()
 	} else {
 		next := base.add(span(cost, w, limit), limit)
-		if next.less(full) || next == full {
+		if !full.less(next) {
 			d.Allowed = true
 			after, keep = next, next
 		} else {
