@@ -59,8 +59,3 @@ func (c *memoryCounters) updateSweepInterval() {
 	default: // already told; it reads the latest interval
 	}
 }
-
-// SweepInterval returns the sweep interval in force.
-func (m *Memory) SweepInterval() time.Duration {
-	return time.Duration(m.counters.sweepEvery.Load())
-}

@@ -63,27 +63,27 @@ func TestMemorySweepIntervalFollowsConfigs(t *testing.T) {
 	}
 	base := provision(0)
 	defer base.Cleanup()
-	if got := base.SweepInterval(); got != DefaultSweepInterval {
+	if got := sweepInterval(base); got != DefaultSweepInterval {
 		t.Fatalf("interval %s with no config asking, want the default %s", got, DefaultSweepInterval)
 	}
 	old := provision(time.Minute)
-	if got := base.SweepInterval(); got != time.Minute {
+	if got := sweepInterval(base); got != time.Minute {
 		t.Fatalf("interval %s, want 1m: a config that does not ask has no say", got)
 	}
 	next := provision(100 * time.Millisecond)
-	if got := base.SweepInterval(); got != 100*time.Millisecond {
+	if got := sweepInterval(base); got != 100*time.Millisecond {
 		t.Fatalf("interval %s during a reload, want the shortest asked for, 100ms", got)
 	}
 	next.Cleanup()
-	if got := base.SweepInterval(); got != time.Minute {
+	if got := sweepInterval(base); got != time.Minute {
 		t.Fatalf("interval %s after the 100ms config went, want 1m again", got)
 	}
 	old.SetSweepInterval(time.Second)
-	if got := base.SweepInterval(); got != time.Second {
+	if got := sweepInterval(base); got != time.Second {
 		t.Fatalf("interval %s, want 1s", got)
 	}
 	old.Cleanup()
-	if got := base.SweepInterval(); got != DefaultSweepInterval {
+	if got := sweepInterval(base); got != DefaultSweepInterval {
 		t.Fatalf("interval %s with no config asking, want the default", got)
 	}
 }
@@ -94,4 +94,9 @@ func TestCheckSweepInterval(t *testing.T) {
 			t.Errorf("CheckSweepInterval(%s) = %v", d, err)
 		}
 	}
+}
+
+// sweepInterval returns the sweep interval in force.
+func sweepInterval(m *Memory) time.Duration {
+	return time.Duration(m.counters.sweepEvery.Load())
 }
