@@ -49,8 +49,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			match { <matchers> }
 //			key <template> [<template>...]
 //			limit <template|n> [<template|n>...]   # or: events
-//			window <duration>
-//			algorithm sliding_tail|fixed_window
+//			window <duration>                       # not with concurrency
+//			algorithm sliding_tail|fixed_window|gcra|concurrency
+//			burst <n>                               # gcra
+//			lease <duration>                        # concurrency
 //			cost <METHOD|*> <n>
 //			max_delay <duration>
 //			max_waiting <n>
@@ -141,13 +143,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("on_store_error: %v", err)
 			}
 
-		default:
-			if ok, err := h.unmarshalOption(d); ok || err != nil {
-				if err != nil {
-					return err
-				}
-				continue
+		case "jitter", "sweep_interval", "log_key", "disable_metrics", "distributed", "storage":
+			if err := h.unmarshalOption(d); err != nil {
+				return err
 			}
+
+		default:
 			return d.Errf("rate_limit: unknown subdirective %q (want zone, shed, store, jwt, headers, on_store_error, log_keys, jitter, sweep_interval, log_key or disable_metrics)", d.Val())
 		}
 	}

@@ -198,21 +198,21 @@ func (h *Handler) retryAfter(at, now time.Time) int64 {
 }
 
 // unmarshalOption reads one of mholt/caddy-ratelimit's handler-level
-// subdirectives, reporting whether the current one was such. distributed
-// and storage are refused, with what to write instead.
-func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) (bool, error) {
+// subdirectives; distributed and storage are refused, with what to write
+// instead.
+func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 	switch dir := d.Val(); dir {
 	case "jitter":
 		var s string
 		if !d.AllArgs(&s) {
-			return true, d.ArgErr()
+			return d.ArgErr()
 		}
 		f, err := strconv.ParseFloat(s, 64)
 		if err != nil {
-			return true, d.Errf("jitter: want a fraction of the wait from 0 to 1 (0.2 adds up to 20%%), got %q", s)
+			return d.Errf("jitter: want a fraction of the wait from 0 to 1 (0.2 adds up to 20%%), got %q", s)
 		}
 		if err := checkJitter(f); err != nil {
-			return true, d.Errf("jitter: %v", err)
+			return d.Errf("jitter: %v", err)
 		}
 		h.Jitter = f
 
@@ -221,17 +221,17 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) (bool, error) {
 		if err == nil {
 			err = storage.CheckSweepInterval(dur)
 		}
-		if err == nil && dur <= 0 {
+		if err == nil && dur == 0 {
 			err = fmt.Errorf("want a duration of at least %s, got %s", storage.MinSweepInterval, dur)
 		}
 		if err != nil {
-			return true, d.Errf("sweep_interval: %v", err)
+			return d.Errf("sweep_interval: %v", err)
 		}
 		h.SweepInterval = caddy.Duration(dur)
 
 	case "log_key", "disable_metrics":
 		if d.NextArg() {
-			return true, d.ArgErr()
+			return d.ArgErr()
 		}
 		if dir == "log_key" {
 			h.LogKey = true
@@ -240,13 +240,10 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) (bool, error) {
 		}
 
 	case "distributed":
-		return true, d.Err(errDistributed.Error())
+		return d.Err(errDistributed.Error())
 
 	case "storage":
-		return true, d.Err(errStorage.Error())
-
-	default:
-		return false, nil
+		return d.Err(errStorage.Error())
 	}
-	return true, nil
+	return nil
 }
