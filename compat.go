@@ -76,12 +76,12 @@ func sfString(s string) string {
 // form and its metrics series (none with disable_metrics, so the zone
 // leaves no series behind, not even at zero). It refuses a name that
 // checkName does not accept before anything is labelled with it.
-func (z *Zone) provisionName() error {
+func (z *Zone) provisionName(metricsOff bool) error {
 	if err := checkZoneName(z.Name); err != nil {
 		return err
 	}
 	z.sfName = sfString(z.Name)
-	if z.metricsOff {
+	if metricsOff {
 		for i := range z.results {
 			z.results[i] = unexportedCounter()
 		}
@@ -118,11 +118,6 @@ func (h *Handler) provisionOptions(store storage.Store) error {
 		h.storeErrorsC = metrics.storeErrors.WithLabelValues(h.storeName)
 		if h.storeName != "memory" {
 			h.storeLatency = metrics.storeDuration.WithLabelValues(h.storeName)
-		}
-	}
-	for _, z := range h.Zones {
-		if z != nil {
-			z.metricsOff = h.DisableMetrics
 		}
 	}
 	if mem, ok := store.(*storage.Memory); ok && h.SweepInterval > 0 {

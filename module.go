@@ -220,8 +220,6 @@ type Zone struct {
 	// sfName is the name as an RFC 8941 string, for the RateLimit and
 	// RateLimit-Policy headers.
 	sfName string
-	// metricsOff: the zone's handler has disable_metrics.
-	metricsOff bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -275,7 +273,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			// Caddy validates after provisioning, so this cannot wait.
 			return errNullZone
 		}
-		if err := z.provision(ctx, h.logger); err != nil {
+		if err := z.provision(ctx, h.logger, h.DisableMetrics); err != nil {
 			return fmt.Errorf("zone %q: %w", z.Name, err)
 		}
 		h.delays = h.delays || z.MaxDelay > 0
@@ -291,7 +289,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
+// provision loads the zone's matchers and sets up what it derives from
+// its config; metricsOff is its handler's disable_metrics.
+func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool) error {
 	if z.MatcherSetsRaw != nil {
 		mods, err := ctx.LoadModule(z, "MatcherSetsRaw")
 		if err != nil {
@@ -304,7 +304,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger) error {
 	if z.Algorithm == "" {
 		z.Algorithm = algorithms.SlidingTail
 	}
-	if err := z.provisionName(); err != nil {
+	if err := z.provisionName(metricsOff); err != nil {
 		return err
 	}
 	z.exceeded = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
