@@ -202,20 +202,26 @@ func (s *scratch) release() {
 // (429 by default), with the limit headers and Retry-After.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *charge) error {
 	p := h.report(w, values, c, true)
-	hdr := w.Header()
 	p.values[retryAfterValue] = strconv.FormatInt(h.retryAfter(c.decision.RetryAt, time.Now()), 10)
-	hdr["Retry-After"] = p.header(retryAfterValue)
-	if r.ProtoMajor == 1 && r.ContentLength != 0 {
-		// Otherwise Go's server reads up to 256 KiB of the unread body
-		// before it sends the 429, and a client that withholds its body
-		// waits for nothing. (Not on HTTP/2, where this header would shut
-		// down the whole connection.)
-		hdr["Connection"] = connectionClose
-	}
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
 	}
-	return errorStatus(w, r, c.zone.Status, c.zone.exceeded)
+	return refuse(w, r, c.zone.Status, p.header(retryAfterValue), c.zone.exceeded)
+}
+
+// refuse answers a request that does not go on, rejected by a zone or
+// shed: status, with Retry-After, as errorStatus answers.
+func refuse(w http.ResponseWriter, r *http.Request, status int, retryAfter []string, err error) error {
+	hdr := w.Header()
+	hdr["Retry-After"] = retryAfter
+	if r.ProtoMajor == 1 && r.ContentLength != 0 {
+		// The body is never read. Otherwise Go's server reads up to
+		// 256 KiB of it before it sends the answer, and a client that
+		// withholds its body waits for nothing. (Not on HTTP/2, where this
+		// header would shut down the whole connection.)
+		hdr["Connection"] = connectionClose
+	}
+	return errorStatus(w, r, status, err)
 }
 
 var connectionClose = []string{"close"}

@@ -561,13 +561,7 @@ func (sh *Shed) drop(w http.ResponseWriter, r *http.Request, v requestValues, a 
 	if sh.DryRun {
 		return false, nil
 	}
-	hdr := w.Header()
-	hdr["Retry-After"] = retryAfterOne
-	if r.ProtoMajor == 1 && r.ContentLength != 0 {
-		// As for a rejection: the body is never read.
-		hdr["Connection"] = connectionClose
-	}
-	return true, errorStatus(w, r, sh.Status, sh.shedErrs[i])
+	return true, refuse(w, r, sh.Status, retryAfterOne, sh.shedErrs[i])
 }
 
 // shedding checks the request against the handler's shedder: with the
