@@ -35,7 +35,8 @@ type take struct {
 	keys   []string
 	reqs   []Request
 	charge bool
-	// deadline bounds the request's decision; zero means none.
+	// deadline bounds the request's decision: the store's timeout from
+	// when it was asked.
 	deadline time.Time
 
 	// state goes from takeWaiting to takeSent when a call picks the
@@ -95,13 +96,18 @@ func keySlot(key string) int {
 
 // take decides t: in a call of its own if none is in flight for its slot,
 // else in the next call, with the requests that queue meanwhile. It
-// returns when t is decided or ctx ends; a request whose context ends
-// before a call picks it up is never sent.
+// returns when t is decided, fails or ctx ends; a request whose context
+// ends, or whose deadline passes, before a call picks it up is never sent.
+//
+// A queued request needs no timer of its own to keep its deadline: each
+// call is bounded by the earliest deadline among its requests, and every
+// request ahead of t in the queue, or in the call in flight, was asked
+// for earlier under the same timeout (one client per timeout), so its
+// deadline comes no later than t's.
 func (c *redisClient) take(ctx context.Context, t *take) error {
 	b := c.batcher(t.keys[0])
 	b.mu.Lock()
 	if b.busy {
-		t.deadline, _ = ctx.Deadline()
 		t.done = make(chan struct{})
 		b.waiting = append(b.waiting, t)
 		b.mu.Unlock()
@@ -117,7 +123,7 @@ func (c *redisClient) take(ctx context.Context, t *take) error {
 	}
 	b.busy = true
 	b.mu.Unlock()
-	c.call(ctx, 0, []*take{t})
+	c.callAlone(ctx, 0, t)
 	b.mu.Lock()
 	if len(b.waiting) == 0 {
 		b.busy = false
@@ -128,9 +134,17 @@ func (c *redisClient) take(ctx context.Context, t *take) error {
 	return t.err
 }
 
+// callAlone runs the take script for t alone, by t's deadline.
+func (c *redisClient) callAlone(ctx context.Context, clock int64, t *take) {
+	ctx, cancel := context.WithDeadline(ctx, t.deadline)
+	defer cancel()
+	c.call(ctx, clock, []*take{t})
+}
+
 // drain decides the queued requests of b, a call at a time, until none
-// are left. Each call runs until the latest deadline among its requests,
-// so one that gives up early does not end the call for the others.
+// are left. Each call runs until the earliest deadline among its
+// requests, so that none waits past its own; a request whose deadline has
+// passed while it queued fails without being sent.
 func (c *redisClient) drain(b *batcher) {
 	for {
 		b.mu.Lock()
@@ -150,25 +164,25 @@ func (c *redisClient) drain(b *batcher) {
 
 		live := batch[:0]
 		var deadline time.Time
-		bounded := true
+		now := time.Now()
 		for _, t := range batch {
 			if !t.state.CompareAndSwap(takeWaiting, takeSent) {
 				continue
 			}
+			if !now.Before(t.deadline) {
+				t.err = context.DeadlineExceeded
+				close(t.done)
+				continue
+			}
 			live = append(live, t)
-			if t.deadline.IsZero() {
-				bounded = false
-			} else if t.deadline.After(deadline) {
+			if deadline.IsZero() || t.deadline.Before(deadline) {
 				deadline = t.deadline
 			}
 		}
 		if len(live) == 0 {
 			continue
 		}
-		ctx, cancel := context.Background(), func() {}
-		if bounded {
-			ctx, cancel = context.WithDeadline(ctx, deadline)
-		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		c.call(ctx, 0, live)
 		cancel()
 	}

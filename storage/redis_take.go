@@ -65,10 +65,11 @@ func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms
 	if r.scriptClock != nil {
 		clock = r.scriptClock().UnixMilli()
 	}
-	if clock == 0 && c.denies.lookup(keys, reqs, decisions, r.now()) {
+	now := r.now()
+	if clock == 0 && c.denies.lookup(keys, reqs, decisions, now) {
 		return nil
 	}
-	if err := c.breaker.allow(r.now()); err != nil {
+	if err := c.breaker.allow(now); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
 	// A decision that takes concurrency units is not given up when the
@@ -79,16 +80,20 @@ func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms
 	if takesUnits(reqs) {
 		base = context.WithoutCancel(ctx)
 	}
-	tctx, cancel := context.WithTimeout(base, time.Duration(r.Timeout))
-	defer cancel()
-	err = r.charge(tctx, c, keys, reqs, decisions, clock)
+	// The timeout is a deadline rather than a context of its own: most
+	// decisions under load share a call (redis_batch.go), whose context
+	// the deadline bounds, and a timer for each request cost more than
+	// its script call did.
+	deadline := time.Now().Add(time.Duration(r.Timeout))
+	err = r.charge(base, deadline, c, keys, reqs, decisions, clock)
+	now = r.now()
 	if err != nil {
-		c.breaker.done(err, failureCounts(ctx, err), r.now())
+		c.breaker.done(err, failureCounts(ctx, err), now)
 		return fmt.Errorf("redis: %w", err)
 	}
-	c.breaker.done(nil, true, r.now())
+	c.breaker.done(nil, true, now)
 	if clock == 0 {
-		c.denies.store(keys, reqs, decisions, r.now())
+		c.denies.store(keys, reqs, decisions, now)
 	}
 	return nil
 }
@@ -105,12 +110,12 @@ func failureCounts(ctx context.Context, err error) bool {
 // that is one call for all zones. On a cluster, zones whose keys lie in
 // different slots are decided one group of keys at a time; see
 // chargeSlotGroups.
-func (r *Redis) charge(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
+func (r *Redis) charge(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
 	if !r.Cluster || sameTag(keys) {
-		_, err := r.runTake(ctx, c, keys, reqs, decisions, clock, true)
+		_, err := r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true)
 		return err
 	}
-	return r.chargeSlotGroups(ctx, c, keys, reqs, decisions, clock)
+	return r.chargeSlotGroups(ctx, deadline, c, keys, reqs, decisions, clock)
 }
 
 // sameTag reports whether all keys share one hash tag, and so one slot.
@@ -144,7 +149,7 @@ func hashTag(key string) string {
 // cannot be asked is reported as not rejecting, and a refund that fails is
 // logged and leaves its charge in place (counting too much, never too
 // little).
-func (r *Redis) chargeSlotGroups(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
+func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
 	type group struct {
 		tag   string
 		index []int
@@ -179,7 +184,7 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, c *redisClient, keys []str
 		for j, i := range g.index {
 			gKeys[j], gReqs[j] = keys[i], reqs[i]
 		}
-		now, err := r.runTake(ctx, c, gKeys, gReqs, gDec, clock, !rejected)
+		now, err := r.runTake(ctx, deadline, c, gKeys, gReqs, gDec, clock, !rejected)
 		if err != nil && rejected {
 			for _, rest := range groups[gi:] {
 				for _, i := range rest.index {
@@ -226,15 +231,15 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, c *redisClient, keys []str
 }
 
 // runTake decides reqs, whose keys all lie in one slot, in one script call
-// (shared with concurrent requests; see redis_batch.go) and fills
-// decisions. It returns the script's clock (server time unless clock is
-// set), in ms.
-func (r *Redis) runTake(ctx context.Context, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool) (int64, error) {
-	t := &take{keys: keys, reqs: reqs, charge: charge}
+// (shared with concurrent requests; see redis_batch.go) by deadline, and
+// fills decisions. It returns the script's clock (server time unless
+// clock is set), in ms.
+func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool) (int64, error) {
+	t := &take{keys: keys, reqs: reqs, charge: charge, deadline: deadline}
 	var err error
 	if clock != 0 {
 		// A test's clock holds for its own call only.
-		c.call(ctx, clock, []*take{t})
+		c.callAlone(ctx, clock, t)
 		err = t.err
 	} else {
 		err = c.take(ctx, t)

@@ -92,7 +92,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 		}
 		want, _ := algorithms.Decide(alg, stored, now, l, cost)
 		got := make([]algorithms.Decision, 1)
-		if _, err := r.runTake(context.Background(), r.client, []string{key}, []Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, got, now.UnixMilli(), false); err != nil {
+		if _, err := r.runTake(context.Background(), time.Now().Add(10*time.Second), r.client, []string{key}, []Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, got, now.UnixMilli(), false); err != nil {
 			t.Fatal(err)
 		}
 		if got[0] != want {
@@ -1362,5 +1362,67 @@ func TestRedisCoalescedCancel(t *testing.T) {
 	}
 	if c, err := s.Do("HGET", r.counterKey("z", "k"), "c"); err != nil || c != "7" {
 		t.Errorf("Redis counts %q (%v), want 7: the cancelled request must not be charged", c, err)
+	}
+}
+
+// TestRedisCoalescedDeadline: queued requests keep their own deadlines
+// without a timer each. One whose deadline passed while it queued fails
+// without being sent, while the call goes ahead for the others; the call
+// ends at the earliest of their deadlines, so none waits past its own.
+func TestRedisCoalescedDeadline(t *testing.T) {
+	s := redistest.Standalone(t)
+	// A timeout longer than the test: only the requests' own deadlines
+	// can end the call to the paused server below.
+	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Hour)}, s.URL())
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 100, Window: time.Hour}, Cost: 1}
+	redisTake(t, r, time.Time{}, req) // connect and load the script
+	key := r.counterKey("z", "k")
+	b := r.client.batcher(key)
+	queue := func(deadline time.Time) *take {
+		tk := &take{keys: []string{key}, reqs: []Request{req}, charge: true, deadline: deadline, done: make(chan struct{})}
+		b.mu.Lock()
+		b.busy = true
+		b.waiting = append(b.waiting, tk)
+		b.mu.Unlock()
+		return tk
+	}
+	wait := func(tk *take) error {
+		t.Helper()
+		select {
+		case <-tk.done:
+			return tk.err
+		case <-time.After(30 * time.Second):
+			t.Fatal("a queued request waits past its deadline")
+			return nil
+		}
+	}
+
+	expired := queue(time.Now().Add(-time.Millisecond))
+	live := queue(time.Now().Add(time.Hour))
+	r.client.drain(b)
+	if err := wait(expired); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("expired request: %v, want %v", err, context.DeadlineExceeded)
+	}
+	if err := wait(live); err != nil {
+		t.Errorf("live request: %v", err)
+	}
+	if c, err := s.Do("HGET", key, "c"); err != nil || c != "2" {
+		t.Errorf("Redis counts %q (%v), want 2: the expired request must not be sent", c, err)
+	}
+
+	if err := s.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	soon := queue(time.Now().Add(100 * time.Millisecond))
+	late := queue(time.Now().Add(time.Hour))
+	go r.client.drain(b)
+	for _, tk := range []*take{soon, late} {
+		var ne net.Error
+		if err := wait(tk); !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
+			t.Errorf("request in a call to a paused server: %v, want a timeout", err)
+		}
+	}
+	if err := s.Resume(); err != nil {
+		t.Fatal(err)
 	}
 }
