@@ -402,6 +402,10 @@ func (r *Redis) clientOptions(addrs, names []string) (*redis.UniversalOptions, e
 		// answering (see take).
 		PoolTimeout:     timeout - min(timeout/5, 10*time.Millisecond),
 		DisableIdentity: true,
+		// RESP2: the store needs no push notifications, and with RESP3
+		// go-redis peeks each connection for them before every command
+		// (1.5% of Caddy's CPU on the Redis allowed path).
+		Protocol: 2,
 		// Maintenance notifications are a Redis Enterprise feature; asking
 		// for them costs a round trip per connection elsewhere.
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
