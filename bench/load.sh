@@ -2,8 +2,9 @@
 # Load test: plain Caddy against Caddy with rate_limit, measured in one run.
 #
 # Builds this project's Caddy (cmd/caddy) and a plain Caddy of the same
-# version, then runs wrk against each case, interleaved, ROUNDS times, and
-# prints the median requests/s of each case and its ratio to plain Caddy.
+# version, then runs wrk against each case, interleaved, ROUNDS times (each
+# round in a rotated order), and prints the median requests/s of each case
+# and its ratio to plain Caddy.
 #
 #   bash bench/load.sh                  # all cases, 3 rounds of 10 s
 #   ROUNDS=5 DURATION=20s bash bench/load.sh
@@ -184,9 +185,14 @@ request = function()
 end
 LUA
 
+# Each round starts one case later than the one before, so that no case
+# always runs first or always follows the same one: on a shared VM, where a
+# case runs in the round showed in its figure.
 declare -A RESULTS
+read -ra ORDER <<<"$CASES"
 for round in $(seq "$ROUNDS"); do
-	for c in $CASES; do
+	shift=$(((round - 1) % ${#ORDER[@]}))
+	for c in "${ORDER[@]:shift}" "${ORDER[@]:0:shift}"; do
 		rps=$(run "$c")
 		echo "round $round  $c  $rps req/s" >&2
 		RESULTS[$c]+="$rps "
