@@ -28,10 +28,17 @@ cleanup() {
 trap cleanup EXIT
 
 # start_redis starts a redis-server on a free loopback port, sets
-# REDIS_PORT and waits until it answers.
+# REDIS_PORT and REDIS_PID and waits until it answers.
 start_redis() {
 	REDIS_PORT=$(free_port)
 	redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --daemonize no >"$OUT/redis-$REDIS_PORT.log" 2>&1 &
-	PIDS+=($!)
+	REDIS_PID=$!
+	PIDS+=("$REDIS_PID")
 	for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
+# cpu_ticks PID prints the CPU time (user + system, in clock ticks) that
+# process PID has used so far.
+cpu_ticks() {
+	awk '{print $14 + $15}' "/proc/$1/stat"
 }
