@@ -140,7 +140,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// out: a response, an error, a panic, a client gone.
 		defer h.release(r.Context(), &s.question, s.charges)
 	}
-	h.report(w, values, leastRemaining(s.charges), anyDryRunExceeded(s.charges))
+	h.report(w, values, leastRemaining(s.charges), anyDryRunExceeded(s.charges), 0)
 	return h.serveNext(w, r, next)
 }
 
@@ -201,8 +201,7 @@ func (s *scratch) release() {
 // reject answers a request that the charge c rejected: the zone's status
 // (429 by default), with the limit headers and Retry-After.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *charge) error {
-	p := h.report(w, values, c, true)
-	p.values[retryAfterValue] = strconv.FormatInt(h.retryAfter(c.decision.RetryAt, time.Now()), 10)
+	p := h.report(w, values, c, true, h.retryAfter(c.decision.RetryAt, time.Now()))
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
 	}
@@ -530,33 +529,51 @@ func anyDryRunExceeded(charges []charge) bool {
 }
 
 // report sets the response headers and placeholders for charge c, and
-// returns the request's placeholder state.
-func (h *Handler) report(w http.ResponseWriter, values requestValues, c *charge, exceeded bool) *placeholders {
+// returns the request's placeholder state. A rejected request's
+// Retry-After, in seconds, is formatted along with the other numbers
+// (retryAfter 0 for an allowed request) and left in the state's values for
+// refuse to set.
+func (h *Handler) report(w http.ResponseWriter, values requestValues, c *charge, exceeded bool, retryAfter int64) *placeholders {
 	p := requestPlaceholders(values)
 	d := c.decision
 	p.zone, p.key, p.limit, p.remaining, p.exceeded = c.zone.Name, c.req.Key, d.Limit, d.Remaining, exceeded
 
+	// Units in flight have no window, reset or policy to describe.
+	window := c.req.Algorithm != algorithms.Concurrency
+	// The numbers are formatted into one string, whose parts are the
+	// values: one allocation for all the headers but the IETF ones.
+	var buf [100]byte
+	var cut [usedValue + 1]int
+	b := buf[:0]
+	if window && h.xRateLimitHeaders {
+		b = strconv.AppendInt(b, d.Limit, 10)
+		cut[limitValue] = len(b)
+		b = strconv.AppendInt(b, d.Remaining, 10)
+		cut[remainingValue] = len(b)
+		b = strconv.AppendInt(b, ceilUnix(d.Reset), 10)
+		cut[resetValue] = len(b)
+		b = strconv.AppendInt(b, d.Used, 10)
+		cut[usedValue] = len(b)
+	}
+	if retryAfter > 0 {
+		b = strconv.AppendInt(b, retryAfter, 10)
+	}
+	all := string(b)
+	if retryAfter > 0 {
+		p.values[retryAfterValue] = all[cut[usedValue]:]
+	}
+	if !window {
+		return p
+	}
 	// The header names are written in canonical form (X-Ratelimit-Limit
 	// is how Go spells X-RateLimit-Limit) so the map is set directly,
 	// without canonicalizing them on every request.
-	if c.req.Algorithm == algorithms.Concurrency {
-		// Units in flight have no window, reset or policy to describe.
-		return p
-	}
 	hdr := w.Header()
 	if h.xRateLimitHeaders {
-		// The four numbers are formatted into one string, whose parts
-		// are the values: one allocation for all four headers.
-		var buf [80]byte
-		b := strconv.AppendInt(buf[:0], d.Limit, 10)
-		i := len(b)
-		b = strconv.AppendInt(b, d.Remaining, 10)
-		j := len(b)
-		b = strconv.AppendInt(b, ceilUnix(d.Reset), 10)
-		k := len(b)
-		b = strconv.AppendInt(b, d.Used, 10)
-		all := string(b)
-		p.values[limitValue], p.values[remainingValue], p.values[resetValue], p.values[usedValue] = all[:i], all[i:j], all[j:k], all[k:]
+		p.values[limitValue] = all[:cut[limitValue]]
+		p.values[remainingValue] = all[cut[limitValue]:cut[remainingValue]]
+		p.values[resetValue] = all[cut[remainingValue]:cut[resetValue]]
+		p.values[usedValue] = all[cut[resetValue]:cut[usedValue]]
 		hdr["X-Ratelimit-Limit"] = p.header(limitValue)
 		hdr["X-Ratelimit-Remaining"] = p.header(remainingValue)
 		hdr["X-Ratelimit-Reset"] = p.header(resetValue)
