@@ -698,8 +698,8 @@ func TestRedisUnmarshalCaddyfile(t *testing.T) {
 }
 
 // TestRedisTLSAndAuth connects over TLS (rediss://) and as an ACL user
-// with a password from the URL; a wrong password or an untrusted
-// certificate fails the decision rather than going unnoticed.
+// with a password from the URL, speaking RESP2; a wrong password or an
+// untrusted certificate fails the decision rather than going unnoticed.
 func TestRedisTLSAndAuth(t *testing.T) {
 	bin, _ := redistest.Binaries(t)
 	s, err := redistest.Start(bin, t.TempDir(), redistest.Options{
@@ -723,6 +723,14 @@ func TestRedisTLSAndAuth(t *testing.T) {
 	list, err := s.Do("CLIENT", "LIST")
 	if err != nil || !strings.Contains(list, "user=limiter") {
 		t.Fatalf("no connection as user limiter: %v\n%s", err, list)
+	}
+	// RESP2, authenticated with AUTH rather than HELLO 3: go-redis
+	// peeks for RESP3 push notifications before every command otherwise.
+	for line := range strings.Lines(list) {
+		fields := strings.Fields(line)
+		if slices.Contains(fields, "name="+redisClientName) && !slices.Contains(fields, "resp=2") {
+			t.Errorf("a store connection does not speak RESP2: %s", line)
+		}
 	}
 
 	for _, c := range []struct{ name, url string }{
