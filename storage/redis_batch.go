@@ -204,11 +204,12 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 	}
 	for _, t := range takes {
 		keys = append(keys, t.keys...)
-		charge := "0"
+		// Constants, so that making them arguments allocates nothing.
 		if t.charge {
-			charge = "1"
+			args = append(args, "1", len(t.reqs))
+		} else {
+			args = append(args, "0", len(t.reqs))
 		}
-		args = append(args, charge, len(t.reqs))
 		for _, q := range t.reqs {
 			args = append(args, scriptAlgorithm(q.Algorithm), q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost, scriptExtra(q))
 		}
@@ -232,8 +233,9 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 	}
 }
 
-// scriptAlgorithm names an algorithm as the scripts do.
-func scriptAlgorithm(a algorithms.Algorithm) string {
+// scriptAlgorithm names an algorithm as the scripts do, as a script
+// argument: an interface holding a constant, which costs no allocation.
+func scriptAlgorithm(a algorithms.Algorithm) any {
 	switch a {
 	case algorithms.FixedWindow:
 		return "f"
