@@ -10,6 +10,8 @@
 #   bash bench/load.sh                  # all cases, 3 rounds of 10 s
 #   ROUNDS=5 DURATION=20s bash bench/load.sh
 #   CASES="plain memory_allowed" bash bench/load.sh
+#   CASES="redis_allowed@83bc118 redis_allowed@HEAD" ROUNDS=6 DURATION=8s BYTES=0 bash bench/load.sh
+#                                       # two revisions, alternating
 #
 # Cases:
 #   plain             plain Caddy, `respond "ok"`
@@ -29,6 +31,7 @@
 #                     (X-Key header drawn at random by wrk), all allowed
 #   redis_allowed     rate_limit, Redis store, one key, every request allowed
 #   redis_rejected    rate_limit, Redis store, every request answered 429
+#   CASE@REV          CASE on this Caddy as built at git revision REV
 #
 # After the rounds it measures the memory store's bytes per key: the RSS
 # growth of a Caddy between 20,000 and 200,000 distinct keys (BYTES=0
@@ -151,43 +154,61 @@ CADDY
 
 # run CASE prints the requests/s wrk measured for one case, then the CPU
 # time Caddy spent per request in µs, then Redis's (0 without Redis).
+# CASE@REV runs CASE on this Caddy as built at git revision REV.
 run() {
-	local port bin
+	local name=$1 kase=${1%@*} port bin
+	local file=${name//\//_}
 	port=$(free_port)
 	bin="$OUT/caddy-rl"
-	[[ $1 == plain || $1 == floor ]] && bin="$OUT/caddy-plain"
-	[[ $1 == peer_allowed ]] && bin="$OUT/caddy-peer"
-	caddyfile "$1" "$port" >"$OUT/$1.Caddyfile"
-	"$bin" run --adapter caddyfile --config "$OUT/$1.Caddyfile" >"$OUT/$1.log" 2>&1 &
+	[[ $kase == plain || $kase == floor ]] && bin="$OUT/caddy-plain"
+	[[ $kase == peer_allowed ]] && bin="$OUT/caddy-peer"
+	[[ $name == *@* ]] && bin="$OUT/caddy-at-${file#*@}"
+	caddyfile "$kase" "$port" >"$OUT/$file.Caddyfile"
+	"$bin" run --adapter caddyfile --config "$OUT/$file.Caddyfile" >"$OUT/$file.log" 2>&1 &
 	local pid=$!
 	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
 	# One request first, so that on the reject path every measured one is a 429.
 	curl -s -o /dev/null "http://127.0.0.1:$port/"
 	local expect=200
-	[[ $1 == *_rejected ]] && expect=429
+	[[ $kase == *_rejected ]] && expect=429
 	local got
 	got=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/")
 	if [[ $got != "$expect" ]]; then
-		echo "case $1: expected $expect, got $got" >&2
+		echo "case $name: expected $expect, got $got" >&2
 		kill "$pid"; wait "$pid" 2>/dev/null || true
 		return 1
 	fi
 	local script=()
-	[[ $1 == memory_many_keys ]] && script=(-s "$OUT/many_keys.lua")
+	[[ $kase == memory_many_keys ]] && script=(-s "$OUT/many_keys.lua")
 	local redis_pid=""
-	[[ $1 == redis_* ]] && redis_pid=$REDIS_PID
+	[[ $kase == redis_* ]] && redis_pid=$REDIS_PID
 	local cpu0 rcpu0=0 cpu1 rcpu1=0
 	cpu0=$(cpu_ticks "$pid")
 	[[ -n $redis_pid ]] && rcpu0=$(cpu_ticks "$redis_pid")
-	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "${script[@]}" "http://127.0.0.1:$port/" >"$OUT/$1.wrk" 2>&1
+	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "${script[@]}" "http://127.0.0.1:$port/" >"$OUT/$file.wrk" 2>&1
 	cpu1=$(cpu_ticks "$pid")
 	[[ -n $redis_pid ]] && rcpu1=$(cpu_ticks "$redis_pid")
 	kill "$pid"; wait "$pid" 2>/dev/null || true
 	awk -v c="$((cpu1 - cpu0))" -v r="$((rcpu1 - rcpu0))" -v hz="$(getconf CLK_TCK)" '
 		/^Requests\/sec:/ {rps = $2}
 		/requests in/ {n = $1}
-		END {printf "%s %.1f %.1f\n", rps, c / hz / n * 1e6, r / hz / n * 1e6}' "$OUT/$1.wrk"
+		END {printf "%s %.1f %.1f\n", rps, c / hz / n * 1e6, r / hz / n * 1e6}' "$OUT/$file.wrk"
 }
+
+# Cases named CASE@REV: this Caddy built at each git revision REV, from a
+# temporary worktree, so that two revisions are compared in one run.
+declare -A BUILT
+for c in $CASES; do
+	[[ $c == *@* ]] || continue
+	rev=${c#*@}
+	[[ -n ${BUILT[$rev]:-} ]] && continue
+	BUILT[$rev]=1
+	tree=$(mktemp -d)
+	git worktree add -q --detach "$tree" "$rev"
+	echo "building caddy at $rev" >&2
+	(cd "$tree" && go build -o "$OUT/caddy-at-${rev//\//_}" ./cmd/caddy)
+	git worktree remove --force "$tree"
+done
 
 # 100,000 distinct keys, drawn at random for each request.
 cat >"$OUT/many_keys.lua" <<'LUA'
@@ -233,7 +254,7 @@ for c in $CASES; do
 		ratio=$(awk -v a="$m" -v b="$plain" 'BEGIN {printf "%.3f", a/b}')
 		cpu_ratio=$(awk -v a="$cpu" -v b="$plain_cpu" 'BEGIN {printf "%.3f", b/a}')
 	fi
-	[[ $c == redis_* ]] || rcpu="-"
+	[[ ${c%@*} == redis_* ]] || rcpu="-"
 	printf '%-18s %12s %9s %12s %9s %12s   %s\n' "$c" "$m" "$ratio" "$cpu" "$cpu_ratio" "$rcpu" "${RESULTS[$c]}"
 done
 if [[ -n ${RESULTS[memory_allowed]:-} && -n ${RESULTS[memory_shed_idle]:-} ]]; then
