@@ -94,6 +94,13 @@ func TestMemoryHeldKeysAreNotEvicted(t *testing.T) {
 	}
 }
 
+
+// holderKey names the sorted set of a concurrency key's holders, as the
+// scripts derive it from the counter key: <prefix>{<key>}h:<zone>.
+func (r *Redis) holderKey(zone, key string) string {
+	return r.KeyPrefix + "{" + key + "}h:" + zone
+}
+
 func TestRedisConcurrency(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Redis), s.URL())
@@ -172,4 +179,62 @@ func TestRedisConcurrencyLease(t *testing.T) {
 	if n, _ := s.Do("HGET", r.counterKey("conc", "k"), "c"); n != "1" {
 		t.Fatalf("held %s after the dead holder's late release, want 1", n)
 	}
+}
+
+// TestRedisReleaseManyZones: a request holding units in several zones
+// gives them all back in one script call on one server, and in one call
+// per hash tag on a cluster, where its keys lie in different slots.
+func TestRedisReleaseManyZones(t *testing.T) {
+	reqs := []Request{
+		{Zone: "conc1", Key: "a", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Holder: 1},
+		{Zone: "conc2", Key: "b", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Holder: 1},
+		{Zone: "conc3", Key: "a", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Holder: 1},
+		{Zone: "window", Key: "a", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1},
+	}
+	check := func(t *testing.T, r *Redis, nodes []*redistest.Server, calls int) {
+		t.Helper()
+		d := make([]algorithms.Decision, len(reqs))
+		if err := r.Take(context.Background(), reqs, d); err != nil {
+			t.Fatal(err)
+		}
+		evalsha := func() int {
+			n := 0
+			for _, s := range nodes {
+				stats, err := s.CommandStats()
+				if err != nil {
+					t.Fatal(err)
+				}
+				n += stats["evalsha"] + stats["eval"]
+			}
+			return n
+		}
+		before := evalsha()
+		if err := r.Release(context.Background(), reqs); err != nil {
+			t.Fatal(err)
+		}
+		if n := evalsha() - before; n != calls {
+			t.Errorf("%d script calls for the release, want %d", n, calls)
+		}
+		for _, q := range reqs[:3] {
+			for _, s := range nodes {
+				if n, _ := s.Do("ZCARD", r.holderKey(q.Zone, q.Key)); n != "0" && n != "" {
+					t.Errorf("zone %s: %s holders left", q.Zone, n)
+				}
+				if c, _ := s.Do("HGET", r.counterKey(q.Zone, q.Key), "c"); c != "0" && c != "" {
+					t.Errorf("zone %s: %s units held after the release", q.Zone, c)
+				}
+			}
+		}
+	}
+	t.Run("standalone", func(t *testing.T) {
+		s := redistest.Standalone(t)
+		check(t, newRedisStore(t, new(Redis), s.URL()), []*redistest.Server{s}, 1)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("starts a cluster")
+		}
+		c := redistest.NewCluster(t, 3)
+		check(t, newRedisStore(t, &Redis{Cluster: true}, c.URLs()...), c.Nodes, 2)
+	})
 }

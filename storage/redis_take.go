@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,20 +25,11 @@ import (
 // tag, so the zones of one key share a slot and one script call decides
 // them all, even on a cluster. The hash holds the current and the previous
 // window together, so the counters a script touches are declared to it;
-// only a concurrency key's holder set (holderKey) is derived in the
-// scripts, in the declared key's slot. BoundKey has made sure the key
-// holds no brace.
+// only a concurrency key's holder set is derived in the scripts, in the
+// declared key's slot: <prefix>{<key>}h:<zone> (see take.lua). BoundKey
+// has made sure the key holds no brace.
 func (r *Redis) counterKey(zone, key string) string {
 	return r.KeyPrefix + "{" + key + "}:" + zone
-}
-
-// holderKey names the sorted set of a concurrency key's holders, which the
-// scripts derive from the counter key: <prefix>{<key>}h:<zone>. Any text
-// after "}:" may be a zone name, so a suffix could name another zone's
-// counters; "}h:" can start no counter key. It shares the counter key's
-// hash tag, and so its slot.
-func (r *Redis) holderKey(zone, key string) string {
-	return r.KeyPrefix + "{" + key + "}h:" + zone
 }
 
 // Take implements Store.
@@ -128,6 +120,24 @@ func sameTag(keys []string) bool {
 	return true
 }
 
+// tagGroups groups the indexes of keys by hash tag, in the order the tags
+// first appear: the keys one script call may touch together on a cluster.
+func tagGroups(keys []string) [][]int {
+	var groups [][]int
+	var tags []string
+	for i, k := range keys {
+		tag := hashTag(k)
+		g := slices.Index(tags, tag)
+		if g < 0 {
+			g = len(groups)
+			tags = append(tags, tag)
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
 func hashTag(key string) string {
 	open := strings.IndexByte(key, '{')
 	end := strings.IndexByte(key[open:], '}')
@@ -150,25 +160,7 @@ func hashTag(key string) string {
 // logged and leaves its charge in place (counting too much, never too
 // little).
 func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
-	type group struct {
-		tag   string
-		index []int
-	}
-	var groups []group
-	for i, k := range keys {
-		tag := hashTag(k)
-		found := false
-		for g := range groups {
-			if groups[g].tag == tag {
-				groups[g].index = append(groups[g].index, i)
-				found = true
-				break
-			}
-		}
-		if !found {
-			groups = append(groups, group{tag: tag, index: []int{i}})
-		}
-	}
+	groups := tagGroups(keys)
 
 	type charged struct {
 		keys []string
@@ -178,16 +170,16 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 	rejected := false
 	var firstErr error
 	for gi, g := range groups {
-		gKeys := make([]string, len(g.index))
-		gReqs := make([]Request, len(g.index))
-		gDec := make([]algorithms.Decision, len(g.index))
-		for j, i := range g.index {
+		gKeys := make([]string, len(g))
+		gReqs := make([]Request, len(g))
+		gDec := make([]algorithms.Decision, len(g))
+		for j, i := range g {
 			gKeys[j], gReqs[j] = keys[i], reqs[i]
 		}
 		now, err := r.runTake(ctx, deadline, c, gKeys, gReqs, gDec, clock, !rejected)
 		if err != nil && rejected {
 			for _, rest := range groups[gi:] {
-				for _, i := range rest.index {
+				for _, i := range rest {
 					decisions[i] = algorithms.Decision{Allowed: true}
 				}
 			}
@@ -198,7 +190,7 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 			break
 		}
 		allowed := true
-		for j, i := range g.index {
+		for j, i := range g {
 			decisions[i] = gDec[j]
 			allowed = allowed && gDec[j].Allowed
 		}
@@ -299,9 +291,21 @@ func refundArgs(q Request, d algorithms.Decision, now int64) []any {
 }
 
 // Release implements Store: each concurrency request leaves its key's
-// holders, in one script call per key, atomic in its slot. A request the
-// script finds no longer holding (its lease ended) is released already.
+// holders, in one script call for all of them (one per hash tag on a
+// cluster), atomic in its slot. A request the script finds no longer
+// holding (its lease ended) is released already.
 func (r *Redis) Release(ctx context.Context, reqs []Request) error {
+	var keys []string
+	var held []Request
+	for _, q := range reqs {
+		if q.Algorithm == algorithms.Concurrency {
+			keys = append(keys, r.counterKey(q.Zone, q.Key))
+			held = append(held, q)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
 	c, done, err := r.acquire()
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
@@ -309,20 +313,23 @@ func (r *Redis) Release(ctx context.Context, reqs []Request) error {
 	defer done()
 	tctx, cancel := context.WithTimeout(ctx, time.Duration(r.Timeout))
 	defer cancel()
-	released := false
-	for _, q := range reqs {
-		if q.Algorithm != algorithms.Concurrency {
-			continue
-		}
-		key := r.counterKey(q.Zone, q.Key)
-		if err := refundScript.Run(tctx, c.rdb, []string{key}, refundArgs(q, algorithms.Decision{}, 0)...).Err(); err != nil {
-			return fmt.Errorf("redis: releasing zone %q: %w", q.Zone, err)
-		}
-		released = true
+	groups := tagGroups(keys)
+	if !r.Cluster {
+		// One server takes every key in one call.
+		groups = [][]int{slices.Concat(groups...)}
 	}
-	if released {
-		c.released.signal()
+	for _, g := range groups {
+		gKeys := make([]string, 0, len(g))
+		args := make([]any, 0, 5*len(g))
+		for _, i := range g {
+			gKeys = append(gKeys, keys[i])
+			args = append(args, refundArgs(held[i], algorithms.Decision{}, 0)...)
+		}
+		if err := refundScript.Run(tctx, c.rdb, gKeys, args...).Err(); err != nil {
+			return fmt.Errorf("redis: releasing zone %q: %w", held[g[0]].Zone, err)
+		}
 	}
+	c.released.signal()
 	return nil
 }
 
