@@ -94,7 +94,6 @@ func TestMemoryHeldKeysAreNotEvicted(t *testing.T) {
 	}
 }
 
-
 // holderKey names the sorted set of a concurrency key's holders, as the
 // scripts derive it from the counter key: <prefix>{<key>}h:<zone>.
 func (r *Redis) holderKey(zone, key string) string {
