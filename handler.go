@@ -543,24 +543,24 @@ func (h *Handler) report(w http.ResponseWriter, values requestValues, c *charge,
 	// The numbers are formatted into one string, whose parts are the
 	// values: one allocation for all the headers but the IETF ones.
 	var buf [100]byte
-	var cut [usedValue + 1]int
 	b := buf[:0]
+	var i, j, k, u int // where the limit, remaining, reset and used end
 	if window && h.xRateLimitHeaders {
 		b = strconv.AppendInt(b, d.Limit, 10)
-		cut[limitValue] = len(b)
+		i = len(b)
 		b = strconv.AppendInt(b, d.Remaining, 10)
-		cut[remainingValue] = len(b)
+		j = len(b)
 		b = strconv.AppendInt(b, ceilUnix(d.Reset), 10)
-		cut[resetValue] = len(b)
+		k = len(b)
 		b = strconv.AppendInt(b, d.Used, 10)
-		cut[usedValue] = len(b)
+		u = len(b)
 	}
 	if retryAfter > 0 {
 		b = strconv.AppendInt(b, retryAfter, 10)
 	}
 	all := string(b)
 	if retryAfter > 0 {
-		p.values[retryAfterValue] = all[cut[usedValue]:]
+		p.values[retryAfterValue] = all[u:]
 	}
 	if !window {
 		return p
@@ -570,10 +570,7 @@ func (h *Handler) report(w http.ResponseWriter, values requestValues, c *charge,
 	// without canonicalizing them on every request.
 	hdr := w.Header()
 	if h.xRateLimitHeaders {
-		p.values[limitValue] = all[:cut[limitValue]]
-		p.values[remainingValue] = all[cut[limitValue]:cut[remainingValue]]
-		p.values[resetValue] = all[cut[remainingValue]:cut[resetValue]]
-		p.values[usedValue] = all[cut[resetValue]:cut[usedValue]]
+		p.values[limitValue], p.values[remainingValue], p.values[resetValue], p.values[usedValue] = all[:i], all[i:j], all[j:k], all[k:u]
 		hdr["X-Ratelimit-Limit"] = p.header(limitValue)
 		hdr["X-Ratelimit-Remaining"] = p.header(remainingValue)
 		hdr["X-Ratelimit-Reset"] = p.header(resetValue)
