@@ -75,7 +75,8 @@ func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms
 	// The timeout is a deadline rather than a context of its own: most
 	// decisions under load share a call (redis_batch.go), whose context
 	// the deadline bounds, and a timer for each request cost more than
-	// its script call did.
+	// its script call did. It is read off the real clock, not r.now,
+	// which tests skew.
 	deadline := time.Now().Add(time.Duration(r.Timeout))
 	err = r.charge(base, deadline, c, keys, reqs, decisions, clock)
 	now = r.now()
