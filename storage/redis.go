@@ -260,27 +260,40 @@ func (r *Redis) Cleanup() error {
 	return nil
 }
 
-// acquire returns the client for one decision and the function that ends
-// the decision. Until this config is cleaned up, and while its decisions
-// run, that is the config's own client. A request of this config that
-// starts deciding after that borrows a client from the pool for its one
-// decision (the one a newer config with the same settings uses, or its
-// own connection), so no request is ever sent to closed connections.
-func (r *Redis) acquire() (*redisClient, func(), error) {
+// acquire returns the client for one decision, which end(own) ends. Until
+// this config is cleaned up, and while its decisions run, that is the
+// config's own client (own is true). A request of this config that starts
+// deciding after that borrows a client from the pool for its one decision
+// (the one a newer config with the same settings uses, or its own
+// connection), so no request is ever sent to closed connections.
+//
+// It returns a flag rather than the function that ends the decision: a
+// method value would be allocated on every decision.
+func (r *Redis) acquire() (c *redisClient, own bool, err error) {
 	if r.lease.inUse.Add(1) < retired {
-		return r.client, r.release, nil
+		return r.client, true, nil
 	}
 	r.release()
 	val, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
 		return newRedisClient(r.opts), nil
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, false, err
 	}
-	return val.(*redisClient), r.deletePoolUse, nil
+	return val.(*redisClient), false, nil
 }
 
-// release ends a decision that acquire started on the config's own client.
+// end ends a decision that acquire started, on the config's own client or
+// on one borrowed from the pool.
+func (r *Redis) end(own bool) {
+	if own {
+		r.release()
+	} else {
+		r.deletePoolUse()
+	}
+}
+
+// release ends a decision on the config's own client.
 func (r *Redis) release() {
 	if r.lease.inUse.Add(-1) == retired {
 		r.detach()

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
 
@@ -196,14 +198,21 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 	for _, t := range takes {
 		zones += len(t.keys)
 	}
-	keys := make([]string, 0, zones)
-	args := make([]any, 1, 1+2*len(takes)+5*zones)
-	args[0] = ""
+	// The command: EVALSHA, the script's hash, the keys, then the clock
+	// and each take's arguments, in one slice.
+	args := make([]any, 3, 3+zones+1+2*len(takes)+5*zones)
+	args[0], args[1], args[2] = "evalsha", takeScript.Hash(), zones
+	for _, t := range takes {
+		for _, k := range t.keys {
+			args = append(args, k)
+		}
+	}
 	if clock != 0 {
-		args[0] = clock
+		args = append(args, clock)
+	} else {
+		args = append(args, "")
 	}
 	for _, t := range takes {
-		keys = append(keys, t.keys...)
 		// Constants, so that making them arguments allocates nothing.
 		if t.charge {
 			args = append(args, "1", len(t.reqs))
@@ -214,7 +223,7 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 			args = append(args, scriptAlgorithm(q.Algorithm), q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost, scriptExtra(q))
 		}
 	}
-	vals, err := takeScript.Run(ctx, c.rdb, keys, args...).Int64Slice()
+	vals, err := evalInts(ctx, c.rdb, takeSource, args)
 	if err == nil && len(vals) != 1+5*zones {
 		err = fmt.Errorf("take script returned %d values for %d zones", len(vals), zones)
 	}
@@ -231,6 +240,25 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 			close(t.done)
 		}
 	}
+}
+
+// evalInts runs the script whose EVALSHA command args holds (with its keys
+// from args[3] on) and reads the reply, an array of integers, as such:
+// go-redis's Script.Run reads it into a []any, boxing every number, and a
+// coalesced take call answers five numbers per decision. A server that
+// does not know the script yet (NOSCRIPT) gets it in full, from src, as
+// Script.Run does.
+func evalInts(ctx context.Context, rdb redis.UniversalClient, src string, args []any) ([]int64, error) {
+	cmd := redis.NewIntSliceCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	_ = rdb.Process(ctx, cmd)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		args[0], args[1] = "eval", src
+		cmd = redis.NewIntSliceCmd(ctx, args...)
+		cmd.SetFirstKeyPos(3)
+		_ = rdb.Process(ctx, cmd)
+	}
+	return cmd.Result()
 }
 
 // scriptAlgorithm names an algorithm as the scripts do, as a script

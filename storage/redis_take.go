@@ -48,11 +48,11 @@ func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms
 		}
 		keys = append(keys, r.counterKey(q.Zone, q.Key))
 	}
-	c, done, err := r.acquire()
+	c, own, err := r.acquire()
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	defer done()
+	defer r.end(own)
 	var clock int64
 	if r.scriptClock != nil {
 		clock = r.scriptClock().UnixMilli()
@@ -307,11 +307,11 @@ func (r *Redis) Release(ctx context.Context, reqs []Request) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	c, done, err := r.acquire()
+	c, own, err := r.acquire()
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	defer done()
+	defer r.end(own)
 	tctx, cancel := context.WithTimeout(ctx, time.Duration(r.Timeout))
 	defer cancel()
 	groups := tagGroups(keys)

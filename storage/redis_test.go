@@ -278,6 +278,26 @@ func TestRedisExpiry(t *testing.T) {
 	}
 }
 
+// TestRedisScriptFlushed: a server that has lost the take script, as after
+// a restart or a failover to a replica that never ran it, is sent the
+// script in full, and every decision is counted once.
+func TestRedisScriptFlushed(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	q := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 10, Window: time.Hour}, Cost: 1}
+	for i := range 3 {
+		if _, err := s.Do("SCRIPT", "FLUSH"); err != nil {
+			t.Fatal(err)
+		}
+		if d := redisTake(t, r, time.Time{}, q); !d[0].Allowed || d[0].Remaining != int64(9-i) {
+			t.Fatalf("take %d after SCRIPT FLUSH: %+v", i, d[0])
+		}
+	}
+	if c, _ := s.Do("HGET", r.counterKey("z", "k"), "c"); c != "3" {
+		t.Fatalf("counts %s, want 3", c)
+	}
+}
+
 func TestRedisRejectedWritesNothing(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Redis), s.URL())
@@ -1234,7 +1254,7 @@ func TestRedisTakeAfterCleanup(t *testing.T) {
 	}
 
 	// A decision in flight across the cleanup: its client stays open.
-	c, done, err := r.acquire()
+	c, own, err := r.acquire()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1248,7 +1268,7 @@ func TestRedisTakeAfterCleanup(t *testing.T) {
 	if err := take(); err != nil {
 		t.Fatalf("take after cleanup: %v", err)
 	}
-	done()
+	r.end(own)
 	if err := c.rdb.Ping(context.Background()).Err(); err == nil {
 		t.Fatal("client still open after the last decision ended")
 	}
