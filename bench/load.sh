@@ -18,6 +18,8 @@
 #   floor             plain Caddy with a no-op middleware (`vars`): the
 #                     least a handler in front of `respond` costs
 #   memory_allowed    rate_limit, memory store, every request allowed
+#   memory_headers_off  memory_allowed with `headers off`: what the four
+#                     X-RateLimit headers cost the response (compare the two)
 #   memory_shed_idle  memory_allowed with a `shed` block that never sheds
 #                     (what an idle load shedder costs; compare the two)
 #   peer_allowed      mholt/caddy-ratelimit, the same zone, every request
@@ -102,6 +104,8 @@ caddyfile() {
 	[[ $1 == memory_many_keys || $1 == bytes ]] && key="{header.X-Key}"
 	local order=""
 	[[ $1 == peer_allowed ]] && order="order rate_limit before basic_auth"
+	local headers=""
+	[[ $1 == memory_headers_off ]] && headers="headers off"
 	local shed=""
 	[[ $1 == memory_shed_idle ]] && shed="shed {
 			priority {header.X-Priority}
@@ -135,6 +139,7 @@ CADDY
 		cat <<CADDY
 	rate_limit {
 		$store
+		$headers
 		$shed
 		zone bench_$1 {
 			key $key
