@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +47,10 @@ type take struct {
 	state atomic.Int32
 	// done, for a queued request, is closed once now, vals and err are set.
 	done chan struct{}
+
+	// same, on the first of the takes a call sends as one entry (see
+	// groupTakes), is how many there are.
+	same int
 
 	now  int64   // the script's clock, in ms
 	vals []int64 // five values per zone (see scripts/take.lua)
@@ -192,18 +197,17 @@ func (c *redisClient) drain(b *batcher) {
 
 // call runs the take script once for takes, whose keys all lie in one
 // slot, and hands each take its part of the answer. A clock of 0 means
-// the server's.
+// the server's. Takes that ask the same (one hot key under load) go to
+// the script as one entry, whose arguments it reads once and whose answer
+// is a few numbers, however many requests it stands for.
 func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
-	zones := 0
-	for _, t := range takes {
-		zones += len(t.keys)
-	}
+	entries, zones := groupTakes(takes)
 	// The command: EVALSHA, the script's hash, the keys, then the clock
-	// and each take's arguments, in one slice.
-	args := make([]any, 3, 3+zones+1+2*len(takes)+5*zones)
+	// and each entry's arguments, in one slice.
+	args := make([]any, 3, 3+zones+1+3*entries+5*zones)
 	args[0], args[1], args[2] = "evalsha", takeScript.Hash(), zones
-	for _, t := range takes {
-		for _, k := range t.keys {
+	for i := 0; i < len(takes); i += takes[i].same {
+		for _, k := range takes[i].keys {
 			args = append(args, k)
 		}
 	}
@@ -212,33 +216,121 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 	} else {
 		args = append(args, "")
 	}
-	for _, t := range takes {
+	for i := 0; i < len(takes); i += takes[i].same {
+		t := takes[i]
 		// Constants, so that making them arguments allocates nothing.
 		if t.charge {
-			args = append(args, "1", len(t.reqs))
+			args = append(args, "1", len(t.reqs), t.same)
 		} else {
-			args = append(args, "0", len(t.reqs))
+			args = append(args, "0", len(t.reqs), t.same)
 		}
 		for _, q := range t.reqs {
 			args = append(args, scriptAlgorithm(q.Algorithm), q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost, scriptExtra(q))
 		}
 	}
 	vals, err := evalInts(ctx, c.rdb, takeSource, args)
-	if err == nil && len(vals) != 1+5*zones {
+	if err == nil && len(vals) != 1+entries+5*zones {
 		err = fmt.Errorf("take script returned %d values for %d zones", len(vals), zones)
 	}
-	next := 1
+	if err == nil {
+		next := 1
+		for i := 0; i < len(takes); i += takes[i].same {
+			t := takes[i]
+			entry := vals[next+1 : next+1+5*len(t.reqs)]
+			replay(takes[i:i+t.same], vals[next], entry, vals[0])
+			next += 1 + len(entry)
+		}
+	}
 	for _, t := range takes {
 		if err != nil {
 			t.err = err
 		} else {
 			t.now = vals[0]
-			t.vals = vals[next : next+5*len(t.reqs)]
-			next += 5 * len(t.reqs)
 		}
 		if t.done != nil {
 			close(t.done)
 		}
+	}
+}
+
+// groupTakes orders takes so that those asking the same (see sameAsk) are
+// next to each other, each key's in the order they came, and sets the
+// first take's same to how many there are from it. It returns how many
+// entries that makes, and how many zones they count.
+func groupTakes(takes []*take) (entries, zones int) {
+	if len(takes) > 1 {
+		slices.SortStableFunc(takes, func(a, b *take) int { return strings.Compare(a.keys[0], b.keys[0]) })
+	}
+	for i := 0; i < len(takes); {
+		end := i + 1
+		for end < len(takes) && sameAsk(takes[i], takes[end]) {
+			end++
+		}
+		takes[i].same = end - i
+		entries++
+		zones += len(takes[i].keys)
+		i = end
+	}
+	return entries, zones
+}
+
+// sameAsk reports whether a and b ask the script the same: the same zones
+// and keys, with the same algorithm, rate and cost. Concurrency requests
+// never do: each holds its units under a name of its own.
+func sameAsk(a, b *take) bool {
+	if a.charge != b.charge || len(a.keys) != len(b.keys) {
+		return false
+	}
+	for i, qa := range a.reqs {
+		qb := b.reqs[i]
+		if a.keys[i] != b.keys[i] || qa.Algorithm != qb.Algorithm || qa.Rate != qb.Rate || qa.Cost != qb.Cost ||
+			qa.Algorithm == algorithms.Concurrency {
+			return false
+		}
+	}
+	return true
+}
+
+// replay hands each of an entry's takes, which ask the same, its part of
+// the script's answer: five values per zone, as the script would have
+// answered it alone (see take.lua). The script answers the counters as
+// they were before the entry, how many of its requests were allowed (the
+// first ones), and each zone's verdict on the first one rejected; what
+// each later request saw is the counters the allowed ones before it left,
+// computed by charging them one after the other as the script did.
+func replay(takes []*take, allowed int64, entry []int64, now int64) {
+	if len(takes) == 1 {
+		takes[0].vals = entry
+		return
+	}
+	lead := takes[0]
+	n := 5 * len(lead.reqs)
+	vals := make([]int64, n*len(takes))
+	for i, t := range takes {
+		v := vals[i*n : (i+1)*n : (i+1)*n]
+		if i == 0 {
+			copy(v, entry)
+		} else {
+			prev := vals[(i-1)*n : i*n]
+			copy(v, prev)
+			if lead.charge && int64(i-1) < allowed {
+				for z, q := range lead.reqs {
+					rate := q.Rate
+					rate.Units = prev[5*z+4]
+					counts := algorithms.Counts{Window: prev[5*z], Current: prev[5*z+1], Previous: prev[5*z+2]}
+					_, counts = algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
+					v[5*z], v[5*z+1], v[5*z+2] = counts.Window, counts.Current, counts.Previous
+				}
+			}
+		}
+		for z := 0; z < n; z += 5 {
+			if int64(i) < allowed {
+				v[z+3] = 1
+			} else {
+				v[z+3] = entry[z+3]
+			}
+		}
+		t.vals = v
 	}
 }
 

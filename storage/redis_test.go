@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/big"
 	"math/rand/v2"
@@ -1390,6 +1391,129 @@ func TestRedisCoalescedCancel(t *testing.T) {
 	}
 	if c, err := s.Do("HGET", r.counterKey("z", "k"), "c"); err != nil || c != "7" {
 		t.Errorf("Redis counts %q (%v), want 7: the cancelled request must not be charged", c, err)
+	}
+}
+
+// TestRedisCallGroupsSameRequests checks that a call which sends requests
+// that ask the same as one entry of the take script (groupTakes) decides
+// each of them, and leaves the counters, exactly as calls of one request
+// each, in the order the call put them in, would. The requests are drawn
+// at random: every algorithm but concurrency (which is never grouped),
+// one or two zones, small limits so that entries run out part way, costs
+// of 0 to 3, counters stored before or not, per-key overrides, decide-only
+// requests, and requests of another cost or key in the same call.
+func TestRedisCallGroupsSameRequests(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	ctx := context.Background()
+	rdb := r.client.rdb
+	rng := rand.New(rand.NewPCG(3, 4))
+	algs := []algorithms.Algorithm{algorithms.SlidingTail, algorithms.FixedWindow, algorithms.GCRA}
+	// counters reads what a key's hash holds, but for the key's name.
+	counters := func(key string) map[string]string {
+		m, err := rdb.HGetAll(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	grouped := 0
+	for i := range 300 {
+		now := vectors.Start.UnixMilli() + rng.Int64N(1e9)
+		zones := 1 + rng.IntN(2)
+		var reqs []Request
+		for range zones {
+			alg := algs[rng.IntN(len(algs))]
+			l := algorithms.Rate{Units: 1 + rng.Int64N(12), Window: time.Duration(1+rng.Int64N(5000)) * time.Millisecond}
+			if alg == algorithms.GCRA {
+				l.Burst = rng.Int64N(2 * l.Units)
+			}
+			reqs = append(reqs, Request{Algorithm: alg, Rate: l, Cost: rng.Int64N(4)})
+		}
+		// Two sets of keys in the same state: one decided by one call,
+		// the other by a call per request.
+		keys := func(set string) []string {
+			var ks []string
+			for z := range zones {
+				ks = append(ks, r.counterKey(fmt.Sprintf("%s%d-%d", set, i, z), "k"))
+			}
+			return ks
+		}
+		one, each := keys("one"), keys("each")
+		for z := range zones {
+			if rng.IntN(2) == 0 {
+				continue // not stored yet
+			}
+			var fields []any
+			w := reqs[z].Rate.Window.Milliseconds()
+			if reqs[z].Algorithm == algorithms.GCRA {
+				fields = []any{"w", now - w + rng.Int64N(2*w), "c", rng.Int64N(reqs[z].Rate.Units), "p", reqs[z].Rate.Units}
+			} else {
+				fields = []any{"w", now/w - rng.Int64N(3), "c", rng.Int64N(reqs[z].Rate.Units + 1), "p", rng.Int64N(reqs[z].Rate.Units + 1)}
+			}
+			fields = append(fields, "t", now+2*w)
+			if rng.IntN(4) == 0 {
+				fields = append(fields, "o", 1+rng.Int64N(12), "ox", 0)
+			}
+			for _, k := range []string{one[z], each[z]} {
+				if err := rdb.HSet(ctx, k, fields...).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		charge := rng.IntN(5) != 0
+		newTake := func(keys []string, reqs []Request) *take {
+			return &take{keys: keys, reqs: reqs, charge: charge}
+		}
+		// The same request m times, and now and then one of another cost
+		// on the same keys, or on keys of its own, in between.
+		var takes []*take
+		other := slices.Clone(reqs)
+		other[0].Cost++
+		m := 1 + rng.IntN(12)
+		for range m {
+			takes = append(takes, newTake(one, reqs))
+			switch rng.IntN(6) {
+			case 0:
+				takes = append(takes, newTake(one, other))
+			case 1:
+				takes = append(takes, newTake(keys(fmt.Sprint("lone", len(takes))), reqs))
+			}
+		}
+		c := r.client
+		c.call(ctx, now, takes)
+		for _, tk := range takes {
+			if tk.same > 1 {
+				grouped++
+			}
+		}
+		// The same requests, in the order the call decided them, one call
+		// each, on the other keys (and on a copy of each lone key).
+		for j, tk := range takes {
+			ks := each
+			if tk.keys[0] != one[0] {
+				ks = nil
+				for _, k := range tk.keys {
+					ks = append(ks, k+":each")
+				}
+			}
+			alone := newTake(ks, tk.reqs)
+			c.call(ctx, now, []*take{alone})
+			if tk.err != nil || alone.err != nil {
+				t.Fatalf("case %d: errors %v, %v", i, tk.err, alone.err)
+			}
+			if !slices.Equal(tk.vals, alone.vals) {
+				t.Fatalf("case %d, request %d of %d (%+v, charge %v):\none call  %v\neach      %v", i, j, len(takes), tk.reqs, charge, tk.vals, alone.vals)
+			}
+		}
+		for z := range zones {
+			if got, want := counters(one[z]), counters(each[z]); !maps.Equal(got, want) {
+				t.Fatalf("case %d, zone %d: counters after one call %v, after a call each %v", i, z, got, want)
+			}
+		}
+	}
+	if grouped < 200 {
+		t.Fatalf("only %d entries stood for more than one request", grouped)
 	}
 }
 

@@ -3,7 +3,7 @@
 -- allows it. Each decision is algorithms.Decide (algorithms/algorithms.go)
 -- in Lua, bit for bit, and sees the charges of the requests before it.
 --
--- KEYS     the counters of each request's zones, request after request: a
+-- KEYS     the counters of each entry's zones, entry after entry: a
 --          hash per zone and key with fields w (window index), c (cost
 --          counted in window w), p (cost counted in window w-1) and t (the
 --          instant, in ms of the script's clock, the key was last set to
@@ -13,8 +13,10 @@
 --          key's expiry is the admin call's to set, not this script's.
 -- ARGV[1]  "" to use the server clock (TIME), or a time in ms since the
 --          epoch; tests drive the shared test vectors with it.
--- Then for each request: "1" to charge its zones when all allow it, "0"
---          to decide only; the number n of its zones; and for each zone:
+-- Then for each entry, which stands for m requests that ask the same (the
+--          same zones, keys and arguments): "1" to charge their zones
+--          when all allow a request, "0" to decide only; the number n of
+--          zones; m; and for each zone:
 --          algorithm ("f" fixed window, "s" sliding tail, "g" gcra, "c"
 --          concurrency), limit, window (ms; for concurrency the lease),
 --          cost, and one more: gcra's burst (0: the limit), concurrency's
@@ -30,9 +32,16 @@
 -- died without releasing) are removed, and their cost taken off c, before
 -- the key is decided.
 --
--- Returns {now, then for each zone of each request: w, c, p as stored
--- before that request (0 when absent), whether the zone alone allows the
--- request (1/0), and the limit it was decided against}.
+-- Returns {now, then for each entry: how many of its m requests were
+-- allowed (they are the first ones: once one is rejected, the rest are
+-- decided against the same counters), and for each zone: w, c, p as
+-- stored before the entry (0 when absent), whether the zone alone allows
+-- the entry's first request not allowed (1/0; 1 when all were), and the
+-- limit it was decided against}. The caller rebuilds what each of the
+-- entry's requests saw by charging them one after the other, as
+-- algorithms.Decide does. An entry for many identical requests (one hot
+-- key under load) costs little more than one for a single request: its
+-- arguments are read once and its answer is six numbers.
 --
 -- Each key is read once and written at most once per call, after all
 -- requests are decided, with the counts they left. Its expiry is set only
@@ -129,17 +138,111 @@ local o = 1
 -- (false if none), and the holders' set of a concurrency key (false for
 -- others). Flat arrays keep the tables per call few.
 local at, s, ns = {}, {}, 0
+-- The current entry's zones, six slots per zone: where its key's counters
+-- are, algorithm, limit, window, cost, and the zone's last argument.
+local zs = {}
 -- What charging the current request would write, six slots per zone:
 -- where its key's counters are, w, c, p and t, and the holder to add
 -- (false if none).
 local pend = {}
 
+-- decide decides one zone of a request against the counters at s[j], as
+-- the requests before it left them. It returns whether the zone allows
+-- the request, and the w, c, p and t that charging it would write, and
+-- the holder to add (false if none).
+local function decide(j, alg, limit, w, cost, extra)
+  local sw, sc, sp = s[j + 1], s[j + 2], s[j + 3]
+  if alg == 'g' then
+    -- GCRA, as algorithms/gcra.go decides it: instants are kept as
+    -- (ms, fraction in 1/limit ms).
+    local burst = tonumber(extra)
+    if burst == 0 then
+      burst = limit
+    end
+    local tms, tf = sw or 0, 0
+    if sp > 0 and sc > 0 then
+      if sp == limit then
+        tf = sc
+      else
+        tf = math.min(muldiv(sc, limit, sp), limit - 1)
+      end
+    end
+    if tms < now then
+      tms, tf = now, 0
+    end
+    if cost > burst then
+      return false
+    end
+    local bq, br = muldiv(burst, w, limit)
+    local fms, ff = now + bq, br -- now + burst*T
+    local cq, cr = muldiv(cost, w, limit)
+    local nms, nf = tms + cq, tf + cr
+    if nf >= limit then
+      nms, nf = nms + 1, nf - limit
+    end
+    -- The key matters until its TAT, when its bucket is full again.
+    return nms < fms or (nms == fms and nf <= ff), nms, nf, limit, nms + 1, false
+  elseif alg == 'c' then
+    return sc + cost <= limit, 0, sc + cost, 0, now + w, extra
+  end
+
+  -- The window index floor(now/w), corrected in case the division rounded.
+  local idx = math.floor(now / w)
+  if idx * w > now then
+    idx = idx - 1
+  elseif (idx + 1) * w <= now then
+    idx = idx + 1
+  end
+  local elapsed = now - idx * w
+
+  -- Counts written in a later window than the clock says (it stepped
+  -- back): decide as of the start of their window rather than forget them.
+  if sw and sw > idx then
+    idx = sw
+    elapsed = 0
+  end
+
+  -- Roll the stored counts forward to window idx.
+  local cur, prev = 0, 0
+  if sw == idx then
+    cur, prev = sc, sp
+  elseif sw == idx - 1 then
+    prev = sc
+  end
+
+  local ok
+  local room = limit - cost - cur
+  if room < 0 then
+    ok = false
+  elseif alg == 's' and prev > 0 then
+    -- floor(prev*(w-elapsed)/w) <= room  <=>  prev*(w-elapsed) < (room+1)*w.
+    -- A product computed below 2^53 is exact; only larger ones need limbs.
+    local x, y = prev * (w - elapsed), (room + 1) * w
+    if x < EXACT and y < EXACT then
+      ok = x < y
+    else
+      ok = less(mul(prev, w - elapsed), mul(room + 1, w))
+    end
+  else
+    ok = true
+  end
+
+  -- The counters matter until the next window ends: a sliding tail
+  -- weighs them as its previous window, and for either algorithm the
+  -- first charge in the next window reports what they came to (the
+  -- period usage metric). Both stores keep them that long.
+  return ok, idx, cur + cost, prev, now + (w - elapsed + w), false
+end
+
 local k, a = 0, 2
 while a <= #ARGV do
   local charge = ARGV[a] == '1'
   local n = tonumber(ARGV[a + 1])
-  a = a + 2
-  local all = true
+  local m = tonumber(ARGV[a + 2])
+  a = a + 3
+  -- out[first] will be how many of the entry's m requests were allowed.
+  local first = o + 1
+  o = first
   for z = 0, n - 1 do
     k = k + 1
     local key = KEYS[k]
@@ -167,8 +270,8 @@ while a <= #ARGV do
         local ended = redis.call('ZRANGEBYSCORE', hk, '-inf', now)
         if #ended > 0 then
           local gone = 0
-          for _, m in ipairs(ended) do
-            gone = gone + (tonumber(string.match(m, '/(%d+)$')) or 0)
+          for _, mem in ipairs(ended) do
+            gone = gone + (tonumber(string.match(mem, '/(%d+)$')) or 0)
           end
           redis.call('ZREMRANGEBYSCORE', hk, '-inf', now)
           -- Written back with at least a lease to live, so that a hash
@@ -183,106 +286,40 @@ while a <= #ARGV do
         end
       end
     end
-
-    local sliding = alg == 's'
-    local limit = s[j + 6] or tonumber(ARGV[a + 1])
-    local w = tonumber(ARGV[a + 2])
-    local cost = tonumber(ARGV[a + 3])
-    local extra = ARGV[a + 4]
-    a = a + 5
-    local sw, sc, sp = s[j + 1], s[j + 2], s[j + 3]
-    local ok, pw, pc, pp, pt, holder
-
-    if alg == 'g' then
-      -- GCRA, as algorithms/gcra.go decides it: instants are kept as
-      -- (ms, fraction in 1/limit ms).
-      local burst = tonumber(extra)
-      if burst == 0 then
-        burst = limit
-      end
-      local tms, tf = sw or 0, 0
-      if sp > 0 and sc > 0 then
-        if sp == limit then
-          tf = sc
-        else
-          tf = math.min(muldiv(sc, limit, sp), limit - 1)
-        end
-      end
-      if tms < now then
-        tms, tf = now, 0
-      end
-      local bq, br = muldiv(burst, w, limit)
-      local fms, ff = now + bq, br -- now + burst*T
-      ok = cost <= burst
-      if ok then
-        local cq, cr = muldiv(cost, w, limit)
-        local nms, nf = tms + cq, tf + cr
-        if nf >= limit then
-          nms, nf = nms + 1, nf - limit
-        end
-        ok = nms < fms or (nms == fms and nf <= ff)
-        -- The key matters until its TAT, when its bucket is full again.
-        pw, pc, pp, pt = nms, nf, limit, nms + 1
-      end
-    elseif alg == 'c' then
-      ok = sc + cost <= limit
-      pw, pc, pp, pt, holder = 0, sc + cost, 0, now + w, extra
-    else
-      -- The window index floor(now/w), corrected in case the division rounded.
-      local idx = math.floor(now / w)
-      if idx * w > now then
-        idx = idx - 1
-      elseif (idx + 1) * w <= now then
-        idx = idx + 1
-      end
-      local elapsed = now - idx * w
-
-      -- Counts written in a later window than the clock says (it stepped
-      -- back): decide as of the start of their window rather than forget them.
-      if sw and sw > idx then
-        idx = sw
-        elapsed = 0
-      end
-
-      -- Roll the stored counts forward to window idx.
-      local cur, prev = 0, 0
-      if sw == idx then
-        cur, prev = sc, sp
-      elseif sw == idx - 1 then
-        prev = sc
-      end
-
-      local room = limit - cost - cur
-      if room < 0 then
-        ok = false
-      elseif sliding and prev > 0 then
-        -- floor(prev*(w-elapsed)/w) <= room  <=>  prev*(w-elapsed) < (room+1)*w.
-        -- A product computed below 2^53 is exact; only larger ones need limbs.
-        local x, y = prev * (w - elapsed), (room + 1) * w
-        if x < EXACT and y < EXACT then
-          ok = x < y
-        else
-          ok = less(mul(prev, w - elapsed), mul(room + 1, w))
-        end
-      else
-        ok = true
-      end
-
-      -- The counters matter until the next window ends: a sliding tail
-      -- weighs them as its previous window, and for either algorithm the
-      -- first charge in the next window reports what they came to (the
-      -- period usage metric). Both stores keep them that long.
-      pw, pc, pp, pt = idx, cur + cost, prev, now + (w - elapsed + w)
-    end
-
-    all = all and ok
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = sw or 0, sc, sp, ok and 1 or 0, limit
-    o = o + 5
     local z6 = 6 * z
-    pend[z6 + 1], pend[z6 + 2], pend[z6 + 3], pend[z6 + 4], pend[z6 + 5], pend[z6 + 6] = j, pw, pc, pp, pt, holder or false
+    local limit = s[j + 6] or tonumber(ARGV[a + 1])
+    zs[z6 + 1], zs[z6 + 2], zs[z6 + 3], zs[z6 + 4], zs[z6 + 5], zs[z6 + 6] =
+      j, alg, limit, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4]
+    -- The zone's counters as stored before the entry, and its limit; the
+    -- verdict (o + 4) is set below.
+    out[o + 1], out[o + 2], out[o + 3], out[o + 5] = s[j + 1] or 0, s[j + 2], s[j + 3], limit
+    o = o + 5
+    a = a + 5
   end
 
-  if all and charge then
+  -- The entry's requests, one after the other. Each sees the charges of
+  -- the ones before it; once one is rejected, the rest would be decided
+  -- against the same counters, and are rejected too.
+  local allowed = 0
+  for _ = 1, m do
+    local all = true
+    for z = 0, n - 1 do
+      local z6 = 6 * z
+      local j = zs[z6 + 1]
+      local ok, pw, pc, pp, pt, holder = decide(j, zs[z6 + 2], zs[z6 + 3], zs[z6 + 4], zs[z6 + 5], zs[z6 + 6])
+      out[first + 5 * z + 4] = ok and 1 or 0
+      all = all and ok
+      pend[z6 + 1], pend[z6 + 2], pend[z6 + 3], pend[z6 + 4], pend[z6 + 5], pend[z6 + 6] = j, pw, pc, pp, pt, holder
+    end
+    if not all then
+      break
+    end
+    if not charge then
+      -- Nothing changes: every one of them is allowed.
+      allowed = m
+      break
+    end
+    allowed = allowed + 1
     for z6 = 0, 6 * (n - 1), 6 do
       local j = pend[z6 + 1]
       s[j + 1], s[j + 2], s[j + 3] = pend[z6 + 2], pend[z6 + 3], pend[z6 + 4]
@@ -296,6 +333,7 @@ while a <= #ARGV do
       end
     end
   end
+  out[first] = allowed
 end
 
 for j = 1, ns, 8 do
