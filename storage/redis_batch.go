@@ -103,8 +103,10 @@ func keySlot(key string) int {
 
 // take decides t: in a call of its own if none is in flight for its slot,
 // else in the next call, with the requests that queue meanwhile. It
-// returns when t is decided, fails or ctx ends; a request whose context
-// ends, or whose deadline passes, before a call picks it up is never sent.
+// returns when t is decided or fails, or when ctx ends: at once if no
+// call has picked t up yet, and then t is never sent (nor is it if its
+// deadline passes first); else once that call has answered, since the
+// call reads t's requests until then.
 //
 // A queued request needs no timer of its own to keep its deadline: each
 // call is bounded by the earliest deadline among its requests, and every
@@ -122,9 +124,13 @@ func (c *redisClient) take(ctx context.Context, t *take) error {
 		case <-t.done:
 			return t.err
 		case <-ctx.Done():
-			// Sent or not, the decision is given up; only a request
-			// never sent is known to be uncharged.
-			t.state.CompareAndSwap(takeWaiting, takeAbandoned)
+			// The decision is given up; only a request never sent is
+			// known to be uncharged. One sent is read by its call (t.reqs
+			// is the caller's, reused once Take returns) until the call
+			// has answered, which its deadline bounds.
+			if !t.state.CompareAndSwap(takeWaiting, takeAbandoned) {
+				<-t.done
+			}
 			return ctx.Err()
 		}
 	}

@@ -1400,8 +1400,9 @@ func TestRedisCoalescedCancel(t *testing.T) {
 // each, in the order the call put them in, would. The requests are drawn
 // at random: every algorithm but concurrency (which is never grouped),
 // one or two zones, small limits so that entries run out part way, costs
-// of 0 to 3, counters stored before or not, per-key overrides, decide-only
-// requests, and requests of another cost or key in the same call.
+// of 0 to 3 (1 to 3 for gcra), counters stored before or not, per-key
+// overrides, decide-only requests, and requests of another cost or key in
+// the same call.
 func TestRedisCallGroupsSameRequests(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Redis), s.URL())
@@ -1424,18 +1425,24 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 		var reqs []Request
 		for range zones {
 			alg := algs[rng.IntN(len(algs))]
-			l := algorithms.Rate{Units: 1 + rng.Int64N(12), Window: time.Duration(1+rng.Int64N(5000)) * time.Millisecond}
+			// Windows of 10 s or more, and gcra costs of 1 or more, keep
+			// what the script writes for longer than the test runs: it
+			// compares what is stored, and a key written to expire in a
+			// millisecond (a gcra request of cost 0) may be gone.
+			l := algorithms.Rate{Units: 1 + rng.Int64N(12), Window: time.Duration(1e4+rng.Int64N(36e5)) * time.Millisecond}
+			cost := rng.Int64N(4)
 			if alg == algorithms.GCRA {
 				l.Burst = rng.Int64N(2 * l.Units)
+				cost = 1 + rng.Int64N(3)
 			}
-			reqs = append(reqs, Request{Algorithm: alg, Rate: l, Cost: rng.Int64N(4)})
+			reqs = append(reqs, Request{Algorithm: alg, Rate: l, Cost: cost})
 		}
 		// Two sets of keys in the same state: one decided by one call,
 		// the other by a call per request.
 		keys := func(set string) []string {
 			var ks []string
 			for z := range zones {
-				ks = append(ks, r.counterKey(fmt.Sprintf("%s%d-%d", set, i, z), "k"))
+				ks = append(ks, r.counterKey(fmt.Sprintf("%s.%d.%d", set, i, z), "k"))
 			}
 			return ks
 		}
@@ -1576,5 +1583,98 @@ func TestRedisCoalescedDeadline(t *testing.T) {
 	}
 	if err := s.Resume(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRedisSentRequestHeldUntilAnswered checks that a request whose context
+// ends after a call has picked it up returns only once that call has
+// answered. The call reads the request's arguments until then (to answer
+// an entry of requests that ask the same, after the reply), and the
+// handler reuses them, a pooled slice, as soon as Take returns: returning
+// at once let a call read another request's arguments, or zeros (a window
+// of 0 then divided by zero in the load test).
+func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Hour)}, s.URL())
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 100, Window: time.Hour}, Cost: 1}
+	redisTake(t, r, time.Time{}, req) // connect and load the script: c = 1
+	key := r.counterKey("z", "k")
+	b := r.client.batcher(key)
+	until := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting until %s", what)
+			}
+		}
+	}
+	queued := func(n int) func() bool {
+		return func() bool {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return len(b.waiting) == n
+		}
+	}
+	// As if a call were in flight, so that both requests queue, the one
+	// whose client goes away first.
+	b.mu.Lock()
+	b.busy = true
+	b.mu.Unlock()
+	newTake := func() *take {
+		return &take{keys: []string{key}, reqs: []Request{req}, charge: true, deadline: time.Now().Add(time.Hour)}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	gone, stays := newTake(), newTake()
+	type result struct {
+		err      error
+		answered bool
+	}
+	goneDone := make(chan result, 1)
+	go func() {
+		err := r.client.take(ctx, gone)
+		var res result
+		select {
+		case <-gone.done:
+			res.answered = true
+		default:
+		}
+		res.err = err
+		clear(gone.reqs) // as the handler's pool does once Take returns
+		goneDone <- res
+	}()
+	until("the first request queues", queued(1))
+	staysDone := make(chan error, 1)
+	go func() { staysDone <- r.client.take(context.Background(), stays) }()
+	until("the second request queues", queued(2))
+
+	// One call picks both up, as one entry, and waits for a paused Redis.
+	if err := s.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	go r.client.drain(b)
+	until("a call picks both up", func() bool {
+		return gone.state.Load() == takeSent && stays.state.Load() == takeSent
+	})
+	cancel()
+	if err := s.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	res := <-goneDone
+	if !errors.Is(res.err, context.Canceled) {
+		t.Errorf("request whose client went away: %v, want %v", res.err, context.Canceled)
+	}
+	if !res.answered {
+		t.Error("a request whose client went away returned while its call was in flight")
+	}
+	if err := <-staysDone; err != nil {
+		t.Fatalf("the other request: %v", err)
+	}
+	// It is decided after the one whose client went away, which was sent
+	// and so charged: it saw a count of 2.
+	if want := []int64{stays.vals[0], 2, 0, 1, 100}; !slices.Equal(stays.vals, want) {
+		t.Errorf("the other request saw %v, want %v", stays.vals, want)
+	}
+	if c, err := s.Do("HGET", key, "c"); err != nil || c != "3" {
+		t.Errorf("Redis counts %q (%v), want 3", c, err)
 	}
 }
