@@ -1,9 +1,11 @@
 package ratelimit
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -582,4 +585,65 @@ func TestRedisFleetExact(t *testing.T) {
 			t.Fatalf("master holds %q (%v), want 30", n, err)
 		}
 	})
+}
+
+// TestRedisClientsGoingAway sends 3,000 requests for one key through Caddy
+// with the Redis store, 32 at a time, and gives up a third of them after a
+// random 0 to 3 ms, as clients going away under load do. They give up
+// while queued for a shared script call, while it is in flight and after
+// it answered. Caddy must stay up (a request's arguments are read by its
+// call until it answers; see TestRedisSentRequestHeldUntilAnswered in
+// storage), every request answered 200 must be counted, and no more than
+// were sent.
+func TestRedisClientsGoingAway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sends 3,000 requests")
+	}
+	s := redistest.Standalone(t)
+	startCaddy(t, redisSite("address "+s.URL(), 1000000, ""))
+	const sent = 3000
+	var served atomic.Int64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	hc := &http.Client{Timeout: 60 * time.Second}
+	for w := range 32 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 9))
+			for i := next.Add(1); i <= sent; i = next.Add(1) {
+				ctx, cancel := context.WithCancel(context.Background())
+				if rng.IntN(3) == 0 {
+					ctx, cancel = context.WithTimeout(context.Background(), time.Duration(rng.IntN(3000))*time.Microsecond)
+				}
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, siteURL+"/", nil)
+				req.Header.Set("X-Client", "away")
+				if resp, err := hc.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusOK {
+						served.Add(1)
+					}
+				}
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	if code, _ := redisGet(t, "after"); code != http.StatusOK {
+		t.Fatalf("after the clients went away: %d, want 200", code)
+	}
+	// The window is an hour: if it rolled during the test, p holds what
+	// was counted before.
+	var counted int64
+	for _, f := range []string{"c", "p"} {
+		v, err := s.Do("HGET", "rl:{away}:per_client", f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		counted += n
+	}
+	if counted < served.Load() || counted > sent {
+		t.Fatalf("Redis counted %d requests; %d were answered 200 and %d sent", counted, served.Load(), sent)
+	}
+	t.Logf("%d sent, %d answered 200, %d counted", sent, served.Load(), counted)
 }
