@@ -321,19 +321,16 @@ func replay(takes []*take, allowed int64, entry []int64, now int64) {
 			copy(v, prev)
 			if lead.charge && int64(i-1) < allowed {
 				for z, q := range lead.reqs {
-					rate := q.Rate
-					rate.Units = prev[5*z+4]
-					counts := algorithms.Counts{Window: prev[5*z], Current: prev[5*z+1], Previous: prev[5*z+2]}
-					_, counts = algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
+					_, counts := decideAgain(q, prev[5*z:], now)
 					v[5*z], v[5*z+1], v[5*z+2] = counts.Window, counts.Current, counts.Previous
 				}
 			}
 		}
-		for z := 0; z < n; z += 5 {
+		for z := range lead.reqs {
 			if int64(i) < allowed {
-				v[z+3] = 1
+				v[5*z+3] = 1
 			} else {
-				v[z+3] = entry[z+3]
+				v[5*z+3] = entry[5*z+3]
 			}
 		}
 		t.vals = v
@@ -343,7 +340,7 @@ func replay(takes []*take, allowed int64, entry []int64, now int64) {
 // evalInts runs the script whose EVALSHA command args holds (with its keys
 // from args[3] on) and reads the reply, an array of integers, as such:
 // go-redis's Script.Run reads it into a []any, boxing every number, and a
-// coalesced take call answers five numbers per decision. A server that
+// coalesced take call answers several numbers per entry. A server that
 // does not know the script yet (NOSCRIPT) gets it in full, from src, as
 // Script.Run does.
 func evalInts(ctx context.Context, rdb redis.UniversalClient, src string, args []any) ([]int64, error) {

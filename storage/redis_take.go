@@ -250,11 +250,7 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 	}
 	for i, q := range reqs {
 		v := t.vals[5*i:]
-		counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
-		// The limit the script used: the request's, or a per-key override.
-		rate := q.Rate
-		rate.Units = v[4]
-		d, _ := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(serverNow), rate, q.Cost)
+		d, _ := decideAgain(q, v, serverNow)
 		// The script's verdict is what was written; it equals Decide's by
 		// construction (and by test), but the store must report what it did.
 		d.Allowed = v[3] == 1
@@ -265,6 +261,17 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 		decisions[i] = d
 	}
 	return serverNow, nil
+}
+
+// decideAgain runs algorithms.Decide, as the take script did, for one zone
+// of q at now (ms of the script's clock), from v, that zone's five values
+// in the script's answer (see take.lua): the counters as stored before q,
+// and the limit the script used, the request's or a per-key override.
+func decideAgain(q Request, v []int64, now int64) (algorithms.Decision, algorithms.Counts) {
+	counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
+	rate := q.Rate
+	rate.Units = v[4]
+	return algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
 }
 
 // takesUnits reports whether reqs hold concurrency units once charged.
