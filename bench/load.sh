@@ -191,9 +191,20 @@ run() {
 	cpu0=$(cpu_ticks "$pid")
 	[[ -n $redis_pid ]] && rcpu0=$(cpu_ticks "$redis_pid")
 	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "${script[@]}" "http://127.0.0.1:$port/" >"$OUT/$file.wrk" 2>&1
+	if ! kill -0 "$pid" 2>/dev/null; then
+		echo "case $name: Caddy exited during the run; see $OUT/$file.log" >&2
+		return 1
+	fi
 	cpu1=$(cpu_ticks "$pid")
 	[[ -n $redis_pid ]] && rcpu1=$(cpu_ticks "$redis_pid")
-	kill "$pid"; wait "$pid" 2>/dev/null || true
+	kill "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+	# A panic as wrk closes its connections ends Caddy after the numbers
+	# were read; it is a failure all the same.
+	if grep -q '^panic:' "$OUT/$file.log"; then
+		echo "case $name: Caddy panicked; see $OUT/$file.log" >&2
+		return 1
+	fi
 	awk -v c="$((cpu1 - cpu0))" -v r="$((rcpu1 - rcpu0))" -v hz="$(getconf CLK_TCK)" '
 		/^Requests\/sec:/ {rps = $2}
 		/requests in/ {n = $1}
