@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,8 +23,9 @@ import (
 // one more request in the same call does (see scripts/take.lua), besides
 // the round trip and the system calls on both ends. So while a call is in
 // flight for a slot, the requests for that slot queue, and the next call
-// decides them all. A request that finds no call in flight is sent at
-// once, on its own goroutine and context: nothing ever waits for a timer.
+// decides them all. A request that finds no call in flight sends the next
+// call on its own goroutine, once the goroutines ready to run have had
+// their turn (see take): nothing ever waits for a timer.
 //
 // go-redis's AutoPipeliner was measured too: it shares the round trip but
 // still runs one script per request, and it runs queued commands on its own
@@ -101,10 +103,16 @@ func keySlot(key string) int {
 	return int(crc) % clusterSlots
 }
 
-// take decides t: in a call of its own if none is in flight for its slot,
-// else in the next call, with the requests that queue meanwhile. It
-// returns when t is decided or fails, or when ctx ends: at once if no
-// call has picked t up yet, and then t is never sent (nor is it if its
+// take decides t in the next call for its slot. If a call is in flight, t
+// queues for the call after it, with the requests that queue meanwhile.
+// If not, t leads the next call: it first yields to the goroutines that
+// are ready to run, so that requests already on their way (the rest of a
+// burst read off the network together) queue and join t's call, rather
+// than wait for a call of t alone and then go in another. On an idle
+// server the yield returns at once: nothing waits for a timer.
+//
+// take returns when t is decided or fails, or when ctx ends: at once if
+// no call has picked t up yet, and then t is never sent (nor is it if its
 // deadline passes first); else once that call has answered, since the
 // call reads t's requests until then.
 //
@@ -115,10 +123,10 @@ func keySlot(key string) int {
 // deadline comes no later than t's.
 func (c *redisClient) take(ctx context.Context, t *take) error {
 	b := c.batcher(t.keys[0])
+	t.done = make(chan struct{})
 	b.mu.Lock()
+	b.waiting = append(b.waiting, t)
 	if b.busy {
-		t.done = make(chan struct{})
-		b.waiting = append(b.waiting, t)
 		b.mu.Unlock()
 		select {
 		case <-t.done:
@@ -136,7 +144,8 @@ func (c *redisClient) take(ctx context.Context, t *take) error {
 	}
 	b.busy = true
 	b.mu.Unlock()
-	c.callAlone(ctx, 0, t)
+	runtime.Gosched()
+	c.sendQueued(b) // t is first in the queue, so this call decides it
 	b.mu.Lock()
 	if len(b.waiting) == 0 {
 		b.busy = false
@@ -155,50 +164,56 @@ func (c *redisClient) callAlone(ctx context.Context, clock int64, t *take) {
 }
 
 // drain decides the queued requests of b, a call at a time, until none
-// are left. Each call runs until the earliest deadline among its
-// requests, so that none waits past its own; a request whose deadline has
-// passed while it queued fails without being sent.
+// are left, and then marks b idle.
 func (c *redisClient) drain(b *batcher) {
-	for {
-		b.mu.Lock()
-		batch := b.waiting
-		if len(batch) > maxBatch {
-			b.waiting = slices.Clone(batch[maxBatch:])
-			batch = batch[:maxBatch]
-		} else {
-			b.waiting = nil
-		}
-		if len(batch) == 0 {
-			b.busy = false
-			b.mu.Unlock()
-			return
-		}
-		b.mu.Unlock()
+	for c.sendQueued(b) {
+	}
+}
 
-		live := batch[:0]
-		var deadline time.Time
-		now := time.Now()
-		for _, t := range batch {
-			if !t.state.CompareAndSwap(takeWaiting, takeSent) {
-				continue
-			}
-			if !now.Before(t.deadline) {
-				t.err = context.DeadlineExceeded
-				close(t.done)
-				continue
-			}
-			live = append(live, t)
-			if deadline.IsZero() || t.deadline.Before(deadline) {
-				deadline = t.deadline
-			}
-		}
-		if len(live) == 0 {
+// sendQueued decides up to maxBatch of the requests queued in b, the
+// first ones, in one call. The call runs until the earliest deadline
+// among them, so that none waits past its own; a request whose deadline
+// has passed while it queued fails without being sent, and one given up
+// is left out. It reports false, and marks b idle, if none were queued.
+func (c *redisClient) sendQueued(b *batcher) bool {
+	b.mu.Lock()
+	batch := b.waiting
+	if len(batch) > maxBatch {
+		b.waiting = slices.Clone(batch[maxBatch:])
+		batch = batch[:maxBatch]
+	} else {
+		b.waiting = nil
+	}
+	if len(batch) == 0 {
+		b.busy = false
+		b.mu.Unlock()
+		return false
+	}
+	b.mu.Unlock()
+
+	live := batch[:0]
+	var deadline time.Time
+	now := time.Now()
+	for _, t := range batch {
+		if !t.state.CompareAndSwap(takeWaiting, takeSent) {
 			continue
 		}
+		if !now.Before(t.deadline) {
+			t.err = context.DeadlineExceeded
+			close(t.done)
+			continue
+		}
+		live = append(live, t)
+		if deadline.IsZero() || t.deadline.Before(deadline) {
+			deadline = t.deadline
+		}
+	}
+	if len(live) > 0 {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		c.call(ctx, 0, live)
 		cancel()
 	}
+	return true
 }
 
 // call runs the take script once for takes, whose keys all lie in one

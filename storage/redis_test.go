@@ -1362,7 +1362,8 @@ func TestRedisCoalescedCancel(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 6)
 	wg.Go(func() { errs <- take(context.Background()) }) // the call in flight
-	waitFor("a call in flight", func() bool { return b.busy })
+	// Its call has taken the queue, the request alone.
+	waitFor("a call in flight", func() bool { return b.busy && len(b.waiting) == 0 })
 	ctx, cancel := context.WithCancel(context.Background())
 	cancelled := make(chan error, 1)
 	go func() { cancelled <- take(ctx) }()
