@@ -5,7 +5,8 @@
 # version, then runs wrk against each case, interleaved, ROUNDS times (each
 # round in a rotated order), and prints the median requests/s of each case
 # and its ratio to plain Caddy, and the median CPU time Caddy (and Redis)
-# spent per request, with Caddy's ratio to plain Caddy's.
+# spent per request, with Caddy's ratio to plain Caddy's, and for Redis how
+# many requests a take script call decided on average.
 #
 #   bash bench/load.sh                  # all cases, 3 rounds of 10 s
 #   ROUNDS=5 DURATION=20s bash bench/load.sh
@@ -158,7 +159,8 @@ CADDY
 }
 
 # run CASE prints the requests/s wrk measured for one case, then the CPU
-# time Caddy spent per request in µs, then Redis's (0 without Redis).
+# time Caddy spent per request in µs, then Redis's (0 without Redis), then
+# how many requests a take script call decided on average (0 without Redis).
 # CASE@REV runs CASE on this Caddy as built at git revision REV.
 run() {
 	local name=$1 kase=${1%@*} port bin
@@ -187,16 +189,16 @@ run() {
 	[[ $kase == memory_many_keys ]] && script=(-s "$OUT/many_keys.lua")
 	local redis_pid=""
 	[[ $kase == redis_* ]] && redis_pid=$REDIS_PID
-	local cpu0 rcpu0=0 cpu1 rcpu1=0
+	local cpu0 rcpu0=0 cpu1 rcpu1=0 calls0=0 calls1=0
 	cpu0=$(cpu_ticks "$pid")
-	[[ -n $redis_pid ]] && rcpu0=$(cpu_ticks "$redis_pid")
+	[[ -n $redis_pid ]] && rcpu0=$(cpu_ticks "$redis_pid") calls0=$(script_calls)
 	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "${script[@]}" "http://127.0.0.1:$port/" >"$OUT/$file.wrk" 2>&1
 	if ! kill -0 "$pid" 2>/dev/null; then
 		echo "case $name: Caddy exited during the run; see $OUT/$file.log" >&2
 		return 1
 	fi
 	cpu1=$(cpu_ticks "$pid")
-	[[ -n $redis_pid ]] && rcpu1=$(cpu_ticks "$redis_pid")
+	[[ -n $redis_pid ]] && rcpu1=$(cpu_ticks "$redis_pid") calls1=$(script_calls)
 	kill "$pid" 2>/dev/null || true
 	wait "$pid" 2>/dev/null || true
 	# A panic as wrk closes its connections ends Caddy after the numbers
@@ -205,10 +207,17 @@ run() {
 		echo "case $name: Caddy panicked; see $OUT/$file.log" >&2
 		return 1
 	fi
-	awk -v c="$((cpu1 - cpu0))" -v r="$((rcpu1 - rcpu0))" -v hz="$(getconf CLK_TCK)" '
+	awk -v c="$((cpu1 - cpu0))" -v r="$((rcpu1 - rcpu0))" -v calls="$((calls1 - calls0))" -v hz="$(getconf CLK_TCK)" '
 		/^Requests\/sec:/ {rps = $2}
 		/requests in/ {n = $1}
-		END {printf "%s %.1f %.1f\n", rps, c / hz / n * 1e6, r / hz / n * 1e6}' "$OUT/$file.wrk"
+		END {printf "%s %.1f %.1f %.1f\n", rps, c / hz / n * 1e6, r / hz / n * 1e6, calls ? n / calls : 0}' "$OUT/$file.wrk"
+}
+
+# script_calls prints how many EVALSHA and EVAL calls the Redis server has
+# run; a rejected request answered from the deny cache makes none.
+script_calls() {
+	redis-cli -p "$REDIS_PORT" info commandstats |
+		awk -F'[:,=]' '/^cmdstat_eval(sha)?:/ {n += $3} END {print n + 0}'
 }
 
 # Cases named CASE@REV: this Caddy built at each git revision REV, from a
@@ -237,16 +246,17 @@ LUA
 # Each round starts one case later than the one before, so that no case
 # always runs first or always follows the same one: on a shared VM, where a
 # case runs in the round showed in its figure.
-declare -A RESULTS CPU RCPU
+declare -A RESULTS CPU RCPU PERCALL
 read -ra ORDER <<<"$CASES"
 for round in $(seq "$ROUNDS"); do
 	shift=$(((round - 1) % ${#ORDER[@]}))
 	for c in "${ORDER[@]:shift}" "${ORDER[@]:0:shift}"; do
-		read -r rps cpu rcpu < <(run "$c")
-		echo "round $round  $c  $rps req/s  Caddy $cpu µs/request  Redis $rcpu µs/request" >&2
+		read -r rps cpu rcpu percall < <(run "$c")
+		echo "round $round  $c  $rps req/s  Caddy $cpu µs/request  Redis $rcpu µs/request  $percall requests/call" >&2
 		RESULTS[$c]+="$rps "
 		CPU[$c]+="$cpu "
 		RCPU[$c]+="$rcpu "
+		PERCALL[$c]+="$percall "
 	done
 done
 
@@ -260,18 +270,21 @@ fi
 # Throughput on a shared VM moves with its neighbours; the CPU Caddy spends
 # per request moves much less, so both are shown: the second ratio is plain
 # Caddy's CPU per request over the case's (above 1 is cheaper than plain).
-printf '\n%-18s %12s %9s %12s %9s %12s   %s\n' case "median req/s" "vs plain" "Caddy µs/req" "vs plain" "Redis µs/req" "runs (req/s)"
+printf '\n%-18s %12s %9s %12s %9s %12s %9s   %s\n' case "median req/s" "vs plain" "Caddy µs/req" "vs plain" "Redis µs/req" "req/call" "runs (req/s)"
 for c in $CASES; do
 	m=$(echo "${RESULTS[$c]}" | median)
 	cpu=$(echo "${CPU[$c]}" | median)
 	rcpu=$(echo "${RCPU[$c]}" | median)
+	percall=$(echo "${PERCALL[$c]}" | median)
 	ratio="-" cpu_ratio="-"
 	if [[ -n $plain ]]; then
 		ratio=$(awk -v a="$m" -v b="$plain" 'BEGIN {printf "%.3f", a/b}')
 		cpu_ratio=$(awk -v a="$cpu" -v b="$plain_cpu" 'BEGIN {printf "%.3f", b/a}')
 	fi
 	[[ ${c%@*} == redis_* ]] || rcpu="-"
-	printf '%-18s %12s %9s %12s %9s %12s   %s\n' "$c" "$m" "$ratio" "$cpu" "$cpu_ratio" "$rcpu" "${RESULTS[$c]}"
+	# No calls at all: not a Redis case, or one the deny cache answered.
+	[[ $percall == 0 || $percall == 0.0* ]] && percall="-"
+	printf '%-18s %12s %9s %12s %9s %12s %9s   %s\n' "$c" "$m" "$ratio" "$cpu" "$cpu_ratio" "$rcpu" "$percall" "${RESULTS[$c]}"
 done
 if [[ -n ${RESULTS[memory_allowed]:-} && -n ${RESULTS[memory_shed_idle]:-} ]]; then
 	printf '\nidle shed block: memory_shed_idle / memory_allowed = %s\n' \
