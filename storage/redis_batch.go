@@ -24,8 +24,8 @@ import (
 // the round trip and the system calls on both ends. So while a call is in
 // flight for a slot, the requests for that slot queue, and the next call
 // decides them all. A request that finds no call in flight sends the next
-// call on its own goroutine, once the goroutines ready to run have had
-// their turn (see take): nothing ever waits for a timer.
+// call on its own goroutine. Each call is sent once the goroutines ready
+// to run have had their turn (see sendQueued): nothing waits for a timer.
 //
 // go-redis's AutoPipeliner was measured too: it shares the round trip but
 // still runs one script per request, and it runs queued commands on its own
@@ -104,12 +104,8 @@ func keySlot(key string) int {
 }
 
 // take decides t in the next call for its slot. If a call is in flight, t
-// queues for the call after it, with the requests that queue meanwhile.
-// If not, t leads the next call: it first yields to the goroutines that
-// are ready to run, so that requests already on their way (the rest of a
-// burst read off the network together) queue and join t's call, rather
-// than wait for a call of t alone and then go in another. On an idle
-// server the yield returns at once: nothing waits for a timer.
+// queues for the call after it, with the requests that queue meanwhile;
+// if not, t's goroutine sends the next call itself (see sendQueued).
 //
 // take returns when t is decided or fails, or when ctx ends: at once if
 // no call has picked t up yet, and then t is never sent (nor is it if its
@@ -144,7 +140,6 @@ func (c *redisClient) take(ctx context.Context, t *take) error {
 	}
 	b.busy = true
 	b.mu.Unlock()
-	runtime.Gosched()
 	c.sendQueued(b) // t is first in the queue, so this call decides it
 	b.mu.Lock()
 	if len(b.waiting) == 0 {
@@ -175,7 +170,14 @@ func (c *redisClient) drain(b *batcher) {
 // among them, so that none waits past its own; a request whose deadline
 // has passed while it queued fails without being sent, and one given up
 // is left out. It reports false, and marks b idle, if none were queued.
+//
+// Before it takes the queue, it lets the goroutines that are ready to run
+// go first, so that requests already on their way (such as the rest of a
+// burst read off the network together) queue and join this call, rather
+// than wait for it and go in the next. On an idle server the yield
+// returns at once: nothing waits for a timer.
 func (c *redisClient) sendQueued(b *batcher) bool {
+	runtime.Gosched()
 	b.mu.Lock()
 	batch := b.waiting
 	if len(batch) > maxBatch {
