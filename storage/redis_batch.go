@@ -107,10 +107,12 @@ func keySlot(key string) int {
 // queues for the call after it, with the requests that queue meanwhile;
 // if not, t's goroutine sends the next call itself (see sendQueued).
 //
-// take returns when t is decided or fails, or when ctx ends: at once if
-// no call has picked t up yet, and then t is never sent (nor is it if its
-// deadline passes first); else once that call has answered, since the
-// call reads t's requests until then.
+// A queued t returns when it is decided or fails, or when ctx ends: at
+// once if no call has picked t up yet, and then t is never sent (nor is
+// it if its deadline passes first); else once that call has answered,
+// since the call reads t's requests until then. A t whose goroutine sends
+// the call returns when the call has answered: the call may carry other
+// requests, so it runs to their earliest deadline whatever becomes of ctx.
 //
 // A queued request needs no timer of its own to keep its deadline: each
 // call is bounded by the earliest deadline among its requests, and every
