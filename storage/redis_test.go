@@ -45,6 +45,17 @@ func newRedisStore(t testing.TB, r *Redis, addresses ...string) *Redis {
 	return r
 }
 
+// waitUntil polls cond until it holds, and fails the test if it does
+// not within 20 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+	}
+}
+
 // redisTake asks the store for one request at instant at (the script's
 // clock), or the server's clock if at is zero.
 func redisTake(t testing.TB, r *Redis, at time.Time, reqs ...Request) []algorithms.Decision {
@@ -1341,17 +1352,11 @@ func TestRedisCoalescedCancel(t *testing.T) {
 	b := r.client.batcher(r.counterKey("z", "k"))
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		waitUntil(t, what, func() bool {
 			b.mu.Lock()
-			ok := cond()
-			b.mu.Unlock()
-			if ok {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
+			defer b.mu.Unlock()
+			return cond()
+		})
 	}
 
 	if err := s.Pause(); err != nil {
@@ -1660,14 +1665,6 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	redisTake(t, r, time.Time{}, req) // connect and load the script: c = 1
 	key := r.counterKey("z", "k")
 	b := r.client.batcher(key)
-	until := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting until %s", what)
-			}
-		}
-	}
 	queued := func(n int) func() bool {
 		return func() bool {
 			b.mu.Lock()
@@ -1702,17 +1699,17 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 		clear(gone.reqs) // as the handler's pool does once Take returns
 		goneDone <- res
 	}()
-	until("the first request queues", queued(1))
+	waitUntil(t, "the first request queues", queued(1))
 	staysDone := make(chan error, 1)
 	go func() { staysDone <- r.client.take(context.Background(), stays) }()
-	until("the second request queues", queued(2))
+	waitUntil(t, "the second request queues", queued(2))
 
 	// One call picks both up, as one entry, and waits for a paused Redis.
 	if err := s.Pause(); err != nil {
 		t.Fatal(err)
 	}
 	go r.client.drain(b)
-	until("a call picks both up", func() bool {
+	waitUntil(t, "a call picks both up", func() bool {
 		return gone.state.Load() == takeSent && stays.state.Load() == takeSent
 	})
 	cancel()
