@@ -364,6 +364,13 @@ func (s *Server) CommandStats() (map[string]int, error) {
 	return stats, nil
 }
 
+// ScriptCalls returns how many script calls (EVALSHA and EVAL) succeeded,
+// as CommandStats counts them.
+func (s *Server) ScriptCalls() (int, error) {
+	stats, err := s.CommandStats()
+	return stats["evalsha"] + stats["eval"], err
+}
+
 // Clients returns the number of client connections whose name (CLIENT
 // SETNAME) is name.
 func (s *Server) Clients(name string) (int, error) {
