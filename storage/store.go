@@ -62,8 +62,12 @@ const MaxKeyLen = 64
 // megabyte header, say) cannot bloat a store, nor break out of a Redis
 // Cluster hash tag, nor, since a key kept as it is never starts with '#',
 // take over the counter of a hashed one.
+//
+// Every request's key comes through here, so the braces are looked for
+// with IndexByte: strings.ContainsAny builds a set of bytes on each call.
 func BoundKey(key string) string {
-	if len(key) > 0 && len(key) <= MaxKeyLen && key[0] != '#' && !strings.ContainsAny(key, "{}") {
+	if len(key) > 0 && len(key) <= MaxKeyLen && key[0] != '#' &&
+		strings.IndexByte(key, '{') < 0 && strings.IndexByte(key, '}') < 0 {
 		return key
 	}
 	sum := sha256.Sum256([]byte(key))
