@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/shed"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -96,7 +97,7 @@ type zoneInfo struct {
 	Limit     Alternatives         `json:"limit"`
 	Store     string               `json:"store"`
 	DryRun    bool                 `json:"dry_run,omitempty"`
-	Dial      *storage.Dial        `json:"dial,omitempty"`
+	Dial      *storage.ZoneDial    `json:"dial,omitempty"`
 }
 
 // keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
@@ -138,7 +139,10 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		parts = append(parts, u)
 	}
 	if len(parts) == 2 && parts[0] == "rate_limit" && parts[1] == "shed" {
-		return listShedders(w, r)
+		if r.Method != http.MethodGet {
+			return methodNotAllowed(r)
+		}
+		return writeJSON(w, shed.List())
 	}
 	if len(parts) < 2 || parts[0] != "rate_limit" || parts[1] != "zones" {
 		return apiError(http.StatusNotFound, errors.New("not found; see GET /rate_limit/zones"))
@@ -190,7 +194,7 @@ func (a *adminAPI) listZones(w http.ResponseWriter, r *http.Request) error {
 			info.Window = time.Duration(z.Window).String()
 		}
 		if z.admin != nil {
-			if d, ok := z.admin.Dial(z.Name); ok && d.Active(now) {
+			if d, ok := z.admin.ZoneDial(z.Name); ok && d.Active(now) {
 				info.Dial = &d
 			}
 		}
@@ -295,17 +299,17 @@ func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z *Zone) error {
 		if body.Mode == "" && body.Limit == 0 {
 			return apiError(http.StatusBadRequest, errors.New("want a mode, a limit or both"))
 		}
-		d := storage.Dial{Mode: body.Mode, Limit: body.Limit}
+		d := storage.ZoneDial{Mode: body.Mode, Limit: body.Limit}
 		if body.TTL > 0 {
 			d.Expires = time.Now().Add(time.Duration(body.TTL))
 		}
-		if err := z.admin.SetDial(r.Context(), z.Name, d); err != nil {
+		if err := z.admin.SetZoneDial(r.Context(), z.Name, d); err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
 		a.changed(r, "zone dial set", z, zap.String("mode", d.Mode), zap.Int64("limit", d.Limit), zap.Time("expires", d.Expires))
 		return writeJSON(w, d)
 	case http.MethodDelete:
-		if err := z.admin.DeleteDial(r.Context(), z.Name); err != nil {
+		if err := z.admin.DeleteZoneDial(r.Context(), z.Name); err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
 		a.changed(r, "zone dial removed", z)

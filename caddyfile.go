@@ -13,8 +13,17 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/jwtclaims"
+	"github.com/d61b427a/caddy-rate-limit/shed"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
+
+// The directive orders itself before basic_auth, so that a Caddyfile needs
+// no order line: requests over a limit are refused before a password is
+// checked.
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+}
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	var rl Handler
@@ -92,11 +101,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.Zones = append(h.Zones, z)
 
 		case "shed":
-			sh, err := unmarshalShed(d)
-			if err != nil {
+			h.Shed = new(shed.Shed)
+			if err := h.Shed.UnmarshalCaddyfile(d); err != nil {
 				return err
 			}
-			h.Shed = sh
 
 		case "store":
 			if !d.NextArg() {
@@ -352,6 +360,19 @@ func parseDuration(d *caddyfile.Dispenser) (time.Duration, error) {
 		return 0, fmt.Errorf("want a duration such as 500ms or 1m, got %q", s)
 	}
 	return dur, nil
+}
+
+// parseStatus reads the one argument of a status directive.
+func parseStatus(d *caddyfile.Dispenser) (int, error) {
+	var s string
+	if !d.AllArgs(&s) {
+		return 0, d.ArgErr()
+	}
+	code, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("want an HTTP status from 400 to 599, got %q", s)
+	}
+	return code, checkStatus(code)
 }
 
 // Interface guard

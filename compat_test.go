@@ -1,6 +1,8 @@
 package ratelimit
 
 import (
+	"github.com/d61b427a/caddy-rate-limit/internal/names"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -26,14 +28,14 @@ func TestSFStringEveryPrintableByte(t *testing.T) {
 	for c := byte(0x20); c <= 0x7e; c++ {
 		all = append(all, c)
 		name := "a" + string(c) + "z"
-		if err := checkName(name); err != nil {
+		if err := names.Check(name); err != nil {
 			t.Fatalf("%q refused: %v", name, err)
 		}
 		assertSFString(t, sfString(name), name)
 	}
 	assertSFString(t, sfString(string(all)), string(all))
-	for _, bad := range []string{"zöne", "a\tb", "a\nb", "a\x00", "\x7f", strings.Repeat("n", maxNameLen+1)} {
-		if checkName(bad) == nil {
+	for _, bad := range []string{"zöne", "a\tb", "a\nb", "a\x00", "\x7f", strings.Repeat("n", names.MaxLen+1)} {
+		if names.Check(bad) == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}
@@ -57,7 +59,7 @@ var sfNames = []string{
 	`quo"te`,
 	`back\slash`,
 	`"\ both \"`,
-	strings.Repeat(`a"\ `, maxNameLen/4),
+	strings.Repeat(`a"\ `, names.MaxLen/4),
 }
 
 // TestRateLimitHeadersAreStructuredFields: RateLimit and RateLimit-Policy
@@ -65,8 +67,8 @@ var sfNames = []string{
 // its parameters, for names with spaces, quotes, backslashes and the
 // longest allowed, on allowed and rejected responses.
 func TestRateLimitHeadersAreStructuredFields(t *testing.T) {
-	if len(sfNames[len(sfNames)-1]) != maxNameLen {
-		t.Fatalf("the longest name is %d long, want %d", len(sfNames[len(sfNames)-1]), maxNameLen)
+	if len(sfNames[len(sfNames)-1]) != names.MaxLen {
+		t.Fatalf("the longest name is %d long, want %d", len(sfNames[len(sfNames)-1]), names.MaxLen)
 	}
 	var routes []any
 	for i, name := range sfNames {

@@ -1,6 +1,8 @@
 package ratelimit
 
 import (
+	"github.com/d61b427a/caddy-rate-limit/internal/names"
+
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -34,7 +36,7 @@ var badCaddyfiles = []struct {
 	{"log_key and log_keys", `log_keys off; log_key; zone z { limit 1; window 1s }`, "log_key", "log_keys"},
 	{"zone name not ASCII", `zone "zöne" { limit 1; window 1s }`, "name", "0xc3"},
 	{"zone name with a tab", "zone \"a\tb\" { limit 1; window 1s }", "name", "0x09"},
-	{"zone name too long", `zone ` + strings.Repeat("n", maxNameLen+1) + ` { limit 1; window 1s }`, "name", "129"},
+	{"zone name too long", `zone ` + strings.Repeat("n", names.MaxLen+1) + ` { limit 1; window 1s }`, "name", "129"},
 	{"unknown algorithm", `zone z { limit 1; window 1s; algorithm leaky_bucket }`, "algorithm", "leaky_bucket"},
 	{"missing limit", `zone z { window 1s }`, "limit", "missing"},
 	{"zero limit", `zone z { limit 0; window 1s }`, "limit", "0"},

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,21 +18,24 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// Values of Handler.Headers.
-const (
-	headersXRateLimit = "x-ratelimit"
-	headersIETF       = "ietf"
-	headersBoth       = "both"
-	headersOff        = "off"
-)
-
 // statusClientClosedRequest is what a request gets when its client went
 // away while max_delay held it (nginx's and Caddy's proxy's convention).
 const statusClientClosedRequest = 499
 
-// charge is one zone's part of a request: the zone, what is asked of the
-// store and the store's answer.
-type charge struct {
+// loadShedder is what the handler asks of its load shedder (shed.Shed):
+// whether to shed a request before any zone counts it, and to count the
+// requests it passes on while the next handler has them.
+type loadShedder interface {
+	// Check returns nil for a request that goes on, and for a shed one
+	// the error to answer it with.
+	Check(repl *caddy.Replacer) error
+	Enter()
+	Leave()
+}
+
+// zoneCheck is one zone's check of a request: the zone, what is asked of
+// the store and the store's answer.
+type zoneCheck struct {
 	zone     *Zone
 	req      storage.Request
 	decision algorithms.Decision
@@ -45,15 +46,15 @@ type charge struct {
 	dryRunExceeded bool
 }
 
-// holds reports whether the allowed charge c holds concurrency units,
+// holds reports whether the allowed check c holds concurrency units,
 // which must be released when Caddy is done with the request. A dry-run
 // zone that would have rejected took none.
-func (c *charge) holds() bool {
+func (c *zoneCheck) holds() bool {
 	return c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded
 }
 
-// ServeHTTP charges the request to every zone it matches and passes it on
-// if every zone allows it.
+// ServeHTTP checks the request to every zone it matches and passes it on
+// if every zone allows it. A load shedder, if any, sees the request first.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if h.JWT != nil {
@@ -62,11 +63,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	values := requestValues{repl: repl}
 	values.vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	if shed, err := h.shedding(w, r, values); shed {
-		return err
+	if h.shedder != nil {
+		if err := h.shedder.Check(repl); err != nil {
+			return refuse(w, r, h.Shed.Status, retryAfterOne, err)
+		}
 	}
 	s := scratchPool.Get().(*scratch)
-	defer s.release()
+	defer s.recycle()
 	for _, z := range h.Zones {
 		match, err := z.matchers.AnyMatchWithError(r)
 		if err != nil {
@@ -76,9 +79,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			continue
 		}
 		dryRun := z.DryRun
-		var dial storage.Dial
+		var dial storage.ZoneDial
 		if z.admin != nil {
-			if d, ok := z.admin.Dial(z.Name); ok && d.Active(time.Now()) {
+			if d, ok := z.admin.ZoneDial(z.Name); ok && d.Active(time.Now()) {
 				dial = d
 			}
 		}
@@ -106,13 +109,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if z.Algorithm == algorithms.Concurrency {
 			req.Holder = holders.Add(1)
 		}
-		s.charges = append(s.charges, charge{zone: z, dryRun: dryRun, req: req})
+		s.checks = append(s.checks, zoneCheck{zone: z, dryRun: dryRun, req: req})
 	}
-	if len(s.charges) == 0 {
+	if len(s.checks) == 0 {
 		return h.serveNext(w, r, next)
 	}
 
-	v, rejected, err := h.decide(r.Context(), s.charges, &s.question)
+	v, rejected, err := h.decide(r.Context(), s.checks, &s.question)
 	switch v {
 	case unanswered:
 		return h.storeFailed(w, r, next, err)
@@ -120,7 +123,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		rejected.zone.results[resultRejected].Inc()
 		return h.reject(w, r, values, rejected)
 	}
-	for _, c := range s.charges {
+	for _, c := range s.checks {
 		switch {
 		case c.dryRunExceeded:
 			c.zone.results[resultDryRun].Inc()
@@ -130,48 +133,64 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			c.zone.results[resultAllowed].Inc()
 		}
 		if c.decision.Rolled && !c.dryRunExceeded {
-			// This charge moved the key into a new window: report what
+			// This check charged the key and moved it into a new window: report what
 			// it used of its limit in the one that finished.
 			c.zone.usage.Observe(float64(c.decision.Finished) / float64(c.decision.Limit))
 		}
 	}
-	if holding(s.charges) {
+	if anyHoldsUnits(s.checks) {
 		// Runs before the scratch goes back to the pool, and on every way
 		// out: a response, an error, a panic, a client gone.
-		defer h.release(r.Context(), &s.question, s.charges)
+		defer h.releaseUnits(r.Context(), &s.question, s.checks)
 	}
-	h.report(w, values, leastRemaining(s.charges), anyDryRunExceeded(s.charges), 0)
+	h.report(w, values, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
 	return h.serveNext(w, r, next)
+}
+
+// retryAfterOne is a shed request's Retry-After: the shedding amount moves
+// once a second.
+var retryAfterOne = []string{"1"}
+
+// serveNext passes the request on, counting it in flight in the handler's
+// load shedder while the next handler has it: one atomic add and one
+// subtract.
+func (h *Handler) serveNext(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if h.shedder == nil {
+		return next.ServeHTTP(w, r)
+	}
+	h.shedder.Enter()
+	defer h.shedder.Leave()
+	return next.ServeHTTP(w, r)
 }
 
 // holders numbers the concurrency requests of this process, so that a
 // shared store can tell apart the holders of one key.
 var holders atomic.Uint64
 
-// holding reports whether any of the allowed charges holds units.
-func holding(charges []charge) bool {
-	for i := range charges {
-		if charges[i].holds() {
+// anyHoldsUnits reports whether any of the allowed checks holds units.
+func anyHoldsUnits(checks []zoneCheck) bool {
+	for i := range checks {
+		if checks[i].holds() {
 			return true
 		}
 	}
 	return false
 }
 
-// release gives back the concurrency units that charges hold. The client
+// releaseUnits gives back the concurrency units that checks hold. The client
 // may be gone, so the request's context may be done: the release does not
 // depend on it. A release that fails is a store error; a shared store then
 // keeps the units until their lease ends.
-func (h *Handler) release(ctx context.Context, q *question, charges []charge) {
+func (h *Handler) releaseUnits(ctx context.Context, q *question, checks []zoneCheck) {
 	q.reqs = q.reqs[:0]
-	for i := range charges {
-		if charges[i].holds() {
-			q.reqs = append(q.reqs, charges[i].req)
+	for i := range checks {
+		if checks[i].holds() {
+			q.reqs = append(q.reqs, checks[i].req)
 		}
 	}
 	if err := h.store.Release(context.WithoutCancel(ctx), q.reqs); err != nil {
-		h.storeErrorsC.Inc()
-		h.storeErrors.log(h.logger, err)
+		h.storeErrorCount.Inc()
+		h.storeErrorLog.log(h.logger, err)
 	}
 }
 
@@ -179,28 +198,28 @@ func (h *Handler) release(ctx context.Context, q *question, charges []charge) {
 // so that deciding allocates nothing: the slices passed to the store
 // through its interface would otherwise go to the heap on every request.
 type scratch struct {
-	charges []charge
+	checks []zoneCheck
 	question
 }
 
 var scratchPool = sync.Pool{New: func() any {
 	return &scratch{
-		charges:  make([]charge, 0, 4),
+		checks:   make([]zoneCheck, 0, 4),
 		question: question{reqs: make([]storage.Request, 0, 4), decisions: make([]algorithms.Decision, 0, 4)},
 	}
 }}
 
-// release returns s to the pool, keeping no key or zone reachable.
-func (s *scratch) release() {
-	clear(s.charges)
+// recycle returns s to the pool, keeping no key or zone reachable.
+func (s *scratch) recycle() {
+	clear(s.checks)
 	clear(s.reqs)
-	s.charges, s.reqs, s.decisions, s.waited = s.charges[:0], s.reqs[:0], s.decisions[:0], false
+	s.checks, s.reqs, s.decisions, s.waited = s.checks[:0], s.reqs[:0], s.decisions[:0], false
 	scratchPool.Put(s)
 }
 
-// reject answers a request that the charge c rejected: the zone's status
+// reject answers a request that the check c rejected: the zone's status
 // (429 by default), with the limit headers and Retry-After.
-func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *charge) error {
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *zoneCheck) error {
 	p := h.report(w, values, c, true, h.retryAfter(c.decision.RetryAt, time.Now()))
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
@@ -240,10 +259,10 @@ const (
 )
 
 // decide asks the store until the request is allowed, rejected, or
-// unanswered. It returns the charge whose rejection stands, for a rejected
+// unanswered. It returns the check whose rejection stands, for a rejected
 // request, and the error, for an unanswered one. A request rejected within
 // its zones' max_delay waits for its retry instant and asks again.
-func (h *Handler) decide(ctx context.Context, charges []charge, q *question) (verdict, *charge, error) {
+func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *question) (verdict, *zoneCheck, error) {
 	var start time.Time
 	if h.delays {
 		start = time.Now()
@@ -254,14 +273,14 @@ func (h *Handler) decide(ctx context.Context, charges []charge, q *question) (ve
 		// Asked for before the store is, so that no release between the
 		// store's answer and the wait goes unseen.
 		var released <-chan struct{}
-		if h.delays && holdsOrWaits(charges) {
+		if h.delays && hasConcurrencyZone(checks) {
 			released = h.store.Released()
 		}
-		err := q.ask(ctx, h.store, h.storeLatency, charges)
+		err := q.ask(ctx, h.store, h.storeLatency, checks)
 		if err != nil {
 			return unanswered, nil, err
 		}
-		rejected, dryRunSaidNo := h.rejection(charges)
+		rejected, dryRunSaidNo := h.rejection(checks)
 		if rejected == nil {
 			if dryRunSaidNo {
 				// Only dry-run zones said no, so nothing was charged: ask
@@ -271,7 +290,7 @@ func (h *Handler) decide(ctx context.Context, charges []charge, q *question) (ve
 			return allowed, nil, nil
 		}
 		deadline := rejected.decision.RetryAt
-		if !h.delays || !waiting.enter(charges, deadline, start) {
+		if !h.delays || !waiting.enter(checks, deadline, start) {
 			return rejectedByZone, rejected, nil
 		}
 		if c := h.logger.Check(zap.DebugLevel, "rate limit delaying request"); c != nil {
@@ -281,7 +300,7 @@ func (h *Handler) decide(ctx context.Context, charges []charge, q *question) (ve
 		if rejected.req.Algorithm == algorithms.Concurrency {
 			// Every rejecting zone is a concurrency zone (the others
 			// free up later): wait for units to come back.
-			deadline = waitingLimit(charges, start)
+			deadline = waitingLimit(checks, start)
 			err = waitForRelease(ctx, released, deadline)
 		} else {
 			err = sleepUntil(ctx, deadline)
@@ -300,9 +319,9 @@ const releasePoll = 25 * time.Millisecond
 
 // waitingLimit is the last instant the rejecting zones let a request
 // asked for at start wait: the earliest end of their max_delay.
-func waitingLimit(charges []charge, start time.Time) time.Time {
+func waitingLimit(checks []zoneCheck, start time.Time) time.Time {
 	var until time.Time
-	for _, c := range charges {
+	for _, c := range checks {
 		if c.dryRunExceeded || c.decision.Allowed {
 			continue
 		}
@@ -329,7 +348,7 @@ func waitForRelease(ctx context.Context, released <-chan struct{}, until time.Ti
 	}
 }
 
-// question is what decide asks the store: the charges still in play, with
+// question is what decide asks the store: the checks still in play, with
 // room for the store's answers, reused from one asking to the next.
 type question struct {
 	reqs      []storage.Request
@@ -338,13 +357,13 @@ type question struct {
 	waited bool
 }
 
-// ask takes the charges still in play from the store, all or nothing: all
+// ask takes the checks still in play from the store, all or nothing: all
 // but the dry-run zones that already said they would reject, which are
-// asked no more. Each charge gets its decision. If latency is set, it
+// asked no more. Each check gets its decision. If latency is set, it
 // observes how long the store took.
-func (q *question) ask(ctx context.Context, store storage.Store, latency prometheus.Observer, charges []charge) error {
+func (q *question) ask(ctx context.Context, store storage.Store, latency prometheus.Observer, checks []zoneCheck) error {
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
-	for _, c := range charges {
+	for _, c := range checks {
 		if !c.dryRunExceeded {
 			q.reqs = append(q.reqs, c.req)
 			q.decisions = append(q.decisions, algorithms.Decision{})
@@ -365,22 +384,22 @@ func (q *question) ask(ctx context.Context, store storage.Store, latency prometh
 		return err
 	}
 	i := 0
-	for j := range charges {
-		if !charges[j].dryRunExceeded {
-			charges[j].decision = q.decisions[i]
+	for j := range checks {
+		if !checks[j].dryRunExceeded {
+			checks[j].decision = q.decisions[i]
 			i++
 		}
 	}
 	return nil
 }
 
-// rejection picks, among the charges the store rejected, the one whose
+// rejection picks, among the checks the store rejected, the one whose
 // rejection stands: the enforcing zone that frees up last. Dry-run zones
 // that reject are marked (and logged) instead; dryRunSaidNo reports
 // whether any newly did.
-func (h *Handler) rejection(charges []charge) (rejected *charge, dryRunSaidNo bool) {
-	for j := range charges {
-		c := &charges[j]
+func (h *Handler) rejection(checks []zoneCheck) (rejected *zoneCheck, dryRunSaidNo bool) {
+	for j := range checks {
+		c := &checks[j]
 		if c.dryRunExceeded || c.decision.Allowed {
 			continue
 		}
@@ -398,10 +417,10 @@ func (h *Handler) rejection(charges []charge) (rejected *charge, dryRunSaidNo bo
 	return rejected, dryRunSaidNo
 }
 
-// holdsOrWaits reports whether charges include a concurrency zone, whose
-// rejection max_delay waits out by watching releases.
-func holdsOrWaits(charges []charge) bool {
-	for _, c := range charges {
+// hasConcurrencyZone reports whether checks include a concurrency zone,
+// whose rejection max_delay waits out by watching releases.
+func hasConcurrencyZone(checks []zoneCheck) bool {
+	for _, c := range checks {
 		if c.req.Algorithm == algorithms.Concurrency {
 			return true
 		}
@@ -417,9 +436,9 @@ type waitingZones []*Zone
 // waiting in each rejecting zone. It may only if every rejecting zone
 // allows a delay that long, could ever allow it (a cost above the limit
 // never passes), and has fewer than max_waiting requests waiting.
-func (wz *waitingZones) enter(charges []charge, deadline, start time.Time) bool {
-	for j := range charges {
-		c := &charges[j]
+func (wz *waitingZones) enter(checks []zoneCheck, deadline, start time.Time) bool {
+	for j := range checks {
+		c := &checks[j]
 		if c.dryRunExceeded || c.decision.Allowed {
 			continue
 		}
@@ -469,8 +488,8 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 	if r.Context().Err() != nil {
 		return caddyhttp.Error(statusClientClosedRequest, err)
 	}
-	h.storeErrorsC.Inc()
-	h.storeErrors.log(h.logger, err)
+	h.storeErrorCount.Inc()
+	h.storeErrorLog.log(h.logger, err)
 	if h.OnStoreError != "deny" {
 		return h.serveNext(w, r, next)
 	}
@@ -504,184 +523,13 @@ func hasErrorRoutes(r *http.Request) bool {
 	return !ok || (srv.Errors != nil && len(srv.Errors.Routes) > 0)
 }
 
-// leastRemaining picks the charge the response headers describe.
-// Concurrency zones have no window to describe, so another zone is
-// preferred whatever its remaining.
-func leastRemaining(charges []charge) *charge {
-	best := &charges[0]
-	for i := range charges[1:] {
-		c := &charges[i+1]
-		bestConc, cConc := best.req.Algorithm == algorithms.Concurrency, c.req.Algorithm == algorithms.Concurrency
-		if bestConc && !cConc || bestConc == cConc && c.decision.Remaining < best.decision.Remaining {
-			best = c
-		}
-	}
-	return best
-}
-
-func anyDryRunExceeded(charges []charge) bool {
-	for _, c := range charges {
+func anyDryRunExceeded(checks []zoneCheck) bool {
+	for _, c := range checks {
 		if c.dryRunExceeded {
 			return true
 		}
 	}
 	return false
-}
-
-// report sets the response headers and placeholders for charge c, and
-// returns the request's placeholder state. A rejected request's
-// Retry-After, in seconds, is formatted along with the other numbers
-// (retryAfter 0 for an allowed request) and left in the state's values for
-// refuse to set.
-func (h *Handler) report(w http.ResponseWriter, values requestValues, c *charge, exceeded bool, retryAfter int64) *placeholders {
-	p := requestPlaceholders(values)
-	d := c.decision
-	p.zone, p.key, p.limit, p.remaining, p.exceeded = c.zone.Name, c.req.Key, d.Limit, d.Remaining, exceeded
-
-	// Units in flight have no window, reset or policy to describe.
-	window := c.req.Algorithm != algorithms.Concurrency
-	// The numbers are formatted into one string, whose parts are the
-	// values: one allocation for all the headers but the IETF ones.
-	var buf [100]byte
-	b := buf[:0]
-	var i, j, k, u int // where the limit, remaining, reset and used end
-	if window && h.xRateLimitHeaders {
-		b = strconv.AppendInt(b, d.Limit, 10)
-		i = len(b)
-		b = strconv.AppendInt(b, d.Remaining, 10)
-		j = len(b)
-		b = strconv.AppendInt(b, ceilUnix(d.Reset), 10)
-		k = len(b)
-		b = strconv.AppendInt(b, d.Used, 10)
-		u = len(b)
-	}
-	if retryAfter > 0 {
-		b = strconv.AppendInt(b, retryAfter, 10)
-	}
-	all := string(b)
-	if retryAfter > 0 {
-		p.values[retryAfterValue] = all[u:]
-	}
-	if !window {
-		return p
-	}
-	// The header names are written in canonical form (X-Ratelimit-Limit
-	// is how Go spells X-RateLimit-Limit) so the map is set directly,
-	// without canonicalizing them on every request.
-	hdr := w.Header()
-	if h.xRateLimitHeaders {
-		p.values[limitValue], p.values[remainingValue], p.values[resetValue], p.values[usedValue] = all[:i], all[i:j], all[j:k], all[k:u]
-		hdr["X-Ratelimit-Limit"] = p.header(limitValue)
-		hdr["X-Ratelimit-Remaining"] = p.header(remainingValue)
-		hdr["X-Ratelimit-Reset"] = p.header(resetValue)
-		hdr["X-Ratelimit-Used"] = p.header(usedValue)
-	}
-	if h.ietfHeaders {
-		p.values[policyValue] = fmt.Sprintf("%s;q=%d;w=%d", c.zone.sfName, d.Limit, c.zone.policySeconds)
-		p.values[rateLimitValue] = fmt.Sprintf("%s;r=%d;t=%d", c.zone.sfName, d.Remaining, retryAfterSeconds(d.Reset, time.Now()))
-		hdr["Ratelimit-Policy"] = p.header(policyValue)
-		hdr["Ratelimit"] = p.header(rateLimitValue)
-	}
-	return p
-}
-
-// placeholders answers the {http.rate_limit.*} placeholders of one
-// request, computing their values only when a later handler or a log asks
-// for one. Its one provider is registered with the replacer once per
-// request; a later rate_limit handler on the same request finds it in the
-// request's variables and updates it, so that, as for the headers, the
-// last handler's report is what later handlers see.
-type placeholders struct {
-	zone      string
-	key       string
-	limit     int64
-	remaining int64
-	exceeded  bool
-	// values back the response header values, so that setting a header
-	// allocates no slice of its own.
-	values [valueCount]string
-}
-
-// Indexes into placeholders.values.
-const (
-	limitValue = iota
-	remainingValue
-	resetValue
-	usedValue
-	policyValue
-	rateLimitValue
-	retryAfterValue
-	valueCount
-)
-
-// placeholdersVar names the request variable holding the placeholders.
-const placeholdersVar = "http.handlers.rate_limit.placeholders"
-
-// requestPlaceholders returns the request's placeholder state, registering
-// it on first use.
-func requestPlaceholders(v requestValues) *placeholders {
-	p, _ := v.vars[placeholdersVar].(*placeholders)
-	if p == nil {
-		p = new(placeholders)
-		if v.vars != nil {
-			v.vars[placeholdersVar] = p
-		}
-		v.repl.Map(p.get)
-	}
-	return p
-}
-
-// header returns values[i] as a header value: a slice of capacity 1, so
-// that a later Header.Add copies it rather than writing into values.
-func (p *placeholders) header(i int) []string {
-	return p.values[i : i+1 : i+1]
-}
-
-func (p *placeholders) get(name string) (any, bool) {
-	field, ok := strings.CutPrefix(name, "http.rate_limit.")
-	if !ok {
-		return nil, false
-	}
-	switch field {
-	case "zone":
-		return p.zone, true
-	case "key":
-		return p.key, true
-	case "limit":
-		return p.limit, true
-	case "remaining":
-		return p.remaining, true
-	case "exceeded":
-		return p.exceeded, true
-	case "exceeded.name":
-		// mholt/caddy-ratelimit's placeholder: the rejecting zone.
-		if p.exceeded {
-			return p.zone, true
-		}
-		return "", true
-	}
-	return nil, false
-}
-
-// String keeps the state's contents out of {http.vars.*} output.
-func (p *placeholders) String() string { return "rate_limit placeholders" }
-
-// ceilUnix is t in Unix seconds, rounded up, so that a client waiting until
-// then never comes back before the window has ended.
-func ceilUnix(t time.Time) int64 {
-	s := t.Unix()
-	if t.Nanosecond() > 0 {
-		s++
-	}
-	return s
-}
-
-// retryAfterSeconds rounds the wait up to whole seconds, at least one, so a
-// client that honours it never comes back too early.
-func retryAfterSeconds(at, now time.Time) int64 {
-	d := at.Sub(now)
-	s := int64((d + time.Second - 1) / time.Second)
-	return max(s, 1)
 }
 
 // keyField is the key as a log field, or a field saying it is hidden when

@@ -33,6 +33,10 @@ func BenchmarkHandler(b *testing.B) {
 		{"two_zones_api_key", `{"zones":[
 			{"name":"bench_ip","limit":[2000000000],"window":"1m"},
 			{"name":"bench_key","key":["key:{http.request.header.X-Api-Key}","{http.vars.client_ip}"],"limit":[2000000000],"window":"1s","cost":{"POST":5}}]}`},
+		// allowed behind a load shedder that is not shedding: one atomic
+		// read before the zone, one add and one subtract around next.
+		{"allowed_idle_shed", `{"shed":{"name":"bench_idle","classes":["critical","low"],"capacity":4},
+			"zones":[{"name":"bench_allowed_shed","limit":[2000000000],"window":"1m"}]}`},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -380,8 +381,9 @@ func TestLogKeys(t *testing.T) {
 
 // TestConcurrencyReleasedOnEveryWayOut: a concurrency zone's units come
 // back however the request ends: a response, a handler error, a panic
-// further down, a client gone while the request is being served, and a
-// rejection by another zone, which releases them before answering.
+// further down, and a client gone while the request is being served; and
+// a request rejected by another zone holds none, since a take is all or
+// nothing.
 func TestConcurrencyReleasedOnEveryWayOut(t *testing.T) {
 	h := provisionHandler(t, `{"zones":[
 		{"name":"conc_ways","limit":[3],"algorithm":"concurrency","cost":{"POST":2}},
@@ -439,8 +441,8 @@ func TestConcurrencyReleasedOnEveryWayOut(t *testing.T) {
 	}
 
 	t.Run("rejected by another zone", func(t *testing.T) {
-		// posts_ways has spent its one POST: concurrency admits this one,
-		// then gives its units back when posts_ways rejects it.
+		// posts_ways has spent its one POST: concurrency would admit this
+		// one, but the take charges no zone when one of them rejects.
 		r, _ := testRequest(context.Background(), http.MethodPost, "192.0.2.7")
 		reached := false
 		err := h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
@@ -455,4 +457,90 @@ func TestConcurrencyReleasedOnEveryWayOut(t *testing.T) {
 			t.Fatalf("%d units held after the rejection, want 0", n)
 		}
 	})
+}
+
+// fakeShedder sheds the requests whose X-Priority header is "low", and
+// counts the requests in flight, so that the handler's side of shedding
+// is tested apart from the shedder's formula (package shed).
+type fakeShedder struct {
+	inFlight int
+}
+
+var errFakeShed = errors.New("shed by the fake shedder")
+
+func (f *fakeShedder) Check(repl *caddy.Replacer) error {
+	if p, _ := repl.GetString("http.request.header.X-Priority"); p == "low" {
+		return errFakeShed
+	}
+	return nil
+}
+
+func (f *fakeShedder) Enter() { f.inFlight++ }
+func (f *fakeShedder) Leave() { f.inFlight-- }
+
+// TestHandlerShed: a shed request is answered with the shedder's status
+// and Retry-After: 1, never reaches next, gets no zone headers and
+// consumes nothing in any zone; a request that goes on is counted in
+// flight while next has it, and only then.
+func TestHandlerShed(t *testing.T) {
+	h := provisionHandler(t, `{"shed":{"name":"unit_handler_shed","classes":["critical","low"],"capacity":4,"status":418},
+		"zones":[{"name":"unit_handler_shed","key":"{http.request.header.X-Client}","limit":2,"window":"1h"}]}`)
+	t.Cleanup(func() { _ = h.Cleanup() })
+	fake := new(fakeShedder)
+	h.shedder = fake
+	var inFlightInNext int
+	send := func(priority, client string) served {
+		t.Helper()
+		r, repl := testRequest(context.Background(), http.MethodGet, "192.0.2.1", "X-Priority: "+priority, "X-Client: "+client)
+		w := httptest.NewRecorder()
+		out := served{status: http.StatusOK, header: w.Header(), repl: repl}
+		err := h.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+			out.reached = true
+			inFlightInNext = fake.inFlight
+			return nil
+		}))
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) {
+			out.status = he.StatusCode
+			if out.status == 418 && !errors.Is(err, errFakeShed) {
+				t.Fatalf("shed with %v, want the shedder's error", err)
+			}
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	for range 3 {
+		got := send("low", "c")
+		if got.status != 418 || got.reached || got.header.Get("Retry-After") != "1" || got.header.Get("X-RateLimit-Limit") != "" {
+			t.Fatalf("shed: status %d, reached %v, headers %v; want 418, not reached, Retry-After 1 and no zone headers",
+				got.status, got.reached, got.header)
+		}
+	}
+	// The shed requests consumed nothing: client c still has its 2.
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		got := send("critical", "c")
+		if got.status != want {
+			t.Fatalf("request %d of client c after shedding: %d, want %d", i, got.status, want)
+		}
+		if want == http.StatusOK && (inFlightInNext != 1 || got.header.Get("X-RateLimit-Remaining") != strconv.Itoa(1-i)) {
+			t.Fatalf("request %d: %d in flight in next, remaining %q; want 1, %d", i, inFlightInNext, got.header.Get("X-RateLimit-Remaining"), 1-i)
+		}
+	}
+	if fake.inFlight != 0 {
+		t.Fatalf("%d in flight after every request returned", fake.inFlight)
+	}
+}
+
+// TestHandlerIdleShedAllocatesNothing: a shed block that is not shedding
+// (its amount starts below 0) costs a request no allocation.
+func TestHandlerIdleShedAllocatesNothing(t *testing.T) {
+	h := provisionHandler(t, `{"shed":{"name":"unit_idle_allocs","classes":["critical","low"],"capacity":4}}`)
+	t.Cleanup(func() { _ = h.Cleanup() })
+	req, _ := testRequest(context.Background(), http.MethodGet, "203.0.113.9", "X-Priority: low")
+	req = req.WithContext(context.WithValue(req.Context(), caddyhttp.ServerCtxKey, new(caddyhttp.Server)))
+	w := httptest.NewRecorder()
+	if n := testing.AllocsPerRun(1000, func() { _ = h.ServeHTTP(w, req, nextOK) }); n != 0 {
+		t.Fatalf("%v allocations per request through an idle shedder, want 0", n)
+	}
 }

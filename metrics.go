@@ -10,16 +10,14 @@ import (
 // metrics are the module's Prometheus collectors. They are created once
 // per process and registered with the registry of every config that uses
 // the handler (Caddy makes a new registry on each load), so counts
-// survive reloads. Labels are bounded sets (zone and result, store,
-// shedder and class), never a key: a label per key would grow without end.
+// survive reloads. Labels are bounded sets (zone and result, store), never
+// a key: a label per key would grow without end.
 var metrics = struct {
 	once          sync.Once
 	requests      *prometheus.CounterVec
 	storeErrors   *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
 	periodUsage   *prometheus.HistogramVec
-	shedAmount    *prometheus.GaugeVec
-	shedTotal     *prometheus.CounterVec
 }{}
 
 // Values of the result label.
@@ -57,19 +55,52 @@ func registerMetrics(registry *prometheus.Registry) error {
 				"(histogram_quantile(0.999, ...)). Observed by the instance whose charge rolls the key into a new window.",
 			Buckets: []float64{.05, .1, .25, .5, .75, .9, .95, .99, 1, 1.25, 1.5, 2, 5},
 		}, []string{"zone"})
-		metrics.shedAmount = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "shed_amount",
-			Help: "A load shedder's amount A: at or below 0 nothing is shed; at 1 all but its first class are.",
-		}, []string{"shedder"})
-		metrics.shedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "shed_total",
-			Help: "Requests a load shedder shed (or, in dry run, would have shed), by class.",
-		}, []string{"shedder", "class"})
 	})
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage, metrics.shedAmount, metrics.shedTotal} {
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}
 	}
 	return nil
 }
+
+// zoneSeries returns a zone's series: its caddy_http_rate_limit_requests_total
+// counters by result, looked up once so that counting costs one atomic
+// add, and its caddy_http_rate_limit_period_usage_ratio. With metricsOff
+// (disable_metrics) they are collected by no registry, so the zone leaves
+// no series behind, not even at zero.
+func zoneSeries(zone string, metricsOff bool) (results [resultCount]prometheus.Counter, usage prometheus.Observer) {
+	if metricsOff {
+		for i := range results {
+			results[i] = unregisteredCounter()
+		}
+		return results, discardObserver
+	}
+	for i := range results {
+		results[i] = metrics.requests.WithLabelValues(zone, resultNames[i])
+	}
+	return results, metrics.periodUsage.WithLabelValues(zone)
+}
+
+// storeSeries returns a store's series: its error counter, and its latency
+// histogram (nil for the memory store: timing an in-memory decision would
+// cost more than it tells). With metricsOff the counter is collected by no
+// registry.
+func storeSeries(store string, metricsOff bool) (errors prometheus.Counter, latency prometheus.Observer) {
+	if metricsOff {
+		return unregisteredCounter(), nil
+	}
+	if store != "memory" {
+		latency = metrics.storeDuration.WithLabelValues(store)
+	}
+	return metrics.storeErrors.WithLabelValues(store), latency
+}
+
+// unregisteredCounter is a counter no registry collects: what a handler with
+// disable_metrics counts into, so that counting stays one atomic add with
+// no branch.
+func unregisteredCounter() prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Name: "rate_limit_unregistered"})
+}
+
+var discardObserver = prometheus.ObserverFunc(func(float64) {})

@@ -15,20 +15,19 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/names"
 	"github.com/d61b427a/caddy-rate-limit/jwtclaims"
+	"github.com/d61b427a/caddy-rate-limit/shed"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 func init() {
 	caddy.RegisterModule(Handler{})
-	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
-	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
 }
 
 // Handler limits how many requests (or cost units) each key may spend per
@@ -76,7 +75,7 @@ type Handler struct {
 	// through the handlers after this one stay near capacity, it drops the
 	// least important requests first. Checked before any zone, so a shed
 	// request consumes nothing. Default: none.
-	Shed *Shed `json:"shed,omitempty"`
+	Shed *shed.Shed `json:"shed,omitempty"`
 
 	// The handler options of mholt/caddy-ratelimit, under its names, so
 	// that its configs carry over (see the README's "Migrating from
@@ -116,14 +115,16 @@ type Handler struct {
 	// delays tells whether any zone has a max_delay, so that a request
 	// needs its start time.
 	delays bool
-	// The store's metrics: its name (memory, redis) as the store label,
-	// its error counter, and its latency histogram (remote stores only:
-	// timing an in-memory decision would cost more than it tells).
-	storeName    string
-	storeErrorsC prometheus.Counter
-	storeLatency prometheus.Observer
-	// storeErrors rate-limits the log line for store errors.
-	storeErrors *errorLog
+	// The store's name (memory, redis), its store label in metrics, and
+	// its series (see storeSeries).
+	storeName       string
+	storeErrorCount prometheus.Counter
+	storeLatency    prometheus.Observer
+	// storeErrorLog rate-limits the log line for store errors.
+	storeErrorLog *errorLog
+	// shedder is Shed, as the handler asks it about requests; nil without
+	// a shed block.
+	shedder loadShedder
 }
 
 // Zone is one limit: which requests it applies to, how they are keyed and
@@ -240,7 +241,7 @@ const maxLimit = math.MaxInt32
 // Provision loads the store and the zones' matchers and compiles templates.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.storeErrors = new(errorLog)
+	h.storeErrorLog = new(errorLog)
 	if h.JWT != nil {
 		if err := h.JWT.Provision(h.logger); err != nil {
 			return fmt.Errorf("jwt: %w", err)
@@ -265,6 +266,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionOptions(store); err != nil {
 		return err
 	}
+	h.storeErrorCount, h.storeLatency = storeSeries(h.storeName, h.DisableMetrics)
 
 	h.xRateLimitHeaders = h.Headers == "" || h.Headers == headersXRateLimit || h.Headers == headersBoth
 	h.ietfHeaders = h.Headers == headersIETF || h.Headers == headersBoth
@@ -282,9 +284,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		registerZone(z)
 	}
 	if h.Shed != nil {
-		if err := h.Shed.provision(ctx, h.logger); err != nil {
-			return fmt.Errorf("shed %q: %w", h.Shed.name(), err)
+		if err := h.Shed.Provision(ctx, h.logger); err != nil {
+			return fmt.Errorf("shed %q: %w", h.Shed.DisplayName(), err)
 		}
+		h.shedder = h.Shed
 	}
 	return nil
 }
@@ -304,9 +307,12 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	if z.Algorithm == "" {
 		z.Algorithm = algorithms.SlidingTail
 	}
-	if err := z.provisionName(metricsOff); err != nil {
+	// The name is checked before anything is labelled with it.
+	if err := checkZoneName(z.Name); err != nil {
 		return err
 	}
+	z.sfName = sfString(z.Name)
+	z.results, z.usage = zoneSeries(z.Name, metricsOff)
 	z.exceeded = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
 	if z.MaxWaiting == 0 {
 		z.MaxWaiting = DefaultMaxWaiting
@@ -361,7 +367,7 @@ func (h *Handler) Cleanup() error {
 		}
 	}
 	if h.Shed != nil {
-		return h.Shed.cleanup()
+		return h.Shed.Cleanup()
 	}
 	return nil
 }
@@ -386,8 +392,8 @@ func (h *Handler) Validate() error {
 		return errNoZone
 	}
 	if h.Shed != nil {
-		if err := h.Shed.validate(); err != nil {
-			return fmt.Errorf("shed %q: %w", h.Shed.name(), err)
+		if err := h.Shed.Validate(); err != nil {
+			return fmt.Errorf("shed %q: %w", h.Shed.DisplayName(), err)
 		}
 	}
 	seen := make(map[string]bool)
@@ -537,7 +543,7 @@ func checkZoneName(name string) error {
 	if name == "" {
 		return errors.New("zone: a name is required")
 	}
-	return checkName(name)
+	return names.Check(name)
 }
 
 // checkLimit accepts a template, which is resolved per request, or a
@@ -612,6 +618,21 @@ func checkMaxDelay(d time.Duration) error {
 func checkMaxWaiting(n int) error {
 	if n < 0 {
 		return fmt.Errorf("want 0 or more requests, got %d", n)
+	}
+	return nil
+}
+
+// checkStatus accepts a client or server error status.
+func checkStatus(code int) error {
+	if code < 400 || code > 599 {
+		return fmt.Errorf("want an HTTP status from 400 to 599, got %d", code)
+	}
+	return nil
+}
+
+func checkJitter(f float64) error {
+	if math.IsNaN(f) || f < 0 || f > 1 {
+		return fmt.Errorf("want a fraction of the wait from 0 to 1 (0.2 adds up to 20%%), got %v", f)
 	}
 	return nil
 }

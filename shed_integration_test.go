@@ -1,6 +1,9 @@
 package ratelimit
 
 import (
+	"github.com/d61b427a/caddy-rate-limit/shed"
+	"runtime"
+
 	"encoding/json"
 	"fmt"
 	"io"
@@ -90,13 +93,13 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // shedState reads the named shedder from the admin API; ok is false if
 // no such shedder runs.
-func shedState(t *testing.T, name string) (info shedInfo, ok bool) {
+func shedState(t *testing.T, name string) (info shed.Info, ok bool) {
 	t.Helper()
 	code, body := adminDo(t, adminURL, http.MethodGet, "/rate_limit/shed", "")
 	if code != http.StatusOK {
 		t.Fatalf("GET /rate_limit/shed: %d %s", code, body)
 	}
-	var all []shedInfo
+	var all []shed.Info
 	if err := json.Unmarshal([]byte(body), &all); err != nil {
 		t.Fatalf("GET /rate_limit/shed: %v: %s", err, body)
 	}
@@ -105,11 +108,11 @@ func shedState(t *testing.T, name string) (info shedInfo, ok bool) {
 			return s, true
 		}
 	}
-	return shedInfo{}, false
+	return shed.Info{}, false
 }
 
 // chance is a class's drop chance as the admin API shows it.
-func (s shedInfo) chance(class string) float64 {
+func chance(s shed.Info, class string) float64 {
 	for _, c := range s.Classes {
 		if c.Class == class {
 			return c.DropChance
@@ -176,13 +179,13 @@ func TestShedThroughCaddy(t *testing.T) {
 		ids       int
 		served    int                // probes answered by the app
 		shedIDs   []string           // probes answered 503
-		shed      = map[string]int{} // by class
+		shedBy    = map[string]int{} // by class
 		firstShed = map[string]time.Time{}
 	)
 	// probe sends a round and checks it against the drop chances the
 	// admin API shows before and after: if the amount did not move in
 	// between, a class with chance 0 is served and one with chance 1 shed.
-	probe := func() (before shedInfo, consistent bool) {
+	probe := func() (before shed.Info, consistent bool) {
 		t.Helper()
 		before, _ = shedState(t, "vector")
 		got := map[string]int{}
@@ -206,7 +209,7 @@ func TestShedThroughCaddy(t *testing.T) {
 					t.Fatalf("%s shed: body %q, want %q", class, body, want)
 				}
 				shedIDs = append(shedIDs, id)
-				shed[class]++
+				shedBy[class]++
 				if firstShed[class].IsZero() {
 					firstShed[class] = time.Now()
 				}
@@ -222,7 +225,7 @@ func TestShedThroughCaddy(t *testing.T) {
 			return before, false
 		}
 		for _, class := range classes {
-			switch c := before.chance(class); {
+			switch c := chance(before, class); {
 			case c == 0 && got[class] != http.StatusOK, c == 1 && got[class] != http.StatusServiceUnavailable:
 				t.Fatalf("amount %v: %s (drop chance %v) answered %d", before.Amount, class, c, got[class])
 			}
@@ -242,10 +245,10 @@ func TestShedThroughCaddy(t *testing.T) {
 		if s.Amount <= 0 && consistent {
 			sawUnshed = true
 		}
-		if consistent && s.chance("low") > 0 && s.chance("normal") == 0 {
+		if consistent && chance(s, "low") > 0 && chance(s, "normal") == 0 {
 			sawLowOnly = true
 		}
-		if s.chance("normal") == 1 {
+		if chance(s, "normal") == 1 {
 			if s.Utilization < 1 || s.InFlight < 4 {
 				t.Fatalf("shedding everything but critical at utilization %v with %d in flight", s.Utilization, s.InFlight)
 			}
@@ -275,15 +278,15 @@ func TestShedThroughCaddy(t *testing.T) {
 			t.Fatalf("held critical request: %d", code)
 		}
 	}
-	if s, _ := probe(); s.chance("low") != 1 {
+	if s, _ := probe(); chance(s, "low") != 1 {
 		t.Fatalf("low no longer shed right after the load stopped: %+v", s)
 	}
 	var normalBack time.Time
 	for {
 		s, consistent := probe()
-		if normalBack.IsZero() && consistent && s.chance("normal") == 0 {
+		if normalBack.IsZero() && consistent && chance(s, "normal") == 0 {
 			normalBack = time.Now()
-			if s.chance("low") == 0 {
+			if chance(s, "low") == 0 {
 				t.Fatalf("normal and low came back at once: %+v", s)
 			}
 		}
@@ -316,12 +319,12 @@ func TestShedThroughCaddy(t *testing.T) {
 	// Visibility: the metrics count what was shed, by class; the amount
 	// is a gauge; one log line when shedding started, one when it stopped.
 	for _, class := range classes {
-		if d := metric(class) - shedBefore[class]; d != shed[class] {
-			t.Fatalf("shed_total{class=%q} grew by %d, want %d", class, d, shed[class])
+		if d := metric(class) - shedBefore[class]; d != shedBy[class] {
+			t.Fatalf("shed_total{class=%q} grew by %d, want %d", class, d, shedBy[class])
 		}
 	}
-	if shed["critical"] != 0 || shed["normal"] == 0 || shed["low"] <= shed["normal"] {
-		t.Fatalf("shed by class: %v", shed)
+	if shedBy["critical"] != 0 || shedBy["normal"] == 0 || shedBy["low"] <= shedBy["normal"] {
+		t.Fatalf("shed by class: %v", shedBy)
 	}
 	if g := metricValue(t, `caddy_http_rate_limit_shed_amount{shedder="vector"}`); g == "" || strings.HasPrefix(g, "0.") || g[0] != '-' && g != "0" {
 		t.Fatalf("shed_amount gauge %q, want at most 0", g)
@@ -331,7 +334,7 @@ func TestShedThroughCaddy(t *testing.T) {
 		t.Fatalf("%d lines saying shedding started, %d naming the shedder; want 1 and 2", n, m)
 	}
 	t.Logf("shed %v of %d probes; normal back %v and low back %v after the load stopped",
-		shed, ids, normalBack.Sub(released).Round(time.Millisecond), time.Since(released).Round(time.Millisecond))
+		shedBy, ids, normalBack.Sub(released).Round(time.Millisecond), time.Since(released).Round(time.Millisecond))
 }
 
 // TestShedSurvivesReload: a reload to a config with a shedder of the same
@@ -359,7 +362,7 @@ func TestShedSurvivesReload(t *testing.T) {
 	}
 	tc := startCaddy(t, site("v1"))
 	held := a.hold(t, 4)
-	var before shedInfo
+	var before shed.Info
 	waitFor(t, "the amount to move", func() bool {
 		before, _ = shedState(t, "kept")
 		return before.Amount > -0.5
@@ -411,8 +414,8 @@ func TestShedOnlyHandler(t *testing.T) {
 	if body != "ok" || resp.Header.Get("X-RateLimit-Limit") != "" {
 		t.Fatalf("body %q, headers %v", body, resp.Header)
 	}
-	s, ok := shedState(t, DefaultShedName)
-	if !ok || s.Capacity != 64 || s.Amount != -DefaultShedAfter.Seconds()/DefaultShedFull.Seconds() || len(s.Classes) != 2 {
+	s, ok := shedState(t, shed.DefaultName)
+	if !ok || s.Capacity != 64 || s.Amount != -shed.DefaultAfter.Seconds()/shed.DefaultFull.Seconds() || len(s.Classes) != 2 {
 		t.Fatalf("default shedder: %+v, %v", s, ok)
 	}
 	if code, _ := adminDo(t, adminURL, http.MethodPost, "/rate_limit/shed", "{}"); code != http.StatusMethodNotAllowed {
@@ -425,7 +428,7 @@ func TestShedOnlyHandler(t *testing.T) {
 // through either count together, and one sampler runs.
 func TestShedSharedAcrossHandlers(t *testing.T) {
 	a := newSlowApp(t)
-	shed := `
+	shedBlock := `
 		shed shared {
 			classes critical low
 			capacity 4
@@ -442,7 +445,7 @@ func TestShedSharedAcrossHandlers(t *testing.T) {
 	}
 	reverse_proxy %s
 }
-`, shed, shed, a.url))
+`, shedBlock, shedBlock, a.url))
 	heldA := a.hold(t, 2, "X-Side: a")
 	heldB := a.hold(t, 3, "X-Side: b")
 	if s, ok := shedState(t, "shared"); !ok || s.InFlight != 5 {
@@ -459,4 +462,16 @@ func TestShedSharedAcrossHandlers(t *testing.T) {
 		<-heldB
 	}
 	waitFor(t, "the requests to count down", func() bool { s, _ := shedState(t, "shared"); return s.InFlight == 0 })
+}
+
+// shedSamplers counts the shedders' sampler goroutines in this process.
+func shedSamplers() int {
+	buf := make([]byte, 1<<20)
+	return strings.Count(string(buf[:runtime.Stack(buf, true)]), "shed.(*shedder).run(")
+}
+
+// waitForSamplers waits until n sampler goroutines run.
+func waitForSamplers(t *testing.T, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d shed samplers", n), func() bool { return shedSamplers() == n })
 }

@@ -97,7 +97,7 @@ type TokenSource struct {
 const DefaultHeader = "Authorization"
 
 // minSecretLen is the HMAC secret length below which a warning is logged:
-// RFC 7518 §3.2 asks for a key at least as long as the hash output.
+// RFC 7518, section 3.2, asks for a key at least as long as the hash output.
 const minSecretLen = 32
 
 // minRSABits refuses RSA keys that crypto/rsa would refuse at every

@@ -29,10 +29,10 @@ const (
 	ModeOff     = "off"
 )
 
-// Dial is a zone-wide setting made through the admin API: a mode (enforce,
+// ZoneDial is a zone-wide setting made through the admin API: a mode (enforce,
 // dry_run or off) and a limit that replaces the zone's limit alternatives
 // for every key without an override. Either may be unset.
-type Dial struct {
+type ZoneDial struct {
 	Mode  string `json:"mode,omitempty"`
 	Limit int64  `json:"limit,omitempty"`
 	// Expires is when the dial ends; the zero time means never.
@@ -40,7 +40,7 @@ type Dial struct {
 }
 
 // Active reports whether d is in force at now.
-func (d Dial) Active(now time.Time) bool {
+func (d ZoneDial) Active(now time.Time) bool {
 	return (d.Mode != "" || d.Limit > 0) && (d.Expires.IsZero() || now.Before(d.Expires))
 }
 
@@ -58,33 +58,33 @@ type Admin interface {
 	// SetOverride sets a per-key limit; DeleteOverride removes it.
 	SetOverride(ctx context.Context, zone, key string, o Override) error
 	DeleteOverride(ctx context.Context, zone, key string) error
-	// SetDial sets zone's dial; DeleteDial returns the zone to its config.
-	SetDial(ctx context.Context, zone string, d Dial) error
-	DeleteDial(ctx context.Context, zone string) error
-	// Dial returns the dial in force for zone. It is asked on every
+	// SetZoneDial sets zone's dial; DeleteZoneDial returns the zone to its config.
+	SetZoneDial(ctx context.Context, zone string, d ZoneDial) error
+	DeleteZoneDial(ctx context.Context, zone string) error
+	// ZoneDial returns the dial in force for zone. It is asked on every
 	// request, so it answers from memory.
-	Dial(zone string) (Dial, bool)
+	ZoneDial(zone string) (ZoneDial, bool)
 }
 
 // dialTable holds zone dials for the stores, read on every request without
 // a lock: the map is replaced, never changed. Writers serialise their
 // changes themselves.
 type dialTable struct {
-	m atomic.Pointer[map[string]Dial]
+	m atomic.Pointer[map[string]ZoneDial]
 }
 
-func (t *dialTable) get(zone string) (Dial, bool) {
+func (t *dialTable) get(zone string) (ZoneDial, bool) {
 	m := t.m.Load()
 	if m == nil {
-		return Dial{}, false
+		return ZoneDial{}, false
 	}
 	d, ok := (*m)[zone]
 	return d, ok
 }
 
 // set replaces the table with a copy in which zone has dial d.
-func (t *dialTable) set(zone string, d Dial) {
-	next := make(map[string]Dial)
+func (t *dialTable) set(zone string, d ZoneDial) {
+	next := make(map[string]ZoneDial)
 	if old := t.m.Load(); old != nil {
 		maps.Copy(next, *old)
 	}
@@ -109,6 +109,6 @@ func (t *dialTable) remove(zone string) {
 }
 
 // replace puts m in the table; m must not change afterwards.
-func (t *dialTable) replace(m map[string]Dial) {
+func (t *dialTable) replace(m map[string]ZoneDial) {
 	t.m.Store(&m)
 }

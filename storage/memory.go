@@ -89,7 +89,7 @@ func (m *Memory) Provision(caddy.Context) error {
 		return err
 	}
 	m.counters = val.(*memoryCounters)
-	m.counters.use(m)
+	m.counters.addUser(m)
 	return nil
 }
 
@@ -113,7 +113,7 @@ func (m *Memory) Cleanup() error {
 	if m.counters == nil {
 		return nil
 	}
-	m.counters.release(m)
+	m.counters.removeUser(m)
 	_, err := memoryPool.Delete(memoryPoolKey)
 	return err
 }
@@ -286,18 +286,18 @@ func newMemoryCounters(maxKeys int, now func() time.Time) *memoryCounters {
 	return c
 }
 
-// use makes m's max_keys the bound while m is the newest config using
+// addUser makes m's max_keys the bound while m is the newest config using
 // the counters.
-func (c *memoryCounters) use(m *Memory) {
+func (c *memoryCounters) addUser(m *Memory) {
 	c.usersMu.Lock()
 	defer c.usersMu.Unlock()
 	c.users = append(c.users, m)
 	c.setMaxKeys(m.MaxKeys)
 }
 
-// release forgets m, and puts back the bound of the newest config still
+// removeUser forgets m, and puts back the bound of the newest config still
 // using the counters.
-func (c *memoryCounters) release(m *Memory) {
+func (c *memoryCounters) removeUser(m *Memory) {
 	c.usersMu.Lock()
 	defer c.usersMu.Unlock()
 	c.users = slices.DeleteFunc(c.users, func(u *Memory) bool { return u == m })

@@ -70,8 +70,8 @@ func (m *Memory) DeleteOverride(_ context.Context, zone, key string) error {
 	return nil
 }
 
-// SetDial implements Admin.
-func (m *Memory) SetDial(_ context.Context, zone string, d Dial) error {
+// SetZoneDial implements Admin.
+func (m *Memory) SetZoneDial(_ context.Context, zone string, d ZoneDial) error {
 	a := &m.counters.admin
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -79,8 +79,8 @@ func (m *Memory) SetDial(_ context.Context, zone string, d Dial) error {
 	return nil
 }
 
-// DeleteDial implements Admin.
-func (m *Memory) DeleteDial(_ context.Context, zone string) error {
+// DeleteZoneDial implements Admin.
+func (m *Memory) DeleteZoneDial(_ context.Context, zone string) error {
 	a := &m.counters.admin
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -88,8 +88,8 @@ func (m *Memory) DeleteDial(_ context.Context, zone string) error {
 	return nil
 }
 
-// Dial implements Admin.
-func (m *Memory) Dial(zone string) (Dial, bool) {
+// ZoneDial implements Admin.
+func (m *Memory) ZoneDial(zone string) (ZoneDial, bool) {
 	return m.counters.admin.dials.get(zone)
 }
 

@@ -19,7 +19,7 @@ func TestMemorySweepInterval(t *testing.T) {
 		c, clock := newTestCounters(t, DefaultMaxKeys)
 		if interval > 0 {
 			m := &Memory{counters: c}
-			c.use(m)
+			c.addUser(m)
 			m.SetSweepInterval(interval)
 		}
 		take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Second}, Cost: 1})

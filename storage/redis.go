@@ -81,7 +81,7 @@ type Redis struct {
 	client  *redisClient
 	poolKey string
 	opts    *redis.UniversalOptions
-	lease   *clientLease
+	hold    *clientHold
 	// now is the local clock; tests replace it to skew it.
 	now func() time.Time
 	// scriptClock, if set, is the clock the take script uses instead of
@@ -160,7 +160,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	r.client = val.(*redisClient)
 	r.poolKey = string(key)
 	r.opts = opts
-	r.lease = new(clientLease)
+	r.hold = new(clientHold)
 	return nil
 }
 
@@ -230,8 +230,8 @@ func checkPoolSize(n int) error {
 	return nil
 }
 
-// clientLease is a config's hold on its shared client.
-type clientLease struct {
+// clientHold is a config's hold on its shared client.
+type clientHold struct {
 	// inUse counts the config's decisions in flight, plus retired once
 	// the config has been cleaned up.
 	inUse    atomic.Int64
@@ -241,7 +241,7 @@ type clientLease struct {
 	dials atomic.Pointer[dialWatcher]
 }
 
-// retired is added to clientLease.inUse by Cleanup: far above any number
+// retired is added to clientHold.inUse by Cleanup: far above any number
 // of decisions in flight, so one comparison tells whether it was added.
 const retired = 1 << 40
 
@@ -251,10 +251,10 @@ const retired = 1 << 40
 // be running, and a reload that changes the connection settings must not
 // close the connections under them.
 func (r *Redis) Cleanup() error {
-	if r.lease == nil {
+	if r.hold == nil {
 		return nil
 	}
-	if r.lease.inUse.Add(retired) == retired {
+	if r.hold.inUse.Add(retired) == retired {
 		r.detach()
 	}
 	return nil
@@ -270,10 +270,10 @@ func (r *Redis) Cleanup() error {
 // It returns a flag rather than the function that ends the decision: a
 // method value would be allocated on every decision.
 func (r *Redis) acquire() (c *redisClient, own bool, err error) {
-	if r.lease.inUse.Add(1) < retired {
+	if r.hold.inUse.Add(1) < retired {
 		return r.client, true, nil
 	}
-	r.release()
+	r.endOwn()
 	val, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
 		return newRedisClient(r.opts), nil
 	})
@@ -287,22 +287,22 @@ func (r *Redis) acquire() (c *redisClient, own bool, err error) {
 // on one borrowed from the pool.
 func (r *Redis) end(own bool) {
 	if own {
-		r.release()
+		r.endOwn()
 	} else {
 		r.deletePoolUse()
 	}
 }
 
-// release ends a decision on the config's own client.
-func (r *Redis) release() {
-	if r.lease.inUse.Add(-1) == retired {
+// endOwn ends a decision on the config's own client.
+func (r *Redis) endOwn() {
+	if r.hold.inUse.Add(-1) == retired {
 		r.detach()
 	}
 }
 
 // detach gives the config's use of the shared client back to the pool.
 func (r *Redis) detach() {
-	r.lease.detached.Do(r.deletePoolUse)
+	r.hold.detached.Do(r.deletePoolUse)
 }
 
 func (r *Redis) deletePoolUse() {

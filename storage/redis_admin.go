@@ -95,8 +95,8 @@ func (r *Redis) bumpEpoch(ctx context.Context) error {
 	return nil
 }
 
-// SetDial implements Admin.
-func (r *Redis) SetDial(ctx context.Context, zone string, d Dial) error {
+// SetZoneDial implements Admin.
+func (r *Redis) SetZoneDial(ctx context.Context, zone string, d ZoneDial) error {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
 	var ttl time.Duration
@@ -117,30 +117,30 @@ func (r *Redis) SetDial(ctx context.Context, zone string, d Dial) error {
 	return r.bumpEpoch(ctx)
 }
 
-// DeleteDial implements Admin.
-func (r *Redis) DeleteDial(ctx context.Context, zone string) error {
+// DeleteZoneDial implements Admin.
+func (r *Redis) DeleteZoneDial(ctx context.Context, zone string) error {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
 	if err := r.client.rdb.Del(ctx, r.dialKey(zone)).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	r.watcher().set(zone, Dial{})
+	r.watcher().set(zone, ZoneDial{})
 	return r.bumpEpoch(ctx)
 }
 
-// Dial implements Admin: it answers from what this instance last read, and
+// ZoneDial implements Admin: it answers from what this instance last read, and
 // asks for zone to be read from then on.
-func (r *Redis) Dial(zone string) (Dial, bool) {
+func (r *Redis) ZoneDial(zone string) (ZoneDial, bool) {
 	return r.watcher().dial(zone)
 }
 
 // watcher returns the dial watcher of this store's client and key prefix.
 func (r *Redis) watcher() *dialWatcher {
-	if w := r.lease.dials.Load(); w != nil {
+	if w := r.hold.dials.Load(); w != nil {
 		return w
 	}
 	w := r.client.watcher(r.KeyPrefix, r)
-	r.lease.dials.Store(w)
+	r.hold.dials.Store(w)
 	return w
 }
 
@@ -187,7 +187,7 @@ func (c *redisClient) watcher(prefix string, r *Redis) *dialWatcher {
 	return w
 }
 
-func (w *dialWatcher) dial(zone string) (Dial, bool) {
+func (w *dialWatcher) dial(zone string) (ZoneDial, bool) {
 	if d, ok := w.dials.get(zone); ok {
 		return d, d.Mode != "" || d.Limit > 0
 	}
@@ -195,7 +195,7 @@ func (w *dialWatcher) dial(zone string) (Dial, bool) {
 	defer w.mu.Unlock()
 	if !w.zones[zone] {
 		w.zones[zone] = true
-		w.dials.set(zone, Dial{})
+		w.dials.set(zone, ZoneDial{})
 		// Read it now rather than at the next tick, without making this
 		// request wait for Redis.
 		select {
@@ -203,11 +203,11 @@ func (w *dialWatcher) dial(zone string) (Dial, bool) {
 		default:
 		}
 	}
-	return Dial{}, false
+	return ZoneDial{}, false
 }
 
 // set records a dial this instance just wrote, ahead of the next refresh.
-func (w *dialWatcher) set(zone string, d Dial) {
+func (w *dialWatcher) set(zone string, d ZoneDial) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.zones[zone] = true
@@ -263,9 +263,9 @@ func (w *dialWatcher) refresh() {
 	if w.sets != sets {
 		return // a dial written meanwhile; the next refresh reads it
 	}
-	next := make(map[string]Dial, len(zones))
+	next := make(map[string]ZoneDial, len(zones))
 	for i, z := range zones {
-		var d Dial
+		var d ZoneDial
 		if b, err := gets[i].Bytes(); err == nil {
 			if err := json.Unmarshal(b, &d); err != nil {
 				w.logger.Warn("unreadable rate limit dial in Redis", zap.String("zone", z), zap.Error(err))

@@ -35,8 +35,8 @@ import (
 // Redis for at most a few hundred microseconds.
 const maxBatch = 128
 
-// A take is one request's part of a take script call.
-type take struct {
+// A callPart is one request's part of a take script call.
+type callPart struct {
 	keys   []string
 	reqs   []Request
 	charge bool
@@ -44,14 +44,14 @@ type take struct {
 	// when it was asked.
 	deadline time.Time
 
-	// state goes from takeWaiting to takeSent when a call picks the
-	// request up, or to takeAbandoned when its context ends first.
+	// state goes from partWaiting to partSent when a call picks the
+	// request up, or to partAbandoned when its context ends first.
 	state atomic.Int32
 	// done, for a queued request, is closed once now, vals and err are set.
 	done chan struct{}
 
-	// same, on the first of the takes a call sends as one entry (see
-	// groupTakes), is how many there are.
+	// same, on the first of the parts a call sends as one entry (see
+	// groupParts), is how many there are.
 	same int
 
 	now  int64   // the script's clock, in ms
@@ -60,16 +60,16 @@ type take struct {
 }
 
 const (
-	takeWaiting int32 = iota
-	takeSent
-	takeAbandoned
+	partWaiting int32 = iota
+	partSent
+	partAbandoned
 )
 
 // A batcher queues the requests for one slot while a call is in flight.
 type batcher struct {
 	mu      sync.Mutex
 	busy    bool // a call is in flight
-	waiting []*take
+	waiting []*callPart
 }
 
 // clusterSlots is the number of hash slots of a Redis Cluster.
@@ -119,7 +119,7 @@ func keySlot(key string) int {
 // request ahead of t in the queue, or in the call in flight, was asked
 // for earlier under the same timeout (one client per timeout), so its
 // deadline comes no later than t's.
-func (c *redisClient) take(ctx context.Context, t *take) error {
+func (c *redisClient) take(ctx context.Context, t *callPart) error {
 	b := c.batcher(t.keys[0])
 	t.done = make(chan struct{})
 	b.mu.Lock()
@@ -134,7 +134,7 @@ func (c *redisClient) take(ctx context.Context, t *take) error {
 			// known to be uncharged. One sent is read by its call (t.reqs
 			// is the caller's, reused once Take returns) until the call
 			// has answered, which its deadline bounds.
-			if !t.state.CompareAndSwap(takeWaiting, takeAbandoned) {
+			if !t.state.CompareAndSwap(partWaiting, partAbandoned) {
 				<-t.done
 			}
 			return ctx.Err()
@@ -154,10 +154,10 @@ func (c *redisClient) take(ctx context.Context, t *take) error {
 }
 
 // callAlone runs the take script for t alone, by t's deadline.
-func (c *redisClient) callAlone(ctx context.Context, clock int64, t *take) {
+func (c *redisClient) callAlone(ctx context.Context, clock int64, t *callPart) {
 	ctx, cancel := context.WithDeadline(ctx, t.deadline)
 	defer cancel()
-	c.call(ctx, clock, []*take{t})
+	c.call(ctx, clock, []*callPart{t})
 }
 
 // drain decides the queued requests of b, a call at a time, until none
@@ -199,7 +199,7 @@ func (c *redisClient) sendQueued(b *batcher) bool {
 	var deadline time.Time
 	now := time.Now()
 	for _, t := range batch {
-		if !t.state.CompareAndSwap(takeWaiting, takeSent) {
+		if !t.state.CompareAndSwap(partWaiting, partSent) {
 			continue
 		}
 		if !now.Before(t.deadline) {
@@ -220,19 +220,19 @@ func (c *redisClient) sendQueued(b *batcher) bool {
 	return true
 }
 
-// call runs the take script once for takes, whose keys all lie in one
+// call runs the take script once for parts, whose keys all lie in one
 // slot, and hands each take its part of the answer. A clock of 0 means
 // the server's. Takes that ask the same (one hot key under load) go to
 // the script as one entry, whose arguments it reads once and whose answer
 // is a few numbers, however many requests it stands for.
-func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
-	entries, zones := groupTakes(takes)
+func (c *redisClient) call(ctx context.Context, clock int64, parts []*callPart) {
+	entries, zones := groupParts(parts)
 	// The command: EVALSHA, the script's hash, the keys, then the clock
 	// and each entry's arguments, in one slice.
 	args := make([]any, 3, 3+zones+1+3*entries+5*zones)
 	args[0], args[1], args[2] = "evalsha", takeScript.Hash(), zones
-	for i := 0; i < len(takes); i += takes[i].same {
-		for _, k := range takes[i].keys {
+	for i := 0; i < len(parts); i += parts[i].same {
+		for _, k := range parts[i].keys {
 			args = append(args, k)
 		}
 	}
@@ -241,8 +241,8 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 	} else {
 		args = append(args, "")
 	}
-	for i := 0; i < len(takes); i += takes[i].same {
-		t := takes[i]
+	for i := 0; i < len(parts); i += parts[i].same {
+		t := parts[i]
 		// Constants, so that making them arguments allocates nothing.
 		if t.charge {
 			args = append(args, "1", len(t.reqs), t.same)
@@ -259,14 +259,14 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 	}
 	if err == nil {
 		next := 1
-		for i := 0; i < len(takes); i += takes[i].same {
-			t := takes[i]
+		for i := 0; i < len(parts); i += parts[i].same {
+			t := parts[i]
 			entry := vals[next+1 : next+1+5*len(t.reqs)]
-			replay(takes[i:i+t.same], vals[next], entry, vals[0])
+			replay(parts[i:i+t.same], vals[next], entry, vals[0])
 			next += 1 + len(entry)
 		}
 	}
-	for _, t := range takes {
+	for _, t := range parts {
 		if err != nil {
 			t.err = err
 		} else {
@@ -278,22 +278,22 @@ func (c *redisClient) call(ctx context.Context, clock int64, takes []*take) {
 	}
 }
 
-// groupTakes orders takes so that those asking the same (see sameAsk) are
+// groupParts orders parts so that those asking the same (see sameAsk) are
 // next to each other, each key's in the order they came, and sets the
 // first take's same to how many there are from it. It returns how many
 // entries that makes, and how many zones they count.
-func groupTakes(takes []*take) (entries, zones int) {
-	if len(takes) > 1 {
-		slices.SortStableFunc(takes, func(a, b *take) int { return strings.Compare(a.keys[0], b.keys[0]) })
+func groupParts(parts []*callPart) (entries, zones int) {
+	if len(parts) > 1 {
+		slices.SortStableFunc(parts, func(a, b *callPart) int { return strings.Compare(a.keys[0], b.keys[0]) })
 	}
-	for i := 0; i < len(takes); {
+	for i := 0; i < len(parts); {
 		end := i + 1
-		for end < len(takes) && sameAsk(takes[i], takes[end]) {
+		for end < len(parts) && sameAsk(parts[i], parts[end]) {
 			end++
 		}
-		takes[i].same = end - i
+		parts[i].same = end - i
 		entries++
-		zones += len(takes[i].keys)
+		zones += len(parts[i].keys)
 		i = end
 	}
 	return entries, zones
@@ -302,7 +302,7 @@ func groupTakes(takes []*take) (entries, zones int) {
 // sameAsk reports whether a and b ask the script the same: the same zones
 // and keys, with the same algorithm, rate and cost. Concurrency requests
 // never do: each holds its units under a name of its own.
-func sameAsk(a, b *take) bool {
+func sameAsk(a, b *callPart) bool {
 	if a.charge != b.charge || len(a.keys) != len(b.keys) {
 		return false
 	}
@@ -316,22 +316,22 @@ func sameAsk(a, b *take) bool {
 	return true
 }
 
-// replay hands each of an entry's takes, which ask the same, its part of
+// replay hands each of an entry's parts, which ask the same, its part of
 // the script's answer: five values per zone, as the script would have
 // answered it alone (see take.lua). The script answers the counters as
 // they were before the entry, how many of its requests were allowed (the
 // first ones), and each zone's verdict on the first one rejected; what
 // each later request saw is the counters the allowed ones before it left,
 // computed by charging them one after the other as the script did.
-func replay(takes []*take, allowed int64, entry []int64, now int64) {
-	if len(takes) == 1 {
-		takes[0].vals = entry
+func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
+	if len(parts) == 1 {
+		parts[0].vals = entry
 		return
 	}
-	lead := takes[0]
+	lead := parts[0]
 	n := 5 * len(lead.reqs)
-	vals := make([]int64, n*len(takes))
-	for i, t := range takes {
+	vals := make([]int64, n*len(parts))
+	for i, t := range parts {
 		v := vals[i*n : (i+1)*n : (i+1)*n]
 		if i == 0 {
 			copy(v, entry)

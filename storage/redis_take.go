@@ -228,7 +228,7 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 // fills decisions. It returns the script's clock (server time unless
 // clock is set), in ms.
 func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool) (int64, error) {
-	t := &take{keys: keys, reqs: reqs, charge: charge, deadline: deadline}
+	t := &callPart{keys: keys, reqs: reqs, charge: charge, deadline: deadline}
 	var err error
 	if clock != 0 {
 		// A test's clock holds for its own call only.

@@ -1126,8 +1126,8 @@ func BenchmarkRedisTakeParallel(b *testing.B) {
 		return r.Take(context.Background(), []Request{q}, d)
 	}
 	alone := func(q Request, d []algorithms.Decision) error {
-		t := &take{keys: []string{r.counterKey(q.Zone, q.Key)}, reqs: []Request{q}, charge: true}
-		r.client.call(context.Background(), 0, []*take{t})
+		t := &callPart{keys: []string{r.counterKey(q.Zone, q.Key)}, reqs: []Request{q}, charge: true}
+		r.client.call(context.Background(), 0, []*callPart{t})
 		d[0].Allowed = t.err == nil && t.vals[3] == 1
 		return t.err
 	}
@@ -1456,7 +1456,7 @@ func TestRedisBurstSharesACall(t *testing.T) {
 }
 
 // TestRedisCallGroupsSameRequests checks that a call which sends requests
-// that ask the same as one entry of the take script (groupTakes) decides
+// that ask the same as one entry of the take script (groupParts) decides
 // each of them, and leaves the counters, exactly as calls of one request
 // each, in the order the call put them in, would. The requests are drawn
 // at random: every algorithm but concurrency (which is never grouped),
@@ -1530,34 +1530,34 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 			}
 		}
 		charge := rng.IntN(5) != 0
-		newTake := func(keys []string, reqs []Request) *take {
-			return &take{keys: keys, reqs: reqs, charge: charge}
+		newTake := func(keys []string, reqs []Request) *callPart {
+			return &callPart{keys: keys, reqs: reqs, charge: charge}
 		}
 		// The same request m times, and now and then one of another cost
 		// on the same keys, or on keys of its own, in between.
-		var takes []*take
+		var parts []*callPart
 		other := slices.Clone(reqs)
 		other[0].Cost++
 		m := 1 + rng.IntN(12)
 		for range m {
-			takes = append(takes, newTake(one, reqs))
+			parts = append(parts, newTake(one, reqs))
 			switch rng.IntN(6) {
 			case 0:
-				takes = append(takes, newTake(one, other))
+				parts = append(parts, newTake(one, other))
 			case 1:
-				takes = append(takes, newTake(keys(fmt.Sprint("lone", len(takes))), reqs))
+				parts = append(parts, newTake(keys(fmt.Sprint("lone", len(parts))), reqs))
 			}
 		}
 		c := r.client
-		c.call(ctx, now, takes)
-		for _, tk := range takes {
+		c.call(ctx, now, parts)
+		for _, tk := range parts {
 			if tk.same > 1 {
 				grouped++
 			}
 		}
 		// The same requests, in the order the call decided them, one call
 		// each, on the other keys (and on a copy of each lone key).
-		for j, tk := range takes {
+		for j, tk := range parts {
 			ks := each
 			if tk.keys[0] != one[0] {
 				ks = nil
@@ -1566,12 +1566,12 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 				}
 			}
 			alone := newTake(ks, tk.reqs)
-			c.call(ctx, now, []*take{alone})
+			c.call(ctx, now, []*callPart{alone})
 			if tk.err != nil || alone.err != nil {
 				t.Fatalf("case %d: errors %v, %v", i, tk.err, alone.err)
 			}
 			if !slices.Equal(tk.vals, alone.vals) {
-				t.Fatalf("case %d, request %d of %d (%+v, charge %v):\none call  %v\neach      %v", i, j, len(takes), tk.reqs, charge, tk.vals, alone.vals)
+				t.Fatalf("case %d, request %d of %d (%+v, charge %v):\none call  %v\neach      %v", i, j, len(parts), tk.reqs, charge, tk.vals, alone.vals)
 			}
 		}
 		for z := range zones {
@@ -1598,15 +1598,15 @@ func TestRedisCoalescedDeadline(t *testing.T) {
 	redisTake(t, r, time.Time{}, req) // connect and load the script
 	key := r.counterKey("z", "k")
 	b := r.client.batcher(key)
-	queue := func(deadline time.Time) *take {
-		tk := &take{keys: []string{key}, reqs: []Request{req}, charge: true, deadline: deadline, done: make(chan struct{})}
+	queue := func(deadline time.Time) *callPart {
+		tk := &callPart{keys: []string{key}, reqs: []Request{req}, charge: true, deadline: deadline, done: make(chan struct{})}
 		b.mu.Lock()
 		b.busy = true
 		b.waiting = append(b.waiting, tk)
 		b.mu.Unlock()
 		return tk
 	}
-	wait := func(tk *take) error {
+	wait := func(tk *callPart) error {
 		t.Helper()
 		select {
 		case <-tk.done:
@@ -1636,7 +1636,7 @@ func TestRedisCoalescedDeadline(t *testing.T) {
 	soon := queue(time.Now().Add(100 * time.Millisecond))
 	late := queue(time.Now().Add(time.Hour))
 	go r.client.drain(b)
-	for _, tk := range []*take{soon, late} {
+	for _, tk := range []*callPart{soon, late} {
 		var ne net.Error
 		if err := wait(tk); !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
 			t.Errorf("request in a call to a paused server: %v, want a timeout", err)
@@ -1673,8 +1673,8 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	b.mu.Lock()
 	b.busy = true
 	b.mu.Unlock()
-	newTake := func() *take {
-		return &take{keys: []string{key}, reqs: []Request{req}, charge: true, deadline: time.Now().Add(time.Hour)}
+	newTake := func() *callPart {
+		return &callPart{keys: []string{key}, reqs: []Request{req}, charge: true, deadline: time.Now().Add(time.Hour)}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	gone, stays := newTake(), newTake()
@@ -1706,7 +1706,7 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	}
 	go r.client.drain(b)
 	waitUntil(t, "a call picks both up", func() bool {
-		return gone.state.Load() == takeSent && stays.state.Load() == takeSent
+		return gone.state.Load() == partSent && stays.state.Load() == partSent
 	})
 	cancel()
 	if err := s.Resume(); err != nil {
