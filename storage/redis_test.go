@@ -777,9 +777,6 @@ func TestRedisTLSAndAuth(t *testing.T) {
 }
 
 func TestRedisSentinel(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a sentinel")
-	}
 	s := redistest.NewSentinel(t, "rlmaster")
 	r := newRedisStore(t, &Redis{Sentinel: s.Name}, s.Sentinel.URL())
 	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 1}
@@ -794,9 +791,6 @@ func TestRedisSentinel(t *testing.T) {
 }
 
 func TestRedisCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a cluster")
-	}
 	c := redistest.NewCluster(t, 3)
 	r := newRedisStore(t, &Redis{Cluster: true}, c.URLs()...)
 
