@@ -350,48 +350,59 @@ func TestRedisRejectedWritesNothing(t *testing.T) {
 }
 
 // TestRedisClockSkew runs the store with a local clock an hour ahead of
-// Redis's: windows follow Redis's clock, and the times in decisions are
-// moved to the local clock, so Retry-After stays right.
+// Redis's, and an hour behind: decisions are made on Redis's clock, and
+// the times in them are moved to the local clock, so Retry-After stays
+// right. The limit is a GCRA one, 1 per 10 minutes: no window edge on
+// Redis's clock can fall between the two requests, and an instant not
+// moved, or moved the wrong way, is an hour out of the 10 minutes.
 func TestRedisClockSkew(t *testing.T) {
 	s := redistest.Standalone(t)
 	for _, skew := range []time.Duration{time.Hour, -time.Hour} {
 		r := newRedisStore(t, new(Redis), s.URL())
 		r.now = func() time.Time { return time.Now().Add(skew) }
-		req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: 10 * time.Second}, Cost: 1}
+		period := 10 * time.Minute
+		req := Request{Zone: "z", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 1, Window: period}, Cost: 1}
 		redisTake(t, r, time.Time{}, req)
 		d := redisTake(t, r, time.Time{}, req)
 		if d[0].Allowed {
 			t.Fatal("second request allowed")
 		}
 		local := r.now()
-		if wait := d[0].RetryAt.Sub(local); wait <= 0 || wait > 10*time.Second {
-			t.Fatalf("skew %s: retry in %s, want within the 10s window", skew, wait)
+		if wait := d[0].RetryAt.Sub(local); wait <= 0 || wait > period {
+			t.Fatalf("skew %s: retry in %s, want within %s", skew, wait, period)
 		}
-		if reset := d[0].Reset.Sub(local); reset <= 0 || reset > 10*time.Second {
-			t.Fatalf("skew %s: reset in %s", skew, reset)
+		if reset := d[0].Reset.Sub(local); reset <= 0 || reset > period {
+			t.Fatalf("skew %s: reset in %s, want within %s", skew, reset, period)
 		}
 	}
 }
 
 // TestRedisDenyCache checks that a key over its limit is answered locally
 // until its retry instant, with no Redis command, and asks Redis again
-// after.
+// from that instant on. The store's local clock is the test's, moved to
+// the retry instant rather than slept to; and the limit is a GCRA one, with
+// no window edge on Redis's (real) clock for the first requests to
+// straddle.
 func TestRedisDenyCache(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Redis), s.URL())
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 2, Window: time.Second}, Cost: 1}
-	for {
-		// Start early in a window, so the test does not race its end.
-		if ms := time.Now().UnixMilli() % 1000; ms < 500 {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	clock := new(testClock)
+	clock.set(time.Now())
+	r.now = clock.get
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 2, Window: time.Hour}, Cost: 1}
 	redisTake(t, r, time.Time{}, req)
 	redisTake(t, r, time.Time{}, req)
 	first := redisTake(t, r, time.Time{}, req)[0]
-	if first.Allowed {
-		t.Fatal("third request allowed")
+	if first.Allowed || !first.RetryAt.After(clock.get()) {
+		t.Fatalf("third request: %+v, want rejected with a retry instant ahead", first)
+	}
+	scripts := func() int {
+		t.Helper()
+		n, err := s.ScriptCalls()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
 	if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
 		t.Fatal(err)
@@ -410,19 +421,21 @@ func TestRedisDenyCache(t *testing.T) {
 	if d[0].Allowed || !d[1].Allowed {
 		t.Fatalf("two zones: %+v", d)
 	}
-	if n, err := s.ScriptCalls(); err != nil || n != 0 {
-		t.Fatalf("cached rejections ran %d scripts (%v)", n, err)
+	// A millisecond before the retry instant, the rejection still stands.
+	clock.set(first.RetryAt.Add(-time.Millisecond))
+	if d := redisTake(t, r, time.Time{}, req)[0]; d.Allowed || !d.RetryAt.Equal(first.RetryAt) {
+		t.Fatalf("cached answer 1ms before the retry instant %+v, want %+v", d, first)
+	}
+	if n := scripts(); n != 0 {
+		t.Fatalf("cached rejections ran %d scripts", n)
 	}
 	if n, _ := s.Do("EXISTS", r.counterKey("other", "k")); n != "0" {
 		t.Fatal("the other zone was charged")
 	}
-	time.Sleep(time.Until(first.RetryAt) + 5*time.Millisecond)
-	if d := redisTake(t, r, time.Time{}, req)[0]; !d.Allowed {
-		t.Fatalf("after the retry instant: %+v", d)
-	}
-	stats, _ := s.CommandStats()
-	if stats["evalsha"] != 1 {
-		t.Fatalf("after the retry instant %d scripts ran, want 1", stats["evalsha"])
+	clock.set(first.RetryAt)
+	redisTake(t, r, time.Time{}, req)
+	if n := scripts(); n != 1 {
+		t.Fatalf("at the retry instant %d scripts ran, want 1: Redis is asked again", n)
 	}
 }
 
