@@ -1128,8 +1128,8 @@ func BenchmarkRedisTakeParallel(b *testing.B) {
 	// must not turn waits for a connection into errors.
 	r := newRedisStore(b, &Redis{Timeout: caddy.Duration(time.Second)}, s.URL())
 	// viaStore decides one request through the store, which coalesces
-	// concurrent decisions; alone sends each in a script call of its
-	// own, as the store did before it coalesced them.
+	// concurrent decisions; alone sends each request in a script call of
+	// its own, without coalescing.
 	viaStore := func(q Request, d []algorithms.Decision) error {
 		return r.Take(context.Background(), []Request{q}, d)
 	}
@@ -1670,9 +1670,9 @@ func TestRedisCoalescedDeadline(t *testing.T) {
 // ends after a call has picked it up returns only once that call has
 // answered. The call reads the request's arguments until then (to answer
 // an entry of requests that ask the same, after the reply), and the
-// handler reuses them, a pooled slice, as soon as Take returns: returning
-// at once let a call read another request's arguments, or zeros (a window
-// of 0 then divided by zero in the load test).
+// handler reuses them, a pooled slice, as soon as Take returns: were Take
+// to return at once, the call could read another request's arguments, or
+// zeros (and divide by a window of 0).
 func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Hour)}, s.URL())
