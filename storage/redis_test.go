@@ -44,17 +44,6 @@ func newRedisStore(t testing.TB, r *Redis, addresses ...string) *Redis {
 	return r
 }
 
-// waitUntil polls cond until it holds, and fails the test if it does
-// not within 20 s.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
-}
-
 // redisTake asks the store for one request at instant at (the script's
 // clock), or the server's clock if at is zero.
 func redisTake(t testing.TB, r *Redis, at time.Time, reqs ...Request) []algorithms.Decision {
