@@ -11,6 +11,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/jwttest"
 )
 
 var epoch = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -21,9 +23,9 @@ var epoch = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 func TestVerify(t *testing.T) {
 	k := keys()
 	clk := &clock{t: epoch}
-	rsaFile := writeFile(t, "rsa.pem", k.RSAPublicPEM)
-	ecFile := writeFile(t, "ec.pem", publicPEM(&k.EC256.PublicKey))
-	edFile := writeFile(t, "ed.pem", publicPEM(k.Ed.Public()))
+	rsaFile := jwttest.WriteFile(t, "rsa.pem", k.RSAPublicPEM)
+	ecFile := jwttest.WriteFile(t, "ec.pem", publicPEM(&k.EC256.PublicKey))
+	edFile := jwttest.WriteFile(t, "ed.pem", publicPEM(k.Ed.Public()))
 	cfg := provisioned(t, &Config{
 		Secret:     testSecret,
 		PublicKeys: []string{rsaFile, ecFile, edFile},
@@ -47,7 +49,7 @@ func TestVerify(t *testing.T) {
 		}
 		return c
 	}
-	none := sign(t, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, good(nil))
+	none := jwttest.Sign(t, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, good(nil))
 
 	tests := []struct {
 		name  string
@@ -55,15 +57,15 @@ func TestVerify(t *testing.T) {
 		token string
 		ok    bool
 	}{
-		{"HS256", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(nil)), true},
-		{"HS512", cfg, sign(t, jwt.SigningMethodHS512, []byte(testSecret), good(nil)), true},
-		{"RS256", cfg, sign(t, jwt.SigningMethodRS256, k.RSA, good(nil)), true},
-		{"PS384", cfg, sign(t, jwt.SigningMethodPS384, k.RSA, good(nil)), true},
-		{"ES256", cfg, sign(t, jwt.SigningMethodES256, k.EC256, good(nil)), true},
-		{"EdDSA", cfg, sign(t, jwt.SigningMethodEdDSA, k.Ed, good(nil)), true},
-		{"audience in a list", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"aud": []string{"x", "other-api"}})), true},
-		{"expired within leeway", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": now - 10})), true},
-		{"no exp", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": nil})), true},
+		{"HS256", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(nil)), true},
+		{"HS512", cfg, jwttest.Sign(t, jwt.SigningMethodHS512, []byte(testSecret), good(nil)), true},
+		{"RS256", cfg, jwttest.Sign(t, jwt.SigningMethodRS256, k.RSA, good(nil)), true},
+		{"PS384", cfg, jwttest.Sign(t, jwt.SigningMethodPS384, k.RSA, good(nil)), true},
+		{"ES256", cfg, jwttest.Sign(t, jwt.SigningMethodES256, k.EC256, good(nil)), true},
+		{"EdDSA", cfg, jwttest.Sign(t, jwt.SigningMethodEdDSA, k.Ed, good(nil)), true},
+		{"audience in a list", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"aud": []string{"x", "other-api"}})), true},
+		{"expired within leeway", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": now - 10})), true},
+		{"no exp", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": nil})), true},
 
 		{"empty", cfg, "", false},
 		{"not a JWT", cfg, "hello", false},
@@ -71,26 +73,26 @@ func TestVerify(t *testing.T) {
 		{"four parts", cfg, "a.b.c.d", false},
 		{"invalid base64", cfg, "!!!.???.***", false},
 		{"header not JSON", cfg, b64("not json") + "." + b64(`{"sub":"alice"}`) + ".c2ln", false},
-		{"expired", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": now - 31})), false},
-		{"not yet valid", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"nbf": now + 31})), false},
-		{"another secret", cfg, sign(t, jwt.SigningMethodHS256, []byte("another secret, also 32 bytes..."), good(nil)), false},
-		{"another RSA key", cfg, sign(t, jwt.SigningMethodRS256, k.RSAOther, good(nil)), false},
-		{"another ECDSA key", cfg, sign(t, jwt.SigningMethodES256, k.EC256Other, good(nil)), false},
-		{"another Ed25519 key", cfg, sign(t, jwt.SigningMethodEdDSA, k.EdOther, good(nil)), false},
-		{"ES384 without a P-384 key", cfg, sign(t, jwt.SigningMethodES384, k.EC384, good(nil)), false},
+		{"expired", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"exp": now - 31})), false},
+		{"not yet valid", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"nbf": now + 31})), false},
+		{"another secret", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte("another secret, also 32 bytes..."), good(nil)), false},
+		{"another RSA key", cfg, jwttest.Sign(t, jwt.SigningMethodRS256, k.RSAOther, good(nil)), false},
+		{"another ECDSA key", cfg, jwttest.Sign(t, jwt.SigningMethodES256, k.EC256Other, good(nil)), false},
+		{"another Ed25519 key", cfg, jwttest.Sign(t, jwt.SigningMethodEdDSA, k.EdOther, good(nil)), false},
+		{"ES384 without a P-384 key", cfg, jwttest.Sign(t, jwt.SigningMethodES384, k.EC384, good(nil)), false},
 		{"alg none", cfg, none, false},
 		{"alg none, signature stripped", cfg, strings.TrimSuffix(none, "."), false},
 		{"alg confusion: HS256 with the RSA public key as secret", rsaOnly,
-			sign(t, jwt.SigningMethodHS256, k.RSAPublicPEM, good(nil)), false},
+			jwttest.Sign(t, jwt.SigningMethodHS256, k.RSAPublicPEM, good(nil)), false},
 		{"alg confusion against a config that also has a secret", cfg,
-			sign(t, jwt.SigningMethodHS256, k.RSAPublicPEM, good(nil)), false},
-		{"wrong issuer", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"iss": "https://evil.example.com"})), false},
-		{"no issuer", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"iss": nil})), false},
-		{"wrong audience", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"aud": "admin"})), false},
-		{"no audience", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"aud": nil})), false},
-		{"payload swapped under a valid signature", cfg, swapPayload(sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(nil)), good(jwt.MapClaims{"sub": "bob"})), false},
-		{"signature with non-zero padding bits", cfg, flipLastChar(sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(nil))), false},
-		{"oversized", cfg, sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"pad": strings.Repeat("x", MaxTokenSize)})), false},
+			jwttest.Sign(t, jwt.SigningMethodHS256, k.RSAPublicPEM, good(nil)), false},
+		{"wrong issuer", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"iss": "https://evil.example.com"})), false},
+		{"no issuer", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"iss": nil})), false},
+		{"wrong audience", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"aud": "admin"})), false},
+		{"no audience", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"aud": nil})), false},
+		{"payload swapped under a valid signature", cfg, swapPayload(jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(nil)), good(jwt.MapClaims{"sub": "bob"})), false},
+		{"signature with non-zero padding bits", cfg, flipLastChar(jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(nil))), false},
+		{"oversized", cfg, jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), good(jwt.MapClaims{"pad": strings.Repeat("x", MaxTokenSize)})), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -188,7 +190,7 @@ func TestLookup(t *testing.T) {
 
 // TestTokenSources reads the token from each kind of source.
 func TestTokenSources(t *testing.T) {
-	token := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice"})
+	token := jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice"})
 	tests := []struct {
 		name  string
 		from  *TokenSource
@@ -228,7 +230,7 @@ func TestTokenSources(t *testing.T) {
 // most once per request, and that they are known but empty without a
 // verified token.
 func TestRegister(t *testing.T) {
-	token := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice", "org": map[string]any{"id": 7}})
+	token := jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice", "org": map[string]any{"id": 7}})
 	cfg := provisioned(t, &Config{Secret: testSecret, cacheSize: -1}, nil)
 
 	newRequest := func(auth string) (*caddy.Replacer, *http.Request) {
@@ -279,7 +281,7 @@ func TestRegister(t *testing.T) {
 func TestCachedVerification(t *testing.T) {
 	clk := &clock{t: epoch}
 	cfg := provisioned(t, &Config{Secret: testSecret, Leeway: caddy.Duration(5 * time.Second)}, clk)
-	token := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice", "exp": epoch.Add(20 * time.Second).Unix()})
+	token := jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice", "exp": epoch.Add(20 * time.Second).Unix()})
 
 	for range 3 {
 		if cfg.verify(token) == nil {
@@ -317,7 +319,7 @@ func TestCacheTTLAndBound(t *testing.T) {
 	cfg := provisioned(t, &Config{Secret: testSecret, cacheSize: 8}, clk)
 
 	// No exp: remembered for the TTL only.
-	token := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice"})
+	token := jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice"})
 	cfg.verify(token)
 	clk.add(DefaultCacheTTL - time.Second)
 	cfg.verify(token)
@@ -331,7 +333,7 @@ func TestCacheTTLAndBound(t *testing.T) {
 	}
 
 	for i := range 100 {
-		tok := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "user", "n": i})
+		tok := jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "user", "n": i})
 		if cfg.verify(tok) == nil {
 			t.Fatal("valid token refused")
 		}
@@ -341,29 +343,12 @@ func TestCacheTTLAndBound(t *testing.T) {
 	}
 }
 
-// hostileAuthorizations are Authorization headers built to make a token
-// parser slow or crash.
-func hostileAuthorizations() map[string]string {
-	header := b64(`{"alg":"HS256","typ":"JWT"}`)
-	deep := func(n int) string {
-		return strings.Repeat(`{"a":`, n) + "1" + strings.Repeat("}", n)
-	}
-	return map[string]string{
-		"1 MB":                             "Bearer " + strings.Repeat("A", 1<<20),
-		"10,000 dots":                      "Bearer " + strings.Repeat(".", 10000),
-		"invalid base64":                   "Bearer " + strings.Repeat("!", 3000) + "." + strings.Repeat("*", 3000) + ".x",
-		"JSON nested 10,000 deep":          "Bearer " + header + "." + b64(deep(10000)) + ".c2ln",
-		"JSON nested 1,000 deep (in 8KiB)": "Bearer " + header + "." + b64(deep(1000)) + ".c2ln",
-		"arrays nested 4,000 deep":         "Bearer " + header + "." + b64(strings.Repeat("[", 4000)) + ".c2ln",
-	}
-}
-
 // TestBadInputIsCheap feeds hostile input to the token path. Nothing may
 // panic or yield claims. The time each takes is logged, not asserted;
 // BenchmarkHostileTokens measures it.
 func TestBadInputIsCheap(t *testing.T) {
 	cfg := provisioned(t, &Config{Secret: testSecret, cacheSize: -1}, nil)
-	for name, auth := range hostileAuthorizations() {
+	for name, auth := range jwttest.HostileAuthorizations() {
 		t.Run(name, func(t *testing.T) {
 			r := httptest.NewRequest(http.MethodGet, "/", nil)
 			r.Header.Set("Authorization", auth)
@@ -377,7 +362,7 @@ func TestBadInputIsCheap(t *testing.T) {
 
 	// The size cap keeps the 10,000-deep document from the parser; show
 	// that the parser itself would refuse it cheaply too.
-	token := strings.TrimPrefix(hostileAuthorizations()["JSON nested 10,000 deep"], "Bearer ")
+	token := strings.TrimPrefix(jwttest.HostileAuthorizations()["JSON nested 10,000 deep"], "Bearer ")
 	start := time.Now()
 	if _, err := cfg.parser.ParseWithClaims(token, jwt.MapClaims{}, cfg.keyFor); err == nil {
 		t.Fatal("parser accepted a 10,000-deep document")
@@ -390,11 +375,11 @@ func TestBadInputIsCheap(t *testing.T) {
 func TestKeyRotation(t *testing.T) {
 	k := keys()
 	cfg := provisioned(t, &Config{PublicKeys: []string{
-		writeFile(t, "old.pem", k.RSAPublicPEM),
-		writeFile(t, "new.pem", publicPEM(&k.RSAOther.PublicKey)),
+		jwttest.WriteFile(t, "old.pem", k.RSAPublicPEM),
+		jwttest.WriteFile(t, "new.pem", publicPEM(&k.RSAOther.PublicKey)),
 	}}, nil)
 	for name, key := range map[string]any{"old": k.RSA, "new": k.RSAOther} {
-		if cfg.verify(sign(t, jwt.SigningMethodRS256, key, jwt.MapClaims{"sub": name})) == nil {
+		if cfg.verify(jwttest.Sign(t, jwt.SigningMethodRS256, key, jwt.MapClaims{"sub": name})) == nil {
 			t.Errorf("token signed with the %s key refused", name)
 		}
 	}
@@ -403,7 +388,7 @@ func TestKeyRotation(t *testing.T) {
 // TestNamespacedClaim: a claim named like a URL, as some issuers use, is a
 // usable placeholder.
 func TestNamespacedClaim(t *testing.T) {
-	token := sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"https://example.com/tier": "pro"})
+	token := jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"https://example.com/tier": "pro"})
 	cfg := provisioned(t, &Config{Secret: testSecret}, nil)
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	r.Header.Set("Authorization", "Bearer "+token)
