@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -343,31 +344,65 @@ func TestCacheTTLAndBound(t *testing.T) {
 	}
 }
 
-// TestBadInputIsCheap feeds hostile input to the token path. Nothing may
-// panic or yield claims. The time each takes is logged, not asserted;
-// BenchmarkHostileTokens measures it.
+// TestBadInputIsCheap feeds hostile input to the token path: none may
+// panic or yield claims, and what each may cost is bounded by counts, not
+// timed (BenchmarkHostileTokens measures the time each takes):
+//
+//   - Input longer than MaxTokenSize, or without exactly two dots, is
+//     refused before the parser runs: the verifications counter does not
+//     move. Only the size cap refuses the 10,000-deep document so.
+//   - Whatever gets to the parser costs at most maxAllocs allocations
+//     (testing.AllocsPerRun). The parser decodes the claims before it
+//     checks the signature, so its cost grows with the number and nesting
+//     of the JSON's values, which the size cap bounds: the costliest input
+//     here, 1,000 nested objects in 8 KiB, takes about 2,100 allocations.
+//     The bound, one allocation per byte the cap lets through, leaves four
+//     times that for changes in the parser; the 10,000-deep document, let
+//     through, would take about 20,000.
 func TestBadInputIsCheap(t *testing.T) {
+	const maxAllocs = MaxTokenSize
 	cfg := provisioned(t, &Config{Secret: testSecret, cacheSize: -1}, nil)
-	for name, auth := range jwttest.HostileAuthorizations() {
+	hostile := jwttest.HostileAuthorizations()
+	beforeParser := []string{"1 MB", "10,000 dots", "JSON nested 10,000 deep"}
+	for _, name := range beforeParser {
+		if _, ok := hostile[name]; !ok {
+			t.Fatalf("no hostile input named %q", name)
+		}
+	}
+	for name, auth := range hostile {
 		t.Run(name, func(t *testing.T) {
 			r := httptest.NewRequest(http.MethodGet, "/", nil)
 			r.Header.Set("Authorization", auth)
-			start := time.Now()
+			before := cfg.verifications.Load()
 			if cfg.Claims(r) != nil {
 				t.Fatal("hostile input yielded claims")
 			}
-			t.Logf("%s: %v", name, time.Since(start))
+			parsed := cfg.verifications.Load() != before
+			if parsed && slices.Contains(beforeParser, name) {
+				t.Errorf("a token of %d bytes went to the parser; want it refused before", len(strings.TrimPrefix(auth, "Bearer ")))
+			}
+			allocs := testing.AllocsPerRun(10, func() { cfg.Claims(r) })
+			if allocs > maxAllocs {
+				t.Errorf("%.0f allocations, want at most %d", allocs, maxAllocs)
+			}
+			t.Logf("went to the parser: %v; %.0f allocations", parsed, allocs)
 		})
 	}
 
-	// The size cap keeps the 10,000-deep document from the parser; show
-	// that the parser itself would refuse it cheaply too.
-	token := strings.TrimPrefix(jwttest.HostileAuthorizations()["JSON nested 10,000 deep"], "Bearer ")
-	start := time.Now()
-	if _, err := cfg.parser.ParseWithClaims(token, jwt.MapClaims{}, cfg.keyFor); err == nil {
-		t.Fatal("parser accepted a 10,000-deep document")
+	// The parser refuses the 10,000-deep document too, but only at the
+	// signature, once it has decoded all of it: the size cap is what keeps
+	// that cost from the token path.
+	token := strings.TrimPrefix(hostile["JSON nested 10,000 deep"], "Bearer ")
+	parse := func() error {
+		_, err := cfg.parser.ParseWithClaims(token, jwt.MapClaims{}, cfg.keyFor)
+		return err
 	}
-	t.Logf("parser on a 10,000-deep document (%d bytes) without the size cap: %v", len(token), time.Since(start))
+	if err := parse(); err == nil {
+		t.Fatal("the parser accepted a 10,000-deep document")
+	} else {
+		t.Logf("the parser on the 10,000-deep document (%d bytes): %v; %.0f allocations",
+			len(token), err, testing.AllocsPerRun(1, func() { _ = parse() }))
+	}
 }
 
 // TestKeyRotation: with two public keys for one algorithm, tokens signed
