@@ -9,6 +9,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/jwttest"
 )
 
 // BenchmarkVerifyAndKey measures what a request with a token costs the
@@ -18,14 +20,14 @@ import (
 // the same token again.
 func BenchmarkVerifyAndKey(b *testing.B) {
 	k := keys()
-	ecFile := writeFile(b, "ec.pem", publicPEM(&k.EC256.PublicKey))
+	ecFile := jwttest.WriteFile(b, "ec.pem", publicPEM(&k.EC256.PublicKey))
 	claims := jwt.MapClaims{
 		"sub": "user-1234", "iss": "https://id.example.com", "aud": "api",
 		"exp": time.Now().Add(time.Hour).Unix(), "iat": time.Now().Unix(), "quota": 600,
 	}
 	tokens := map[string]string{
-		"HS256": sign(b, jwt.SigningMethodHS256, []byte(testSecret), claims),
-		"ES256": sign(b, jwt.SigningMethodES256, k.EC256, claims),
+		"HS256": jwttest.Sign(b, jwt.SigningMethodHS256, []byte(testSecret), claims),
+		"ES256": jwttest.Sign(b, jwt.SigningMethodES256, k.EC256, claims),
 	}
 	for _, alg := range []string{"HS256", "ES256"} {
 		for _, cached := range []bool{false, true} {
@@ -69,10 +71,11 @@ func BenchmarkNoToken(b *testing.B) {
 }
 
 // BenchmarkHostileTokens is the cost of each hostile Authorization header
-// from TestBadInputIsCheap: what an attacker can make one request cost.
+// (jwttest.HostileAuthorizations, which TestBadInputIsCheap feeds too):
+// what an attacker can make one request cost.
 func BenchmarkHostileTokens(b *testing.B) {
 	cfg := provisioned(b, &Config{Secret: testSecret, cacheSize: -1}, nil)
-	for name, auth := range hostileAuthorizations() {
+	for name, auth := range jwttest.HostileAuthorizations() {
 		b.Run(strings.NewReplacer(" ", "_", ",", "").Replace(name), func(b *testing.B) {
 			r := httptest.NewRequest(http.MethodGet, "/", nil)
 			r.Header.Set("Authorization", auth)

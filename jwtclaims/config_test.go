@@ -16,26 +16,28 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/jwttest"
 )
 
 func TestProvisionRefuses(t *testing.T) {
 	k := keys()
-	rsaFile := writeFile(t, "rsa.pem", k.RSAPublicPEM)
-	ecFile := writeFile(t, "ec.pem", publicPEM(&k.EC256.PublicKey))
+	rsaFile := jwttest.WriteFile(t, "rsa.pem", k.RSAPublicPEM)
+	ecFile := jwttest.WriteFile(t, "ec.pem", publicPEM(&k.EC256.PublicKey))
 	privDER, err := x509.MarshalPKCS8PrivateKey(k.EC256)
 	if err != nil {
 		t.Fatal(err)
 	}
-	privFile := writeFile(t, "private.pem", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: privDER}))
+	privFile := jwttest.WriteFile(t, "private.pem", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: privDER}))
 	p224, err := ecdsa.GenerateKey(elliptic.P224(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p224File := writeFile(t, "p224.pem", publicPEM(&p224.PublicKey))
-	garbage := writeFile(t, "garbage.pem", []byte("this is not PEM"))
-	badDER := writeFile(t, "bad.pem", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: []byte("junk")}))
+	p224File := jwttest.WriteFile(t, "p224.pem", publicPEM(&p224.PublicKey))
+	garbage := jwttest.WriteFile(t, "garbage.pem", []byte("this is not PEM"))
+	badDER := jwttest.WriteFile(t, "bad.pem", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: []byte("junk")}))
 	missing := filepath.Join(t.TempDir(), "missing.pem")
-	unreadable := writeFile(t, "unreadable.pem", k.RSAPublicPEM)
+	unreadable := jwttest.WriteFile(t, "unreadable.pem", k.RSAPublicPEM)
 	if err := os.Chmod(unreadable, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -84,10 +86,10 @@ func TestProvisionRefuses(t *testing.T) {
 
 func TestDefaultAlgorithms(t *testing.T) {
 	k := keys()
-	rsaFile := writeFile(t, "rsa.pem", k.RSAPublicPEM)
+	rsaFile := jwttest.WriteFile(t, "rsa.pem", k.RSAPublicPEM)
 	// Several keys in one file, and a certificate-free PKCS #1 block.
 	pkcs1 := pem.EncodeToMemory(&pem.Block{Type: "RSA PUBLIC KEY", Bytes: x509.MarshalPKCS1PublicKey(&k.RSAOther.PublicKey)})
-	multi := writeFile(t, "multi.pem", slices.Concat(publicPEM(&k.EC256.PublicKey), publicPEM(&k.EC384.PublicKey), publicPEM(k.Ed.Public()), pkcs1))
+	multi := jwttest.WriteFile(t, "multi.pem", slices.Concat(publicPEM(&k.EC256.PublicKey), publicPEM(&k.EC384.PublicKey), publicPEM(k.Ed.Public()), pkcs1))
 
 	tests := []struct {
 		name string
@@ -123,7 +125,7 @@ func TestSecretFromEnvironment(t *testing.T) {
 }
 
 func TestSecretFromFile(t *testing.T) {
-	file := writeFile(t, "jwt.secret", []byte(testSecret+"\n"))
+	file := jwttest.WriteFile(t, "jwt.secret", []byte(testSecret+"\n"))
 	cfg := provisioned(t, &Config{Secret: "{file." + file + "}"}, nil)
 	if got := string(cfg.keys["HS256"].([]byte)); got != testSecret {
 		t.Fatalf("secret %q, want the file's content without its newline", got)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/jwttest"
 )
 
 // FuzzTokenPlaceholder drives the whole token path, from an Authorization
@@ -17,7 +19,7 @@ import (
 // a signature, so any other input that verified would be a bug.
 func FuzzTokenPlaceholder(f *testing.F) {
 	k := keys()
-	ecFile := writeFile(f, "ec.pem", publicPEM(&k.EC256.PublicKey))
+	ecFile := jwttest.WriteFile(f, "ec.pem", publicPEM(&k.EC256.PublicKey))
 	clk := &clock{t: epoch}
 	cfg := provisioned(f, &Config{
 		Secret:     testSecret,
@@ -31,8 +33,8 @@ func FuzzTokenPlaceholder(f *testing.F) {
 		"org": map[string]any{"id": 42, "tier": "pro"}, "quota": 1e3, "roles": []string{"a"},
 	}
 	valid := map[string]bool{
-		sign(f, jwt.SigningMethodHS256, []byte(testSecret), claims): true,
-		sign(f, jwt.SigningMethodES256, k.EC256, claims):            true,
+		jwttest.Sign(f, jwt.SigningMethodHS256, []byte(testSecret), claims): true,
+		jwttest.Sign(f, jwt.SigningMethodES256, k.EC256, claims):            true,
 	}
 	for tok := range valid {
 		f.Add("Bearer "+tok, "sub")
@@ -41,9 +43,9 @@ func FuzzTokenPlaceholder(f *testing.F) {
 		f.Add("Bearer "+swapPayload(tok, jwt.MapClaims{"sub": "bob"}), "sub")
 		f.Add("Bearer "+flipLastChar(tok), "sub")
 	}
-	f.Add("Bearer "+sign(f, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, claims), "sub")
-	f.Add("Bearer "+sign(f, jwt.SigningMethodHS256, k.RSAPublicPEM, claims), "sub")
-	f.Add("Bearer "+sign(f, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "x", "exp": epoch.Add(-time.Hour).Unix()}), "sub")
+	f.Add("Bearer "+jwttest.Sign(f, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, claims), "sub")
+	f.Add("Bearer "+jwttest.Sign(f, jwt.SigningMethodHS256, k.RSAPublicPEM, claims), "sub")
+	f.Add("Bearer "+jwttest.Sign(f, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "x", "exp": epoch.Add(-time.Hour).Unix()}), "sub")
 	f.Add("Bearer "+b64(`{"alg":"HS256"}`)+"."+b64(strings.Repeat(`{"a":`, 500))+".c2ln", "a.a.a")
 	f.Add("Bearer "+strings.Repeat(".", 100), "sub")
 	f.Add("Bearer !!!.???.***", "sub")

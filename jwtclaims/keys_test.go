@@ -1,13 +1,9 @@
 package jwtclaims
 
 import (
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/jwttest"
 )
@@ -20,27 +16,6 @@ var keys = jwttest.Generate
 
 // publicPEM encodes a public key as a PKIX "PUBLIC KEY" block.
 var publicPEM = jwttest.PublicPEM
-
-// writeFile writes data into a file in a temporary directory and returns
-// its path.
-func writeFile(t testing.TB, name string, data []byte) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), name)
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-// sign mints a token.
-func sign(t testing.TB, method jwt.SigningMethod, key any, claims jwt.MapClaims) string {
-	t.Helper()
-	s, err := jwt.NewWithClaims(method, claims).SignedString(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
 
 // clock is a settable time for tests.
 type clock struct {

@@ -230,9 +230,6 @@ func TestRedisReleaseManyZones(t *testing.T) {
 		check(t, newRedisStore(t, new(Redis), s.URL()), []*redistest.Server{s}, 1)
 	})
 	t.Run("cluster", func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("starts a cluster")
-		}
 		c := redistest.NewCluster(t, 3)
 		check(t, newRedisStore(t, &Redis{Cluster: true}, c.URLs()...), c.Nodes, 2)
 	})

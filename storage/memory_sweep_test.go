@@ -11,16 +11,38 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
 )
 
-// TestMemorySweepInterval: with a short sweep interval an expired key's
-// slot is emptied within a few intervals; with the default (10 s) the same
-// key, expired just as long, still holds its slot.
+// TestMemorySweepInterval: the sweeper sweeps on its own, at the interval
+// in force. New counters have DefaultSweepInterval in force; a config that
+// asks for another puts it in force, and the running sweeper follows it.
+// With MinSweepInterval in force, the sweeper empties the slot of a key
+// that has expired, with nothing else touching the store; counters swept
+// every hour still hold their expired key by then, since their sweeper has
+// not run yet.
+//
+// The test waits for events (the sweeper taking a new interval, the key
+// count dropping) and asserts nothing about how long they took: waitUntil's
+// deadline only keeps a sweeper that never sweeps from hanging the test.
 func TestMemorySweepInterval(t *testing.T) {
-	expired := func(interval time.Duration) *memoryCounters {
+	// askFor puts interval in force, and waits until the sweeper has taken
+	// the change off resweep: from then on its ticker runs, so a later
+	// interval takes effect only if the sweeper resets it.
+	askFor := func(m *Memory, interval time.Duration) {
+		t.Helper()
+		m.SetSweepInterval(interval)
+		if got := sweepInterval(m); got != interval {
+			t.Fatalf("sweep interval in force %s, want the %s asked for", got, interval)
+		}
+		waitUntil(t, "the sweeper takes the new interval", func() bool { return len(m.counters.resweep) == 0 })
+	}
+	expired := func(intervals ...time.Duration) *memoryCounters {
 		c, clock := newTestCounters(t, DefaultMaxKeys)
-		if interval > 0 {
-			m := &Memory{counters: c}
-			c.addUser(m)
-			m.SetSweepInterval(interval)
+		m := &Memory{counters: c}
+		if got := sweepInterval(m); got != DefaultSweepInterval {
+			t.Fatalf("new counters sweep every %s, want the default %s", got, DefaultSweepInterval)
+		}
+		c.addUser(m)
+		for _, d := range intervals {
+			askFor(m, d)
 		}
 		take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Second}, Cost: 1})
 		if n := c.len(); n != 1 {
@@ -31,17 +53,10 @@ func TestMemorySweepInterval(t *testing.T) {
 		clock.set(vectors.Start.Add(3 * time.Second))
 		return c
 	}
-	short, long := expired(20*time.Millisecond), expired(0)
-	start := time.Now()
-	for short.len() != 0 {
-		if time.Since(start) > 5*time.Second {
-			t.Fatal("the expired key still holds its slot 5 s on, with sweep_interval 20ms")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Logf("reclaimed after %s", time.Since(start))
-	if n := long.len(); n != 1 && time.Since(start) < DefaultSweepInterval {
-		t.Fatalf("%d keys with the default interval, want the expired key still held until the first sweep", n)
+	short, hourly := expired(time.Hour, MinSweepInterval), expired(time.Hour)
+	waitUntil(t, "the sweeper empties the expired key's slot", func() bool { return short.len() == 0 })
+	if n := hourly.len(); n != 1 {
+		t.Fatalf("%d keys in counters swept every hour, want the expired key held until their first sweep", n)
 	}
 }
 

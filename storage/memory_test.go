@@ -434,10 +434,10 @@ func TestMemoryBoundFollowsRunningConfigs(t *testing.T) {
 }
 
 // TestMemorySharedAcrossProvisions shows that two configs (an old one and
-// the one replacing it) see the same counters, and that the sweeper stops
-// when the last one is cleaned up.
+// the one replacing it) see the same counters, and that the sweeper runs
+// until the last one is cleaned up, and stops then: the cleanup destroys
+// the counters, and Destruct returns once the sweeper has ended.
 func TestMemorySharedAcrossProvisions(t *testing.T) {
-	before := runtime.NumGoroutine()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
 	old, next := new(Memory), new(Memory)
@@ -452,8 +452,17 @@ func TestMemorySharedAcrossProvisions(t *testing.T) {
 	if err := next.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
+	counters := old.counters
+	if next.counters != counters {
+		t.Fatal("the new config has counters of its own")
+	}
 	if err := old.Cleanup(); err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case <-counters.done:
+		t.Fatal("the sweeper stopped while a config still uses the store")
+	default:
 	}
 	if err := next.Take(ctx, r, d); err != nil || d[0].Allowed {
 		t.Fatalf("counter lost across provisions: %v %+v", err, d[0])
@@ -461,12 +470,10 @@ func TestMemorySharedAcrossProvisions(t *testing.T) {
 	if err := next.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := runtime.NumGoroutine(); n > before {
-		t.Fatalf("%d goroutines after cleanup, %d before", n, before)
+	select {
+	case <-counters.done:
+	default:
+		t.Fatal("the sweeper still runs after the last config using the store was cleaned up")
 	}
 }
 

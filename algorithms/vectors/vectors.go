@@ -141,7 +141,8 @@ var Cases = []Case{
 		},
 	},
 	{
-		// SPEC §5: limit 10 per 1s, burst 3, so T = 100ms.
+		// The documented gcra worked example: limit 10 per 1s, burst 3,
+		// so T = 100ms.
 		Name:      "gcra/spec_vector",
 		Algorithm: algorithms.GCRA,
 		Rate:      algorithms.Rate{Units: 10, Window: time.Second, Burst: 3},

@@ -1,6 +1,7 @@
-// Package jwttest holds the signing keys that the JWT tests of several
-// packages use, generated once per test binary because RSA key generation
-// is slow.
+// Package jwttest holds what the JWT tests of several packages share: the
+// signing keys, generated once per test binary because RSA key generation
+// is slow; token minting and key files; and Authorization headers built to
+// be hostile to a token parser.
 package jwttest
 
 import (
@@ -10,8 +11,15 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
+	"testing"
+
+	"github.com/golang-jwt/jwt/v5"
 )
 
 // Keys are private keys of every type the jwt block verifies, two of some
@@ -58,4 +66,47 @@ func PublicPEM(pub any) []byte {
 		panic(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
+}
+
+// Sign mints a token: claims signed with key by method. A method and key
+// that do not go together fail tb.
+func Sign(tb testing.TB, method jwt.SigningMethod, key any, claims jwt.MapClaims) string {
+	tb.Helper()
+	s, err := jwt.NewWithClaims(method, claims).SignedString(key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// WriteFile writes data, readable by its owner only, to a file called
+// name in a new temporary directory of tb's, and returns the file's path.
+func WriteFile(tb testing.TB, name string, data []byte) string {
+	tb.Helper()
+	path := filepath.Join(tb.TempDir(), name)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return path
+}
+
+// HostileAuthorizations returns Authorization header values, by name, each
+// built to make a token parser slow or crash: a megabyte of token, ten
+// thousand dots, parts that are not base64, and claims nested deep enough
+// to exhaust a recursive JSON decoder, both over and under a size cap of
+// 8 KiB.
+func HostileAuthorizations() map[string]string {
+	b64 := base64.RawURLEncoding.EncodeToString
+	header := b64([]byte(`{"alg":"HS256","typ":"JWT"}`))
+	deep := func(n int) string {
+		return b64([]byte(strings.Repeat(`{"a":`, n) + "1" + strings.Repeat("}", n)))
+	}
+	return map[string]string{
+		"1 MB":                             "Bearer " + strings.Repeat("A", 1<<20),
+		"10,000 dots":                      "Bearer " + strings.Repeat(".", 10000),
+		"invalid base64":                   "Bearer " + strings.Repeat("!", 3000) + "." + strings.Repeat("*", 3000) + ".x",
+		"JSON nested 10,000 deep":          "Bearer " + header + "." + deep(10000) + ".c2ln",
+		"JSON nested 1,000 deep (in 8KiB)": "Bearer " + header + "." + deep(1000) + ".c2ln",
+		"arrays nested 4,000 deep":         "Bearer " + header + "." + b64([]byte(strings.Repeat("[", 4000))) + ".c2ln",
+	}
 }

@@ -4,9 +4,15 @@
 // its files in a test's temporary directory, and is killed when the test
 // (or the caller, for shared servers) is done.
 //
-// If redis-server is not on PATH, tests that need it are skipped, unless the
-// environment variable CI is "true", where a missing redis-server fails them:
-// CI must install it.
+// Tests that start a redis-server belong to the integration tier: under
+// go test -short (the unit tier, which starts no server process) they are
+// skipped, and so are benchmarks that start one. If redis-server is not on
+// PATH, tests that need it are skipped too, unless the environment variable
+// CI is "true", where a missing redis-server fails them: CI must install it.
+//
+// Every way to start a server goes through Binaries, which does the
+// skipping: Standalone, NewCluster and NewSentinel call it, and Start,
+// StartCluster and StartSentinel take the binary it returned.
 package redistest
 
 import (
@@ -35,10 +41,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Binaries returns the paths of redis-server and redis-cli, or skips (or,
-// under CI=true, fails) t when redis-server is not installed.
+// Binaries returns the paths of redis-server and redis-cli. It skips t
+// under -short, since starting redis-server is not in the unit tier, and
+// skips (or, under CI=true, fails) t when redis-server is not installed.
 func Binaries(t testing.TB) (server, cli string) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts redis-server; not in the -short unit tier")
+	}
 	server, err := exec.LookPath("redis-server")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -134,7 +144,8 @@ type Options struct {
 }
 
 // Start starts a redis-server in dir (created if missing) on a free port
-// and waits until it answers PING.
+// and waits until it answers PING. bin is the redis-server that Binaries
+// returned, so that a test calling Start skips as Binaries says.
 func Start(bin, dir string, o Options) (*Server, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err

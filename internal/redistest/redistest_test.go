@@ -39,9 +39,6 @@ func TestStandaloneKillPauseRestart(t *testing.T) {
 }
 
 func TestClusterAndSentinel(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a cluster")
-	}
 	c := NewCluster(t, 3)
 	info, err := c.Nodes[0].Do("CLUSTER", "INFO")
 	if err != nil || !strings.Contains(info, "cluster_known_nodes:3") {
