@@ -1,95 +1,37 @@
-package ratelimit
+package ratelimit_test
 
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
-
-// adminDo sends one admin API request to base (an admin endpoint's URL)
-// and returns the status and body.
-func adminDo(t *testing.T, base, method, path, body string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
-// adminSite limits each X-Client to limit requests per hour in zone, in
-// the given store.
-func adminSite(zone, store string, limit int) string {
-	return fmt.Sprintf(`
-:9080 {
-	rate_limit {
-		%s
-		zone %s {
-			key {header.X-Client}
-			limit %d
-			window 1h
-		}
-	}
-	respond "ok"
-}
-`, store, zone, limit)
-}
-
-// statuses sends n requests for client and returns their statuses.
-func statuses(t *testing.T, n int, client string) []int {
-	t.Helper()
-	var out []int
-	for range n {
-		code, _ := redisGet(t, client)
-		out = append(out, code)
-	}
-	return out
-}
-
-func wantStatuses(t *testing.T, got []int, want ...int) {
-	t.Helper()
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("statuses %v, want %v", got, want)
-	}
-}
 
 // TestAdminAPIMemory drives every admin route against the memory store
 // through a running Caddy, as an operator would with curl.
 func TestAdminAPIMemory(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	startCaddy(t, adminSite("admin_mem", "", 2))
-	loadWithGlobals(t, "log {\n\toutput file "+logFile+"\n\tformat json\n}", adminSite("admin_mem", "", 2))
+	startCaddy(t, clientSite("admin_mem", 2, ""))
+	mustLoad(t, withGlobals(jsonLog(logFile, "INFO"))+clientSite("admin_mem", 2, ""))
 	testAdminAPI(t, adminURL, "admin_mem", "memory", func(client string, n int) []int { return statuses(t, n, client) })
 
 	t.Run("dials and overrides outlive reloads", func(t *testing.T) {
 		base := "/rate_limit/zones/admin_mem"
-		if code, body := adminDo(t, adminURL, http.MethodPut, base+"/keys/kept/limit", `{"limit": 4}`); code != 200 {
+		if code, body := adminJSON(t, adminURL, http.MethodPut, base+"/keys/kept/limit", `{"limit": 4}`); code != 200 {
 			t.Fatal(code, body)
 		}
-		if code, body := adminDo(t, adminURL, http.MethodPut, base+"/dial", `{"mode": "dry_run"}`); code != 200 {
+		if code, body := adminJSON(t, adminURL, http.MethodPut, base+"/dial", `{"mode": "dry_run"}`); code != 200 {
 			t.Fatal(code, body)
 		}
-		loadWithGlobals(t, "log {\n\toutput file "+logFile+"\n\tformat json\n}", adminSite("admin_mem", "", 3))
+		mustLoad(t, withGlobals(jsonLog(logFile, "INFO"))+clientSite("admin_mem", 3, ""))
 		wantStatuses(t, statuses(t, 6, "kept"), 200, 200, 200, 200, 200, 200) // dry run
-		if code, body := adminDo(t, adminURL, http.MethodDelete, base+"/dial", ""); code != http.StatusNoContent {
+		if code, body := adminJSON(t, adminURL, http.MethodDelete, base+"/dial", ""); code != http.StatusNoContent {
 			t.Fatal(code, body)
 		}
 		wantStatuses(t, statuses(t, 1, "kept"), 429) // the override's 4 are used
@@ -112,8 +54,11 @@ func testAdminAPI(t *testing.T, base, zone, store string, send func(client strin
 	}
 
 	t.Run("list zones", func(t *testing.T) {
-		code, body := adminDo(t, base, http.MethodGet, "/rate_limit/zones", "")
-		var zones []zoneInfo
+		code, body := adminJSON(t, base, http.MethodGet, "/rate_limit/zones", "")
+		var zones []struct {
+			Name, Store, Window, Algorithm string
+			Limit                          []string
+		}
 		if code != 200 || json.Unmarshal([]byte(body), &zones) != nil {
 			t.Fatalf("%d %s", code, body)
 		}
@@ -131,16 +76,16 @@ func testAdminAPI(t *testing.T, base, zone, store string, send func(client strin
 	t.Run("inspect and reset a key", func(t *testing.T) {
 		client := "a/b c" // a key that needs escaping in a path
 		wantStatuses(t, send(client, 3), 200, 200, 429)
-		code, body := adminDo(t, base, http.MethodGet, keyPath(client), "")
+		code, body := adminJSON(t, base, http.MethodGet, keyPath(client), "")
 		var k keyInfo
 		if code != 200 || json.Unmarshal([]byte(body), &k) != nil || k.Key != client || k.Used != 2 || k.Current != 2 || k.Reset.IsZero() {
 			t.Fatalf("GET key: %d %s", code, body)
 		}
-		if code, body := adminDo(t, base, http.MethodDelete, keyPath(client), ""); code != http.StatusNoContent {
+		if code, body := adminJSON(t, base, http.MethodDelete, keyPath(client), ""); code != http.StatusNoContent {
 			t.Fatalf("DELETE key: %d %s", code, body)
 		}
 		wantStatuses(t, send(client, 3), 200, 200, 429)
-		code, body = adminDo(t, base, http.MethodGet, keyPath("never-seen"), "")
+		code, body = adminJSON(t, base, http.MethodGet, keyPath("never-seen"), "")
 		if code != 200 || !strings.Contains(body, `"used":0`) {
 			t.Fatalf("unseen key: %d %s", code, body)
 		}
@@ -148,15 +93,15 @@ func testAdminAPI(t *testing.T, base, zone, store string, send func(client strin
 
 	t.Run("per-key limit override", func(t *testing.T) {
 		wantStatuses(t, send("vip", 3), 200, 200, 429)
-		code, body := adminDo(t, base, http.MethodPut, keyPath("vip")+"/limit", `{"limit": 5, "ttl": "24h"}`)
+		code, body := adminJSON(t, base, http.MethodPut, keyPath("vip")+"/limit", `{"limit": 5, "ttl": "24h"}`)
 		if code != 200 || !strings.Contains(body, `"limit":5`) {
 			t.Fatalf("PUT limit: %d %s", code, body)
 		}
 		wantStatuses(t, send("vip", 4), 200, 200, 200, 429)
-		if code, body := adminDo(t, base, http.MethodGet, keyPath("vip"), ""); code != 200 || !strings.Contains(body, `"override":{"limit":5`) {
+		if code, body := adminJSON(t, base, http.MethodGet, keyPath("vip"), ""); code != 200 || !strings.Contains(body, `"override":{"limit":5`) {
 			t.Fatalf("GET shows no override: %d %s", code, body)
 		}
-		if code, body := adminDo(t, base, http.MethodDelete, keyPath("vip")+"/limit", ""); code != http.StatusNoContent {
+		if code, body := adminJSON(t, base, http.MethodDelete, keyPath("vip")+"/limit", ""); code != http.StatusNoContent {
 			t.Fatalf("DELETE limit: %d %s", code, body)
 		}
 		wantStatuses(t, send("vip", 1), 429)
@@ -173,15 +118,15 @@ func testAdminAPI(t *testing.T, base, zone, store string, send func(client strin
 			// dry-run requests over the limit were not charged: 2 counted of 6
 			{`{"mode": "enforce", "limit": 6, "ttl": "1h"}`, []int{200, 200, 200, 200, 429}},
 		} {
-			if code, body := adminDo(t, base, http.MethodPut, "/rate_limit/zones/"+zone+"/dial", c.body); code != 200 {
+			if code, body := adminJSON(t, base, http.MethodPut, "/rate_limit/zones/"+zone+"/dial", c.body); code != 200 {
 				t.Fatalf("PUT dial %s: %d %s", c.body, code, body)
 			}
 			wantStatuses(t, send("dial", len(c.want)), c.want...)
 		}
-		if _, body := adminDo(t, base, http.MethodGet, "/rate_limit/zones", ""); !strings.Contains(body, `"dial":{"mode":"enforce","limit":6`) {
+		if _, body := adminJSON(t, base, http.MethodGet, "/rate_limit/zones", ""); !strings.Contains(body, `"dial":{"mode":"enforce","limit":6`) {
 			t.Fatalf("zone list shows no dial: %s", body)
 		}
-		if code, body := adminDo(t, base, http.MethodDelete, "/rate_limit/zones/"+zone+"/dial", ""); code != http.StatusNoContent {
+		if code, body := adminJSON(t, base, http.MethodDelete, "/rate_limit/zones/"+zone+"/dial", ""); code != http.StatusNoContent {
 			t.Fatalf("DELETE dial: %d %s", code, body)
 		}
 		wantStatuses(t, send("dial", 1), 429)
@@ -201,7 +146,7 @@ func testAdminAPI(t *testing.T, base, zone, store string, send func(client strin
 			{http.MethodPut, keyPath("k") + "/limit", `{"limit": 5, "tll": "1h"}`, http.StatusBadRequest},
 			{http.MethodPost, keyPath("k"), "", http.StatusMethodNotAllowed},
 		} {
-			code, body := adminDo(t, base, c.method, c.path, c.body)
+			code, body := adminJSON(t, base, c.method, c.path, c.body)
 			var e struct{ Error string }
 			if code != c.status || json.Unmarshal([]byte(body), &e) != nil || e.Error == "" {
 				t.Errorf("%s %s %s: %d %s, want %d with a JSON error", c.method, c.path, c.body, code, body, c.status)
@@ -210,30 +155,27 @@ func testAdminAPI(t *testing.T, base, zone, store string, send func(client strin
 	})
 }
 
-// readmeCurls returns the curl commands of the README's "Operating it"
-// section.
-func readmeCurls(t *testing.T) []string {
+// docCurls returns the lines of the given Markdown files that are curl
+// commands, in order.
+func docCurls(t *testing.T, files ...string) []string {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(b), "\n## Operating it\n")
-	if !ok {
-		t.Fatal("README has no Operating it section")
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
 	var out []string
-	for line := range strings.Lines(section) {
-		if strings.HasPrefix(line, "curl ") {
-			out = append(out, strings.TrimSpace(line))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(b)) {
+			if strings.HasPrefix(line, "curl ") {
+				out = append(out, strings.TrimSpace(line))
+			}
 		}
 	}
 	return out
 }
 
 // shellWords splits a command line on spaces, keeping single-quoted text
-// together, as the README's curls are written.
+// together, as the documents' curls are written.
 func shellWords(line string) []string {
 	var words []string
 	var cur strings.Builder
@@ -259,15 +201,32 @@ func shellWords(line string) []string {
 	return words
 }
 
-// TestReadmeCurls runs every curl of the README's "Operating it" section
-// against a running Caddy (its admin endpoint on this test's port), in
-// order, and expects each to succeed.
-func TestReadmeCurls(t *testing.T) {
-	startCaddy(t, adminSite("api", "", 100))
-	redisGet(t, "customer-42")
-	curls := readmeCurls(t)
+// TestDocumentedCurls runs every curl of the README and of
+// docs/operating.md against a running Caddy (its admin endpoint on this
+// test's port), in order, and expects each to succeed.
+func TestDocumentedCurls(t *testing.T) {
+	// The zones the documents' curls name, and a key in each.
+	startCaddy(t, `
+:9080 {
+	rate_limit {
+		zone api {
+			key {header.X-Client}
+			limit 100
+			window 1h
+		}
+		zone per_api_key {
+			key key:{header.X-Client}
+			limit 100
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`)
+	get(t, "customer-42")
+	curls := docCurls(t, "README.md", "docs/operating.md")
 	if len(curls) < 8 {
-		t.Fatalf("%d curls in the README's Operating it section", len(curls))
+		t.Fatalf("%d curls in the README and docs/operating.md", len(curls))
 	}
 	for _, line := range curls {
 		words := shellWords(line)
@@ -291,7 +250,7 @@ func TestReadmeCurls(t *testing.T) {
 		if !ok {
 			t.Fatalf("%s: not aimed at the admin endpoint", line)
 		}
-		if code, resp := adminDo(t, adminURL, method, path, body); code/100 != 2 {
+		if code, resp := adminJSON(t, adminURL, method, path, body); code/100 != 2 {
 			t.Errorf("%s: %d %s", line, code, resp)
 		}
 	}
@@ -301,78 +260,10 @@ func TestReadmeCurls(t *testing.T) {
 // through a running Caddy.
 func TestAdminAPIRedis(t *testing.T) {
 	s := redistest.Standalone(t)
-	startCaddy(t, adminSite("admin_redis", "store redis {\n\t\t\taddress "+s.URL()+"\n\t\t}", 2))
+	startCaddy(t, clientSite("admin_redis", 2, "store redis {\n\t\t\taddress "+s.URL()+"\n\t\t}"))
 	testAdminAPI(t, adminURL, "admin_redis", "redis", func(client string, n int) []int { return statuses(t, n, client) })
 	// The override lives beside the key's counters, in the same slot.
 	if o, err := s.Do("HGET", "rl:{vip}:admin_redis", "o"); err != nil || o != "" {
 		t.Fatalf("override field after DELETE: %q %v", o, err)
-	}
-}
-
-// TestAdminAPIFleet: with two Caddy instances sharing Redis, a change made
-// through one instance's admin endpoint applies on the other within a
-// second: a dial, a key reset (clearing the other's cached rejection) and a
-// per-key override.
-func TestAdminAPIFleet(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds Caddy and runs a fleet")
-	}
-	s := redistest.Standalone(t)
-	sites, admins := startFleetWithAdmin(t, 2, "address "+s.URL(), 2)
-	site, admin := sites[0], admins[1] // requests to one, changes through the other
-	get := func(client string) int {
-		req, _ := http.NewRequest(http.MethodGet, site, nil)
-		req.Header.Set("X-Client", client)
-		resp, err := redisHTTP.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	// eventually sends requests until one is answered want, and fails the
-	// test if that takes more than 5 s (the promise is 1 s).
-	eventually := func(client string, want int) {
-		t.Helper()
-		start := time.Now()
-		for get(client) != want {
-			if time.Since(start) > 5*time.Second {
-				t.Fatalf("client %s: no %d within 5 s", client, want)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		t.Logf("client %s: %d after %v", client, want, time.Since(start).Round(time.Millisecond))
-	}
-	change := func(method, path, body string, want int) {
-		t.Helper()
-		if code, resp := adminDo(t, admin, method, path, body); code != want {
-			t.Fatalf("%s %s: %d %s", method, path, code, resp)
-		}
-	}
-	for range 3 {
-		get("f")
-	}
-	if code := get("f"); code != http.StatusTooManyRequests {
-		t.Fatalf("exhausted key: %d", code)
-	}
-
-	change(http.MethodPut, "/rate_limit/zones/fleet/dial", `{"mode": "off"}`, 200)
-	eventually("f", http.StatusOK)
-	change(http.MethodDelete, "/rate_limit/zones/fleet/dial", "", http.StatusNoContent)
-	eventually("f", http.StatusTooManyRequests)
-
-	change(http.MethodDelete, "/rate_limit/zones/fleet/keys/f", "", http.StatusNoContent)
-	eventually("f", http.StatusOK)
-	get("f")
-	if code := get("f"); code != http.StatusTooManyRequests {
-		t.Fatalf("after a reset, the limit of 2 still holds: %d", code)
-	}
-
-	change(http.MethodPut, "/rate_limit/zones/fleet/keys/f/limit", `{"limit": 4, "ttl": "1h"}`, 200)
-	eventually("f", http.StatusOK)
-	get("f")
-	if code := get("f"); code != http.StatusTooManyRequests {
-		t.Fatalf("the override of 4 holds: %d", code)
 	}
 }

@@ -1,163 +1,17 @@
-package ratelimit
+package ratelimit_test
 
 import (
-	"github.com/d61b427a/caddy-rate-limit/internal/names"
+	ratelimit "github.com/d61b427a/caddy-rate-limit"
 
-	"encoding/json"
-	"fmt"
 	"net/http"
-	"os"
-	"regexp"
-	"strings"
 	"testing"
-
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
-
-// badCaddyfiles are rate_limit blocks that must be refused, with a word the
-// error must contain to name the directive and a value it must name.
-var badCaddyfiles = []struct {
-	name, block, directive, value string
-}{
-	{"unknown subdirective", `zone z { limit 1; window 1s; rate 5 }`, "unknown subdirective", "rate"},
-	{"unknown handler subdirective", `sync_interval 5s; zone z { limit 1; window 1s }`, "unknown subdirective", "sync_interval"},
-	{"mholt distributed", `distributed; zone z { limit 1; window 1s }`, "distributed", "store redis { address ... }"},
-	{"mholt distributed block", `distributed { read_interval 5s; write_interval 5s; purge_age 10s }; zone z { limit 1; window 1s }`, "distributed", "store redis { address ... }"},
-	{"mholt storage", `storage file_system { root /tmp/rl }; zone z { limit 1; window 1s }`, "storage", "store redis { address ... }"},
-	{"jitter above 1", `jitter 1.5; zone z { limit 1; window 1s }`, "jitter", "1.5"},
-	{"negative jitter", `jitter -0.1; zone z { limit 1; window 1s }`, "jitter", "-0.1"},
-	{"jitter not a number", `jitter 20%; zone z { limit 1; window 1s }`, "jitter", "20%"},
-	{"repeated jitter", `jitter 0.1; jitter 0.2; zone z { limit 1; window 1s }`, "jitter", "repeated"},
-	{"bad sweep_interval", `sweep_interval often; zone z { limit 1; window 1s }`, "sweep_interval", "often"},
-	{"tiny sweep_interval", `sweep_interval 1ms; zone z { limit 1; window 1s }`, "sweep_interval", "1ms"},
-	{"sweep_interval with redis", `store redis { address redis://127.0.0.1:1 }; sweep_interval 1m; zone z { limit 1; window 1s }`, "sweep_interval", "redis"},
-	{"log_key and log_keys", `log_keys off; log_key; zone z { limit 1; window 1s }`, "log_key", "log_keys"},
-	{"zone name not ASCII", `zone "zöne" { limit 1; window 1s }`, "name", "0xc3"},
-	{"zone name with a tab", "zone \"a\tb\" { limit 1; window 1s }", "name", "0x09"},
-	{"zone name too long", `zone ` + strings.Repeat("n", names.MaxLen+1) + ` { limit 1; window 1s }`, "name", "129"},
-	{"unknown algorithm", `zone z { limit 1; window 1s; algorithm leaky_bucket }`, "algorithm", "leaky_bucket"},
-	{"missing limit", `zone z { window 1s }`, "limit", "missing"},
-	{"zero limit", `zone z { limit 0; window 1s }`, "limit", "0"},
-	{"negative limit", `zone z { events -5; window 1s }`, "events", "-5"},
-	{"limit not a number", `zone z { limit lots; window 1s }`, "limit", "lots"},
-	{"missing window", `zone z { limit 1 }`, "window", "missing"},
-	{"zero window", `zone z { limit 1; window 0s }`, "window", "0s"},
-	{"bad window", `zone z { limit 1; window soon }`, "window", "soon"},
-	{"bad cost", `zone z { limit 1; window 1s; cost POST many }`, "cost", "many"},
-	{"negative cost", `zone z { limit 1; window 1s; cost POST -1 }`, "cost", "-1"},
-	{"unknown method", `zone z { limit 1; window 1s; cost FETCH 2 }`, "unknown HTTP method", "FETCH"},
-	{"duplicate zone", `zone z { limit 1; window 1s } zone z { limit 2; window 1s }`, "duplicate zone", "z"},
-	{"no zone", `headers ietf`, "zone", "at least one"},
-	{"bad headers", `headers loud; zone z { limit 1; window 1s }`, "headers", "loud"},
-	{"bad on_store_error", `on_store_error panic; zone z { limit 1; window 1s }`, "on_store_error", "panic"},
-	{"bad log_keys", `log_keys maybe; zone z { limit 1; window 1s }`, "log_keys", "maybe"},
-	{"repeated log_keys", `log_keys on; log_keys off; zone z { limit 1; window 1s }`, "log_keys", "repeated"},
-	{"bad prefix", `zone z { limit 1; window 1s; ipv4_prefix 33 }`, "ipv4_prefix", "33"},
-	{"bad max_delay", `zone z { limit 1; window 1s; max_delay forever }`, "max_delay", "forever"},
-	{"unknown store", `store etcd; zone z { limit 1; window 1s }`, "store", "etcd"},
-	{"bad max_keys", `store memory { max_keys -1 }; zone z { limit 1; window 1s }`, "max_keys", "-1"},
-	{"unknown match", `zone z { match { nosuch x }; limit 1; window 1s }`, "match", "nosuch"},
-	{"repeated key", `zone z { key a; key b; limit 1; window 1s }`, "key", "repeated"},
-	{"repeated limit", `zone z { limit 1; limit 2; window 1s }`, "limit", "repeated"},
-	{"limit then events", `zone z { limit 1; events 2; window 1s }`, "events", "repeated"},
-	{"repeated window", `zone z { limit 1; window 1s; window 2s }`, "window", "repeated"},
-	{"burst outside gcra", `zone z { limit 10; window 1s; burst 5 }`, "burst", "sliding_tail"},
-	{"burst with fixed_window", `zone z { limit 10; window 1s; burst 5; algorithm fixed_window }`, "burst", "fixed_window"},
-	{"burst zero", `zone z { limit 10; window 1s; algorithm gcra; burst 0 }`, "burst", "0"},
-	{"burst not a number", `zone z { limit 10; window 1s; algorithm gcra; burst many }`, "burst", "many"},
-	{"repeated burst", `zone z { limit 10; window 1s; algorithm gcra; burst 2; burst 3 }`, "burst", "repeated"},
-	{"lease outside concurrency", `zone z { limit 10; window 1s; lease 1m }`, "lease", "sliding_tail"},
-	{"lease too short", `zone z { limit 10; algorithm concurrency; lease 10ms }`, "lease", "10ms"},
-	{"concurrency with a window", `zone z { limit 2; algorithm concurrency; window 1s }`, "window", "concurrency"},
-	{"concurrency with a burst", `zone z { limit 2; algorithm concurrency; burst 3 }`, "burst", "concurrency"},
-	{"gcra without a window", `zone z { limit 2; algorithm gcra }`, "window", "missing"},
-	{"repeated algorithm", `zone z { limit 1; window 1s; algorithm fixed_window; algorithm sliding_tail }`, "algorithm", "repeated"},
-	{"repeated cost method", `zone z { limit 1; window 1s; cost POST 2; cost POST 3 }`, "cost", "POST: repeated"},
-	{"repeated store", `store memory; store memory; zone z { limit 1; window 1s }`, "store", "repeated"},
-	{"repeated headers", `headers ietf; headers both; zone z { limit 1; window 1s }`, "headers", "repeated"},
-	{"repeated on_store_error", `on_store_error allow; on_store_error deny; zone z { limit 1; window 1s }`, "on_store_error", "repeated"},
-	{"repeated jwt", `jwt { secret a }; jwt { secret b }; zone z { limit 1; window 1s }`, "jwt", "repeated"},
-	{"repeated max_keys", `store memory { max_keys 5; max_keys 6 }; zone z { limit 1; window 1s }`, "max_keys", "repeated"},
-	{"repeated redis option", `store redis { address redis://127.0.0.1:1; pool_size 1; pool_size 2 }; zone z { limit 1; window 1s }`, "pool_size", "repeated"},
-	{"zone status 3xx", `zone z { limit 1; window 1s; status 302 }`, "status", "302"},
-	{"zone status 600", `zone z { limit 1; window 1s; status 600 }`, "status", "600"},
-	{"zone status not a number", `zone z { limit 1; window 1s; status busy }`, "status", "busy"},
-	{"repeated zone status", `zone z { limit 1; window 1s; status 503; status 429 }`, "status", "repeated"},
-	{"shed no classes", `shed { classes; capacity 4 }`, "classes", "none"},
-	{"shed missing classes", `shed { capacity 4 }`, "classes", "missing"},
-	{"shed repeated class", `shed { classes critical low critical; capacity 4 }`, "classes", "critical"},
-	{"shed missing capacity", `shed { classes critical low }`, "capacity", "missing"},
-	{"shed zero capacity", `shed { classes critical low; capacity 0 }`, "capacity", "0"},
-	{"shed negative capacity", `shed { classes critical low; capacity -4 }`, "capacity", "-4"},
-	{"shed capacity not a number", `shed { classes critical low; capacity lots }`, "capacity", "lots"},
-	{"shed good at bad", `shed { classes critical low; capacity 4; good 0.8; bad 0.8 }`, "good", "0.8"},
-	{"shed good above default bad", `shed { classes critical low; capacity 4; good 0.9 }`, "good", "0.9"},
-	{"shed good 0", `shed { classes critical low; capacity 4; good 0 }`, "good", "0"},
-	{"shed bad above 1", `shed { classes critical low; capacity 4; bad 1.5 }`, "bad", "1.5"},
-	{"shed bad negative", `shed { classes critical low; capacity 4; bad -0.2 }`, "bad", "-0.2"},
-	{"shed good not a number", `shed { classes critical low; capacity 4; good NaN }`, "good", "NaN"},
-	{"shed good words", `shed { classes critical low; capacity 4; good most }`, "good", "most"},
-	{"shed zero after", `shed { classes critical low; capacity 4; after 0s }`, "after", "0s"},
-	{"shed negative full", `shed { classes critical low; capacity 4; full -1m }`, "full", "-1m"},
-	{"shed bad after", `shed { classes critical low; capacity 4; after later }`, "after", "later"},
-	{"shed status 200", `shed { classes critical low; capacity 4; status 200 }`, "status", "200"},
-	{"shed repeated capacity", `shed { classes critical low; capacity 4; capacity 8 }`, "capacity", "repeated"},
-	{"shed repeated classes", `shed { classes critical low; classes a b; capacity 4 }`, "classes", "repeated"},
-	{"shed repeated priority", `shed { priority a; priority b; classes critical low; capacity 4 }`, "priority", "repeated"},
-	{"shed repeated dry_run", `shed { classes critical low; capacity 4; dry_run; dry_run }`, "dry_run", "repeated"},
-	{"shed unknown subdirective", `shed { classes critical low; capacity 4; ratio 2 }`, "unknown subdirective", "ratio"},
-	{"repeated shed", `shed a { classes c; capacity 4 }; shed b { classes c; capacity 4 }`, "shed", "repeated"},
-	{"shedder name not ASCII", `shed café { classes c; capacity 4 }`, "shed", "café"},
-}
-
-// expand turns the one-line blocks above into Caddyfile syntax: `;` ends a
-// line, and braces open and close blocks.
-func expand(block string) string {
-	r := strings.NewReplacer("; ", "\n", "{ ", "{\n", " }", "\n}\n")
-	return r.Replace(block)
-}
-
-func badSite(block string) string {
-	return fmt.Sprintf(":9080 {\n\trate_limit {\n%s\n\t}\n\trespond \"ok\"\n}\n", expand(block))
-}
-
-// assertNames checks that err names the directive once and the bad
-// value, and says what was expected.
-func assertNames(t *testing.T, err string, directive, value string) {
-	t.Helper()
-	if !strings.Contains(err, directive) || !strings.Contains(err, value) {
-		t.Fatalf("error does not name %q and %q:\n%s", directive, value, err)
-	}
-	if n := len(regexp.MustCompile(`(^|[^a-z_.])`+regexp.QuoteMeta(directive)+`:`).FindAllString(err, -1)); n > 1 {
-		t.Fatalf("error names %q %d times:\n%s", directive, n, err)
-	}
-	if !strings.Contains(err, "want") && !strings.Contains(err, "required") && !strings.Contains(err, "module not registered") {
-		t.Fatalf("error does not say what was expected:\n%s", err)
-	}
-}
-
-// TestBadCaddyfileRefusedAtAdapt is what `caddy adapt` runs: the Caddyfile
-// adapter.
-func TestBadCaddyfileRefusedAtAdapt(t *testing.T) {
-	adapter := caddyconfig.GetAdapter("caddyfile")
-	for _, c := range badCaddyfiles {
-		t.Run(c.name, func(t *testing.T) {
-			_, _, err := adapter.Adapt([]byte(globalOptions+badSite(c.block)), nil)
-			if err == nil {
-				t.Fatal("adapted without error")
-			}
-			assertNames(t, err.Error(), c.directive, c.value)
-		})
-	}
-}
 
 // TestBadConfigRefusedAtLoadKeepsOldConfig posts each bad Caddyfile to the
 // admin API and checks that the running config keeps serving, counters and
 // all.
 func TestBadConfigRefusedAtLoadKeepsOldConfig(t *testing.T) {
-	tc := startCaddy(t, `
+	startCaddy(t, `
 :9080 {
 	rate_limit {
 		zone good {
@@ -168,148 +22,55 @@ func TestBadConfigRefusedAtLoadKeepsOldConfig(t *testing.T) {
 	respond "good"
 }
 `)
-	resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+	resp, _ := do(t, http.MethodGet, siteURL+"/")
 	status(t, resp, http.StatusOK)
-	for _, c := range badCaddyfiles {
-		code, body := loadConfig(t, badSite(c.block))
+	for _, c := range ratelimit.BadCaddyfiles {
+		code, body := reload(t, ratelimit.BadSite(c.Block))
 		if code == http.StatusOK {
-			t.Fatalf("%s: loaded", c.name)
+			t.Fatalf("%s: loaded", c.Name)
 		}
-		assertNames(t, body, c.directive, c.value)
+		ratelimit.AssertNames(t, body, c.Directive, c.Value)
 	}
-	resp, body := do(t, tc, http.MethodGet, siteURL+"/")
+	resp, body := do(t, http.MethodGet, siteURL+"/")
 	status(t, resp, http.StatusOK)
 	if body != "good" {
 		t.Fatalf("old config replaced: %q", body)
 	}
-	resp, _ = do(t, tc, http.MethodGet, siteURL+"/")
+	resp, _ = do(t, http.MethodGet, siteURL+"/")
 	status(t, resp, http.StatusTooManyRequests)
 }
 
-// TestBadJSONRefused covers mistakes only JSON can make (the Caddyfile
-// parser already refuses them) at `caddy validate` and at POST /load.
-func TestBadJSONRefused(t *testing.T) {
-	cases := []struct {
-		name, handler, directive, value string
-	}{
-		{"zero limit", `{"zones":[{"name":"z","limit":[0],"window":"1s"}]}`, "limit", "0"},
-		{"no limit", `{"zones":[{"name":"z","window":"1s"}]}`, "limit", "missing"},
-		{"negative window", `{"zones":[{"name":"z","limit":[1],"window":"-1s"}]}`, "window", "-1s"},
-		{"algorithm", `{"zones":[{"name":"z","limit":[1],"window":"1s","algorithm":"leaky_bucket"}]}`, "algorithm", "leaky_bucket"},
-		{"burst outside gcra", `{"zones":[{"name":"z","limit":[1],"window":"1s","burst":5}]}`, "burst", "sliding_tail"},
-		{"lease outside concurrency", `{"zones":[{"name":"z","limit":[1],"window":"1s","algorithm":"gcra","lease":60000000000}]}`, "lease", "gcra"},
-		{"concurrency window", `{"zones":[{"name":"z","limit":[1],"window":"1s","algorithm":"concurrency"}]}`, "window", "concurrency"},
-		{"gcra bucket too deep", `{"zones":[{"name":"z","limit":[1],"window":"8760h","algorithm":"gcra","burst":2147483647}]}`, "burst", "2147483647"},
-		{"duplicate", `{"zones":[{"name":"z","limit":[1],"window":"1s"},{"name":"z","limit":[1],"window":"1s"}]}`, "duplicate zone", `"z"`},
-		{"cost method", `{"zones":[{"name":"z","limit":[1],"window":"1s","cost":{"get":2}}]}`, "unknown HTTP method", "get"},
-		{"unnamed", `{"zones":[{"limit":[1],"window":"1s"}]}`, "zone", "name"},
-		{"limit type", `{"zones":[{"name":"z","limit":[true],"window":"1s"}]}`, "limit", "true"},
-		{"null zone", `{"zones":[null]}`, "zones", "null"},
-		{"negative max_keys", `{"store":{"backend":"memory","max_keys":-5},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "max_keys", "-5"},
-		{"zone status", `{"zones":[{"name":"z","limit":[1],"window":"1s","status":302}]}`, "status", "302"},
-		{"shed classes", `{"shed":{"classes":[],"capacity":4}}`, "classes", "missing"},
-		{"shed repeated class", `{"shed":{"classes":["a","a"],"capacity":4}}`, "classes", `"a"`},
-		{"shed capacity", `{"shed":{"classes":["a"],"capacity":-1}}`, "capacity", "-1"},
-		{"shed no capacity", `{"shed":{"classes":["a"]}}`, "capacity", "missing"},
-		{"shed good", `{"shed":{"classes":["a"],"capacity":4,"good":1.2}}`, "good", "1.2"},
-		{"shed good above bad", `{"shed":{"classes":["a"],"capacity":4,"good":0.6,"bad":0.5}}`, "good", "0.6"},
-		{"shed after", `{"shed":{"classes":["a"],"capacity":4,"after":"-1s"}}`, "after", "-1s"},
-		{"shed full", `{"shed":{"classes":["a"],"capacity":4,"full":"-2s"}}`, "full", "-2s"},
-		{"shed status", `{"shed":{"classes":["a"],"capacity":4,"status":302}}`, "status", "302"},
-		{"shedder name", `{"shed":{"name":"caf\u00e9","classes":["a"],"capacity":4}}`, "name", "caf"},
-		{"mholt distributed", `{"distributed":{},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "distributed", "store redis { address ... }"},
-		{"mholt storage", `{"storage":{"module":"file_system","root":"/tmp/rl"},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "storage", "store redis { address ... }"},
-		{"jitter", `{"jitter":2,"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "jitter", "2"},
-		{"sweep_interval", `{"sweep_interval":"-1s","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "sweep_interval", "-1s"},
-		{"log_key and log_keys", `{"log_key":true,"log_keys":"on","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "log_key", "log_keys"},
-		{"zone name", `{"zones":[{"name":"z\u00f6ne","limit":[1],"window":"1s"}]}`, "name", "0xc3"},
+func TestJSONConfig(t *testing.T) {
+	startCaddyWith(t, `{
+	"admin": {"listen": "localhost:2999"},
+	"apps": {"http": {"http_port": 9080, "servers": {"srv": {
+		"listen": [":9080"],
+		"routes": [{"handle": [
+			{
+				"handler": "rate_limit",
+				"headers": "both",
+				"store": {"backend": "memory", "max_keys": 1000},
+				"zones": [{
+					"name": "json_zone",
+					"match": [{"path": ["/limited"]}],
+					"key": "{http.request.header.X-Api-Key}",
+					"limit": [ "{http.request.header.X-Quota}", 2 ],
+					"window": "1h",
+					"algorithm": "fixed_window",
+					"cost": {"POST": 2}
+				}]
+			},
+			{"handler": "static_response", "body": "ok"}
+		]}]
+	}}}}
+}`, "json")
+	resp, _ := do(t, http.MethodPost, siteURL+"/limited", "X-Api-Key: k")
+	status(t, resp, http.StatusOK)
+	if resp.Header.Get("RateLimit-Policy") != `"json_zone";q=2;w=3600` {
+		t.Fatalf("headers %v", resp.Header)
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			var h map[string]any
-			if err := json.Unmarshal([]byte(c.handler), &h); err != nil {
-				t.Fatal(err)
-			}
-			h["handler"] = "rate_limit"
-			cfg := map[string]any{"apps": map[string]any{"http": map[string]any{"servers": map[string]any{
-				"s": map[string]any{"listen": []string{"127.0.0.1:0"}, "routes": []any{map[string]any{"handle": []any{h}}}},
-			}}}}
-			raw, _ := json.Marshal(cfg)
-			var parsed caddy.Config
-			if err := json.Unmarshal(raw, &parsed); err != nil {
-				t.Fatal(err)
-			}
-			err := caddy.Validate(&parsed)
-			if err == nil {
-				t.Fatal("validated")
-			}
-			assertNames(t, err.Error(), c.directive, c.value)
-		})
-	}
-}
-
-// FuzzCaddyfile feeds arbitrary text to the rate_limit parser; it must
-// return an error or a handler, never panic. Run it with
-// `go test -run XXX -fuzz FuzzCaddyfile -fuzztime 60s .`
-func FuzzCaddyfile(f *testing.F) {
-	f.Add(`rate_limit { zone z { key {client_ip} limit 5 window 1s } }`)
-	f.Add("rate_limit {\nzone z {\nmatch {\npath /a\n}\nkey a {header.X}\nlimit {header.Q} 5\nwindow 1m\nalgorithm fixed_window\ncost POST 2\ncost * 1\nmax_delay 1s\ndry_run\nipv4_prefix 24\nipv6_prefix 64\n}\n}")
-	f.Add("rate_limit {\nstore memory {\nmax_keys 10\n}\nheaders both\non_store_error deny\nzone a {\nevents 1\nwindow 1s\n}\n}")
-	f.Add("rate_limit {\nshed s {\npriority {header.X}\nclasses a b\ncapacity 4\ngood 0.5\nbad 0.9\nafter 1s\nfull 2s\nstatus 503\ndry_run\n}\nzone z {\nlimit 1\nwindow 1s\nstatus 503\n}\n}")
-	for _, c := range badCaddyfiles {
-		f.Add("rate_limit {\n" + expand(c.block) + "\n}")
-	}
-	f.Fuzz(func(t *testing.T, input string) {
-		tokens, err := caddyfile.Tokenize([]byte(input), "fuzz")
-		if err != nil {
-			return
-		}
-		var h Handler
-		if err := h.UnmarshalCaddyfile(caddyfile.NewDispenser(tokens)); err != nil {
-			return
-		}
-		// Whatever parses must also survive validation without panicking.
-		_ = h.Validate()
-	})
-}
-
-// TestCaddyfileExampleIsValid adapts and provisions Caddyfile.example the
-// way `caddy run` does, so the README's first command keeps working.
-func TestCaddyfileExampleIsValid(t *testing.T) {
-	src, err := os.ReadFile("Caddyfile.example")
-	if err != nil {
-		t.Fatal(err)
-	}
-	adapted, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": "Caddyfile.example"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range warnings {
-		t.Errorf("warning: %s", w)
-	}
-	for _, zone := range []string{`"per_ip"`, `"per_api_key"`, `"per_customer"`, `"POST":5`, `"jwt"`} {
-		if !strings.Contains(string(adapted), zone) {
-			t.Errorf("example lost %s", zone)
-		}
-	}
-	var cfg caddy.Config
-	if err := json.Unmarshal(adapted, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	if err := caddy.Validate(&cfg); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// TestStoreBlockParses checks that a store's own block reaches the store
-// module: its options are set and its mistakes are its own.
-func TestStoreBlockParses(t *testing.T) {
-	adapter := caddyconfig.GetAdapter("caddyfile")
-	out, _, err := adapter.Adapt([]byte(globalOptions+badSite(`store memory { max_keys 42 }; zone z { limit 1; window 1s }`)), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(out), `"store":{"backend":"memory","max_keys":42}`) {
-		t.Fatalf("store options lost: %s", out)
-	}
+	resp, _ = do(t, http.MethodGet, siteURL+"/limited", "X-Api-Key: k")
+	status(t, resp, http.StatusTooManyRequests)
+	resp, _ = do(t, http.MethodGet, siteURL+"/other", "X-Api-Key: k")
+	status(t, resp, http.StatusOK)
 }

@@ -81,7 +81,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		dryRun := z.DryRun
 		var dial storage.ZoneDial
 		if z.admin != nil {
-			if d, ok := z.admin.ZoneDial(z.Name); ok && d.Active(time.Now()) {
+			if d, ok := z.admin.ZoneDial(z.Name); ok && d.Active(h.now()) {
 				dial = d
 			}
 		}
@@ -190,7 +190,7 @@ func (h *Handler) releaseUnits(ctx context.Context, q *question, checks []zoneCh
 	}
 	if err := h.store.Release(context.WithoutCancel(ctx), q.reqs); err != nil {
 		h.storeErrorCount.Inc()
-		h.storeErrorLog.log(h.logger, err)
+		h.storeErrorLog.log(h.logger, err, h.now())
 	}
 }
 
@@ -220,7 +220,7 @@ func (s *scratch) recycle() {
 // reject answers a request that the check c rejected: the zone's status
 // (429 by default), with the limit headers and Retry-After.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *zoneCheck) error {
-	p := h.report(w, values, c, true, h.retryAfter(c.decision.RetryAt, time.Now()))
+	p := h.report(w, values, c, true, h.retryAfter(c.decision.RetryAt, h.now()))
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
 	}
@@ -489,7 +489,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 		return caddyhttp.Error(statusClientClosedRequest, err)
 	}
 	h.storeErrorCount.Inc()
-	h.storeErrorLog.log(h.logger, err)
+	h.storeErrorLog.log(h.logger, err, h.now())
 	if h.OnStoreError != "deny" {
 		return h.serveNext(w, r, next)
 	}
@@ -549,9 +549,10 @@ type errorLog struct {
 	suppressed int
 }
 
-func (e *errorLog) log(logger *zap.Logger, err error) {
+// log logs err, which happened at now, unless a line was logged less than
+// a second before.
+func (e *errorLog) log(logger *zap.Logger, err error, now time.Time) {
 	e.mu.Lock()
-	now := time.Now()
 	if now.Sub(e.last) < time.Second {
 		e.suppressed++
 		e.mu.Unlock()

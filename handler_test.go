@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -40,6 +42,21 @@ func provisionHandler(tb testing.TB, config string) *Handler {
 	// every rejection at DEBUG.
 	h.logger = zap.NewNop()
 	return &h
+}
+
+// withClock gives the handler a memory store of its own and reads both
+// their times from a clock that starts at start and moves only when the
+// test sets it, so that a test reaches a window's end without waiting.
+func withClock(t *testing.T, h *Handler, start time.Time) *clocktest.Clock {
+	t.Helper()
+	c := clocktest.New(start)
+	store := storage.NewMemory(0, c.Now)
+	t.Cleanup(func() { _ = store.Cleanup() })
+	h.store, h.now = store, c.Now
+	for _, z := range h.Zones {
+		z.admin = store
+	}
+	return c
 }
 
 // testRequest is a request as Caddy hands it to a handler: with a
@@ -228,113 +245,6 @@ func TestHandlerStoreFailure(t *testing.T) {
 				t.Fatalf("client gone: status %d, next ran %v; want 499", got.status, got.reached)
 			}
 		})
-	}
-}
-
-func TestMaskIP(t *testing.T) {
-	for _, c := range []struct {
-		v4, v6   int
-		in, want string
-	}{
-		{24, 0, "203.0.113.77", "203.0.113.0/24"},
-		{24, 0, "2001:db8::1", "2001:db8::1"},
-		{0, 64, "2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"},
-		{0, 64, "203.0.113.77", "203.0.113.77"},
-		{16, 48, "::ffff:203.0.113.77", "203.0.0.0/16"},
-		{24, 64, "fe80::1%eth0", "fe80::/64"},
-		{24, 64, "not-an-ip", "not-an-ip"},
-		{32, 128, "203.0.113.77", "203.0.113.77/32"},
-	} {
-		z := &Zone{IPv4Prefix: c.v4, IPv6Prefix: c.v6}
-		if got := z.maskIP(c.in); got != c.want {
-			t.Errorf("maskIP(%q) with /%d, /%d = %q, want %q", c.in, c.v4, c.v6, got, c.want)
-		}
-	}
-}
-
-func TestResolveLimit(t *testing.T) {
-	for _, c := range []struct {
-		alts  Alternatives
-		quota any
-		want  int64
-		ok    bool
-	}{
-		{Alternatives{"10"}, nil, 10, true},
-		{Alternatives{"{q}", "10"}, "25", 25, true},
-		{Alternatives{"{q}", "10"}, " 25 ", 25, true},
-		{Alternatives{"{q}", "10"}, "", 10, true},
-		{Alternatives{"{q}", "10"}, "0", 10, true},
-		{Alternatives{"{q}", "10"}, "-3", 10, true},
-		{Alternatives{"{q}", "10"}, "2147483648", 10, true},
-		{Alternatives{"{q}", "10"}, "1e3", 10, true},
-		{Alternatives{"{q}"}, nil, 0, false},
-		{Alternatives{"{q}"}, "2147483647", 2147483647, true},
-	} {
-		repl := caddy.NewReplacer()
-		if c.quota != nil {
-			repl.Set("q", c.quota)
-		}
-		z := &Zone{limits: compileTemplates(c.alts)}
-		got, ok := z.resolveLimit(requestValues{repl: repl})
-		if got != c.want || ok != c.ok {
-			t.Errorf("limit %q with {q} = %v: %d %v, want %d %v", c.alts, c.quota, got, ok, c.want, c.ok)
-		}
-	}
-}
-
-func TestRetryAfterAndReset(t *testing.T) {
-	now := time.Unix(1000, 0)
-	for _, c := range []struct {
-		at   time.Time
-		want int64
-	}{
-		{now, 1},
-		{now.Add(-time.Hour), 1},
-		{now.Add(time.Millisecond), 1},
-		{now.Add(time.Second), 1},
-		{now.Add(time.Second + time.Millisecond), 2},
-		{now.Add(time.Hour), 3600},
-	} {
-		if got := retryAfterSeconds(c.at, now); got != c.want {
-			t.Errorf("retryAfterSeconds(now+%v) = %d, want %d", c.at.Sub(now), got, c.want)
-		}
-	}
-	for _, c := range []struct {
-		t    time.Time
-		want int64
-	}{
-		{time.Unix(1000, 0), 1000},
-		{time.Unix(1000, 1), 1001},
-		{time.Unix(1000, 999_999_999), 1001},
-	} {
-		if got := ceilUnix(c.t); got != c.want {
-			t.Errorf("ceilUnix(%v) = %d, want %d", c.t, got, c.want)
-		}
-	}
-}
-
-// TestPlaceholdersFollowTheLastHandler: two rate_limit handlers on one
-// request report through one set of placeholders, and, as with the
-// headers, the second handler's report is what later handlers see.
-func TestPlaceholdersFollowTheLastHandler(t *testing.T) {
-	first := provisionHandler(t, `{"zones":[{"name":"unit_first","limit":10,"window":"1h"}]}`)
-	second := provisionHandler(t, `{"zones":[{"name":"unit_second","limit":20,"window":"1h"}]}`)
-	r, repl := testRequest(context.Background(), http.MethodGet, "192.0.2.1")
-	w := httptest.NewRecorder()
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		return second.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
-	})
-	if err := first.ServeHTTP(w, r, next); err != nil {
-		t.Fatal(err)
-	}
-	if z, l := placeholder(repl, "zone"), placeholder(repl, "limit"); z != "unit_second" || l != "20" {
-		t.Fatalf("placeholders say zone %q limit %q, want the second handler's", z, l)
-	}
-	if got := w.Header().Get("X-RateLimit-Limit"); got != "20" {
-		t.Fatalf("X-RateLimit-Limit %q, want the second handler's", got)
-	}
-	if v, _ := repl.GetString("http.vars." + placeholdersVar); strings.Contains(v, "unit_") {
-		t.Fatalf("the placeholder state shows through {http.vars.*}: %q", v)
 	}
 }
 
@@ -542,5 +452,25 @@ func TestHandlerIdleShedAllocatesNothing(t *testing.T) {
 	w := httptest.NewRecorder()
 	if n := testing.AllocsPerRun(1000, func() { _ = h.ServeHTTP(w, req, nextOK) }); n != 0 {
 		t.Fatalf("%v allocations per request through an idle shedder, want 0", n)
+	}
+}
+
+// TestStoreErrorLog: store errors are logged at most once a second, each
+// line counting the errors since the last one.
+func TestStoreErrorLog(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	logger, e := zap.New(core), new(errorLog)
+	start := time.Unix(1000, 0)
+	for i := range 100 { // 100 errors over 0.99 s
+		e.log(logger, errors.New("down"), start.Add(time.Duration(i)*10*time.Millisecond))
+	}
+	e.log(logger, errors.New("down"), start.Add(time.Second)) // the 101st, a second on
+	e.log(logger, errors.New("down"), start.Add(1500*time.Millisecond))
+	var counts []int64
+	for _, entry := range logs.FilterMessage("rate limit store error").All() {
+		counts = append(counts, entry.ContextMap()["errors_since_last_log"].(int64))
+	}
+	if fmt.Sprint(counts) != "[1 100]" {
+		t.Fatalf("lines counting %v errors, want [1 100]: the first error at once, the next line a second on with the 99 between", counts)
 	}
 }

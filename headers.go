@@ -87,7 +87,7 @@ func (h *Handler) report(w http.ResponseWriter, values requestValues, c *zoneChe
 	}
 	if h.ietfHeaders {
 		p.values[policyValue] = fmt.Sprintf("%s;q=%d;w=%d", c.zone.sfName, d.Limit, c.zone.policySeconds)
-		p.values[rateLimitValue] = fmt.Sprintf("%s;r=%d;t=%d", c.zone.sfName, d.Remaining, retryAfterSeconds(d.Reset, time.Now()))
+		p.values[rateLimitValue] = fmt.Sprintf("%s;r=%d;t=%d", c.zone.sfName, d.Remaining, retryAfterSeconds(d.Reset, h.now()))
 		hdr["Ratelimit-Policy"] = p.header(policyValue)
 		hdr["Ratelimit"] = p.header(rateLimitValue)
 	}

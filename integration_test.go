@@ -1,8 +1,10 @@
-package ratelimit
+package ratelimit_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -10,11 +12,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/names"
+	"github.com/dunglas/httpsfv"
 )
 
 func TestRejectsOverLimitBeforeTheApp(t *testing.T) {
 	a := newApp(t)
-	tc := startCaddy(t, fmt.Sprintf(`
+	startCaddy(t, fmt.Sprintf(`
 :9080 {
 	rate_limit {
 		zone per_ip {
@@ -26,14 +31,14 @@ func TestRejectsOverLimitBeforeTheApp(t *testing.T) {
 }
 `, a.url))
 	for i := 0; i < 2; i++ {
-		resp, body := do(t, tc, http.MethodGet, siteURL+"/")
+		resp, body := do(t, http.MethodGet, siteURL+"/")
 		status(t, resp, http.StatusOK)
 		if body != "app" {
 			t.Fatalf("body %q", body)
 		}
 	}
 	for i := 0; i < 3; i++ {
-		resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+		resp, _ := do(t, http.MethodGet, siteURL+"/")
 		status(t, resp, http.StatusTooManyRequests)
 		ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
 		if err != nil || ra < 1 || ra > 2*3600 {
@@ -47,7 +52,7 @@ func TestRejectsOverLimitBeforeTheApp(t *testing.T) {
 
 func TestRejectedBodyIsNeverRead(t *testing.T) {
 	a := newApp(t)
-	tc := startCaddy(t, fmt.Sprintf(`
+	startCaddy(t, fmt.Sprintf(`
 :9080 {
 	rate_limit {
 		zone uploads {
@@ -58,7 +63,7 @@ func TestRejectedBodyIsNeverRead(t *testing.T) {
 	reverse_proxy %s
 }
 `, a.url))
-	resp, _ := do(t, tc, http.MethodPost, siteURL+"/upload")
+	resp, _ := do(t, http.MethodPost, siteURL+"/upload")
 	status(t, resp, http.StatusOK)
 
 	// Promise a megabyte and send none of it: a handler that read the body
@@ -83,7 +88,7 @@ func TestRejectedBodyIsNeverRead(t *testing.T) {
 }
 
 func TestHandleErrorsShapesTheRejection(t *testing.T) {
-	tc := startCaddy(t, `
+	startCaddy(t, `
 :9080 {
 	rate_limit {
 		zone z {
@@ -97,8 +102,8 @@ func TestHandleErrorsShapesTheRejection(t *testing.T) {
 	}
 }
 `)
-	do(t, tc, http.MethodGet, siteURL+"/")
-	resp, body := do(t, tc, http.MethodGet, siteURL+"/")
+	do(t, http.MethodGet, siteURL+"/")
+	resp, body := do(t, http.MethodGet, siteURL+"/")
 	status(t, resp, http.StatusTooManyRequests)
 	want := fmt.Sprintf("slow down, retry in %ss (z)", resp.Header.Get("Retry-After"))
 	if body != want {
@@ -110,7 +115,7 @@ func TestHandleErrorsShapesTheRejection(t *testing.T) {
 }
 
 func TestCostPerMethod(t *testing.T) {
-	tc := startCaddy(t, `
+	startCaddy(t, `
 :9080 {
 	rate_limit {
 		zone api {
@@ -137,7 +142,7 @@ func TestCostPerMethod(t *testing.T) {
 		{http.MethodGet, 429, "0"},
 	}
 	for i, s := range steps {
-		resp, _ := do(t, tc, s.method, siteURL+"/")
+		resp, _ := do(t, s.method, siteURL+"/")
 		if resp.StatusCode != s.status || resp.Header.Get("X-RateLimit-Remaining") != s.remaining {
 			t.Fatalf("step %d %s: %d remaining %q, want %d %q", i, s.method, resp.StatusCode, resp.Header.Get("X-RateLimit-Remaining"), s.status, s.remaining)
 		}
@@ -145,7 +150,7 @@ func TestCostPerMethod(t *testing.T) {
 }
 
 func TestKeysAlternativesAndMatchers(t *testing.T) {
-	tc := startCaddy(t, `
+	startCaddy(t, `
 :9080 {
 	rate_limit {
 		zone by_api_key {
@@ -163,24 +168,24 @@ func TestKeysAlternativesAndMatchers(t *testing.T) {
 	// Each API key has its own budget.
 	for _, key := range []string{"alice", "bob"} {
 		for i := 0; i < 2; i++ {
-			resp, body := do(t, tc, http.MethodGet, siteURL+"/api/x", "X-Api-Key: "+key)
+			resp, body := do(t, http.MethodGet, siteURL+"/api/x", "X-Api-Key: "+key)
 			status(t, resp, http.StatusOK)
 			if body != "apikey:"+key {
 				t.Fatalf("key %q, want apikey:%s", body, key)
 			}
 		}
-		resp, _ := do(t, tc, http.MethodGet, siteURL+"/api/x", "X-Api-Key: "+key)
+		resp, _ := do(t, http.MethodGet, siteURL+"/api/x", "X-Api-Key: "+key)
 		status(t, resp, http.StatusTooManyRequests)
 	}
 	// Without the header the key falls back to the client IP.
-	resp, body := do(t, tc, http.MethodGet, siteURL+"/api/x")
+	resp, body := do(t, http.MethodGet, siteURL+"/api/x")
 	status(t, resp, http.StatusOK)
 	if !strings.HasPrefix(body, "ip:127.0.0.1") && !strings.HasPrefix(body, "ip:::1") {
 		t.Fatalf("fallback key %q", body)
 	}
 	// Paths outside the matcher are not limited.
 	for i := 0; i < 5; i++ {
-		resp, _ := do(t, tc, http.MethodGet, siteURL+"/public", "X-Api-Key: alice")
+		resp, _ := do(t, http.MethodGet, siteURL+"/public", "X-Api-Key: alice")
 		status(t, resp, http.StatusOK)
 		if resp.Header.Get("X-RateLimit-Limit") != "" {
 			t.Fatal("unmatched request got rate limit headers")
@@ -189,7 +194,7 @@ func TestKeysAlternativesAndMatchers(t *testing.T) {
 }
 
 func TestHugeKeyIsHashed(t *testing.T) {
-	tc := startCaddy(t, `
+	startCaddy(t, `
 :9080 {
 	rate_limit {
 		zone z {
@@ -202,17 +207,17 @@ func TestHugeKeyIsHashed(t *testing.T) {
 }
 `)
 	huge := strings.Repeat("k", 16<<10)
-	resp, body := do(t, tc, http.MethodGet, siteURL+"/", "X-Api-Key: "+huge)
+	resp, body := do(t, http.MethodGet, siteURL+"/", "X-Api-Key: "+huge)
 	status(t, resp, http.StatusOK)
 	if !strings.HasPrefix(body, "#") || len(body) != 1+32 {
 		t.Fatalf("key %q", body)
 	}
-	resp, _ = do(t, tc, http.MethodGet, siteURL+"/", "X-Api-Key: "+huge)
+	resp, _ = do(t, http.MethodGet, siteURL+"/", "X-Api-Key: "+huge)
 	status(t, resp, http.StatusTooManyRequests)
 }
 
 func TestIPPrefixGroupsANetwork(t *testing.T) {
-	tc := startCaddy(t, `
+	startCaddy(t, `
 :9080 {
 	rate_limit {
 		zone nets {
@@ -231,19 +236,19 @@ func TestIPPrefixGroupsANetwork(t *testing.T) {
 		{"2001:db8:1:2::1", "2001:db8:1:2:ffff::9", "2001:db8:1:2::/64"},
 	}
 	for _, c := range cases {
-		resp, body := do(t, tc, http.MethodGet, siteURL+"/", "X-Client: "+c.a)
+		resp, body := do(t, http.MethodGet, siteURL+"/", "X-Client: "+c.a)
 		status(t, resp, http.StatusOK)
 		if body != c.net {
 			t.Fatalf("key %q, want %q", body, c.net)
 		}
-		do(t, tc, http.MethodGet, siteURL+"/", "X-Client: "+c.b)
-		resp, _ = do(t, tc, http.MethodGet, siteURL+"/", "X-Client: "+c.a)
+		do(t, http.MethodGet, siteURL+"/", "X-Client: "+c.b)
+		resp, _ = do(t, http.MethodGet, siteURL+"/", "X-Client: "+c.a)
 		status(t, resp, http.StatusTooManyRequests)
 	}
 }
 
 func TestLimitAlternatives(t *testing.T) {
-	tc := startCaddy(t, `
+	startCaddy(t, `
 :9080 {
 	rate_limit {
 		zone quota {
@@ -268,7 +273,7 @@ func TestLimitAlternatives(t *testing.T) {
 		if c.quota != "" {
 			h = append(h, "X-Quota: "+c.quota)
 		}
-		_, body := do(t, tc, http.MethodGet, siteURL+"/", h...)
+		_, body := do(t, http.MethodGet, siteURL+"/", h...)
 		if body != c.want {
 			t.Errorf("quota %q: limit %q, want %q", c.quota, body, c.want)
 		}
@@ -277,7 +282,7 @@ func TestLimitAlternatives(t *testing.T) {
 
 func TestMultipleZones(t *testing.T) {
 	a := newApp(t)
-	tc := startCaddy(t, fmt.Sprintf(`
+	startCaddy(t, fmt.Sprintf(`
 :9080 {
 	rate_limit {
 		zone wide {
@@ -295,17 +300,17 @@ func TestMultipleZones(t *testing.T) {
 	reverse_proxy %s
 }
 `, a.url))
-	resp, _ := do(t, tc, http.MethodGet, siteURL+"/narrow")
+	resp, _ := do(t, http.MethodGet, siteURL+"/narrow")
 	status(t, resp, http.StatusOK)
 	if resp.Header.Get("X-RateLimit-Limit") != "1" {
 		t.Fatalf("headers describe limit %s, want the zone with least remaining (1)", resp.Header.Get("X-RateLimit-Limit"))
 	}
 	// Rejected by narrow: consumes nothing in wide.
 	for i := 0; i < 5; i++ {
-		resp, _ := do(t, tc, http.MethodGet, siteURL+"/narrow")
+		resp, _ := do(t, http.MethodGet, siteURL+"/narrow")
 		status(t, resp, http.StatusTooManyRequests)
 	}
-	resp, _ = do(t, tc, http.MethodGet, siteURL+"/other")
+	resp, _ = do(t, http.MethodGet, siteURL+"/other")
 	status(t, resp, http.StatusOK)
 	if got := resp.Header.Get("X-RateLimit-Used"); got != "2" {
 		t.Fatalf("wide zone used %s, want 2: rejected requests were charged", got)
@@ -316,7 +321,7 @@ func TestMultipleZones(t *testing.T) {
 }
 
 func TestZonesWithTheSameNameShareCounters(t *testing.T) {
-	tc := startCaddy(t, `
+	startCaddy(t, `
 :9080 {
 	route /a {
 		rate_limit {
@@ -339,17 +344,17 @@ func TestZonesWithTheSameNameShareCounters(t *testing.T) {
 }
 `)
 	for _, p := range []string{"/a", "/b", "/a"} {
-		resp, _ := do(t, tc, http.MethodGet, siteURL+p)
+		resp, _ := do(t, http.MethodGet, siteURL+p)
 		status(t, resp, http.StatusOK)
 	}
-	resp, _ := do(t, tc, http.MethodGet, siteURL+"/b")
+	resp, _ := do(t, http.MethodGet, siteURL+"/b")
 	status(t, resp, http.StatusTooManyRequests)
 }
 
 func TestHeaders(t *testing.T) {
 	for _, mode := range []string{"x-ratelimit", "ietf", "both", "off"} {
 		t.Run(mode, func(t *testing.T) {
-			tc := startCaddy(t, fmt.Sprintf(`
+			startCaddy(t, fmt.Sprintf(`
 :9080 {
 	rate_limit {
 		headers %s
@@ -362,7 +367,7 @@ func TestHeaders(t *testing.T) {
 }
 `, mode, strings.ReplaceAll(mode, "-", "_")))
 			before := time.Now()
-			resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+			resp, _ := do(t, http.MethodGet, siteURL+"/")
 			status(t, resp, http.StatusOK)
 			x := resp.Header.Get("X-RateLimit-Limit") != ""
 			ietf := resp.Header.Get("RateLimit") != ""
@@ -399,7 +404,7 @@ func TestHeaders(t *testing.T) {
 	// Windows that are not whole seconds round up: the policy's window,
 	// and the reset, which a client may wait for, is never early.
 	t.Run("sub-second windows round up", func(t *testing.T) {
-		tc := startCaddy(t, `
+		startCaddy(t, `
 :9080 {
 	rate_limit {
 		headers both
@@ -412,7 +417,7 @@ func TestHeaders(t *testing.T) {
 }
 `)
 		before := time.Now().UnixMilli()
-		resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+		resp, _ := do(t, http.MethodGet, siteURL+"/")
 		after := time.Now().UnixMilli()
 		status(t, resp, http.StatusOK)
 		if got := resp.Header.Get("RateLimit-Policy"); got != `"z_fraction";q=5;w=2` {
@@ -431,7 +436,7 @@ func TestHeaders(t *testing.T) {
 }
 
 func TestPlaceholders(t *testing.T) {
-	tc := startCaddy(t, `
+	startCaddy(t, `
 :9080 {
 	rate_limit {
 		zone z {
@@ -446,11 +451,11 @@ func TestPlaceholders(t *testing.T) {
 	}
 }
 `)
-	_, body := do(t, tc, http.MethodGet, siteURL+"/", "X-User: u1")
+	_, body := do(t, http.MethodGet, siteURL+"/", "X-User: u1")
 	if body != "z user:u1 1 0 false" {
 		t.Fatalf("allowed: %q", body)
 	}
-	_, body = do(t, tc, http.MethodGet, siteURL+"/", "X-User: u1")
+	_, body = do(t, http.MethodGet, siteURL+"/", "X-User: u1")
 	if body != "z user:u1 1 0 true" {
 		t.Fatalf("rejected: %q", body)
 	}
@@ -459,7 +464,7 @@ func TestPlaceholders(t *testing.T) {
 func TestDryRunNeverRejects(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	a := newApp(t)
-	tc := startCaddyWith(t, withGlobals(fmt.Sprintf(`log {
+	startCaddyWith(t, withGlobals(fmt.Sprintf(`log {
 		output file %s
 		level INFO
 	}`, logFile))+fmt.Sprintf(`
@@ -477,7 +482,7 @@ func TestDryRunNeverRejects(t *testing.T) {
 `, a.url), "caddyfile")
 	var exceeded []string
 	for i := 0; i < 4; i++ {
-		resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+		resp, _ := do(t, http.MethodGet, siteURL+"/")
 		status(t, resp, http.StatusOK)
 		exceeded = append(exceeded, resp.Header.Get("X-Exceeded"))
 	}
@@ -494,7 +499,7 @@ func TestDryRunNeverRejects(t *testing.T) {
 // is the client's address from X-Forwarded-For, not the proxy's, so clients
 // sharing one proxy do not share one counter.
 func TestClientIPHonoursTrustedProxies(t *testing.T) {
-	tc := startCaddyWith(t, withGlobals(`servers {
+	startCaddyWith(t, withGlobals(`servers {
 		trusted_proxies static 127.0.0.0/8 ::1
 	}`)+`
 :9080 {
@@ -508,20 +513,20 @@ func TestClientIPHonoursTrustedProxies(t *testing.T) {
 }
 `, "caddyfile")
 	for _, client := range []string{"198.51.100.1", "198.51.100.2"} {
-		resp, body := do(t, tc, http.MethodGet, siteURL+"/", "X-Forwarded-For: "+client)
+		resp, body := do(t, http.MethodGet, siteURL+"/", "X-Forwarded-For: "+client)
 		status(t, resp, http.StatusOK)
 		if body != client {
 			t.Fatalf("key %q, want %q", body, client)
 		}
 	}
-	resp, _ := do(t, tc, http.MethodGet, siteURL+"/", "X-Forwarded-For: 198.51.100.1")
+	resp, _ := do(t, http.MethodGet, siteURL+"/", "X-Forwarded-For: 198.51.100.1")
 	status(t, resp, http.StatusTooManyRequests)
 }
 
 // TestMholtZoneRunsUnchanged: a zone written for mholt/caddy-ratelimit
 // (match, key, events, window) works as written.
 func TestMholtZoneRunsUnchanged(t *testing.T) {
-	tc := startCaddy(t, `
+	startCaddy(t, `
 :9080 {
 	rate_limit {
 		zone dynamic_example {
@@ -537,11 +542,277 @@ func TestMholtZoneRunsUnchanged(t *testing.T) {
 }
 `)
 	for i, want := range []int{200, 200, 429} {
-		resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+		resp, _ := do(t, http.MethodGet, siteURL+"/")
 		if resp.StatusCode != want {
 			t.Fatalf("GET %d: %d, want %d", i, resp.StatusCode, want)
 		}
 	}
-	resp, _ := do(t, tc, http.MethodPost, siteURL+"/")
+	resp, _ := do(t, http.MethodPost, siteURL+"/")
 	status(t, resp, http.StatusOK) // not matched by the zone
+}
+
+// sfNames are zone names that Go's %q would have written as invalid
+// RFC 8941 strings, or that test its escapes, and the longest allowed.
+var sfNames = []string{
+	"with space",
+	`quo"te`,
+	`back\slash`,
+	`"\ both \"`,
+	strings.Repeat(`a"\ `, names.MaxLen/4),
+}
+
+// TestRateLimitHeadersAreStructuredFields: RateLimit and RateLimit-Policy
+// parse as RFC 8941 Lists of one Item, the zone's name as a String with
+// its parameters, for names with spaces, quotes, backslashes and the
+// longest allowed, on allowed and rejected responses.
+func TestRateLimitHeadersAreStructuredFields(t *testing.T) {
+	if len(sfNames[len(sfNames)-1]) != names.MaxLen {
+		t.Fatalf("the longest name is %d long, want %d", len(sfNames[len(sfNames)-1]), names.MaxLen)
+	}
+	var routes []any
+	for i, name := range sfNames {
+		routes = append(routes, map[string]any{
+			"match": []any{map[string]any{"path": []string{fmt.Sprintf("/%d", i)}}},
+			"handle": []any{
+				map[string]any{"handler": "rate_limit", "headers": "ietf",
+					"zones": []any{map[string]any{"name": name, "limit": 1, "window": "1h"}}},
+				map[string]any{"handler": "static_response", "body": "ok"},
+			},
+		})
+	}
+	config, err := json.Marshal(map[string]any{
+		"admin": map[string]any{"listen": "localhost:2999"},
+		"apps": map[string]any{"http": map[string]any{"http_port": 9080, "servers": map[string]any{
+			"srv": map[string]any{"listen": []string{":9080"}, "routes": routes},
+		}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startCaddyWith(t, string(config), "json")
+	for i, name := range sfNames {
+		for _, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+			resp, _ := do(t, http.MethodGet, fmt.Sprintf("%s/%d", siteURL, i))
+			status(t, resp, want)
+			assertSFItem(t, resp.Header.Values("RateLimit-Policy"), name, map[string]int64{"q": 1, "w": 3600})
+			assertSFItem(t, resp.Header.Values("RateLimit"), name, map[string]int64{"r": 0, "t": -1})
+		}
+	}
+
+	// The same names from a Caddyfile (quotes escaped as the Caddyfile
+	// lexer wants, backslashes as they are).
+	startCaddy(t, `
+:9080 {
+	rate_limit {
+		headers ietf
+		zone "with \"space\" and \ " {
+			limit 5
+			window 1m
+		}
+	}
+	respond "ok"
+}
+`)
+	resp, _ := do(t, http.MethodGet, siteURL+"/")
+	status(t, resp, http.StatusOK)
+	assertSFItem(t, resp.Header.Values("RateLimit-Policy"), `with "space" and \ `, map[string]int64{"q": 5, "w": 60})
+	assertSFItem(t, resp.Header.Values("RateLimit"), `with "space" and \ `, map[string]int64{"r": 4, "t": -1})
+}
+
+// assertSFItem parses values as an RFC 8941 List and checks that it holds
+// one Item: the String name, with integer parameters as in params (-1:
+// any positive integer).
+func assertSFItem(t *testing.T, values []string, name string, params map[string]int64) {
+	t.Helper()
+	list, err := httpsfv.UnmarshalList(values)
+	if err != nil {
+		t.Fatalf("%q: not an RFC 8941 List: %v", values, err)
+	}
+	if len(list) != 1 {
+		t.Fatalf("%q: %d members, want 1", values, len(list))
+	}
+	item, ok := list[0].(httpsfv.Item)
+	if !ok {
+		t.Fatalf("%q: an inner list, want an Item", values)
+	}
+	if got, ok := item.Value.(string); !ok || got != name {
+		t.Fatalf("%q: value %#v, want the String %q", values, item.Value, name)
+	}
+	if item.Params.Names() == nil || len(item.Params.Names()) != len(params) {
+		t.Fatalf("%q: parameters %v, want %v", values, item.Params.Names(), params)
+	}
+	for key, want := range params {
+		v, ok := item.Params.Get(key)
+		n, isInt := v.(int64)
+		if !ok || !isInt || (want >= 0 && n != want) || (want < 0 && n < 1) {
+			t.Fatalf("%q: %s=%#v, want %d", values, key, v, want)
+		}
+	}
+}
+
+// TestJitterSpreadsRetryAfter sends 200 requests over a limit through
+// Caddy. With jitter 0.5 their Retry-After spreads uniformly over the wait
+// W to 1.5 W, rounded up; without jitter every one is W, rounded up.
+// Either way the reset the headers report, and so the counters, keep the
+// true instant.
+func TestJitterSpreadsRetryAfter(t *testing.T) {
+	// A fixed window whose end is a long way off, so the waits are
+	// hundreds of seconds and spread over hundreds of values. Windows are
+	// aligned to the epoch, so pick a length whose current window has
+	// more than half of it left.
+	window := int64(1000)
+	for now := time.Now().Unix(); window-now%window < window*6/10; window++ {
+	}
+	for _, jitter := range []float64{0, 0.5} {
+		t.Run(fmt.Sprintf("jitter %v", jitter), func(t *testing.T) {
+			option := ""
+			if jitter > 0 {
+				option = fmt.Sprintf("jitter %v", jitter)
+			}
+			zone := fmt.Sprintf("jitter_%d", int(jitter*10))
+			startCaddy(t, fmt.Sprintf(`
+:9080 {
+	rate_limit {
+		%s
+		zone %s {
+			key static
+			limit 1
+			window %ds
+			algorithm fixed_window
+		}
+	}
+	respond "ok"
+}
+`, option, zone, window))
+			resp, _ := do(t, http.MethodGet, siteURL+"/")
+			status(t, resp, http.StatusOK)
+			reset, _ := strconv.ParseInt(resp.Header.Get("X-RateLimit-Reset"), 10, 64)
+			end := time.Unix(reset, 0) // the window's end: when the key may next be allowed
+
+			var shares []float64 // where each Retry-After fell in [W, (1+jitter) W]
+			values := map[int64]bool{}
+			for range 200 {
+				before := time.Now()
+				resp, _ := do(t, http.MethodGet, siteURL+"/")
+				after := time.Now()
+				status(t, resp, http.StatusTooManyRequests)
+				if got := resp.Header.Get("X-RateLimit-Reset"); got != strconv.FormatInt(reset, 10) {
+					t.Fatalf("X-RateLimit-Reset %s on a rejection, want the true instant %d", got, reset)
+				}
+				ra, err := strconv.ParseInt(resp.Header.Get("Retry-After"), 10, 64)
+				if err != nil || ra < 1 {
+					t.Fatalf("Retry-After %q, want an integer >= 1", resp.Header.Get("Retry-After"))
+				}
+				// The handler measured the wait between before and after.
+				most, least := end.Sub(before).Seconds(), end.Sub(after).Seconds()
+				if lo, hi := math.Ceil(least), math.Ceil(most*(1+jitter)); float64(ra) < lo || float64(ra) > hi {
+					t.Fatalf("Retry-After %d, want %v to %v (wait %.1f s, jitter %v)", ra, lo, hi, most, jitter)
+				}
+				values[ra] = true
+				if jitter > 0 {
+					shares = append(shares, (float64(ra)-least)/(most*jitter))
+				}
+			}
+			if jitter == 0 {
+				if len(values) > 2 {
+					t.Fatalf("without jitter, %d different Retry-After values, want the same wait (give or take the second it may cross)", len(values))
+				}
+				return
+			}
+			// Uniform over the range: each quarter of it gets about 50 of
+			// the 200 (fewer than 20 in any quarter has odds of about 1e-7),
+			// and both ends of the range are reached (missing the last
+			// tenth at one end: 0.9^200, about 1e-9).
+			var quarters [4]int
+			lowest, highest := 1.0, 0.0
+			for _, s := range shares {
+				quarters[min(max(int(s*4), 0), 3)]++
+				lowest, highest = min(lowest, s), max(highest, s)
+			}
+			t.Logf("window %ds, %d distinct values, quarters %v, shares %.3f to %.3f", window, len(values), quarters, lowest, highest)
+			for q, n := range quarters {
+				if n < 20 {
+					t.Fatalf("quarter %d of the jitter range got %d of 200 (%v), want about 50", q, n, quarters)
+				}
+			}
+			if lowest > 0.1 || highest < 0.9 {
+				t.Fatalf("Retry-After spread over %.2f to %.2f of the jitter range, want nearly all of it", lowest, highest)
+			}
+		})
+	}
+}
+
+// TestZoneStatus: a zone's rejections answer with its status (default
+// 429), with Retry-After and the limit headers, whatever the algorithm;
+// handle_errors shapes them as it does a 429; the app never sees them.
+func TestZoneStatus(t *testing.T) {
+	a := newApp(t)
+	startCaddy(t, fmt.Sprintf(`
+:9080 {
+	rate_limit /fixed* {
+		zone status_fixed {
+			key {header.X-Client}
+			limit 1
+			window 1h
+			algorithm fixed_window
+			status 503
+		}
+	}
+	rate_limit /sliding* {
+		zone status_sliding {
+			key {header.X-Client}
+			limit 1
+			window 1h
+			algorithm sliding_tail
+			status 418
+		}
+	}
+	rate_limit /default* {
+		zone status_default {
+			key {header.X-Client}
+			limit 1
+			window 1h
+		}
+	}
+	reverse_proxy %s
+	handle_errors 503 418 {
+		respond "shaped {http.error.status_code} ({http.rate_limit.zone}), retry in {http.response.header.Retry-After}s" {http.error.status_code}
+	}
+}
+`, a.url))
+	for _, c := range []struct {
+		path, zone string
+		status     int
+		shaped     bool
+	}{
+		{"/fixed", "status_fixed", http.StatusServiceUnavailable, true},
+		{"/sliding", "status_sliding", http.StatusTeapot, true},
+		{"/default", "status_default", http.StatusTooManyRequests, false},
+	} {
+		t.Run(c.zone, func(t *testing.T) {
+			resp, body := do(t, http.MethodGet, siteURL+c.path, "X-Client: c")
+			status(t, resp, http.StatusOK)
+			if body != "app" {
+				t.Fatalf("first request: %q", body)
+			}
+			hits := a.hits.Load()
+			resp, body = do(t, http.MethodGet, siteURL+c.path, "X-Client: c")
+			status(t, resp, c.status)
+			ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+			if err != nil || ra < 1 {
+				t.Fatalf("Retry-After %q", resp.Header.Get("Retry-After"))
+			}
+			if resp.Header.Get("X-RateLimit-Remaining") != "0" {
+				t.Fatalf("limit headers lost: %v", resp.Header)
+			}
+			if c.shaped {
+				if want := fmt.Sprintf("shaped %d (%s), retry in %ds", c.status, c.zone, ra); body != want {
+					t.Fatalf("body %q, want %q", body, want)
+				}
+			}
+			if a.hits.Load() != hits {
+				t.Fatal("the app saw a rejected request")
+			}
+		})
+	}
 }

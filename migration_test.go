@@ -1,19 +1,16 @@
-package ratelimit
+package ratelimit_test
 
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
-	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
 // mholtExamples are Caddyfiles in the shape of every example in
@@ -24,7 +21,7 @@ import (
 var mholtExamples = []struct {
 	name, globals, site string
 	// check is nil for an example that must be refused.
-	check func(t *testing.T, tc *caddytest.Tester)
+	check func(t *testing.T)
 }{
 	{
 		name: "README Caddyfile example (distributed)",
@@ -72,16 +69,16 @@ var mholtExamples = []struct {
 	}
 	respond "I'm behind the rate limiter!"
 `,
-		check: func(t *testing.T, tc *caddytest.Tester) {
+		check: func(t *testing.T) {
 			roomInWindow(5*time.Second, 2*time.Second)
 			for i := range 2 {
-				resp, body := do(t, tc, http.MethodGet, siteURL+"/")
+				resp, body := do(t, http.MethodGet, siteURL+"/")
 				status(t, resp, http.StatusOK)
 				if body != "I'm behind the rate limiter!" {
 					t.Fatalf("request %d: body %q", i, body)
 				}
 			}
-			resp, _ := do(t, tc, http.MethodPost, siteURL+"/") // dynamic_example counts every method
+			resp, _ := do(t, http.MethodPost, siteURL+"/") // dynamic_example counts every method
 			status(t, resp, http.StatusTooManyRequests)
 			ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
 			if err != nil || ra < 1 || ra > 5 {
@@ -90,7 +87,7 @@ var mholtExamples = []struct {
 			// A client that waits Retry-After, as urllib3, requests and got
 			// do, then gets through.
 			time.Sleep(time.Duration(ra) * time.Second)
-			resp, _ = do(t, tc, http.MethodGet, siteURL+"/")
+			resp, _ = do(t, http.MethodGet, siteURL+"/")
 			status(t, resp, http.StatusOK)
 		},
 	},
@@ -111,17 +108,17 @@ var mholtExamples = []struct {
 	}
 	respond "ok"
 `,
-		check: func(t *testing.T, tc *caddytest.Tester) {
+		check: func(t *testing.T) {
 			roomInWindow(time.Minute, 10*time.Second)
 			for i := range 100 {
 				// Clients behind different forwarded addresses share the
 				// static key.
-				resp, _ := do(t, tc, http.MethodGet, siteURL+"/", fmt.Sprintf("X-Forwarded-For: 198.51.100.%d", i))
+				resp, _ := do(t, http.MethodGet, siteURL+"/", fmt.Sprintf("X-Forwarded-For: 198.51.100.%d", i))
 				status(t, resp, http.StatusOK)
 			}
-			resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+			resp, _ := do(t, http.MethodGet, siteURL+"/")
 			status(t, resp, http.StatusTooManyRequests)
-			resp, _ = do(t, tc, http.MethodPost, siteURL+"/")
+			resp, _ = do(t, http.MethodPost, siteURL+"/")
 			status(t, resp, http.StatusOK)
 		},
 	},
@@ -177,10 +174,10 @@ var mholtExamples = []struct {
 		respond "critical"
 	}
 `,
-		check: func(t *testing.T, tc *caddytest.Tester) {
-			twoThenLimited(t, tc)
+		check: func(t *testing.T) {
+			twoThenLimited(t)
 			for range 3 {
-				resp, body := do(t, tc, http.MethodGet, siteURL+"/ping")
+				resp, body := do(t, http.MethodGet, siteURL+"/ping")
 				status(t, resp, http.StatusOK)
 				if body != "pong" {
 					t.Fatalf("/ping: %q", body)
@@ -238,12 +235,12 @@ var mholtExamples = []struct {
 	}
 	respond "ok"
 `,
-		check: func(t *testing.T, tc *caddytest.Tester) {
+		check: func(t *testing.T) {
 			roomInWindow(time.Minute, 2*time.Second)
-			resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+			resp, _ := do(t, http.MethodGet, siteURL+"/")
 			status(t, resp, http.StatusOK)
 			before := time.Now()
-			resp, _ = do(t, tc, http.MethodGet, siteURL+"/")
+			resp, _ = do(t, http.MethodGet, siteURL+"/")
 			status(t, resp, http.StatusTooManyRequests)
 			// The sliding tail allows the next request once the minute
 			// this one was counted in has ended.
@@ -270,7 +267,7 @@ var mholtExamples = []struct {
 	}
 	respond "{http.rate_limit.key}"
 `,
-		check: func(t *testing.T, tc *caddytest.Tester) {
+		check: func(t *testing.T) {
 			roomInWindow(time.Minute, 2*time.Second)
 			// Two addresses of 127.0.0.0/24 share one counter.
 			for i, from := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.2"} {
@@ -302,11 +299,11 @@ var mholtExamples = []struct {
 		respond "limited by {http.rate_limit.exceeded.name}" 429
 	}
 `,
-		check: func(t *testing.T, tc *caddytest.Tester) {
+		check: func(t *testing.T) {
 			roomInWindow(time.Minute, 2*time.Second)
-			resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+			resp, _ := do(t, http.MethodGet, siteURL+"/")
 			status(t, resp, http.StatusOK)
-			resp, body := do(t, tc, http.MethodGet, siteURL+"/")
+			resp, body := do(t, http.MethodGet, siteURL+"/")
 			status(t, resp, http.StatusTooManyRequests)
 			if body != "limited by per_client" {
 				t.Fatalf("429 body %q", body)
@@ -333,14 +330,14 @@ var mholtExamples = []struct {
 
 // twoThenLimited: a client gets two requests through, then a 429 with a
 // Retry-After.
-func twoThenLimited(t *testing.T, tc *caddytest.Tester) {
+func twoThenLimited(t *testing.T) {
 	t.Helper()
 	roomInWindow(5*time.Second, 2*time.Second)
 	for range 2 {
-		resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+		resp, _ := do(t, http.MethodGet, siteURL+"/")
 		status(t, resp, http.StatusOK)
 	}
-	resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+	resp, _ := do(t, http.MethodGet, siteURL+"/")
 	status(t, resp, http.StatusTooManyRequests)
 	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 {
 		t.Fatalf("Retry-After %q", resp.Header.Get("Retry-After"))
@@ -356,23 +353,6 @@ func roomInWindow(window, room time.Duration) {
 	if left < room {
 		time.Sleep(left + 10*time.Millisecond)
 	}
-}
-
-// doFrom sends a GET from the loopback address from, on a new connection.
-func doFrom(t *testing.T, from, url string) (*http.Response, string) {
-	t.Helper()
-	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
-	client := &http.Client{Transport: &http.Transport{
-		DialContext:       dialer.DialContext,
-		DisableKeepAlives: true,
-	}, Timeout: 10 * time.Second}
-	resp, err := client.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp, string(body)
 }
 
 // TestMholtReadmeExamples adapts each of mholtExamples as `caddy adapt`
@@ -402,8 +382,8 @@ func TestMholtReadmeExamples(t *testing.T) {
 			if err != nil {
 				t.Fatalf("adapt: %v", err)
 			}
-			tc := startCaddyWith(t, caddyfile, "caddyfile")
-			ex.check(t, tc)
+			startCaddyWith(t, caddyfile, "caddyfile")
+			ex.check(t)
 		})
 	}
 }
@@ -435,7 +415,8 @@ func mapLimitService(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// TestBehindForwardAuth runs the README's "Behind another handler" recipe:
+// TestBehindForwardAuth runs the "Behind another handler" recipe of
+// docs/migrating.md:
 // forward_auth asks a service for the request's key and limit, and
 // rate_limit, after it in a route, counts with them. The mapped key gets
 // the mapped limit; a client's own X-Limit and X-Limit-Key are stripped,
@@ -461,120 +442,42 @@ func TestBehindForwardAuth(t *testing.T) {
 		respond "{http.rate_limit.key} {http.rate_limit.limit}"`
 
 	t.Run("route", func(t *testing.T) {
-		tc := startCaddy(t, ":9080 {\n\troute {"+auth+zone+respond+"\n\t}\n}\n")
+		startCaddy(t, ":9080 {\n\troute {"+auth+zone+respond+"\n\t}\n}\n")
 		// A client that forges the headers gets its own address as key
 		// and the default limit.
 		forged := []string{"X-Limit: 1000", "X-Limit-Key: customer-gold"}
 		for range 2 {
-			resp, body := do(t, tc, http.MethodGet, siteURL+"/", forged...)
+			resp, body := do(t, http.MethodGet, siteURL+"/", forged...)
 			status(t, resp, http.StatusOK)
 			if body != "127.0.0.1 2" {
 				t.Fatalf("forged headers: key and limit %q, want the client's address and the default 2", body)
 			}
 		}
-		resp, _ := do(t, tc, http.MethodGet, siteURL+"/", forged...)
+		resp, _ := do(t, http.MethodGet, siteURL+"/", forged...)
 		status(t, resp, http.StatusTooManyRequests)
 		// The mapped key gets the mapped limit, untouched by the forger.
 		for range 3 {
-			resp, body := do(t, tc, http.MethodGet, siteURL+"/", "Authorization: Bearer gold", "X-Limit: 1000")
+			resp, body := do(t, http.MethodGet, siteURL+"/", "Authorization: Bearer gold", "X-Limit: 1000")
 			status(t, resp, http.StatusOK)
 			if body != "customer-gold 3" {
 				t.Fatalf("mapped: key and limit %q, want customer-gold 3", body)
 			}
 		}
-		resp, _ = do(t, tc, http.MethodGet, siteURL+"/", "Authorization: Bearer gold")
+		resp, _ = do(t, http.MethodGet, siteURL+"/", "Authorization: Bearer gold")
 		status(t, resp, http.StatusTooManyRequests)
 	})
 
 	t.Run("without route, the client chooses", func(t *testing.T) {
-		tc := startCaddy(t, ":9080 {"+auth+zone+respond+"\n}\n")
-		resp, body := do(t, tc, http.MethodGet, siteURL+"/", "X-Limit: 1000")
+		startCaddy(t, ":9080 {"+auth+zone+respond+"\n}\n")
+		resp, body := do(t, http.MethodGet, siteURL+"/", "X-Limit: 1000")
 		status(t, resp, http.StatusOK)
 		if body != "127.0.0.1 1000" {
-			t.Fatalf("key and limit %q: want the pitfall the README warns of, the client's own limit 1000", body)
+			t.Fatalf("key and limit %q: want the pitfall docs/migrating.md warns of, the client's own limit 1000", body)
 		}
-		resp, body = do(t, tc, http.MethodGet, siteURL+"/", "Authorization: Bearer gold")
+		resp, body = do(t, http.MethodGet, siteURL+"/", "Authorization: Bearer gold")
 		status(t, resp, http.StatusOK)
 		if body != "127.0.0.1 2" {
 			t.Fatalf("key and limit %q: want the mapping unseen (rate_limit ran before forward_auth)", body)
 		}
 	})
-}
-
-// readmeSection returns the README's section under the heading title.
-func readmeSection(t *testing.T, title string) string {
-	t.Helper()
-	b, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(b), "\n## "+title+"\n")
-	if !ok {
-		t.Fatalf("README has no %q section", title)
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
-	return section
-}
-
-// fencedBlocks returns the contents of the section's code blocks fenced
-// as lang ("" for none).
-func fencedBlocks(section, lang string) []string {
-	var out []string
-	for _, part := range strings.Split(section, "```"+lang+"\n")[1:] {
-		block, _, _ := strings.Cut(part, "```")
-		out = append(out, block)
-	}
-	return out
-}
-
-// TestReadmeMigrationSnippets: the README's recipe behind forward_auth
-// adapts, and the refusal it quotes is the one `caddy adapt` gives.
-func TestReadmeMigrationSnippets(t *testing.T) {
-	recipes := fencedBlocks(readmeSection(t, "Behind another handler"), "caddyfile")
-	if len(recipes) != 1 {
-		t.Fatalf("%d Caddyfile blocks in Behind another handler, want 1", len(recipes))
-	}
-	if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(globalOptions+recipes[0]), nil); err != nil {
-		t.Fatalf("the recipe does not adapt: %v\n%s", err, recipes[0])
-	}
-
-	quoted := fencedBlocks(readmeSection(t, "Migrating from mholt/caddy-ratelimit"), "")
-	if len(quoted) == 0 {
-		t.Fatal("the migration section quotes no refusal")
-	}
-	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(globalOptions+`
-:9080 {
-	rate_limit {
-		distributed
-		zone z {
-			events 1
-			window 1m
-		}
-	}
-}
-`), nil)
-	if err == nil {
-		t.Fatal("distributed adapted")
-	}
-	want := strings.TrimSpace(quoted[0])
-	want = want[:strings.LastIndex(want, ", at Caddyfile:")]
-	if !strings.Contains(err.Error(), want) {
-		t.Fatalf("caddy adapt says\n%v\nthe README quotes\n%s", err, want)
-	}
-}
-
-// TestReadmeAlgorithmSnippets: every zone the README's Algorithms section
-// shows adapts inside a rate_limit block, so its examples stay true to
-// the parser.
-func TestReadmeAlgorithmSnippets(t *testing.T) {
-	zones := fencedBlocks(readmeSection(t, "Algorithms"), "caddyfile")
-	if len(zones) < 4 {
-		t.Fatalf("%d Caddyfile blocks in Algorithms, want one per algorithm", len(zones))
-	}
-	for _, z := range zones {
-		site := globalOptions + ":9080 {\n\trate_limit {\n" + z + "\t}\n\trespond \"ok\"\n}\n"
-		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site), nil); err != nil {
-			t.Errorf("does not adapt: %v\n%s", err, z)
-		}
-	}
 }

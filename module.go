@@ -78,8 +78,7 @@ type Handler struct {
 	Shed *shed.Shed `json:"shed,omitempty"`
 
 	// The handler options of mholt/caddy-ratelimit, under its names, so
-	// that its configs carry over (see the README's "Migrating from
-	// mholt/caddy-ratelimit").
+	// that its configs carry over (see docs/migrating.md).
 
 	// Adds to Retry-After a uniformly random extra of 0 to this fraction
 	// of the wait (0.2: up to 20% more), so that rejected clients do not
@@ -107,6 +106,9 @@ type Handler struct {
 
 	// random draws the jitter, uniformly from [0, 1).
 	random func() float64
+	// now is the clock that headers and dials are read against: the
+	// store's clock, which a test may set (see storage.NewMemory).
+	now func() time.Time
 
 	store  storage.Store
 	logger *zap.Logger
@@ -241,6 +243,7 @@ const maxLimit = math.MaxInt32
 // Provision loads the store and the zones' matchers and compiles templates.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	h.now = time.Now
 	h.storeErrorLog = new(errorLog)
 	if h.JWT != nil {
 		if err := h.JWT.Provision(h.logger); err != nil {

@@ -1,48 +1,14 @@
-package ratelimit
+package ratelimit_test
 
 import (
 	"fmt"
 	"net/http"
 	"runtime"
-	"strings"
+	"strconv"
 	"testing"
-	"time"
-)
 
-func TestJSONConfig(t *testing.T) {
-	tc := startCaddyWith(t, `{
-	"admin": {"listen": "localhost:2999"},
-	"apps": {"http": {"http_port": 9080, "servers": {"srv": {
-		"listen": [":9080"],
-		"routes": [{"handle": [
-			{
-				"handler": "rate_limit",
-				"headers": "both",
-				"store": {"backend": "memory", "max_keys": 1000},
-				"zones": [{
-					"name": "json_zone",
-					"match": [{"path": ["/limited"]}],
-					"key": "{http.request.header.X-Api-Key}",
-					"limit": [ "{http.request.header.X-Quota}", 2 ],
-					"window": "1h",
-					"algorithm": "fixed_window",
-					"cost": {"POST": 2}
-				}]
-			},
-			{"handler": "static_response", "body": "ok"}
-		]}]
-	}}}}
-}`, "json")
-	resp, _ := do(t, tc, http.MethodPost, siteURL+"/limited", "X-Api-Key: k")
-	status(t, resp, http.StatusOK)
-	if resp.Header.Get("RateLimit-Policy") != `"json_zone";q=2;w=3600` {
-		t.Fatalf("headers %v", resp.Header)
-	}
-	resp, _ = do(t, tc, http.MethodGet, siteURL+"/limited", "X-Api-Key: k")
-	status(t, resp, http.StatusTooManyRequests)
-	resp, _ = do(t, tc, http.MethodGet, siteURL+"/other", "X-Api-Key: k")
-	status(t, resp, http.StatusOK)
-}
+	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+)
 
 func TestReloadKeepsCounters(t *testing.T) {
 	site := `
@@ -56,28 +22,21 @@ func TestReloadKeepsCounters(t *testing.T) {
 	respond "%s"
 }
 `
-	tc := startCaddy(t, fmt.Sprintf(site, "v1"))
+	startCaddy(t, fmt.Sprintf(site, "v1"))
 	for i := 0; i < 2; i++ {
-		resp, _ := do(t, tc, http.MethodGet, siteURL+"/")
+		resp, _ := do(t, http.MethodGet, siteURL+"/")
 		status(t, resp, http.StatusOK)
 	}
-	if code, body := loadConfig(t, fmt.Sprintf(site, "v2")); code != http.StatusOK {
+	if code, body := reload(t, fmt.Sprintf(site, "v2")); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}
-	resp, body := do(t, tc, http.MethodGet, siteURL+"/")
+	resp, body := do(t, http.MethodGet, siteURL+"/")
 	status(t, resp, http.StatusOK)
 	if body != "v2" {
 		t.Fatalf("new config not serving: %q", body)
 	}
-	resp, _ = do(t, tc, http.MethodGet, siteURL+"/")
+	resp, _ = do(t, http.MethodGet, siteURL+"/")
 	status(t, resp, http.StatusTooManyRequests)
-}
-
-// memorySweeperRunning reports whether the memory store's background sweep
-// goroutine exists in this process.
-func memorySweeperRunning() bool {
-	buf := make([]byte, 1<<20)
-	return strings.Contains(string(buf[:runtime.Stack(buf, true)]), "storage.(*memoryCounters).sweepLoop")
 }
 
 // TestMemoryStoreStopsWhenUnused: the memory store's sweeper runs while a
@@ -95,24 +54,143 @@ func TestMemoryStoreStopsWhenUnused(t *testing.T) {
 	respond "%s"
 }
 `
+	memorySweeperRunning := func() bool { return goroutines("storage.(*memoryCounters).sweepLoop") > 0 }
 	startCaddy(t, fmt.Sprintf(limited, "v1"))
 	if !memorySweeperRunning() {
 		t.Fatal("no sweeper while a config uses the memory store")
 	}
-	if code, body := loadConfig(t, fmt.Sprintf(limited, "v2")); code != http.StatusOK {
+	if code, body := reload(t, fmt.Sprintf(limited, "v2")); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}
 	if !memorySweeperRunning() {
 		t.Fatal("sweeper stopped across a reload that still uses the store")
 	}
-	if code, body := loadConfig(t, ":9080 {\n\trespond \"plain\"\n}\n"); code != http.StatusOK {
+	if code, body := reload(t, ":9080 {\n\trespond \"plain\"\n}\n"); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for memorySweeperRunning() {
-		if time.Now().After(deadline) {
-			t.Fatal("sweeper still running with no config using the memory store")
-		}
-		time.Sleep(20 * time.Millisecond)
+	waitFor(t, "the sweeper to stop with no config using the memory store", func() bool { return !memorySweeperRunning() })
+}
+
+// TestRedisReloadsUnderLoad reloads, under load, between two configs that
+// differ only in the Redis store's timeout, so each reload moves to
+// another shared client and lets go of the old one. Requests of the old
+// config still running must finish on open connections: no store error
+// (no 503 with on_store_error deny, no uncounted request with allow),
+// and afterwards as many Redis connections and goroutines as before.
+func TestRedisReloadsUnderLoad(t *testing.T) {
+	const reloads = 30
+	for _, mode := range []string{"deny", "allow"} {
+		t.Run(mode, func(t *testing.T) {
+			s := redistest.Standalone(t)
+			site := func(timeout string) string {
+				return redisSite("address "+s.URL()+"\ntimeout "+timeout, 1_000_000, "on_store_error "+mode)
+			}
+			// The timeouts are generous so that a busy machine causes no
+			// store error; the reloads change them, and so the client.
+			startCaddy(t, site("5s"))
+			get(t, "warm")
+			baseClients, err := s.Clients("caddy-rate-limit")
+			if err != nil {
+				t.Fatal(err)
+			}
+			baseGoroutines := runtime.NumGoroutine()
+
+			l := startLoad(t, 16, "load")
+			l.progress(t, 200)
+			for i := range reloads {
+				timeout := "5s"
+				if i%2 == 0 {
+					timeout = "6s"
+				}
+				if code, body := reload(t, site(timeout)); code != 200 {
+					t.Fatalf("reload %d: %d %s", i, code, body)
+				}
+				l.progress(t, 50)
+			}
+			byStatus, failed, lastErr := l.end()
+			counted, err := s.Do("HGET", "rl:{load}:per_client", "c")
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, _ := strconv.Atoi(counted)
+			t.Logf("%d reloads under load: answers by status %v, %d without an answer (last: %v), %d counted in Redis", reloads, byStatus, failed, lastErr, n)
+			if byStatus[http.StatusServiceUnavailable] != 0 {
+				t.Errorf("%d × 503: store errors during reloads", byStatus[http.StatusServiceUnavailable])
+			}
+			// A request that got no answer may or may not have been counted.
+			if ok := byStatus[http.StatusOK]; n < ok || n > ok+failed {
+				t.Errorf("Redis counted %d requests; %d were answered 200 and %d got no answer: every allowed request must be counted once", n, ok, failed)
+			}
+
+			// A config with a client of its own, used by one request at a
+			// time: every client before it must be closed.
+			if code, body := reload(t, site("7s")); code != 200 {
+				t.Fatal(code, body)
+			}
+			get(t, "settle")
+			waitFor(t, fmt.Sprintf("the Redis connections (%d at the start) and the goroutines (%d) to come back", baseClients, baseGoroutines), func() bool {
+				nc, _ := s.Clients("caddy-rate-limit")
+				return nc <= baseClients && runtime.NumGoroutine() <= baseGoroutines+2
+			})
+		})
 	}
+}
+
+// TestRedisReloads reloads the config 100 times through the admin API and
+// checks that the Redis connections and the goroutines are where they
+// started: configs share one client, and the last one to go closes it.
+func TestRedisReloads(t *testing.T) {
+	s := redistest.Standalone(t)
+	other := redistest.Standalone(t)
+	store := "address " + s.URL()
+	startCaddy(t, redisSite(store, 1000, ""))
+	get(t, "warm")
+
+	clients := func(s *redistest.Server) int {
+		n, err := s.Clients("caddy-rate-limit")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	baseClients := clients(s)
+	baseGoroutines := runtime.NumGoroutine()
+	if baseClients < 1 {
+		t.Fatalf("%d Redis clients before reloading", baseClients)
+	}
+
+	const reloads = 100
+	for i := range reloads {
+		if code, body := reload(t, redisSite(store, 1000+i, "")); code != 200 {
+			t.Fatalf("reload %d: %d %s", i, code, body)
+		}
+		if code := get(t, "reload"); code != 200 {
+			t.Fatalf("request after reload %d: %d", i, code)
+		}
+	}
+	if c, err := s.Do("HGET", "rl:{reload}:per_client", "c"); err != nil || c != strconv.Itoa(reloads) {
+		t.Fatalf("counter after %d reloads: %q %v, want %d: counts survive reloads", reloads, c, err, reloads)
+	}
+	var nc, ng int
+	waitFor(t, "the Redis clients and goroutines to come back", func() bool {
+		nc, ng = clients(s), runtime.NumGoroutine()
+		return nc <= baseClients && ng <= baseGoroutines+2
+	})
+	t.Logf("after %d reloads: %d Redis clients (started with %d), %d goroutines (started with %d)", reloads, nc, baseClients, ng, baseGoroutines)
+
+	// Moving to another Redis closes the old connections; moving away
+	// from Redis closes the rest.
+	if code, body := reload(t, redisSite("address "+other.URL(), 1000, "")); code != 200 {
+		t.Fatal(code, body)
+	}
+	get(t, "moved")
+	waitFor(t, "the Redis connections to settle", func() bool { return clients(s) == 0 && clients(other) >= 1 })
+	if code, body := reload(t, `
+:9080 {
+	respond "ok"
+}
+`); code != 200 {
+		t.Fatal(code, body)
+	}
+	waitFor(t, "the Redis connections to settle", func() bool { return clients(other) == 0 })
 }

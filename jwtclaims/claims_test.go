@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/internal/jwttest"
 )
 
@@ -23,7 +24,7 @@ var epoch = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 // time, issuer and audience checks pass.
 func TestVerify(t *testing.T) {
 	k := keys()
-	clk := &clock{t: epoch}
+	clk := clocktest.New(epoch)
 	rsaFile := jwttest.WriteFile(t, "rsa.pem", k.RSAPublicPEM)
 	ecFile := jwttest.WriteFile(t, "ec.pem", publicPEM(&k.EC256.PublicKey))
 	edFile := jwttest.WriteFile(t, "ed.pem", publicPEM(k.Ed.Public()))
@@ -40,15 +41,7 @@ func TestVerify(t *testing.T) {
 
 	now := epoch.Unix()
 	good := func(extra jwt.MapClaims) jwt.MapClaims {
-		c := jwt.MapClaims{"sub": "alice", "iss": "https://id.example.com", "aud": "api", "exp": now + 3600}
-		for k, v := range extra {
-			if v == nil {
-				delete(c, k)
-			} else {
-				c[k] = v
-			}
-		}
-		return c
+		return jwttest.Claims(jwt.MapClaims{"sub": "alice", "iss": "https://id.example.com", "aud": "api", "exp": now + 3600}, extra)
 	}
 	none := jwttest.Sign(t, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, good(nil))
 
@@ -280,7 +273,7 @@ func TestRegister(t *testing.T) {
 // TestCachedVerification shows that the cache spares the signature check
 // for a token seen before, and forgets the token when it expires.
 func TestCachedVerification(t *testing.T) {
-	clk := &clock{t: epoch}
+	clk := clocktest.New(epoch)
 	cfg := provisioned(t, &Config{Secret: testSecret, Leeway: caddy.Duration(5 * time.Second)}, clk)
 	token := jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice", "exp": epoch.Add(20 * time.Second).Unix()})
 
@@ -292,11 +285,11 @@ func TestCachedVerification(t *testing.T) {
 	if n := cfg.verifications.Load(); n != 1 {
 		t.Fatalf("verified %d times, want 1 (then cached)", n)
 	}
-	clk.add(24 * time.Second) // exp + leeway - 1s
+	clk.Add(24 * time.Second) // exp + leeway - 1s
 	if cfg.verify(token) == nil {
 		t.Fatal("token refused within its leeway")
 	}
-	clk.add(time.Second) // exp + leeway: expired
+	clk.Add(time.Second) // exp + leeway: expired
 	if cfg.verify(token) != nil {
 		t.Fatal("expired token served from the cache")
 	}
@@ -316,18 +309,18 @@ func TestCachedVerification(t *testing.T) {
 }
 
 func TestCacheTTLAndBound(t *testing.T) {
-	clk := &clock{t: epoch}
+	clk := clocktest.New(epoch)
 	cfg := provisioned(t, &Config{Secret: testSecret, cacheSize: 8}, clk)
 
 	// No exp: remembered for the TTL only.
 	token := jwttest.Sign(t, jwt.SigningMethodHS256, []byte(testSecret), jwt.MapClaims{"sub": "alice"})
 	cfg.verify(token)
-	clk.add(DefaultCacheTTL - time.Second)
+	clk.Add(DefaultCacheTTL - time.Second)
 	cfg.verify(token)
 	if n := cfg.verifications.Load(); n != 1 {
 		t.Fatalf("verified %d times within the TTL, want 1", n)
 	}
-	clk.add(time.Second)
+	clk.Add(time.Second)
 	cfg.verify(token)
 	if n := cfg.verifications.Load(); n != 2 {
 		t.Fatalf("verified %d times after the TTL, want 2", n)

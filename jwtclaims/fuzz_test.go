@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/internal/jwttest"
 )
 
@@ -20,7 +21,7 @@ import (
 func FuzzTokenPlaceholder(f *testing.F) {
 	k := keys()
 	ecFile := jwttest.WriteFile(f, "ec.pem", publicPEM(&k.EC256.PublicKey))
-	clk := &clock{t: epoch}
+	clk := clocktest.New(epoch)
 	cfg := provisioned(f, &Config{
 		Secret:     testSecret,
 		PublicKeys: []string{ecFile},

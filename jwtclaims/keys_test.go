@@ -1,10 +1,9 @@
 package jwtclaims
 
 import (
-	"sync"
 	"testing"
-	"time"
 
+	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/internal/jwttest"
 )
 
@@ -17,30 +16,12 @@ var keys = jwttest.Generate
 // publicPEM encodes a public key as a PKIX "PUBLIC KEY" block.
 var publicPEM = jwttest.PublicPEM
 
-// clock is a settable time for tests.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // provisioned returns cfg provisioned on clk, failing the test if it is
 // refused.
-func provisioned(t testing.TB, cfg *Config, clk *clock) *Config {
+func provisioned(t testing.TB, cfg *Config, clk *clocktest.Clock) *Config {
 	t.Helper()
 	if clk != nil {
-		cfg.now = clk.now
+		cfg.now = clk.Now
 	}
 	if err := cfg.Provision(nil); err != nil {
 		t.Fatalf("Provision: %v", err)

@@ -57,6 +57,20 @@ type Memory struct {
 	// sweepInterval is the interval this config asks for (0: none); see
 	// SetSweepInterval.
 	sweepInterval time.Duration
+	// own tells that counters are this store's alone (NewMemory), not
+	// the ones Caddy's configs share.
+	own bool
+}
+
+// NewMemory returns a memory store with counters of its own, apart from
+// the ones Caddy's configs share, that reads the time from now: for a
+// handler used, or tested, without Caddy, whose caller sets the clock.
+// Cleanup stops its sweeper.
+func NewMemory(maxKeys int, now func() time.Time) *Memory {
+	if maxKeys <= 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	return &Memory{MaxKeys: maxKeys, counters: newMemoryCounters(maxKeys, now), own: true}
 }
 
 // CaddyModule returns the Caddy module information.
@@ -112,6 +126,9 @@ func checkMaxKeys(n int) error {
 func (m *Memory) Cleanup() error {
 	if m.counters == nil {
 		return nil
+	}
+	if m.own {
+		return m.counters.Destruct()
 	}
 	m.counters.removeUser(m)
 	_, err := memoryPool.Delete(memoryPoolKey)

@@ -38,6 +38,12 @@ func (m *Memory) SetSweepInterval(d time.Duration) {
 	c.updateSweepInterval()
 }
 
+// SweepInterval is the sweep interval in force: the shortest any config
+// using the store asks for, or DefaultSweepInterval.
+func (m *Memory) SweepInterval() time.Duration {
+	return time.Duration(m.counters.sweepEvery.Load())
+}
+
 // updateSweepInterval puts in force the shortest interval the users ask
 // for, or the default, and wakes the sweeper if that changed it. The
 // caller holds usersMu.

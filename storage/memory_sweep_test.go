@@ -50,7 +50,7 @@ func TestMemorySweepInterval(t *testing.T) {
 		}
 		// Counts are kept to the end of the next window: 2 s on, they
 		// no longer matter.
-		clock.set(vectors.Start.Add(3 * time.Second))
+		clock.Set(vectors.Start.Add(3 * time.Second))
 		return c
 	}
 	short, hourly := expired(time.Hour, MinSweepInterval), expired(time.Hour)

@@ -21,19 +21,13 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 )
 
-// testClock is a settable clock for the memory store.
-type testClock struct{ now atomic.Int64 }
-
-func (c *testClock) set(t time.Time) { c.now.Store(t.UnixNano()) }
-func (c *testClock) get() time.Time  { return time.Unix(0, c.now.Load()) }
-
-func newTestCounters(t *testing.T, maxKeys int) (*memoryCounters, *testClock) {
+func newTestCounters(t *testing.T, maxKeys int) (*memoryCounters, *clocktest.Clock) {
 	t.Helper()
-	clock := new(testClock)
-	clock.set(vectors.Start)
-	c := newMemoryCounters(maxKeys, clock.get)
+	clock := clocktest.New(vectors.Start)
+	c := newMemoryCounters(maxKeys, clock.Now)
 	t.Cleanup(func() { _ = c.Destruct() })
 	return c, clock
 }
@@ -47,7 +41,7 @@ func take1(c *memoryCounters, r Request) algorithms.Decision {
 func TestMemoryVectors(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
 	vectors.Run(t, func(t *testing.T, now time.Time, vc vectors.Case, key string, cost int64) algorithms.Decision {
-		clock.set(now)
+		clock.Set(now)
 		return take1(c, Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost})
 	})
 }
@@ -203,7 +197,7 @@ func TestMemoryInspectAndReset(t *testing.T) {
 		t.Fatal("reset found a key never taken")
 	}
 	take1(c, r)
-	clock.set(vectors.Start.Add(time.Minute))
+	clock.Set(vectors.Start.Add(time.Minute))
 	take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
 	idx := algorithms.WindowIndex(vectors.Start.Add(time.Minute).UnixMilli(), time.Minute.Milliseconds())
 	want := algorithms.Counts{Window: idx, Current: 1, Previous: 2}
@@ -317,12 +311,12 @@ func TestMemorySweepRemovesExpired(t *testing.T) {
 	}
 	take1(c, Request{Zone: "z", Key: "long", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Hour}, Cost: 1})
 	// One window later a sliding tail still needs its counts.
-	clock.set(vectors.Start.Add(1500 * time.Millisecond))
+	clock.Set(vectors.Start.Add(1500 * time.Millisecond))
 	c.sweep()
 	if n := c.len(); n != 101 {
 		t.Fatalf("after one window: %d keys, want 101", n)
 	}
-	clock.set(vectors.Start.Add(2 * time.Second))
+	clock.Set(vectors.Start.Add(2 * time.Second))
 	c.sweep()
 	if n := c.len(); n != 1 {
 		t.Fatalf("after two windows: %d keys, want only the hour-long one", n)
@@ -339,7 +333,7 @@ func TestMemorySweepShrinks(t *testing.T) {
 	for i := range 2 * memoryShards {
 		take1(c, Request{Zone: "z", Key: fmt.Sprint("long-", i), Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Hour}, Cost: 1})
 	}
-	clock.set(vectors.Start.Add(2 * time.Second)) // counts live until the next window ends
+	clock.Set(vectors.Start.Add(2 * time.Second)) // counts live until the next window ends
 	c.sweep()
 	if n := c.len(); n != 2*memoryShards {
 		t.Fatalf("%d keys after the sweep, want %d", n, 2*memoryShards)

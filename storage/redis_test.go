@@ -24,6 +24,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
 
@@ -375,14 +376,13 @@ func TestRedisClockSkew(t *testing.T) {
 func TestRedisDenyCache(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Redis), s.URL())
-	clock := new(testClock)
-	clock.set(time.Now())
-	r.now = clock.get
+	clock := clocktest.New(time.Now())
+	r.now = clock.Now
 	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 2, Window: time.Hour}, Cost: 1}
 	redisTake(t, r, time.Time{}, req)
 	redisTake(t, r, time.Time{}, req)
 	first := redisTake(t, r, time.Time{}, req)[0]
-	if first.Allowed || !first.RetryAt.After(clock.get()) {
+	if first.Allowed || !first.RetryAt.After(clock.Now()) {
 		t.Fatalf("third request: %+v, want rejected with a retry instant ahead", first)
 	}
 	scripts := func() int {
@@ -411,7 +411,7 @@ func TestRedisDenyCache(t *testing.T) {
 		t.Fatalf("two zones: %+v", d)
 	}
 	// A millisecond before the retry instant, the rejection still stands.
-	clock.set(first.RetryAt.Add(-time.Millisecond))
+	clock.Set(first.RetryAt.Add(-time.Millisecond))
 	if d := redisTake(t, r, time.Time{}, req)[0]; d.Allowed || !d.RetryAt.Equal(first.RetryAt) {
 		t.Fatalf("cached answer 1ms before the retry instant %+v, want %+v", d, first)
 	}
@@ -421,7 +421,7 @@ func TestRedisDenyCache(t *testing.T) {
 	if n, _ := s.Do("EXISTS", r.counterKey("other", "k")); n != "0" {
 		t.Fatal("the other zone was charged")
 	}
-	clock.set(first.RetryAt)
+	clock.Set(first.RetryAt)
 	redisTake(t, r, time.Time{}, req)
 	if n := scripts(); n != 1 {
 		t.Fatalf("at the retry instant %d scripts ran, want 1: Redis is asked again", n)

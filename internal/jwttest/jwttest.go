@@ -79,6 +79,20 @@ func Sign(tb testing.TB, method jwt.SigningMethod, key any, claims jwt.MapClaims
 	return s
 }
 
+// Claims returns base with extra's claims added, or removed where extra
+// holds nil: claims that pass a test config's checks, changed as a case
+// needs.
+func Claims(base, extra jwt.MapClaims) jwt.MapClaims {
+	for k, v := range extra {
+		if v == nil {
+			delete(base, k)
+		} else {
+			base[k] = v
+		}
+	}
+	return base
+}
+
 // WriteFile writes data, readable by its owner only, to a file called
 // name in a new temporary directory of tb's, and returns the file's path.
 func WriteFile(tb testing.TB, name string, data []byte) string {

@@ -1,41 +1,118 @@
-package ratelimit
+package ratelimit_test
 
 import (
 	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
 
-// metricValue reads one series from the admin endpoint's /metrics, "" if
-// it is absent.
-func metricValue(t *testing.T, series string) string {
-	t.Helper()
+// TestLogKeyPutsTheKeyInTheRejectionLog: mholt's log_key logs the key of
+// a rejected request, as log_keys on does.
+func TestLogKeyPutsTheKeyInTheRejectionLog(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	startCaddyWith(t, withGlobals(fmt.Sprintf(`log {
+		output file %s
+		level DEBUG
+	}`, logFile))+`
+:9080 {
+	rate_limit {
+		log_key
+		zone log_key_zone {
+			key {header.X-Client}
+			events 1
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`, "caddyfile")
+	resp, _ := do(t, http.MethodGet, siteURL+"/", "X-Client: client-7")
+	status(t, resp, http.StatusOK)
+	resp, _ = do(t, http.MethodGet, siteURL+"/", "X-Client: client-7")
+	status(t, resp, http.StatusTooManyRequests)
+	waitForLog(t, logFile, 1, "rate limit exceeded", `"zone":"log_key_zone"`, `"key":"client-7"`)
+}
+
+// TestDisableMetricsLeavesNoSeries: a handler with disable_metrics adds no
+// series for its zone, however its requests go (allowed, rejected, a
+// window rolled over), while a handler beside it without the option is
+// counted as usual.
+func TestDisableMetricsLeavesNoSeries(t *testing.T) {
+	startCaddy(t, `
+:9080 {
+	route /quiet {
+		rate_limit {
+			disable_metrics
+			zone quiet_zone {
+				limit 2
+				window 1s
+				algorithm fixed_window
+			}
+		}
+		respond "quiet"
+	}
+	route /loud {
+		rate_limit {
+			zone loud_zone {
+				limit 2
+				window 1s
+				algorithm fixed_window
+			}
+		}
+		respond "loud"
+	}
+}
+`)
+	for _, path := range []string{"/quiet", "/loud"} {
+		for range 3 { // two allowed, one rejected
+			do(t, http.MethodGet, siteURL+path)
+		}
+		// Into the next window, which rolls the key over and reports its
+		// usage.
+		first, _ := do(t, http.MethodGet, siteURL+path)
+		waitFor(t, "the next window", func() bool {
+			resp, _ := do(t, http.MethodGet, siteURL+path)
+			return resp.Header.Get("X-RateLimit-Reset") != first.Header.Get("X-RateLimit-Reset")
+		})
+	}
 	resp, err := http.Get(adminURL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for line := range strings.Lines(string(body)) {
-		if name, value, ok := strings.Cut(strings.TrimSpace(line), " "); ok && name == series {
-			return value
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := string(raw)
+	if strings.Contains(metrics, `zone="quiet_zone"`) {
+		t.Fatalf("series for quiet_zone despite disable_metrics:\n%s", grepLines(metrics, "quiet_zone"))
+	}
+	for _, series := range []string{
+		`caddy_http_rate_limit_requests_total{result="allowed",zone="loud_zone"}`,
+		`caddy_http_rate_limit_requests_total{result="rejected",zone="loud_zone"}`,
+		`caddy_http_rate_limit_period_usage_ratio_count{zone="loud_zone"}`,
+	} {
+		if metricCount(t, series) < 1 {
+			t.Fatalf("%s absent or 0 for the handler without disable_metrics", series)
 		}
 	}
-	return ""
 }
 
-// metricCount reads a counter from /metrics; 0 if it is absent.
-func metricCount(t *testing.T, series string) int {
-	t.Helper()
-	n := 0
-	fmt.Sscan(metricValue(t, series), &n)
-	return n
+func grepLines(s, part string) string {
+	var out []string
+	for line := range strings.Lines(s) {
+		if strings.Contains(line, part) {
+			out = append(out, strings.TrimSpace(line))
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // TestMetrics: requests are counted by zone and result in Caddy's
@@ -62,7 +139,7 @@ func TestMetrics(t *testing.T) {
 }
 `, limit)
 	}
-	tc := startCaddy(t, site(2))
+	startCaddy(t, site(2))
 	// Counters live as long as the process: compare with where they were.
 	count := func(series string) int { return metricCount(t, series) }
 	allowed := `caddy_http_rate_limit_requests_total{result="allowed",zone="metrics_enforce"}`
@@ -74,7 +151,7 @@ func TestMetrics(t *testing.T) {
 		before[series] = count(series)
 	}
 	for range 3 {
-		do(t, tc, http.MethodGet, siteURL+"/", "X-Client: m")
+		do(t, http.MethodGet, siteURL+"/", "X-Client: m")
 	}
 	want := map[string]int{
 		allowed: 2,
@@ -88,11 +165,11 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	for i := range 3 {
-		if code, body := loadConfig(t, site(3+i)); code != http.StatusOK {
+		if code, body := reload(t, site(3+i)); code != http.StatusOK {
 			t.Fatalf("reload %d: %d %s", i, code, body)
 		}
 	}
-	do(t, tc, http.MethodGet, siteURL+"/", "X-Client: m")
+	do(t, http.MethodGet, siteURL+"/", "X-Client: m")
 	if got := count(allowed) - before[allowed]; got != 3 {
 		t.Fatalf("allowed grew by %d after reloads, want 3: counts survive reloads", got)
 	}
@@ -119,7 +196,7 @@ func TestPeriodUsage(t *testing.T) {
 }
 
 func testPeriodUsage(t *testing.T, zone, store string) {
-	tc := startCaddy(t, fmt.Sprintf(`
+	startCaddy(t, fmt.Sprintf(`
 :9080 {
 	rate_limit {
 		%s
@@ -142,20 +219,20 @@ func testPeriodUsage(t *testing.T, zone, store string) {
 	// Requests until one lands in a later window (told by its reset
 	// instant): that one rolls the key, and reports the share of the
 	// limit the requests before it used.
-	resp, _ := do(t, tc, http.MethodGet, siteURL+"/", "X-Client: u")
+	resp, _ := do(t, http.MethodGet, siteURL+"/", "X-Client: u")
 	reset := resp.Header.Get("X-RateLimit-Reset")
 	used := 1
-	for {
-		time.Sleep(50 * time.Millisecond)
+	waitFor(t, "a request in the next window", func() bool {
 		if metricCount(t, count) != before {
 			t.Fatal("usage observed before the window was rolled")
 		}
-		resp, _ := do(t, tc, http.MethodGet, siteURL+"/", "X-Client: u")
+		resp, _ := do(t, http.MethodGet, siteURL+"/", "X-Client: u")
 		if resp.Header.Get("X-RateLimit-Reset") != reset {
-			break
+			return true
 		}
 		used++
-	}
+		return false
+	})
 	var sumAfter float64
 	fmt.Sscan(metricValue(t, sum), &sumAfter)
 	if n, share := metricCount(t, count)-before, sumAfter-sumBefore; n != 1 || math.Abs(share-float64(used)/100) > 1e-9 {

@@ -1,0 +1,136 @@
+package ratelimit
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+)
+
+// The documents' examples are tested here, so that they stay true to the
+// parser: every Caddyfile block adapts, and what they quote of an error is
+// what Caddy says. (The curl commands of the admin API are run against a
+// running Caddy by the integration tests.)
+
+// docFiles are the Markdown files a user reads.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]string{"README.md", "xcaddy.md"}, files...)
+}
+
+func readDoc(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// docSection returns the part of text under the heading "## title", up to
+// the next heading of that level.
+func docSection(t *testing.T, file, title string) string {
+	t.Helper()
+	_, section, ok := strings.Cut(readDoc(t, file), "\n## "+title+"\n")
+	if !ok {
+		t.Fatalf("%s has no %q section", file, title)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	return section
+}
+
+// fencedBlocks returns the contents of text's code blocks fenced as lang
+// ("" for none).
+func fencedBlocks(text, lang string) []string {
+	var out []string
+	for _, part := range strings.Split(text, "```"+lang+"\n")[1:] {
+		block, _, _ := strings.Cut(part, "```")
+		out = append(out, block)
+	}
+	return out
+}
+
+// grammar tells a block that sums up syntax (`zone <name> { ... }`) from
+// one that is a working example.
+var grammar = regexp.MustCompile(`<[a-z][a-z_ ]*>|\[<`)
+
+// adaptable returns block as a Caddyfile that adapts if the block does: a
+// bare zone goes in a rate_limit block, a rate_limit directive (or a
+// directive of its block) in a site; a site or a whole Caddyfile stands
+// as it is.
+func adaptable(block string) string {
+	trimmed := strings.TrimSpace(block)
+	switch {
+	case strings.HasPrefix(trimmed, "zone "):
+		return ":9080 {\n\trate_limit {\n" + block + "\n\t}\n\trespond \"ok\"\n}\n"
+	case strings.HasPrefix(trimmed, "rate_limit"):
+		return ":9080 {\n" + block + "\n\trespond \"ok\"\n}\n"
+	}
+	return block
+}
+
+// TestDocumentedCaddyfilesAdapt: every Caddyfile block of the README and
+// docs/ that is an example, not a grammar summary, adapts as `caddy adapt`
+// would adapt it.
+func TestDocumentedCaddyfilesAdapt(t *testing.T) {
+	examples := 0
+	for _, file := range docFiles(t) {
+		for i, block := range fencedBlocks(readDoc(t, file), "caddyfile") {
+			if grammar.MatchString(block) {
+				continue
+			}
+			examples++
+			if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(adaptable(block)), nil); err != nil {
+				t.Errorf("%s, Caddyfile block %d does not adapt: %v\n%s", file, i+1, err, block)
+			}
+		}
+	}
+	if examples < 20 {
+		t.Fatalf("%d Caddyfile examples in the documents; the test is not reading them", examples)
+	}
+}
+
+// TestAlgorithmsDocShowsEveryAlgorithm: docs/algorithms.md has a zone for
+// each algorithm, the default (sliding_tail) among them
+// (TestDocumentedCaddyfilesAdapt adapts them).
+func TestAlgorithmsDocShowsEveryAlgorithm(t *testing.T) {
+	zones := fencedBlocks(readDoc(t, "docs/algorithms.md"), "caddyfile")
+	all := strings.Join(zones, "\n")
+	for _, a := range []string{"fixed_window", "gcra", "concurrency"} {
+		if !strings.Contains(all, "algorithm "+a) {
+			t.Errorf("docs/algorithms.md shows no zone with algorithm %s", a)
+		}
+	}
+	if len(zones) < 4 {
+		t.Errorf("%d zones in docs/algorithms.md, want one per algorithm", len(zones))
+	}
+}
+
+// TestMigrationDocQuotesTheRefusal: the forward_auth recipe of
+// docs/migrating.md is one Caddyfile block (adapted above), and the
+// refusal of distributed it quotes is the one `caddy adapt` gives.
+func TestMigrationDocQuotesTheRefusal(t *testing.T) {
+	if recipes := fencedBlocks(docSection(t, "docs/migrating.md", "Behind another handler"), "caddyfile"); len(recipes) != 1 {
+		t.Fatalf("%d Caddyfile blocks in Behind another handler, want 1", len(recipes))
+	}
+	quoted := fencedBlocks(docSection(t, "docs/migrating.md", "Migrating from mholt/caddy-ratelimit"), "")
+	if len(quoted) == 0 {
+		t.Fatal("the migration section quotes no refusal")
+	}
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(badSite(`distributed; zone z { events 1; window 1m }`)), nil)
+	if err == nil {
+		t.Fatal("distributed adapted")
+	}
+	want := strings.TrimSpace(quoted[0])
+	want = want[:strings.LastIndex(want, ", at Caddyfile:")]
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("caddy adapt says\n%v\nthe document quotes\n%s", err, want)
+	}
+}

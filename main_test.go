@@ -1,0 +1,29 @@
+// The tests of package ratelimit_test are the integration tier: each starts
+// Caddy, in this process (caddytest) or as the built ./cmd/caddy, and sends
+// it real HTTP requests; those of the Redis store start their own
+// redis-server processes on free loopback ports. Under -short the helpers
+// that start Caddy (and internal/redistest's, which start Redis) skip the
+// test, leaving the unit tests of package ratelimit.
+package ratelimit_test
+
+import (
+	"os"
+	"testing"
+)
+
+// TestMain removes the built Caddy (about 90 MB) when the tests are done.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaryDir != "" {
+		os.RemoveAll(binaryDir)
+	}
+	os.Exit(code)
+}
+
+// integration skips t under -short: it starts Caddy.
+func integration(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts Caddy; not in the -short unit tier")
+	}
+}

@@ -1,0 +1,84 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// TestBadJSONRefused covers mistakes only JSON can make (the Caddyfile
+// parser already refuses them) at `caddy validate` and at POST /load.
+func TestBadJSONRefused(t *testing.T) {
+	cases := []struct {
+		name, handler, directive, value string
+	}{
+		{"zero limit", `{"zones":[{"name":"z","limit":[0],"window":"1s"}]}`, "limit", "0"},
+		{"no limit", `{"zones":[{"name":"z","window":"1s"}]}`, "limit", "missing"},
+		{"negative window", `{"zones":[{"name":"z","limit":[1],"window":"-1s"}]}`, "window", "-1s"},
+		{"algorithm", `{"zones":[{"name":"z","limit":[1],"window":"1s","algorithm":"leaky_bucket"}]}`, "algorithm", "leaky_bucket"},
+		{"burst outside gcra", `{"zones":[{"name":"z","limit":[1],"window":"1s","burst":5}]}`, "burst", "sliding_tail"},
+		{"lease outside concurrency", `{"zones":[{"name":"z","limit":[1],"window":"1s","algorithm":"gcra","lease":60000000000}]}`, "lease", "gcra"},
+		{"concurrency window", `{"zones":[{"name":"z","limit":[1],"window":"1s","algorithm":"concurrency"}]}`, "window", "concurrency"},
+		{"gcra bucket too deep", `{"zones":[{"name":"z","limit":[1],"window":"8760h","algorithm":"gcra","burst":2147483647}]}`, "burst", "2147483647"},
+		{"duplicate", `{"zones":[{"name":"z","limit":[1],"window":"1s"},{"name":"z","limit":[1],"window":"1s"}]}`, "duplicate zone", `"z"`},
+		{"cost method", `{"zones":[{"name":"z","limit":[1],"window":"1s","cost":{"get":2}}]}`, "unknown HTTP method", "get"},
+		{"unnamed", `{"zones":[{"limit":[1],"window":"1s"}]}`, "zone", "name"},
+		{"limit type", `{"zones":[{"name":"z","limit":[true],"window":"1s"}]}`, "limit", "true"},
+		{"null zone", `{"zones":[null]}`, "zones", "null"},
+		{"negative max_keys", `{"store":{"backend":"memory","max_keys":-5},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "max_keys", "-5"},
+		{"zone status", `{"zones":[{"name":"z","limit":[1],"window":"1s","status":302}]}`, "status", "302"},
+		{"shed classes", `{"shed":{"classes":[],"capacity":4}}`, "classes", "missing"},
+		{"shed repeated class", `{"shed":{"classes":["a","a"],"capacity":4}}`, "classes", `"a"`},
+		{"shed capacity", `{"shed":{"classes":["a"],"capacity":-1}}`, "capacity", "-1"},
+		{"shed no capacity", `{"shed":{"classes":["a"]}}`, "capacity", "missing"},
+		{"shed good", `{"shed":{"classes":["a"],"capacity":4,"good":1.2}}`, "good", "1.2"},
+		{"shed good above bad", `{"shed":{"classes":["a"],"capacity":4,"good":0.6,"bad":0.5}}`, "good", "0.6"},
+		{"shed after", `{"shed":{"classes":["a"],"capacity":4,"after":"-1s"}}`, "after", "-1s"},
+		{"shed full", `{"shed":{"classes":["a"],"capacity":4,"full":"-2s"}}`, "full", "-2s"},
+		{"shed status", `{"shed":{"classes":["a"],"capacity":4,"status":302}}`, "status", "302"},
+		{"shedder name", `{"shed":{"name":"caf\u00e9","classes":["a"],"capacity":4}}`, "name", "caf"},
+		{"mholt distributed", `{"distributed":{},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "distributed", "store redis { address ... }"},
+		{"mholt storage", `{"storage":{"module":"file_system","root":"/tmp/rl"},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "storage", "store redis { address ... }"},
+		{"jitter", `{"jitter":2,"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "jitter", "2"},
+		{"sweep_interval", `{"sweep_interval":"-1s","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "sweep_interval", "-1s"},
+		{"log_key and log_keys", `{"log_key":true,"log_keys":"on","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "log_key", "log_keys"},
+		{"zone name", `{"zones":[{"name":"z\u00f6ne","limit":[1],"window":"1s"}]}`, "name", "0xc3"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var h map[string]any
+			if err := json.Unmarshal([]byte(c.handler), &h); err != nil {
+				t.Fatal(err)
+			}
+			h["handler"] = "rate_limit"
+			cfg := map[string]any{"apps": map[string]any{"http": map[string]any{"servers": map[string]any{
+				"s": map[string]any{"listen": []string{"127.0.0.1:0"}, "routes": []any{map[string]any{"handle": []any{h}}}},
+			}}}}
+			raw, _ := json.Marshal(cfg)
+			var parsed caddy.Config
+			if err := json.Unmarshal(raw, &parsed); err != nil {
+				t.Fatal(err)
+			}
+			err := caddy.Validate(&parsed)
+			if err == nil {
+				t.Fatal("validated")
+			}
+			assertNames(t, err.Error(), c.directive, c.value)
+		})
+	}
+}
+
+// TestZoneStatusJSON: the status of a JSON zone, and its default.
+func TestZoneStatusJSON(t *testing.T) {
+	h := provisionHandler(t, `{"zones":[{"name":"unit_status_json","limit":1,"window":"1h","status":503},{"name":"unit_status_json_default","limit":5,"window":"1h"}]}`)
+	if h.Zones[1].Status != http.StatusTooManyRequests {
+		t.Fatalf("default status %d", h.Zones[1].Status)
+	}
+	serve(t, h, t.Context(), http.MethodGet, "192.0.2.1")
+	got := serve(t, h, t.Context(), http.MethodGet, "192.0.2.1")
+	if got.status != http.StatusServiceUnavailable || got.reached || got.header.Get("Retry-After") == "" {
+		t.Fatalf("status %d, reached %v, Retry-After %q", got.status, got.reached, got.header.Get("Retry-After"))
+	}
+}
