@@ -11,6 +11,9 @@ import (
 // than the newest of its dependencies does, since every build of Caddy
 // with this module must meet it.
 func TestGoDirectiveAsksNoNewerToolchain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list; not in the -short unit tier, which starts no process")
+	}
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Main}} {{.GoVersion}}", "all").Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)
