@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -21,17 +22,56 @@ import (
 // no order line: requests over a limit are refused before a password is
 // checked.
 func init() {
-	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	httpcaddyfile.RegisterDirective("rate_limit", parseCaddyfile)
 	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
 }
 
-func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	var rl Handler
-	err := rl.UnmarshalCaddyfile(h.Dispenser)
-	return &rl, err
+// parseCaddyfile sets up a rate_limit handler as RegisterHandlerDirective
+// would (the matcher token, if any, becomes the route's matcher), and
+// hands the name of a named matcher to the one-line form, whose zone is
+// named after it. One-line zones that would share a name across the
+// Caddyfile but differ are refused.
+func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
+	if !h.Next() {
+		return nil, h.ArgErr()
+	}
+	zone := DefaultZoneName
+	if h.NextArg() {
+		if name, ok := strings.CutPrefix(h.Val(), "@"); ok {
+			zone = name
+		}
+	}
+	h.Reset()
+	h.Next()
+	matcherSet, err := h.ExtractMatcherSet()
+	if err != nil {
+		return nil, err
+	}
+	rl := new(Handler)
+	oneLine, err := rl.unmarshal(h.Dispenser, zone)
+	if err != nil {
+		return nil, err
+	}
+	if oneLine {
+		seen, _ := h.State[oneLineState].(map[string]*Zone)
+		if seen == nil {
+			seen = make(map[string]*Zone)
+			h.State[oneLineState] = seen
+		}
+		if err := oneLineClash(seen, rl.Zones[0]); err != nil {
+			return nil, h.Errf("rate_limit: %v", err)
+		}
+	}
+	return h.NewRoute(matcherSet, rl), nil
 }
 
-// UnmarshalCaddyfile sets up the handler from Caddyfile tokens:
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens, in the
+// one-line form (see oneline.go; its zone is named DefaultZoneName here,
+// where no matcher is known)
+//
+//	rate_limit [<matcher>] <key> <rate> [<zone_size> [<reject_status>]]
+//
+// or the block form:
 //
 //	rate_limit [<matcher>] {
 //		store <name> { ... }
@@ -75,10 +115,22 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // Every value is checked as its line is read, with the check Validate
 // uses, so `caddy adapt` already refuses a bad one with its file and line.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	_, err := h.unmarshal(d, DefaultZoneName)
+	return err
+}
+
+// unmarshal reads either form, naming a one-line zone zone, and reports
+// whether it was the one-line form.
+func (h *Handler) unmarshal(d *caddyfile.Dispenser, zone string) (oneLine bool, err error) {
 	d.Next() // directive name
-	if d.NextArg() {
-		return d.ArgErr()
+	if args := d.RemainingArgs(); len(args) > 0 {
+		return true, h.unmarshalOneLine(d, args, zone)
 	}
+	return false, h.unmarshalBlock(d)
+}
+
+// unmarshalBlock reads the block form.
+func (h *Handler) unmarshalBlock(d *caddyfile.Dispenser) error {
 	seen := make(map[string]bool)
 	given := make(map[string]bool)
 	for d.NextBlock(0) {

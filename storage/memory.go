@@ -48,9 +48,10 @@ const DefaultMaxKeys = 1_000_000
 type Memory struct {
 	// The most keys (zone and key pairs) kept at once. Default (and 0):
 	// 1,000,000.
-	// All configs share one store; the value of the most recently loaded
-	// config still running applies, so a config that fails to load leaves
-	// the bound as it was.
+	// All configs and handlers share one store: the value of the most
+	// recently provisioned one still running that sets it applies, so a
+	// config that fails to load leaves the bound as it was, and a handler
+	// that does not set it leaves another's in force.
 	MaxKeys int `json:"max_keys,omitempty"`
 
 	counters *memoryCounters
@@ -93,11 +94,8 @@ func (m *Memory) Provision(caddy.Context) error {
 	if err := m.Validate(); err != nil {
 		return err
 	}
-	if m.MaxKeys == 0 {
-		m.MaxKeys = DefaultMaxKeys
-	}
 	val, _, err := memoryPool.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
-		return newMemoryCounters(m.MaxKeys, time.Now), nil
+		return newMemoryCounters(DefaultMaxKeys, time.Now), nil
 	})
 	if err != nil {
 		return err
@@ -303,25 +301,35 @@ func newMemoryCounters(maxKeys int, now func() time.Time) *memoryCounters {
 	return c
 }
 
-// addUser makes m's max_keys the bound while m is the newest config using
-// the counters.
+// addUser adds m as the newest user of the counters: its max_keys, if set,
+// is the bound.
 func (c *memoryCounters) addUser(m *Memory) {
 	c.usersMu.Lock()
 	defer c.usersMu.Unlock()
 	c.users = append(c.users, m)
-	c.setMaxKeys(m.MaxKeys)
+	c.updateMaxKeys()
 }
 
-// removeUser forgets m, and puts back the bound of the newest config still
-// using the counters.
+// removeUser forgets m: the bound is the newest remaining user's that sets
+// one.
 func (c *memoryCounters) removeUser(m *Memory) {
 	c.usersMu.Lock()
 	defer c.usersMu.Unlock()
 	c.users = slices.DeleteFunc(c.users, func(u *Memory) bool { return u == m })
-	if len(c.users) > 0 {
-		c.setMaxKeys(c.users[len(c.users)-1].MaxKeys)
-	}
+	c.updateMaxKeys()
 	c.updateSweepInterval()
+}
+
+// updateMaxKeys puts in force the max_keys of the newest user that sets
+// one, or DefaultMaxKeys. The caller holds usersMu.
+func (c *memoryCounters) updateMaxKeys() {
+	for _, u := range slices.Backward(c.users) {
+		if u.MaxKeys > 0 {
+			c.setMaxKeys(u.MaxKeys)
+			return
+		}
+	}
+	c.setMaxKeys(DefaultMaxKeys)
 }
 
 // setMaxKeys bounds each shard to its share of n keys, rounded up.

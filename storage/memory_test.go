@@ -420,6 +420,18 @@ func TestMemoryBoundFollowsRunningConfigs(t *testing.T) {
 		t.Fatalf("max_keys -5: %v, per shard %d, want refused and 100", err, perShard())
 	}
 
+	// A config (or handler) that does not set max_keys leaves the bound
+	// in force as it is.
+	unset, err := provision(0)
+	if err != nil || perShard() != 100 {
+		t.Fatalf("per shard %d (%v) beside a config without max_keys, want 100", perShard(), err)
+	}
+	running.Cleanup()
+	if want := int64((DefaultMaxKeys-1)/memoryShards + 1); perShard() != want {
+		t.Fatalf("per shard %d with only a config without max_keys left, want the default's %d", perShard(), want)
+	}
+	defer unset.Cleanup()
+
 	huge, err := provision(math.MaxInt)
 	if err != nil || perShard() < math.MaxInt/memoryShards {
 		t.Fatalf("max_keys MaxInt: %v, per shard %d", err, perShard())
