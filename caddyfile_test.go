@@ -3,8 +3,10 @@ package ratelimit
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -158,6 +160,9 @@ func FuzzCaddyfile(f *testing.F) {
 	f.Add(`rate_limit { zone z { key {client_ip} limit 5 window 1s } }`)
 	f.Add("rate_limit {\nzone z {\nmatch {\npath /a\n}\nkey a {header.X}\nlimit {header.Q} 5\nwindow 1m\nalgorithm fixed_window\ncost POST 2\ncost * 1\nmax_delay 1s\ndry_run\nipv4_prefix 24\nipv6_prefix 64\n}\n}")
 	f.Add("rate_limit {\nstore memory {\nmax_keys 10\n}\nheaders both\non_store_error deny\nzone a {\nevents 1\nwindow 1s\n}\n}")
+	f.Add("rate_limit {remote.ip} 10r/s")
+	f.Add("rate_limit {remote.ip_prefix.24} 5r/m 100 503")
+	f.Add("rate_limit {body.x} 1r/d")
 	f.Add("rate_limit {\nshed s {\npriority {header.X}\nclasses a b\ncapacity 4\ngood 0.5\nbad 0.9\nafter 1s\nfull 2s\nstatus 503\ndry_run\n}\nzone z {\nlimit 1\nwindow 1s\nstatus 503\n}\n}")
 	for _, c := range badCaddyfiles {
 		f.Add("rate_limit {\n" + expand(c.Block) + "\n}")
@@ -215,5 +220,157 @@ func TestStoreBlockParses(t *testing.T) {
 	}
 	if !strings.Contains(string(out), `"store":{"backend":"memory","max_keys":42}`) {
 		t.Fatalf("store options lost: %s", out)
+	}
+}
+
+// adaptSite adapts a site block (on :9080, answering "ok") holding
+// directives, and returns the rate_limit handlers of the adapted config, in
+// the order Caddy runs them.
+func adaptSite(t *testing.T, directives string) ([]map[string]any, error) {
+	t.Helper()
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(":9080 {\n"+directives+"\n\trespond \"ok\"\n}\n"), nil)
+	if err != nil {
+		return nil, err
+	}
+	var cfg any
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	var handlers []map[string]any
+	var walk func(any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["handler"] == "rate_limit" {
+				handlers = append(handlers, v)
+			}
+			for _, k := range slices.Sorted(maps.Keys(v)) {
+				walk(v[k])
+			}
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		}
+	}
+	walk(cfg)
+	return handlers, nil
+}
+
+// TestOneLineForm: each one-line rate_limit adapts to one zone, named after
+// its named matcher or default, with the key the shorthand means, the
+// rate's limit and window, zone_size as the memory store's max_keys and
+// reject_status as the zone's status.
+func TestOneLineForm(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		want string // the handler, as adapted JSON
+	}{
+		{`rate_limit {remote.ip} 10r/s`,
+			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}"],"limit":["10"],"name":"default","window":1000000000}]}`},
+		{"@auth path /login*\n\trate_limit @auth {remote.ip} 5r/m",
+			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}"],"limit":["5"],"name":"auth","window":60000000000}]}`},
+		{`rate_limit {remote.host} 100r/h`,
+			`{"handler":"rate_limit","zones":[{"key":["{http.request.remote.host}"],"limit":["100"],"name":"default","window":3600000000000}]}`},
+		{`rate_limit {header.X-Api-Key} 1000r/d 50000 503`,
+			`{"handler":"rate_limit","store":{"backend":"memory","max_keys":50000},"zones":[{"key":["{http.request.header.X-Api-Key}"],"limit":["1000"],"name":"default","status":503,"window":86400000000000}]}`},
+		{`rate_limit {remote.ip_prefix.24} 30r/m`,
+			`{"handler":"rate_limit","zones":[{"ipv4_prefix":24,"key":["{http.vars.client_ip}"],"limit":["30"],"name":"default","window":60000000000}]}`},
+		{`rate_limit {remote.host_prefix.16} 30r/m 100`,
+			`{"handler":"rate_limit","store":{"backend":"memory","max_keys":100},"zones":[{"ipv4_prefix":16,"key":["{http.request.remote.host}"],"limit":["30"],"name":"default","window":60000000000}]}`},
+		{`rate_limit {query.id} 2r/m`,
+			`{"handler":"rate_limit","zones":[{"key":["{http.request.uri.query.id}"],"limit":["2"],"name":"default","window":60000000000}]}`},
+		{`rate_limit {remote.ip}:{remote.port} 2r/s`,
+			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}:{http.request.remote.port}"],"limit":["2"],"name":"default","window":1000000000}]}`},
+	} {
+		t.Run(c.line, func(t *testing.T) {
+			handlers, err := adaptSite(t, "\t"+c.line)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := json.Marshal(handlers)
+			if string(got) != "["+c.want+"]" {
+				t.Fatalf("adapted to\n%s\nwant\n[%s]", got, c.want)
+			}
+		})
+	}
+}
+
+// TestOneLinersSideBySide: a site may hold several one-line rate_limits,
+// each its own handler and zone; identical ones share a zone, as any zone
+// used twice does; and the block form still takes a matcher on its line.
+func TestOneLinersSideBySide(t *testing.T) {
+	handlers, err := adaptSite(t, `	@login path /login
+	@api path /api/*
+	rate_limit @login {remote.ip} 5r/m
+	rate_limit @api {header.X-Api-Key} 100r/m
+	rate_limit {remote.ip} 10r/s
+	route /again {
+		rate_limit {remote.ip} 10r/s
+	}
+	rate_limit @api {
+		zone block_form {
+			limit 1
+			window 1h
+		}
+	}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var zones []string
+	for _, h := range handlers {
+		for _, z := range h["zones"].([]any) {
+			zones = append(zones, z.(map[string]any)["name"].(string))
+		}
+	}
+	slices.Sort(zones)
+	if fmt.Sprint(zones) != "[api block_form default default login]" {
+		t.Fatalf("zones %v, want api, block_form, default twice and login", zones)
+	}
+}
+
+// TestOneLineRefused: a one-liner that cannot work is refused naming the
+// token, with the forms that would.
+func TestOneLineRefused(t *testing.T) {
+	for _, c := range []struct {
+		directives string
+		want       []string
+	}{
+		{`rate_limit {remote.ip} 10/s`, []string{`rate: want <n>r/s, <n>r/m, <n>r/h or <n>r/d, such as 10r/s, got "10/s"`}},
+		{`rate_limit {remote.ip} 0r/s`, []string{`rate: want a number of requests from 1 to 2147483647`, `"0r/s"`}},
+		{`rate_limit {remote.ip} 10r/w`, []string{`"10r/w"`, "<n>r/d"}},
+		{`rate_limit {remote.ip} 3000000000r/s`, []string{`"3000000000r/s"`}},
+		{`rate_limit {body.user} 10r/s`, []string{"{body.user}", "not supported", "{header.X-Api-Key}", "{query.id}", "{cookie.session}"}},
+		{`rate_limit {remote.mac} 10r/s`, []string{"{remote.mac}", "{remote.ip}"}},
+		{`rate_limit {remote.ip_prefix.40} 10r/s`, []string{"{remote.ip_prefix.40}", "1 to 32 bits"}},
+		{`rate_limit {remote.ip} 10r/s lots`, []string{"zone_size", `"lots"`}},
+		{`rate_limit {remote.ip} 10r/s 100 302`, []string{"reject_status", "302"}},
+		{`rate_limit {remote.ip} 10r/s 100 429 extra`, []string{"5 arguments", "rate_limit [<matcher>] <key> <rate>"}},
+		{`rate_limit {remote.ip}`, []string{"1 arguments", "rate_limit [<matcher>] <key> <rate>"}},
+		{"rate_limit {remote.ip} 10r/s {\n\t\tzone z {\n\t\t\tlimit 1\n\t\t\twindow 1s\n\t\t}\n\t}", []string{"takes no block"}},
+		// Two one-liners that would share the name default, with other
+		// rates (a path matcher is not a name).
+		{"rate_limit {remote.ip} 10r/s\n\trate_limit /api/* {remote.ip} 100r/m", []string{`zone "default"`, "differ in key or rate", "named matcher", "block form"}},
+		{"@a path /a\n\t@b path /b\n\troute @a {\n\t\trate_limit @b {remote.ip} 1r/s\n\t}\n\trate_limit @b {header.X} 1r/s", []string{`zone "b"`, "differ in key or rate"}},
+	} {
+		t.Run(c.directives, func(t *testing.T) {
+			_, err := adaptSite(t, "\t"+c.directives)
+			if err == nil {
+				t.Fatal("adapted")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error does not say %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+// TestOneLineFormatUnchanged: `caddy fmt` leaves a one-liner as it is.
+func TestOneLineFormatUnchanged(t *testing.T) {
+	src := ":9080 {\n\t@auth path /login*\n\trate_limit @auth {remote.ip} 5r/m\n\trate_limit {remote.ip} 10r/s 10000 503\n\trespond \"ok\"\n}\n"
+	if got := string(caddyfile.Format([]byte(src))); got != src {
+		t.Fatalf("caddy fmt made\n%s\nof\n%s", got, src)
 	}
 }
