@@ -98,6 +98,9 @@ type zoneInfo struct {
 	Store     string               `json:"store"`
 	DryRun    bool                 `json:"dry_run,omitempty"`
 	Dial      *storage.ZoneDial    `json:"dial,omitempty"`
+	// Instances is N, the live instances sharing the zone's store, for a
+	// store shared by a fleet (Redis).
+	Instances int `json:"instances,omitempty"`
 }
 
 // keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
@@ -197,6 +200,9 @@ func (a *adminAPI) listZones(w http.ResponseWriter, r *http.Request) error {
 			if d, ok := z.admin.ZoneDial(z.Name); ok && d.Active(now) {
 				info.Dial = &d
 			}
+		}
+		if f, ok := z.admin.(storage.Fleet); ok {
+			info.Instances = f.Instances()
 		}
 		out = append(out, info)
 	}

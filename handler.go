@@ -115,7 +115,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.serveNext(w, r, next)
 	}
 
+	s.question.store = h.store
 	v, rejected, err := h.decide(r.Context(), s.checks, &s.question)
+	if v == unanswered && h.fallback != nil && r.Context().Err() == nil {
+		// on_store_error local: the store failed, and this instance
+		// decides on its own, with its share of every limit.
+		h.storeError(err)
+		s.question.store = h.fallback
+		v, rejected, err = h.decide(r.Context(), s.checks, &s.question)
+	}
 	switch v {
 	case unanswered:
 		return h.storeFailed(w, r, next, err)
@@ -188,9 +196,8 @@ func (h *Handler) releaseUnits(ctx context.Context, q *question, checks []zoneCh
 			q.reqs = append(q.reqs, checks[i].req)
 		}
 	}
-	if err := h.store.Release(context.WithoutCancel(ctx), q.reqs); err != nil {
-		h.storeErrorCount.Inc()
-		h.storeErrorLog.log(h.logger, err, h.now())
+	if err := q.store.Release(context.WithoutCancel(ctx), q.reqs); err != nil {
+		h.storeError(err)
 	}
 }
 
@@ -213,7 +220,7 @@ var scratchPool = sync.Pool{New: func() any {
 func (s *scratch) recycle() {
 	clear(s.checks)
 	clear(s.reqs)
-	s.checks, s.reqs, s.decisions, s.waited = s.checks[:0], s.reqs[:0], s.decisions[:0], false
+	s.checks, s.reqs, s.decisions, s.waited, s.store = s.checks[:0], s.reqs[:0], s.decisions[:0], false, nil
 	scratchPool.Put(s)
 }
 
@@ -274,9 +281,9 @@ func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *question) (
 		// store's answer and the wait goes unseen.
 		var released <-chan struct{}
 		if h.delays && hasConcurrencyZone(checks) {
-			released = h.store.Released()
+			released = q.store.Released()
 		}
-		err := q.ask(ctx, h.store, h.storeLatency, checks)
+		err := q.ask(ctx, h.storeLatency, checks)
 		if err != nil {
 			return unanswered, nil, err
 		}
@@ -351,6 +358,9 @@ func waitForRelease(ctx context.Context, released <-chan struct{}, until time.Ti
 // question is what decide asks the store: the checks still in play, with
 // room for the store's answers, reused from one asking to the next.
 type question struct {
+	// store is what is asked: the handler's store, or its local fallback
+	// (on_store_error local) when the store failed.
+	store     storage.Store
 	reqs      []storage.Request
 	decisions []algorithms.Decision
 	// waited tells that max_delay held the request at least once.
@@ -361,7 +371,7 @@ type question struct {
 // but the dry-run zones that already said they would reject, which are
 // asked no more. Each check gets its decision. If latency is set, it
 // observes how long the store took.
-func (q *question) ask(ctx context.Context, store storage.Store, latency prometheus.Observer, checks []zoneCheck) error {
+func (q *question) ask(ctx context.Context, latency prometheus.Observer, checks []zoneCheck) error {
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
 	for _, c := range checks {
 		if !c.dryRunExceeded {
@@ -376,7 +386,7 @@ func (q *question) ask(ctx context.Context, store storage.Store, latency prometh
 	if latency != nil {
 		start = time.Now()
 	}
-	err := store.Take(ctx, q.reqs, q.decisions)
+	err := q.store.Take(ctx, q.reqs, q.decisions)
 	if latency != nil {
 		latency.Observe(time.Since(start).Seconds())
 	}
@@ -483,18 +493,24 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 // whose client went away is its client's doing, whatever the store said:
 // nothing is logged or counted against the store. Otherwise
 // on_store_error applies: allow passes the request on, with no counts to
-// report; deny answers 503.
+// report; deny answers 503. (local decided in this instance's memory
+// before this, and fails only if that does.)
 func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, err error) error {
 	if r.Context().Err() != nil {
 		return caddyhttp.Error(statusClientClosedRequest, err)
 	}
-	h.storeErrorCount.Inc()
-	h.storeErrorLog.log(h.logger, err, h.now())
+	h.storeError(err)
 	if h.OnStoreError != "deny" {
 		return h.serveNext(w, r, next)
 	}
 	w.Header().Set("Retry-After", "1")
 	return errorStatus(w, r, http.StatusServiceUnavailable, err)
+}
+
+// storeError counts and logs (at most once a second) a store error.
+func (h *Handler) storeError(err error) {
+	h.storeErrorCount.Inc()
+	h.storeErrorLog.log(h.logger, err, h.now())
 }
 
 // errorStatus answers with an error status: a zone's rejection (429 or its

@@ -53,7 +53,11 @@ type Handler struct {
 	Headers string `json:"headers,omitempty"`
 
 	// What to do when the store cannot answer: "allow" (default) lets the
-	// request through, "deny" answers 503 Service Unavailable.
+	// request through, "deny" answers 503 Service Unavailable, "local"
+	// decides in this instance's memory, with every zone's limit divided
+	// by the instances sharing the store that it last saw (Redis), until
+	// the store answers again. With the memory store, which always
+	// answers, all three are the same.
 	OnStoreError string `json:"on_store_error,omitempty"`
 
 	// Whether log lines about a request (rejections and delays at debug
@@ -127,6 +131,9 @@ type Handler struct {
 	// shedder is Shed, as the handler asks it about requests; nil without
 	// a shed block.
 	shedder loadShedder
+	// fallback decides while the store cannot (on_store_error local); nil
+	// otherwise.
+	fallback storage.Store
 }
 
 // Zone is one limit: which requests it applies to, how they are keyed and
@@ -270,6 +277,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.storeErrorCount, h.storeLatency = storeSeries(h.storeName, h.DisableMetrics)
+	if local, ok := store.(storage.LocalFallback); ok && h.OnStoreError == "local" {
+		h.fallback = local.Local()
+	}
+	if quiet, ok := store.(interface{ DisableMetrics() }); ok && h.DisableMetrics {
+		quiet.DisableMetrics()
+	}
 
 	h.xRateLimitHeaders = h.Headers == "" || h.Headers == headersXRateLimit || h.Headers == headersBoth
 	h.ietfHeaders = h.Headers == headersIETF || h.Headers == headersBoth
@@ -528,10 +541,10 @@ func checkHeaders(v string) error {
 
 func checkOnStoreError(v string) error {
 	switch v {
-	case "", "allow", "deny":
+	case "", "allow", "deny", "local":
 		return nil
 	}
-	return fmt.Errorf("want allow or deny, got %q", v)
+	return fmt.Errorf("want allow, deny or local, got %q", v)
 }
 
 func checkLogKeys(v string) error {

@@ -135,6 +135,12 @@ func (m *Memory) Cleanup() error {
 
 // Take implements Store.
 func (m *Memory) Take(_ context.Context, reqs []Request, decisions []algorithms.Decision) error {
+	return takeMemory(m.counters, reqs, decisions)
+}
+
+// takeMemory decides reqs with the counters c, refusing limits and costs
+// they cannot hold.
+func takeMemory(c *memoryCounters, reqs []Request, decisions []algorithms.Decision) error {
 	for _, r := range reqs {
 		if r.Rate.Units > maxCount || r.Cost < 0 || r.Cost > maxCount {
 			return fmt.Errorf("zone %q: limit or cost too large for the memory store (at most %d)", r.Zone, maxCount)
@@ -143,7 +149,7 @@ func (m *Memory) Take(_ context.Context, reqs []Request, decisions []algorithms.
 			return fmt.Errorf("zone %q: %w", r.Zone, err)
 		}
 	}
-	m.counters.take(reqs, decisions)
+	c.take(reqs, decisions)
 	return nil
 }
 
@@ -590,6 +596,16 @@ func (c *memoryCounters) inspect(zone, key string) (algorithms.Counts, bool) {
 		return algorithms.Counts{}, false
 	}
 	return s.slots[i].counts(), true
+}
+
+// clear forgets every key's counts.
+func (c *memoryCounters) clear() {
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		s.slots, s.shift, s.n, s.hand = nil, 0, 0, 0
+		s.mu.Unlock()
+	}
 }
 
 // reset forgets the counts of zone and key, and reports whether any were

@@ -78,6 +78,15 @@ type Redis struct {
 	// Connections per Redis node; 0 means go-redis's default (10 per CPU).
 	PoolSize int `json:"pool_size,omitempty"`
 
+	// Leases: a call for a key in demand on this instance takes several
+	// units of its limit, which the instance's later requests for the key
+	// spend without a call. Every unit is counted in Redis before it is
+	// spent, and a lease never takes more than a 2N-th of what the key
+	// has left (N instances), so the fleet admits no more than exact
+	// decisions would. Not for concurrency zones, which always ask Redis.
+	// Default: off.
+	Lease bool `json:"lease,omitempty"`
+
 	client  *redisClient
 	poolKey string
 	opts    *redis.UniversalOptions
@@ -91,6 +100,11 @@ type Redis struct {
 	scriptClock func() time.Time
 
 	logger *zap.Logger
+	// metricsOff is set by a handler with disable_metrics: its leases
+	// count in no series.
+	metricsOff bool
+	// series are the zones' lease_units_total series, by zone.
+	series *sync.Map
 }
 
 // CaddyModule returns the Caddy module information.
@@ -152,7 +166,7 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 		return err
 	}
 	val, _, err := redisClients.LoadOrNew(string(key), func() (caddy.Destructor, error) {
-		return newRedisClient(opts), nil
+		return newRedisClient(opts, r.logger), nil
 	})
 	if err != nil {
 		return err
@@ -161,7 +175,35 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	r.poolKey = string(key)
 	r.opts = opts
 	r.hold = new(clientHold)
+	r.series = new(sync.Map)
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	// Announce this instance from now on, and read the fleet's size.
+	r.watcher()
+	if r.Lease {
+		r.client.startLeases()
+	}
 	return nil
+}
+
+// DisableMetrics makes the store count its leases in no series, for a
+// handler with disable_metrics.
+func (r *Redis) DisableMetrics() {
+	r.metricsOff = true
+}
+
+// leaseSeries returns the zone's lease_units_total series, or nil with
+// disable_metrics.
+func (r *Redis) leaseSeries(zone string) *leaseSeries {
+	if r.metricsOff || r.series == nil || metrics.leaseUnits == nil {
+		return nil
+	}
+	if s, ok := r.series.Load(zone); ok {
+		return s.(*leaseSeries)
+	}
+	s, _ := r.series.LoadOrStore(zone, newLeaseSeries(zone))
+	return s.(*leaseSeries)
 }
 
 // Validate refuses options that cannot work, with the checks the
@@ -275,7 +317,7 @@ func (r *Redis) acquire() (c *redisClient, own bool, err error) {
 	}
 	r.endOwn()
 	val, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
-		return newRedisClient(r.opts), nil
+		return newRedisClient(r.opts, r.logger), nil
 	})
 	if err != nil {
 		return nil, false, err
@@ -434,6 +476,7 @@ func (r *Redis) clientOptions(addrs, names []string) (*redis.UniversalOptions, e
 //		timeout <duration>
 //		key_prefix <prefix>
 //		pool_size <n>
+//		lease on|off
 //	}
 func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store name
@@ -505,8 +548,19 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return fail(err)
 			}
 			r.PoolSize = n
+		case "lease":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			switch v {
+			case "on", "off":
+				r.Lease = v == "on"
+			default:
+				return fail(fmt.Errorf("want on or off, got %q", v))
+			}
 		default:
-			return d.Errf("store redis: unknown subdirective %q (want address, cluster, sentinel, timeout, key_prefix or pool_size)", dir)
+			return d.Errf("store redis: unknown subdirective %q (want address, cluster, sentinel, timeout, key_prefix, pool_size or lease)", dir)
 		}
 	}
 	if len(r.Addresses) == 0 {
@@ -521,6 +575,8 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // Interface guards
 var (
 	_ Store                 = (*Redis)(nil)
+	_ LocalFallback         = (*Redis)(nil)
+	_ Fleet                 = (*Redis)(nil)
 	_ caddy.Provisioner     = (*Redis)(nil)
 	_ caddy.Validator       = (*Redis)(nil)
 	_ caddy.CleanerUpper    = (*Redis)(nil)

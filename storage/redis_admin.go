@@ -91,8 +91,15 @@ func (r *Redis) bumpEpoch(ctx context.Context) error {
 		return fmt.Errorf("redis: %w", err)
 	}
 	// This instance need not wait for its next refresh.
-	r.client.denies.clear()
+	r.client.adminChanged()
 	return nil
+}
+
+// adminChanged forgets what an admin change may have made wrong: the
+// cached rejections, and the leases (see redis_lease.go).
+func (c *redisClient) adminChanged() {
+	c.denies.clear()
+	c.leases.drop()
 }
 
 // SetZoneDial implements Admin.
@@ -145,12 +152,14 @@ func (r *Redis) watcher() *dialWatcher {
 }
 
 // dialWatcher keeps the dials of the zones asked about, for one client and
-// key prefix, rereading them and the epoch once a second.
+// key prefix, rereading them and the epoch once a second, in the same
+// round trip that announces this instance and counts the fleet.
 type dialWatcher struct {
-	client   *redisClient
-	dialKey  func(zone string) string
-	epochKey string
-	logger   *zap.Logger
+	client       *redisClient
+	dialKey      func(zone string) string
+	epochKey     string
+	instancesKey string
+	logger       *zap.Logger
 
 	dials dialTable
 
@@ -173,12 +182,13 @@ func (c *redisClient) watcher(prefix string, r *Redis) *dialWatcher {
 	if w, ok := c.watchers[prefix]; ok {
 		return w
 	}
-	w := &dialWatcher{client: c, dialKey: r.dialKey, epochKey: r.epochKey(), logger: r.logger,
+	w := &dialWatcher{client: c, dialKey: r.dialKey, epochKey: r.epochKey(), instancesKey: r.instancesKey(), logger: r.logger,
 		zones: make(map[string]bool), wake: make(chan struct{}, 1)}
 	if c.watchers == nil {
 		c.watchers = make(map[string]*dialWatcher)
 	}
 	c.watchers[prefix] = w
+	w.wake <- struct{}{} // the first reading at once
 	c.watching.Add(1)
 	go func() {
 		defer c.watching.Done()
@@ -229,7 +239,8 @@ func (w *dialWatcher) run() {
 	}
 }
 
-// refresh rereads the dials and the epoch, with one round trip.
+// refresh rereads the dials and the epoch, announces this instance and
+// counts the live ones, with one round trip.
 func (w *dialWatcher) refresh() {
 	ctx, cancel := context.WithTimeout(context.Background(), dialRefresh)
 	defer cancel()
@@ -241,24 +252,32 @@ func (w *dialWatcher) refresh() {
 	sets := w.sets
 	w.mu.Unlock()
 	var epoch *redis.StringCmd
+	var live *redis.Cmd
 	gets := make([]*redis.StringCmd, len(zones))
 	_, err := w.client.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		epoch = p.Get(ctx, w.epochKey)
+		live = announce(ctx, p, w.instancesKey)
 		for i, z := range zones {
 			gets[i] = p.Get(ctx, w.dialKey(z))
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		// Keep the dials last read; the store's errors are logged where
-		// requests meet them.
+		// Keep the dials and the fleet last read; the store's errors are
+		// logged where requests meet them.
 		return
+	}
+	if n, err := live.Int64(); err == nil {
+		w.client.fleet.n.Store(n)
+		if metrics.instances != nil {
+			metrics.instances.WithLabelValues("redis").Set(float64(n))
+		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if e := epoch.Val(); e != w.epoch {
 		w.epoch = e
-		w.client.denies.clear()
+		w.client.adminChanged()
 	}
 	if w.sets != sets {
 		return // a dial written meanwhile; the next refresh reads it

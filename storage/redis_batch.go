@@ -40,6 +40,9 @@ type callPart struct {
 	keys   []string
 	reqs   []Request
 	charge bool
+	// asks are the units each zone would lease beyond its cost (see
+	// redis_lease.go); nil for none.
+	asks []int64
 	// deadline bounds the request's decision: the store's timeout from
 	// when it was asked.
 	deadline time.Time
@@ -55,7 +58,7 @@ type callPart struct {
 	same int
 
 	now  int64   // the script's clock, in ms
-	vals []int64 // five values per zone (see scripts/take.lua)
+	vals []int64 // zoneValues values per zone (see scripts/take.lua)
 	err  error
 }
 
@@ -227,9 +230,9 @@ func (c *redisClient) sendQueued(b *batcher) bool {
 // is a few numbers, however many requests it stands for.
 func (c *redisClient) call(ctx context.Context, clock int64, parts []*callPart) {
 	entries, zones := groupParts(parts)
-	// The command: EVALSHA, the script's hash, the keys, then the clock
-	// and each entry's arguments, in one slice.
-	args := make([]any, 3, 3+zones+1+3*entries+5*zones)
+	// The command: EVALSHA, the script's hash, the keys, then the clock,
+	// the live instances and each entry's arguments, in one slice.
+	args := make([]any, 3, 3+zones+2+3*entries+zoneArgs*zones)
 	args[0], args[1], args[2] = "evalsha", takeScript.Hash(), zones
 	for i := 0; i < len(parts); i += parts[i].same {
 		for _, k := range parts[i].keys {
@@ -241,6 +244,7 @@ func (c *redisClient) call(ctx context.Context, clock int64, parts []*callPart) 
 	} else {
 		args = append(args, "")
 	}
+	args = append(args, c.fleet.instances())
 	for i := 0; i < len(parts); i += parts[i].same {
 		t := parts[i]
 		// Constants, so that making them arguments allocates nothing.
@@ -249,19 +253,23 @@ func (c *redisClient) call(ctx context.Context, clock int64, parts []*callPart) 
 		} else {
 			args = append(args, "0", len(t.reqs), t.same)
 		}
-		for _, q := range t.reqs {
-			args = append(args, scriptAlgorithm(q.Algorithm), q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost, scriptExtra(q))
+		for z, q := range t.reqs {
+			var ask int64
+			if t.asks != nil {
+				ask = t.asks[z]
+			}
+			args = append(args, scriptAlgorithm(q.Algorithm), q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost, scriptExtra(q), ask)
 		}
 	}
 	vals, err := evalInts(ctx, c.rdb, takeSource, args)
-	if err == nil && len(vals) != 1+entries+5*zones {
+	if err == nil && len(vals) != 1+entries+zoneValues*zones {
 		err = fmt.Errorf("take script returned %d values for %d zones", len(vals), zones)
 	}
 	if err == nil {
 		next := 1
 		for i := 0; i < len(parts); i += parts[i].same {
 			t := parts[i]
-			entry := vals[next+1 : next+1+5*len(t.reqs)]
+			entry := vals[next+1 : next+1+zoneValues*len(t.reqs)]
 			replay(parts[i:i+t.same], vals[next], entry, vals[0])
 			next += 1 + len(entry)
 		}
@@ -301,9 +309,10 @@ func groupParts(parts []*callPart) (entries, zones int) {
 
 // sameAsk reports whether a and b ask the script the same: the same zones
 // and keys, with the same algorithm, rate and cost. Concurrency requests
-// never do: each holds its units under a name of its own.
+// never do: each holds its units under a name of its own; nor does one
+// that asks for a lease, which only an entry of one request is granted.
 func sameAsk(a, b *callPart) bool {
-	if a.charge != b.charge || len(a.keys) != len(b.keys) {
+	if a.charge != b.charge || len(a.keys) != len(b.keys) || a.asks != nil || b.asks != nil {
 		return false
 	}
 	for i, qa := range a.reqs {
@@ -317,7 +326,7 @@ func sameAsk(a, b *callPart) bool {
 }
 
 // replay hands each of an entry's parts, which ask the same, its part of
-// the script's answer: five values per zone, as the script would have
+// the script's answer: zoneValues values per zone, as the script would have
 // answered it alone (see take.lua). The script answers the counters as
 // they were before the entry, how many of its requests were allowed (the
 // first ones), and each zone's verdict on the first one rejected; what
@@ -329,7 +338,7 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 		return
 	}
 	lead := parts[0]
-	n := 5 * len(lead.reqs)
+	n := zoneValues * len(lead.reqs)
 	vals := make([]int64, n*len(parts))
 	for i, t := range parts {
 		v := vals[i*n : (i+1)*n : (i+1)*n]
@@ -340,16 +349,16 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 			copy(v, prev)
 			if lead.charge && int64(i-1) < allowed {
 				for z, q := range lead.reqs {
-					_, counts := decideAgain(q, prev[5*z:], now)
-					v[5*z], v[5*z+1], v[5*z+2] = counts.Window, counts.Current, counts.Previous
+					_, counts := decideAgain(q, prev[zoneValues*z:], now)
+					v[zoneValues*z], v[zoneValues*z+1], v[zoneValues*z+2] = counts.Window, counts.Current, counts.Previous
 				}
 			}
 		}
 		for z := range lead.reqs {
 			if int64(i) < allowed {
-				v[5*z+3] = 1
+				v[zoneValues*z+3] = 1
 			} else {
-				v[5*z+3] = entry[5*z+3]
+				v[zoneValues*z+3] = entry[zoneValues*z+3]
 			}
 		}
 		t.vals = v

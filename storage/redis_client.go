@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
@@ -27,16 +28,34 @@ type redisClient struct {
 	// the connections, across reloads, as the memory store's does.
 	released releaseSignal
 
-	// watchers reread the admin API's dials, one per key prefix; they
-	// stop when closed is closed.
+	// watchers reread the admin API's dials, one per key prefix, and
+	// announce this instance; they, and the goroutine that gives back
+	// leases, stop when closed is closed.
 	watchersMu sync.Mutex
 	watchers   map[string]*dialWatcher
 	watching   sync.WaitGroup
 	closed     chan struct{}
+
+	// fleet is N, the live instances sharing this Redis.
+	fleet fleet
+	// leases are this instance's leases (lease on), given back by the
+	// goroutine leasing starts.
+	leases  leaseTable
+	leasing sync.Once
+	// local is the fallback of on_store_error local; localUsed tells
+	// that it has decided since Redis last answered.
+	local     local
+	localUsed atomic.Bool
+
+	cluster bool
+	logger  *zap.Logger
+	// now is the local clock of the leases' sweeps.
+	now func() time.Time
 }
 
-func newRedisClient(opts *redis.UniversalOptions) *redisClient {
-	c := &redisClient{rdb: redis.NewUniversalClient(opts), batchers: make([]batcher, 1), closed: make(chan struct{})}
+func newRedisClient(opts *redis.UniversalOptions, logger *zap.Logger) *redisClient {
+	c := &redisClient{rdb: redis.NewUniversalClient(opts), batchers: make([]batcher, 1), closed: make(chan struct{}),
+		cluster: opts.IsClusterMode, logger: logger, now: time.Now}
 	if opts.IsClusterMode {
 		c.batchers = make([]batcher, clusterSlots)
 	}
@@ -44,11 +63,15 @@ func newRedisClient(opts *redis.UniversalOptions) *redisClient {
 	return c
 }
 
-// Destruct closes the connections; the UsagePool calls it when the last
-// config using this Redis is cleaned up.
+// Destruct gives back the leases this instance holds and closes the
+// connections; the UsagePool calls it when the last config using this
+// Redis is cleaned up.
 func (c *redisClient) Destruct() error {
 	close(c.closed)
 	c.watching.Wait()
+	if c.local.counters != nil {
+		c.local.counters.Destruct()
+	}
 	return c.rdb.Close()
 }
 

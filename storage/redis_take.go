@@ -58,6 +58,10 @@ func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms
 		clock = r.scriptClock().UnixMilli()
 	}
 	now := r.now()
+	leasing := r.Lease && clock == 0
+	if leasing && c.leases.spend(keys, reqs, decisions, now) {
+		return nil
+	}
 	if clock == 0 && c.denies.lookup(keys, reqs, decisions, now) {
 		return nil
 	}
@@ -78,17 +82,40 @@ func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms
 	// its script call did. It is read off the real clock, not r.now,
 	// which tests skew.
 	deadline := time.Now().Add(time.Duration(r.Timeout))
-	err = r.charge(base, deadline, c, keys, reqs, decisions, clock)
+	var leases *leaseAnswer
+	if leasing && (!r.Cluster || sameTag(keys)) {
+		if asks := c.leases.asks(keys, reqs, now); asks != nil {
+			leases = &leaseAnswer{asks: asks}
+		}
+	}
+	err = r.charge(base, deadline, c, keys, reqs, decisions, clock, leases)
 	now = r.now()
 	if err != nil {
+		if leases != nil {
+			c.leases.unasked(keys, leases.asks)
+		}
 		c.breaker.done(err, failureCounts(ctx, err), now)
 		return fmt.Errorf("redis: %w", err)
 	}
 	c.breaker.done(nil, true, now)
+	c.answered()
+	if leases != nil {
+		c.leases.granted(keys, reqs, leases, decisions, now, r.leaseSeries)
+	}
 	if clock == 0 {
 		c.denies.store(keys, reqs, decisions, now)
 	}
 	return nil
+}
+
+// leaseAnswer is what a call that asks for leases (asks, one per zone; 0
+// for none) brings back for them: each zone's units granted and its counts
+// as its request left them, before the lease, in the script's clock,
+// which is shift behind the local one.
+type leaseAnswer struct {
+	asks, grants []int64
+	counts       []algorithms.Counts
+	shift        time.Duration
 }
 
 // failureCounts reports whether err, from a decision asked for under ctx,
@@ -103,9 +130,11 @@ func failureCounts(ctx context.Context, err error) bool {
 // that is one call for all zones. On a cluster, zones whose keys lie in
 // different slots are decided one group of keys at a time; see
 // chargeSlotGroups.
-func (r *Redis) charge(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
+// A call that asks for leases (leases not nil) is one call: its keys
+// share a slot.
+func (r *Redis) charge(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
 	if !r.Cluster || sameTag(keys) {
-		_, err := r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true)
+		_, err := r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true, leases)
 		return err
 	}
 	return r.chargeSlotGroups(ctx, deadline, c, keys, reqs, decisions, clock)
@@ -177,7 +206,7 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 		for j, i := range g {
 			gKeys[j], gReqs[j] = keys[i], reqs[i]
 		}
-		now, err := r.runTake(ctx, deadline, c, gKeys, gReqs, gDec, clock, !rejected)
+		now, err := r.runTake(ctx, deadline, c, gKeys, gReqs, gDec, clock, !rejected, nil)
 		if err != nil && rejected {
 			for _, rest := range groups[gi:] {
 				for _, i := range rest {
@@ -223,12 +252,23 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 	return firstErr
 }
 
+// zoneArgs and zoneValues are how many arguments the take script reads for
+// each zone of an entry, and how many values it answers for each (see
+// scripts/take.lua).
+const (
+	zoneArgs   = 6
+	zoneValues = 6
+)
+
 // runTake decides reqs, whose keys all lie in one slot, in one script call
 // (shared with concurrent requests; see redis_batch.go) by deadline, and
-// fills decisions. It returns the script's clock (server time unless
-// clock is set), in ms.
-func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool) (int64, error) {
+// fills decisions, and leases with what it asks for. It returns the
+// script's clock (server time unless clock is set), in ms.
+func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool, leases *leaseAnswer) (int64, error) {
 	t := &callPart{keys: keys, reqs: reqs, charge: charge, deadline: deadline}
+	if leases != nil {
+		t.asks = leases.asks
+	}
 	var err error
 	if clock != 0 {
 		// A test's clock holds for its own call only.
@@ -248,9 +288,12 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 	if clock == 0 {
 		shift = r.now().Sub(time.UnixMilli(serverNow))
 	}
+	if leases != nil {
+		leases.grants, leases.counts, leases.shift = make([]int64, len(reqs)), make([]algorithms.Counts, len(reqs)), shift
+	}
 	for i, q := range reqs {
-		v := t.vals[5*i:]
-		d, _ := decideAgain(q, v, serverNow)
+		v := t.vals[zoneValues*i:]
+		d, counts := decideAgain(q, v, serverNow)
 		// The script's verdict is what was written; it equals Decide's by
 		// construction (and by test), but the store must report what it did.
 		d.Allowed = v[3] == 1
@@ -259,13 +302,17 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 			d.RetryAt = d.RetryAt.Add(shift)
 		}
 		decisions[i] = d
+		if leases != nil {
+			// The counts the request left, before the lease.
+			leases.grants[i], leases.counts[i] = v[5], counts
+		}
 	}
 	return serverNow, nil
 }
 
 // decideAgain runs algorithms.Decide, as the take script did, for one zone
-// of q at now (ms of the script's clock), from v, that zone's five values
-// in the script's answer (see take.lua): the counters as stored before q,
+// of q at now (ms of the script's clock), from v, that zone's values in
+// the script's answer (see take.lua): the counters as stored before q,
 // and the limit the script used, the request's or a per-key override.
 func decideAgain(q Request, v []int64, now int64) (algorithms.Decision, algorithms.Counts) {
 	counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}

@@ -94,7 +94,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 		}
 		want, _ := algorithms.Decide(alg, stored, now, l, cost)
 		got := make([]algorithms.Decision, 1)
-		if _, err := r.runTake(context.Background(), time.Now().Add(10*time.Second), r.client, []string{key}, []Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, got, now.UnixMilli(), false); err != nil {
+		if _, err := r.runTake(context.Background(), time.Now().Add(10*time.Second), r.client, []string{key}, []Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, got, now.UnixMilli(), false, nil); err != nil {
 			t.Fatal(err)
 		}
 		if got[0] != want {
@@ -241,7 +241,7 @@ func TestRedisKeys(t *testing.T) {
 		seen[got] = c.key
 		redisTake(t, r, time.Time{}, Request{Zone: "z", Key: c.key, Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
 	}
-	keys, err := s.Do("KEYS", "rl:*")
+	keys, err := s.Do("KEYS", "rl:{*")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1732,7 +1732,7 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	}
 	// It is decided after the one whose client went away, which was sent
 	// and so charged: it saw a count of 2.
-	if want := []int64{stays.vals[0], 2, 0, 1, 100}; !slices.Equal(stays.vals, want) {
+	if want := []int64{stays.vals[0], 2, 0, 1, 100, 0}; !slices.Equal(stays.vals, want) {
 		t.Errorf("the other request saw %v, want %v", stays.vals, want)
 	}
 	if c, err := s.Do("HGET", key, "c"); err != nil || c != "3" {

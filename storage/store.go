@@ -53,6 +53,19 @@ type Store interface {
 	Released() <-chan struct{}
 }
 
+// LocalFallback is a store that can fail (Redis) and offers a local
+// fallback for while it does: a Store that decides in this instance's
+// memory (on_store_error local).
+type LocalFallback interface {
+	Local() Store
+}
+
+// Fleet is a store shared by a fleet of instances (Redis), which knows how
+// many there are: N, the instances that announced themselves lately.
+type Fleet interface {
+	Instances() int
+}
+
 // MaxKeyLen is the longest key every store keeps as it is.
 const MaxKeyLen = 64
 

@@ -13,14 +13,24 @@
 --          key's expiry is the admin call's to set, not this script's.
 -- ARGV[1]  "" to use the server clock (TIME), or a time in ms since the
 --          epoch; tests drive the shared test vectors with it.
+-- ARGV[2]  N, the live instances sharing the store, for leases (below).
 -- Then for each entry, which stands for m requests that ask the same (the
 --          same zones, keys and arguments): "1" to charge their zones
 --          when all allow a request, "0" to decide only; the number n of
 --          zones; m; and for each zone:
 --          algorithm ("f" fixed window, "s" sliding tail, "g" gcra, "c"
 --          concurrency), limit, window (ms; for concurrency the lease),
---          cost, and one more: gcra's burst (0: the limit), concurrency's
---          holder (see below), "" otherwise.
+--          cost, one more: gcra's burst (0: the limit), concurrency's
+--          holder (see below), "" otherwise; and the lease asked for: how
+--          many units beyond the cost the instance would like to spend
+--          later on its own (0 for none).
+--
+-- Leases: when an entry of one request (m = 1) is allowed and charged, each
+-- zone that asked for a lease is charged up to that many more units, but
+-- never more than floor(room / 2N), where room is what the zone has left
+-- after the request: the instance spends them later without a call. Every
+-- leased unit is counted here before it is spent, and the last units of a
+-- window are left to be decided one at a time.
 --
 -- GCRA keeps its theoretical arrival time TAT in the same fields: w its
 -- whole ms, c its fraction in units of 1/p ms (algorithms/gcra.go).
@@ -36,8 +46,8 @@
 -- allowed (they are the first ones: once one is rejected, the rest are
 -- decided against the same counters), and for each zone: w, c, p as
 -- stored before the entry (0 when absent), whether the zone alone allows
--- the entry's first request not allowed (1/0; 1 when all were), and the
--- limit it was decided against}. The caller rebuilds what each of the
+-- the entry's first request not allowed (1/0; 1 when all were), the limit
+-- it was decided against, and the units leased (0 when none)}. The caller rebuilds what each of the
 -- entry's requests saw by charging them one after the other, as
 -- algorithms.Decide does. An entry for many identical requests (one hot
 -- key under load) costs little more than one for a single request: its
@@ -128,6 +138,8 @@ else
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+local instances = math.max(tonumber(ARGV[2]) or 1, 1)
+
 local out = {now}
 local o = 1
 
@@ -138,8 +150,9 @@ local o = 1
 -- (false if none), and the holders' set of a concurrency key (false for
 -- others). Flat arrays keep the tables per call few.
 local at, s, ns = {}, {}, 0
--- The current entry's zones, six slots per zone: where its key's counters
--- are, algorithm, limit, window, cost, and the zone's last argument.
+-- The current entry's zones, seven slots per zone: where its key's
+-- counters are, algorithm, limit, window, cost, the zone's extra argument,
+-- and the lease asked for.
 local zs = {}
 -- What charging the current request would write, six slots per zone:
 -- where its key's counters are, w, c, p and t, and the holder to add
@@ -234,7 +247,57 @@ local function decide(j, alg, limit, w, cost, extra)
   return ok, idx, cur + cost, prev, now + (w - elapsed + w), false
 end
 
-local k, a = 0, 2
+-- lease charges up to ask more units to the zone whose counters are at
+-- s[j], as the request just charged left them, if it has room for them
+-- beyond 2N times as many, and returns how many it charged.
+local function lease(j, alg, limit, w, extra, ask)
+  local room
+  if alg == 'g' then
+    local burst = tonumber(extra)
+    if burst == 0 then
+      burst = limit
+    end
+    -- Room: (now + burst*T - TAT) / T, in whole units.
+    local bq, br = muldiv(burst, w, limit)
+    local rms, rf = now + bq - s[j + 1], br - s[j + 2]
+    if rf < 0 then
+      rms, rf = rms - 1, rf + limit
+    end
+    if rms < 0 then
+      return 0
+    end
+    local q, r = muldiv(rms, limit, w)
+    room = q + math.floor((r + rf) / w)
+  else
+    local idx = s[j + 1]
+    local elapsed = math.max(now - idx * w, 0)
+    local used = s[j + 2]
+    if alg == 's' and s[j + 3] > 0 then
+      used = used + muldiv(s[j + 3], w - elapsed, w)
+    end
+    room = limit - used
+  end
+  local grant = math.min(ask, math.floor(room / (2 * instances)))
+  if grant <= 0 then
+    return 0
+  end
+  if alg == 'g' then
+    local cq, cr = muldiv(grant, w, limit)
+    local nms, nf = s[j + 1] + cq, s[j + 2] + cr
+    if nf >= limit then
+      nms, nf = nms + 1, nf - limit
+    end
+    s[j + 1], s[j + 2] = nms, nf
+    if nms + 1 > s[j + 4] then
+      s[j + 4], s[j + 5] = nms + 1, 2
+    end
+  else
+    s[j + 2] = s[j + 2] + grant
+  end
+  return grant
+end
+
+local k, a = 0, 3
 while a <= #ARGV do
   local charge = ARGV[a] == '1'
   local n = tonumber(ARGV[a + 1])
@@ -286,15 +349,15 @@ while a <= #ARGV do
         end
       end
     end
-    local z6 = 6 * z
+    local z7 = 7 * z
     local limit = s[j + 6] or tonumber(ARGV[a + 1])
-    zs[z6 + 1], zs[z6 + 2], zs[z6 + 3], zs[z6 + 4], zs[z6 + 5], zs[z6 + 6] =
-      j, alg, limit, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4]
-    -- The zone's counters as stored before the entry, and its limit; the
-    -- verdict (o + 4) is set below.
-    out[o + 1], out[o + 2], out[o + 3], out[o + 5] = s[j + 1] or 0, s[j + 2], s[j + 3], limit
-    o = o + 5
-    a = a + 5
+    zs[z7 + 1], zs[z7 + 2], zs[z7 + 3], zs[z7 + 4], zs[z7 + 5], zs[z7 + 6], zs[z7 + 7] =
+      j, alg, limit, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4], tonumber(ARGV[a + 5])
+    -- The zone's counters as stored before the entry, its limit, and no
+    -- lease yet; the verdict (o + 4) and the lease (o + 6) are set below.
+    out[o + 1], out[o + 2], out[o + 3], out[o + 5], out[o + 6] = s[j + 1] or 0, s[j + 2], s[j + 3], limit, 0
+    o = o + 6
+    a = a + 6
   end
 
   -- The entry's requests, one after the other. Each sees the charges of
@@ -304,10 +367,10 @@ while a <= #ARGV do
   for _ = 1, m do
     local all = true
     for z = 0, n - 1 do
-      local z6 = 6 * z
-      local j = zs[z6 + 1]
-      local ok, pw, pc, pp, pt, holder = decide(j, zs[z6 + 2], zs[z6 + 3], zs[z6 + 4], zs[z6 + 5], zs[z6 + 6])
-      out[first + 5 * z + 4] = ok and 1 or 0
+      local z6, z7 = 6 * z, 7 * z
+      local j = zs[z7 + 1]
+      local ok, pw, pc, pp, pt, holder = decide(j, zs[z7 + 2], zs[z7 + 3], zs[z7 + 4], zs[z7 + 5], zs[z7 + 6])
+      out[first + 6 * z + 4] = ok and 1 or 0
       all = all and ok
       pend[z6 + 1], pend[z6 + 2], pend[z6 + 3], pend[z6 + 4], pend[z6 + 5], pend[z6 + 6] = j, pw, pc, pp, pt, holder
     end
@@ -334,6 +397,21 @@ while a <= #ARGV do
     end
   end
   out[first] = allowed
+  if charge and m == 1 and allowed == 1 then
+    for z = 0, n - 1 do
+      local z7 = 7 * z
+      if zs[z7 + 7] > 0 then
+        local j = zs[z7 + 1]
+        local grant = lease(j, zs[z7 + 2], zs[z7 + 3], zs[z7 + 4], zs[z7 + 6], zs[z7 + 7])
+        if grant > 0 then
+          out[first + 6 * z + 6] = grant
+          if s[j + 5] == 0 then
+            s[j + 5] = 1
+          end
+        end
+      end
+    end
+  end
 end
 
 for j = 1, ns, 8 do

@@ -1,0 +1,72 @@
+package storage
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the Redis store's own Prometheus collectors: its leases and
+// the fleet it sees. They are created once per process and registered
+// with the registry of every config that uses the store (Caddy makes a new
+// registry on each load), so counts survive reloads. Labels are bounded
+// sets (zone and outcome, store), never a key.
+var metrics = struct {
+	once       sync.Once
+	leaseUnits *prometheus.CounterVec
+	instances  *prometheus.GaugeVec
+}{}
+
+// Values of the outcome label of lease_units_total.
+const (
+	leaseTaken = iota
+	leaseSpent
+	leaseReturned
+	leaseOutcomes
+)
+
+var leaseOutcomeNames = [leaseOutcomes]string{"taken", "spent", "returned"}
+
+// registerMetrics creates the collectors on first use and registers them
+// with registry, if any.
+func registerMetrics(registry *prometheus.Registry) error {
+	const ns, sub = "caddy", "http_rate_limit"
+	metrics.once.Do(func() {
+		metrics.leaseUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "lease_units_total",
+			Help: "Units of a zone's limits that this instance leased from Redis (taken), spent from its leases without a call (spent), and gave back unspent (returned).",
+		}, []string{"zone", "outcome"})
+		metrics.instances = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "fleet_instances",
+			Help: "The live instances sharing the store, as this instance last read them: those that announced themselves in the last 5 seconds.",
+		}, []string{"store"})
+	})
+	if registry == nil {
+		return nil // a store used outside a Caddy config
+	}
+	for _, c := range []prometheus.Collector{metrics.leaseUnits, metrics.instances} {
+		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			return err
+		}
+	}
+	return nil
+}
+
+// leaseSeries are one zone's series of lease_units_total, by outcome,
+// looked up once; a nil *leaseSeries counts nothing (disable_metrics).
+type leaseSeries [leaseOutcomes]prometheus.Counter
+
+func newLeaseSeries(zone string) *leaseSeries {
+	var s leaseSeries
+	for i := range s {
+		s[i] = metrics.leaseUnits.WithLabelValues(zone, leaseOutcomeNames[i])
+	}
+	return &s
+}
+
+func (s *leaseSeries) add(outcome int, units int64) {
+	if s != nil && units > 0 {
+		s[outcome].Add(float64(units))
+	}
+}

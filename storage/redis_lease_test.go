@@ -1,0 +1,347 @@
+package storage
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+)
+
+// leaseStore is a Redis store with lease on and a client of its own: the
+// stores of one test are instances of a fleet, each with its own leases
+// (they share the process's id, so the fleet's size is set by the test).
+func leaseStore(t *testing.T, s *redistest.Server, prefix string, instance int) *Redis {
+	t.Helper()
+	// A timeout of its own gives the store a client of its own.
+	r := newRedisStore(t, &Redis{Lease: true, KeyPrefix: prefix, Timeout: caddy.Duration(5*time.Second + time.Duration(instance)*time.Millisecond)}, s.URL())
+	return r
+}
+
+// fleetOf makes the stores' fleet n instances, as their watchers read it:
+// n-1 others announced (for the next hour) beside this process.
+func fleetOf(t *testing.T, s *redistest.Server, n int, stores ...*Redis) {
+	t.Helper()
+	for i := 1; i < n; i++ {
+		if _, err := s.Do("HSET", stores[0].instancesKey(), "other-"+strconv.Itoa(i), strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range stores {
+		r.watcher().refresh()
+		if got := r.Instances(); got != n {
+			t.Fatalf("%d instances read, want %d", got, n)
+		}
+	}
+}
+
+// counted reads the units Redis counts in a windowed key's current window.
+func counted(t *testing.T, s *redistest.Server, r *Redis, zone, key string) int64 {
+	t.Helper()
+	v, err := s.Do("HGET", r.counterKey(zone, key), "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.ParseInt(v, 10, 64)
+	return n
+}
+
+// leasedUnits counts the units this store's client holds in leases.
+func leasedUnits(r *Redis) int64 {
+	t := &r.client.leases
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var n int64
+	for _, l := range t.m {
+		n += l.units
+	}
+	return n
+}
+
+// TestRedisLeaseSpendsWithoutCalls: a key asked for again and again on one
+// instance is decided from leases after its first request: far fewer
+// script calls than requests, every unit counted in Redis before it is
+// spent, and the unspent units given back once the key goes unused, which
+// leaves Redis with exactly the units spent.
+func TestRedisLeaseSpendsWithoutCalls(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := leaseStore(t, s, "lease1:", 0)
+	req := Request{Zone: "z", Key: "hot", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
+	if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	const requests = 2000
+	for i := range requests {
+		d := redisTake(t, r, time.Time{}, req)[0]
+		if !d.Allowed || d.Limit != 1<<30 || d.Remaining != 1<<30-int64(i)-1 {
+			t.Fatalf("request %d: %+v, want allowed with %d remaining", i, d, 1<<30-i-1)
+		}
+		// Units are counted before they are spent.
+		if c := counted(t, s, r, "z", "hot"); c < int64(i)+1 {
+			t.Fatalf("after request %d Redis counts %d", i, c)
+		}
+	}
+	calls, err := s.ScriptCalls()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d requests in %d script calls", requests, calls)
+	if calls > requests/20 {
+		t.Fatalf("%d script calls for %d requests of one key, want leases to decide most", calls, requests)
+	}
+	waitUntil(t, "the unspent units to go back", func() bool { return leasedUnits(r) == 0 })
+	if c := counted(t, s, r, "z", "hot"); c != requests {
+		t.Fatalf("Redis counts %d after the lease went back, want the %d spent", c, requests)
+	}
+}
+
+// TestRedisLeaseFleetNeverOver: three instances, each with four clients
+// asking for one key far beyond its limit, admit no more than the limit
+// (and, every instance wanting more to the end, all but a few units of
+// it); what Redis counts at the end is exactly what was admitted.
+func TestRedisLeaseFleetNeverOver(t *testing.T) {
+	s := redistest.Standalone(t)
+	const limit = 300
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
+		t.Run(string(alg), func(t *testing.T) {
+			prefix := "fleet-" + string(alg) + ":"
+			var fleet []*Redis
+			for i := range 3 {
+				fleet = append(fleet, leaseStore(t, s, prefix, i))
+			}
+			fleetOf(t, s, 3, fleet...)
+			req := Request{Zone: "z", Key: "k", Algorithm: alg, Rate: algorithms.Rate{Units: limit, Window: time.Hour}, Cost: 1}
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for _, r := range fleet {
+				for range 4 {
+					wg.Go(func() {
+						// Until a run of rejections: by then this instance's
+						// lease is spent and Redis has nothing left.
+						for misses := 0; misses < 20; {
+							d := make([]algorithms.Decision, 1)
+							if err := r.Take(context.Background(), []Request{req}, d); err != nil {
+								t.Error(err)
+								return
+							}
+							if d[0].Allowed {
+								admitted.Add(1)
+								misses = 0
+							} else {
+								misses++
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			n := admitted.Load()
+			t.Logf("%d of %d admitted", n, limit)
+			if n > limit || n < limit*98/100 {
+				t.Fatalf("%d admitted, want at most %d and at least 98%% of it", n, limit)
+			}
+			for _, r := range fleet {
+				waitUntil(t, "the leases to go back", func() bool { return leasedUnits(r) == 0 })
+			}
+			if c := counted(t, s, fleet[0], "z", "k"); c != n {
+				t.Fatalf("Redis counts %d, %d were admitted", c, n)
+			}
+		})
+	}
+}
+
+// TestRedisLeaseCap: a lease never takes more than floor(room / 2N) of
+// what the key has left, so the last units of a window are decided one at
+// a time, exactly.
+func TestRedisLeaseCap(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := leaseStore(t, s, "cap:", 0)
+	fleetOf(t, s, 2, r)
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 40, Window: time.Hour}, Cost: 1}
+	for i := range 40 {
+		if d := redisTake(t, r, time.Time{}, req)[0]; !d.Allowed {
+			t.Fatalf("request %d rejected", i)
+		}
+		held, c := leasedUnits(r), counted(t, s, r, "z", "k")
+		// Room after this request and its lease, against what is held:
+		// a lease taken with room R is at most R/4 (N = 2).
+		if held > 0 && held*4 > 40-(c-held) {
+			t.Fatalf("after request %d: %d units leased with %d counted, more than a quarter of the room", i, held, c)
+		}
+	}
+	if d := redisTake(t, r, time.Time{}, req)[0]; d.Allowed {
+		t.Fatal("the 41st request allowed")
+	}
+}
+
+// TestRedisLeaseGCRA: a gcra lease spends no unit later than the TAT it
+// was counted at, so a fleet on leases admits no more than the bucket and
+// its refill allow, and Redis ends with the units admitted.
+func TestRedisLeaseGCRA(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := leaseStore(t, s, "gcra:", 0)
+	// 200 a second, a bucket of 100.
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 200, Window: time.Second, Burst: 100}, Cost: 1}
+	start := time.Now()
+	admitted := 0
+	for range 1000 {
+		if redisTake(t, r, time.Time{}, req)[0].Allowed {
+			admitted++
+		}
+	}
+	elapsed := time.Since(start)
+	// The bucket, plus what refilled while the requests ran (and one for
+	// the rounding of the millisecond clock).
+	most := 100 + int(elapsed.Seconds()*200) + 1
+	t.Logf("%d of 1000 admitted in %v (at most %d)", admitted, elapsed, most)
+	if admitted > most || admitted < 100 {
+		t.Fatalf("%d admitted in %v, want the bucket's 100 and at most %d", admitted, elapsed, most)
+	}
+}
+
+// TestRedisLeaseDroppedOnAdminChange: a reset through another instance
+// moves the admin epoch; at its next refresh the instance holding a lease
+// drops it, unreturned, and asks Redis again.
+func TestRedisLeaseDroppedOnAdminChange(t *testing.T) {
+	s := redistest.Standalone(t)
+	a, b := leaseStore(t, s, "admin:", 0), leaseStore(t, s, "admin:", 1)
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1}
+	for range 50 {
+		redisTake(t, a, time.Time{}, req)
+	}
+	if leasedUnits(a) == 0 {
+		t.Fatal("no lease after 50 requests for one key")
+	}
+	if err := b.ResetKey(context.Background(), "z", "k"); err != nil {
+		t.Fatal(err)
+	}
+	a.watcher().refresh()
+	if n := leasedUnits(a); n != 0 {
+		t.Fatalf("%d units still leased after a reset elsewhere", n)
+	}
+	before, _ := s.ScriptCalls()
+	d := redisTake(t, a, time.Time{}, req)[0]
+	after, _ := s.ScriptCalls()
+	if !d.Allowed || after != before+1 || counted(t, s, a, "z", "k") != 1 {
+		t.Fatalf("after the reset: %+v in %d calls, Redis counts %d; want Redis's own decision on a fresh key", d, after-before, counted(t, s, a, "z", "k"))
+	}
+}
+
+// TestRedisInstances: each instance announces itself when it rereads the
+// dials; N counts those that announced in the last 5 s and forgets the
+// others.
+func TestRedisInstances(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	w := r.watcher()
+	w.refresh()
+	if n := r.Instances(); n != 1 {
+		t.Fatalf("%d instances alone, want 1", n)
+	}
+	now, err := s.Do("TIME")
+	if err != nil {
+		t.Fatal(err)
+	}
+	secs, err := strconv.ParseInt(strings.Fields(now)[0], 10, 64)
+	if err != nil {
+		t.Fatalf("TIME answered %q", now)
+	}
+	ms := secs * 1000
+	key := r.instancesKey()
+	for id, at := range map[string]int64{"other-1": ms, "other-2": ms - 1000, "gone": ms - 60000} {
+		if _, err := s.Do("HSET", key, id, strconv.FormatInt(at, 10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.refresh()
+	if n := r.Instances(); n != 3 {
+		t.Fatalf("%d instances, want 3: this one and two announced lately", n)
+	}
+	if v, _ := s.Do("HEXISTS", key, "gone"); v != "0" {
+		t.Fatal("an instance gone a minute ago is still listed")
+	}
+}
+
+// TestRedisLocalFallback: the local fallback gives each instance its share
+// of a limit (floor(limit/N)), in the same algorithm, and forgets its
+// counts once Redis answers again.
+func TestRedisLocalFallback(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	fleetOf(t, s, 3, r)
+	local := r.Local()
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 31, Window: time.Hour}, Cost: 1}
+	takeLocal := func() algorithms.Decision {
+		d := make([]algorithms.Decision, 1)
+		if err := local.Take(context.Background(), []Request{req}, d); err != nil {
+			t.Fatal(err)
+		}
+		return d[0]
+	}
+	for i := range 10 {
+		if d := takeLocal(); !d.Allowed || d.Limit != 10 {
+			t.Fatalf("local request %d: %+v, want allowed against 10 (31/3)", i, d)
+		}
+	}
+	if d := takeLocal(); d.Allowed {
+		t.Fatal("the 11th local request allowed")
+	}
+	redisTake(t, r, time.Time{}, req) // Redis answers again
+	if d := takeLocal(); !d.Allowed {
+		t.Fatal("the local counts outlived Redis's answer")
+	}
+}
+
+// TestRedisLeaseReturnedOnShutdown: the leases a client holds go back
+// when the last config using it is cleaned up, so Redis counts exactly
+// the units spent.
+func TestRedisLeaseReturnedOnShutdown(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := leaseStore(t, s, "shutdown:", 0)
+	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1 << 20, Window: time.Hour}, Cost: 1}
+	for range 100 {
+		redisTake(t, r, time.Time{}, req)
+	}
+	if leasedUnits(r) == 0 {
+		t.Fatal("no lease held after 100 requests")
+	}
+	if err := r.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if c := counted(t, s, r, "z", "k"); c != 100 {
+		t.Fatalf("Redis counts %d after shutdown, want the 100 spent", c)
+	}
+}
+
+// TestRedisNoLeaseBesideConcurrency: a request that a concurrency zone
+// also counts asks Redis every time, and takes no lease for its other
+// zones, which it could never spend.
+func TestRedisNoLeaseBesideConcurrency(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := leaseStore(t, s, "conc:", 0)
+	reqs := func(holder uint64) []Request {
+		return []Request{
+			{Zone: "rate", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1},
+			{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 10, Window: time.Minute}, Cost: 1, Holder: holder},
+		}
+	}
+	before, _ := s.ScriptCalls()
+	for i := range 20 {
+		q := reqs(uint64(i))
+		redisTake(t, r, time.Time{}, q...)
+		if err := r.Release(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	takes, _ := s.ScriptCalls()
+	if leasedUnits(r) != 0 || counted(t, s, r, "rate", "k") != 20 || takes-before < 20 {
+		t.Fatalf("%d units leased, %d counted, %d script calls; want none leased and 20 counted in 20 takes", leasedUnits(r), counted(t, s, r, "rate", "k"), takes-before)
+	}
+}
