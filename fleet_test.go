@@ -2,11 +2,14 @@ package ratelimit_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,7 +30,7 @@ func TestRedisFleetExact(t *testing.T) {
 
 	t.Run("standalone", func(t *testing.T) {
 		s := redistest.Standalone(t)
-		fleet := urls(startFleet(t, 3, "address "+s.URL(), perClient(30), ""))
+		fleet := urls(startFleet(t, 3, fleetSpec{store: "address " + s.URL(), zone: perClient(30)}))
 		if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +52,7 @@ func TestRedisFleetExact(t *testing.T) {
 
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.NewCluster(t, 3)
-		fleet := urls(startFleet(t, 3, "address "+strings.Join(c.URLs(), " ")+"\ncluster", perClient(30), ""))
+		fleet := urls(startFleet(t, 3, fleetSpec{store: "address " + strings.Join(c.URLs(), " ") + "\ncluster", zone: perClient(30)}))
 		// One key on each node, all three bursts at once.
 		byNode := map[int]string{}
 		for i := 0; len(byNode) < len(c.Nodes); i++ {
@@ -76,7 +79,7 @@ func TestRedisFleetExact(t *testing.T) {
 
 	t.Run("sentinel", func(t *testing.T) {
 		s := redistest.NewSentinel(t, "fleet")
-		fleet := urls(startFleet(t, 3, "address "+s.Sentinel.URL()+"\nsentinel fleet", perClient(30), ""))
+		fleet := urls(startFleet(t, 3, fleetSpec{store: "address " + s.Sentinel.URL() + "\nsentinel fleet", zone: perClient(30)}))
 		exact(t, fleet, "one")
 		if n, err := s.Master.Do("HGET", "rl:{one}:fleet", "c"); err != nil || n != "30" {
 			t.Fatalf("master holds %q (%v), want 30", n, err)
@@ -94,7 +97,7 @@ func TestRedisConcurrencyFleet(t *testing.T) {
 	// whose nodes the test does not ask).
 	run := func(t *testing.T, store string, holders func(key string) string) {
 		g := newGate(t)
-		fleet := startFleet(t, 2, store, zone, g.url)
+		fleet := startFleet(t, 2, fleetSpec{store: store, zone: zone, upstream: g.url})
 		answers := sendAll(context.Background(), urls(fleet), "c1", 6)
 		g.waitArrivals(t, 2)
 		for range 4 {
@@ -114,7 +117,7 @@ func TestRedisConcurrencyFleet(t *testing.T) {
 		waitUsed(t, fleet[0].admin, "fleet", "c1", 0)
 
 		j := newJittery(t)
-		fleet = startFleet(t, 2, store, zone, j.url)
+		fleet = startFleet(t, 2, fleetSpec{store: store, zone: zone, upstream: j.url})
 		var whileHeld func()
 		if holders != nil {
 			whileHeld = func() {
@@ -151,7 +154,7 @@ func TestRedisConcurrencyFleet(t *testing.T) {
 func TestRedisGCRAFleetExact(t *testing.T) {
 	run := func(t *testing.T, store string) {
 		a := newApp(t)
-		fleet := startFleet(t, 3, store, perClient(30)+"\n\t\t\talgorithm gcra", a.url)
+		fleet := startFleet(t, 3, fleetSpec{store: store, zone: perClient(30) + "\n\t\t\talgorithm gcra", upstream: a.url})
 		codes := burst(urls(fleet), "one", 150)
 		if codes[200] != 30 || codes[429] != 120 {
 			t.Fatalf("answers by status %v, want exactly 30 × 200 and 120 × 429", codes)
@@ -179,7 +182,7 @@ func TestRedisFleetUsageShedder(t *testing.T) {
 	s := redistest.Standalone(t)
 	g := newGate(t)
 	zone := "\t\t\tmatch {\n\t\t\t\tnot path /critical*\n\t\t\t}\n\t\t\tkey fleet\n\t\t\talgorithm concurrency\n\t\t\tlimit 3\n\t\t\tstatus 503"
-	fleet := startFleet(t, 2, "address "+s.URL(), zone, g.url)
+	fleet := startFleet(t, 2, fleetSpec{store: "address " + s.URL(), zone: zone, upstream: g.url})
 
 	answers := sendAll(context.Background(), urls(fleet), "any", 8)
 	g.waitArrivals(t, 3)
@@ -218,7 +221,7 @@ func TestRedisFleetUsageShedder(t *testing.T) {
 // per-key override.
 func TestAdminAPIFleet(t *testing.T) {
 	s := redistest.Standalone(t)
-	fleet := startFleet(t, 2, "address "+s.URL(), perClient(2), "")
+	fleet := startFleet(t, 2, fleetSpec{store: "address " + s.URL(), zone: perClient(2)})
 	site, admin := fleet[0].url, fleet[1].admin // requests to one, changes through the other
 	get := func(key string) int { return getURL(t, site, key) }
 	// eventually sends requests until one is answered want; how long that
@@ -259,5 +262,363 @@ func TestAdminAPIFleet(t *testing.T) {
 	get("f")
 	if code := get("f"); code != http.StatusTooManyRequests {
 		t.Fatalf("the override of 4 holds: %d", code)
+	}
+}
+
+// fleetInstances reads N as an instance's admin API shows it for zone
+// fleet.
+func fleetInstances(t *testing.T, in instance) int {
+	t.Helper()
+	_, body := adminJSON(t, in.admin, http.MethodGet, "/rate_limit/zones", "")
+	var zones []struct {
+		Name      string
+		Instances int
+	}
+	if err := json.Unmarshal([]byte(body), &zones); err != nil {
+		t.Fatalf("GET /rate_limit/zones: %v: %s", err, body)
+	}
+	for _, z := range zones {
+		if z.Name == "fleet" {
+			return z.Instances
+		}
+	}
+	return 0
+}
+
+// waitForFleet waits until every instance counts all of them.
+func waitForFleet(t *testing.T, fleet []instance) {
+	t.Helper()
+	for _, in := range fleet {
+		waitFor(t, fmt.Sprintf("%s to count %d instances", in.admin, len(fleet)), func() bool { return fleetInstances(t, in) == len(fleet) })
+	}
+}
+
+// drain sends requests for key to the instances, from workers clients
+// on each, each until it has been refused misses times in a row (by then
+// its instance has no lease left for the key, and the store nothing), and
+// returns how many each instance admitted.
+func drain(t *testing.T, fleet []instance, key string, workers, misses int) []int64 {
+	t.Helper()
+	admitted := make([]int64, len(fleet))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i, in := range fleet {
+		for range workers {
+			wg.Go(func() {
+				hc := &http.Client{Timeout: 30 * time.Second}
+				defer hc.CloseIdleConnections()
+				for refused := 0; refused < misses; {
+					req, _ := http.NewRequest(http.MethodGet, in.url, nil)
+					req.Header.Set("X-Client", key)
+					resp, err := hc.Do(req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					switch resp.StatusCode {
+					case http.StatusOK:
+						mu.Lock()
+						admitted[i]++
+						mu.Unlock()
+						refused = 0
+					case http.StatusTooManyRequests:
+						refused++
+					default:
+						t.Errorf("%s: status %d", in.url, resp.StatusCode)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return admitted
+}
+
+func sum(ns []int64) int64 {
+	var total int64
+	for _, n := range ns {
+		total += n
+	}
+	return total
+}
+
+// TestRedisFleetLeases: three instances with lease on, on one Redis and on
+// a 3-master cluster. A key that every instance asks for beyond its limit
+// is admitted no more than its limit, and at least 98% of it; Redis counts
+// exactly what was admitted. A burst of 150 at once admits no more than
+// the limit either, and once the leases have gone back Redis counts what
+// was admitted. Every instance counts the fleet (N = 3).
+func TestRedisFleetLeases(t *testing.T) {
+	const limit = 300
+	run := func(t *testing.T, store string, counted func(key string) int64) {
+		fleet := startFleet(t, 3, fleetSpec{store: store + "\nlease on", zone: perClient(limit)})
+		waitForFleet(t, fleet)
+
+		admitted := drain(t, fleet, "hot", 4, 20)
+		total := sum(admitted)
+		t.Logf("admitted %v, %d of %d", admitted, total, limit)
+		if total > limit || total < limit*98/100 {
+			t.Fatalf("%d admitted, want at most %d and at least 98%% of it", total, limit)
+		}
+		if c := counted("hot"); c != total {
+			t.Fatalf("Redis counts %d, %d were admitted", c, total)
+		}
+
+		codes := burst(urls(fleet), "burst", 450)
+		t.Logf("a burst of 450 for a limit of %d: %v", limit, codes)
+		if codes[200] > limit || codes[200]+codes[429] != 450 {
+			t.Fatalf("a burst of 450: %v", codes)
+		}
+		waitFor(t, "the leases of the burst to go back", func() bool { return counted("burst") == int64(codes[200]) })
+
+		var taken, spent int
+		for _, in := range fleet {
+			if got := metricAt(t, in, `caddy_http_rate_limit_fleet_instances{store="redis"}`); got != "3" {
+				t.Errorf("%s: fleet_instances %q, want 3", in.admin, got)
+			}
+			taken += metricCountAt(t, in, `caddy_http_rate_limit_lease_units_total{outcome="taken",zone="fleet"}`)
+			spent += metricCountAt(t, in, `caddy_http_rate_limit_lease_units_total{outcome="spent",zone="fleet"}`)
+		}
+		t.Logf("lease units: %d taken, %d spent", taken, spent)
+		if spent == 0 || taken < spent {
+			t.Fatalf("lease units: %d taken, %d spent; want leases spent, none before taken", taken, spent)
+		}
+	}
+	t.Run("standalone", func(t *testing.T) {
+		s := redistest.Standalone(t)
+		run(t, "address "+s.URL(), func(key string) int64 { return hashCount(t, s, "rl:{"+key+"}:fleet") })
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.NewCluster(t, 3)
+		run(t, "address "+strings.Join(c.URLs(), " ")+"\ncluster", func(key string) int64 {
+			node, err := c.NodeFor(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return hashCount(t, c.Nodes[node], "rl:{"+key+"}:fleet")
+		})
+	})
+}
+
+// hashCount reads the c field of a counter hash on s.
+func hashCount(t *testing.T, s *redistest.Server, key string) int64 {
+	t.Helper()
+	v, err := s.Do("HGET", key, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.ParseInt(v, 10, 64)
+	return n
+}
+
+// metricAt reads one series from an instance's /metrics, "" if absent.
+func metricAt(t *testing.T, in instance, series string) string {
+	t.Helper()
+	_, body := adminDo(t, in.admin, http.MethodGet, "/metrics", "", "")
+	for line := range strings.Lines(body) {
+		if name, value, ok := strings.Cut(strings.TrimSpace(line), " "); ok && name == series {
+			return value
+		}
+	}
+	return ""
+}
+
+func metricCountAt(t *testing.T, in instance, series string) int {
+	t.Helper()
+	n := 0
+	fmt.Sscan(metricAt(t, in, series), &n)
+	return n
+}
+
+// TestRedisFleetHotKeyCalls: with lease on, a hot key is decided mostly
+// from leases: far fewer script calls than requests. (bench/load.sh
+// measures how few under load.)
+func TestRedisFleetHotKeyCalls(t *testing.T) {
+	s := redistest.Standalone(t)
+	fleet := startFleet(t, 3, fleetSpec{store: "address " + s.URL() + "\nlease on", zone: perClient(1_000_000)})
+	waitForFleet(t, fleet)
+	if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	const each = 500
+	var wg sync.WaitGroup
+	for _, in := range fleet {
+		wg.Go(func() {
+			for range each {
+				if got := getURL(t, in.url, "hot"); got != http.StatusOK {
+					t.Errorf("%s: %d", in.url, got)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	calls, err := s.ScriptCalls()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d requests of one key in %d script calls", 3*each, calls)
+	if calls*10 > 3*each {
+		t.Fatalf("%d script calls for %d requests of one key: leases decide too few", calls, 3*each)
+	}
+}
+
+// TestRedisFleetLocalFallback: three instances with on_store_error local.
+// While Redis is down (killed) or hangs (SIGSTOP), each instance admits
+// its share, floor(30/3) = 10, of a key's limit, with the same headers;
+// once Redis answers again the fleet's limit holds at once. Store errors
+// are logged with counts, not a line a request.
+func TestRedisFleetLocalFallback(t *testing.T) {
+	s := redistest.Standalone(t)
+	fleet := startFleet(t, 3, fleetSpec{store: "address " + s.URL() + "\ntimeout 250ms", options: "on_store_error local", zone: perClient(30)})
+	waitForFleet(t, fleet)
+
+	// shares checks that each instance admits exactly 10 for key, told
+	// the limit is 10, and logs how long the slowest request took.
+	shares := func(t *testing.T, key string) int {
+		t.Helper()
+		sent := 0
+		for _, in := range fleet {
+			var slowest time.Duration
+			for i := range 11 {
+				start := time.Now()
+				resp, _ := do(t, http.MethodGet, in.url, "X-Client: "+key)
+				slowest = max(slowest, time.Since(start))
+				sent++
+				want := http.StatusOK
+				if i == 10 {
+					want = http.StatusTooManyRequests
+				}
+				if resp.StatusCode != want || resp.Header.Get("X-RateLimit-Limit") != "10" {
+					t.Fatalf("%s, request %d for %s during the outage: %d, limit %q; want %d against this instance's 10",
+						in.url, i+1, key, resp.StatusCode, resp.Header.Get("X-RateLimit-Limit"), want)
+				}
+			}
+			t.Logf("%s: the slowest request during the outage took %v", in.url, slowest)
+		}
+		return sent
+	}
+	// fleetWide waits until each instance is told the fleet's limit of
+	// 30 again (Redis decides), and logs how long that took; then until
+	// every instance has announced itself again (a Redis that restarted
+	// forgot them), so that the next outage divides by 3 again.
+	fleetWide := func(t *testing.T, since time.Time) {
+		t.Helper()
+		for i, in := range fleet {
+			waitFor(t, in.url+" to ask Redis again", func() bool {
+				resp, _ := do(t, http.MethodGet, in.url, fmt.Sprintf("X-Client: probe-%d-%d", i, time.Now().UnixNano()))
+				return resp.StatusCode == http.StatusOK && resp.Header.Get("X-RateLimit-Limit") == "30"
+			})
+		}
+		t.Logf("fleet-wide decisions again %v after Redis came back", time.Since(since).Round(time.Millisecond))
+		waitForFleet(t, fleet)
+	}
+	// exact sends 40 requests for key, in turn to each instance: the
+	// fleet's 30 pass.
+	exact := func(t *testing.T, key string) {
+		t.Helper()
+		passed := 0
+		for i := range 40 {
+			if getURL(t, fleet[i%3].url, key) == http.StatusOK {
+				passed++
+			}
+		}
+		if passed != 30 {
+			t.Fatalf("after Redis came back, %d of 40 requests for %s passed, want the fleet's 30", passed, key)
+		}
+	}
+
+	sent := 0
+	t.Run("killed", func(t *testing.T) {
+		s.Kill()
+		sent += shares(t, "k1")
+		if err := s.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		fleetWide(t, time.Now())
+		exact(t, "k2")
+	})
+	t.Run("paused", func(t *testing.T) {
+		if err := s.Pause(); err != nil {
+			t.Fatal(err)
+		}
+		sent += shares(t, "k3")
+		if err := s.Resume(); err != nil {
+			t.Fatal(err)
+		}
+		fleetWide(t, time.Now())
+		exact(t, "k4")
+	})
+	lines := 0
+	for _, in := range fleet {
+		lines += len(logLines(in.log, "rate limit store error"))
+	}
+	t.Logf("%d store error lines for %d requests during the outages", lines, sent)
+	if lines == 0 || lines >= sent {
+		t.Fatalf("%d store error lines for %d requests: want the errors logged, with counts, not a line a request", lines, sent)
+	}
+}
+
+// TestRedisFleetInstanceDiesHoldingLease: an instance killed while it
+// holds a lease takes its unspent units with it: they stay counted in
+// Redis, so the fleet admits that many fewer in the window, and never
+// more than the limit. The loss is at most one lease: a 2N-th of what was
+// left when it was taken, plus the requests the dying instance had
+// spent units on but never answered.
+func TestRedisFleetInstanceDiesHoldingLease(t *testing.T) {
+	const limit, workers = 600, 4
+	s := redistest.Standalone(t)
+	fleet := startFleet(t, 3, fleetSpec{store: "address " + s.URL() + "\nlease on", zone: perClient(limit)})
+	waitForFleet(t, fleet)
+
+	// The first instance serves the key until it has admitted 100, and
+	// is killed under load.
+	var dying atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			hc := &http.Client{Timeout: 30 * time.Second}
+			defer hc.CloseIdleConnections()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest(http.MethodGet, fleet[0].url, nil)
+				req.Header.Set("X-Client", "k")
+				resp, err := hc.Do(req)
+				if err != nil {
+					return // killed
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					dying.Add(1)
+				}
+			}
+		})
+	}
+	waitFor(t, "the first instance to admit 100", func() bool { return dying.Load() >= 100 })
+	if err := fleet[0].proc.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	wg.Wait()
+
+	rest := drain(t, fleet[1:], "k", workers, 20)
+	admitted := dying.Load() + sum(rest)
+	c := hashCount(t, s, "rl:{k}:fleet")
+	lost := c - admitted
+	t.Logf("admitted %d (%d by the instance killed, %v by the others); Redis counts %d: %d lost with the instance", admitted, dying.Load(), rest, c, lost)
+	if admitted > limit || c != limit {
+		t.Fatalf("admitted %d, Redis counts %d; want at most %d admitted, and the window full", admitted, c, limit)
+	}
+	if most := int64(limit/(2*3) + workers); lost < 0 || lost > most {
+		t.Fatalf("%d units lost with the instance, want at most a lease (a sixth of %d) and its %d requests in flight", lost, limit, workers)
 	}
 }

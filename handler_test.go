@@ -38,6 +38,9 @@ func provisionHandler(tb testing.TB, config string) *Handler {
 	if err := h.Validate(); err != nil {
 		tb.Fatal(err)
 	}
+	// Out of the admin API's view of the running zones, which the
+	// integration tests in this binary read.
+	tb.Cleanup(func() { _ = h.Cleanup() })
 	// Caddy logs at INFO by default; the context's bare logger would log
 	// every rejection at DEBUG.
 	h.logger = zap.NewNop()
@@ -217,8 +220,9 @@ func TestHandlerAllOrNothing(t *testing.T) {
 
 // TestHandlerStoreFailure points a Redis store at a closed port: with
 // on_store_error allow the request passes without limit headers, with deny
-// it gets 503 and Retry-After, and a request whose client has gone is 499
-// either way.
+// it gets 503 and Retry-After, with local it is decided in this
+// instance's memory (alone, N = 1: the whole limit), and a request whose
+// client has gone is 499 either way.
 func TestHandlerStoreFailure(t *testing.T) {
 	zone := `"zones":[{"name":"unit_store","limit":5,"window":"1m"}]`
 	store := `"store":{"backend":"redis","addresses":["redis://127.0.0.1:1"],"timeout":"1s"}`
@@ -231,6 +235,7 @@ func TestHandlerStoreFailure(t *testing.T) {
 	}{
 		{"allow", 200, true, "", ""},
 		{"deny", 503, false, "1", ""},
+		{"local", 200, true, "", "5"},
 	} {
 		t.Run(c.mode, func(t *testing.T) {
 			h := provisionHandler(t, `{`+store+`,"on_store_error":"`+c.mode+`",`+zone+`}`)
@@ -238,6 +243,14 @@ func TestHandlerStoreFailure(t *testing.T) {
 			if got.status != c.status || got.reached != c.passes || got.header.Get("Retry-After") != c.retryAfter || got.header.Get("X-RateLimit-Limit") != c.limitHeader {
 				t.Fatalf("status %d, next ran %v, Retry-After %q, X-RateLimit-Limit %q; want %d, %v, %q, %q",
 					got.status, got.reached, got.header.Get("Retry-After"), got.header.Get("X-RateLimit-Limit"), c.status, c.passes, c.retryAfter, c.limitHeader)
+			}
+			if c.mode == "local" {
+				// The local counts hold the limit, until Redis answers.
+				for i, want := range []int{200, 200, 200, 200, 429} {
+					if got := serve(t, h, context.Background(), http.MethodGet, "192.0.2.1"); got.status != want {
+						t.Fatalf("local request %d: %d, want %d", i+2, got.status, want)
+					}
+				}
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()

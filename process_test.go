@@ -83,9 +83,9 @@ func processGlobals(t *testing.T, admin, site int) string {
 }
 
 // startProcess runs the built Caddy with caddyfile and waits until it
-// answers readyURL. The process is killed when t ends; its output is
-// logged if t failed.
-func startProcess(t *testing.T, caddyfile, readyURL string) {
+// answers readyURL. The process is killed when t ends, if it still runs;
+// its output is logged if t failed.
+func startProcess(t *testing.T, caddyfile, readyURL string) *exec.Cmd {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "Caddyfile")
 	if err := os.WriteFile(path, []byte(caddyfile), 0o644); err != nil {
@@ -121,50 +121,72 @@ func startProcess(t *testing.T, caddyfile, readyURL string) {
 		}
 		return err == nil
 	})
+	return cmd
 }
 
 // instance is one Caddy process of a fleet.
 type instance struct {
 	url   string // the zone's site: http://127.0.0.1:<port>/work
 	admin string // the admin endpoint: http://127.0.0.1:<port>
+	log   string // its log file, JSON at INFO
+	proc  *exec.Cmd
 }
 
-// startFleet starts n Caddy processes sharing the Redis store configured
-// by store (the store block's body), each limiting /work by zone (a zone
-// block's body, for a zone named "fleet") in front of upstream (host:port,
-// or "" to answer "ok" itself), and answering /ready itself. A store error
-// answers 503, so that no failure passes for an allowed request, and the
-// timeout is generous, so that a loaded 2-core machine causes none. The
-// processes are killed when t ends.
-func startFleet(t *testing.T, n int, store, zone, upstream string) []instance {
+// fleetSpec is what the instances of a fleet run: a rate_limit handler on
+// /work with a Redis store and a zone named fleet.
+type fleetSpec struct {
+	// store is the store redis block's body; a generous timeout is
+	// added, so that a loaded 2-core machine causes no store error.
+	store string
+	// options are the handler's other lines; default on_store_error
+	// deny, so that no store error passes for an allowed request.
+	options string
+	// zone is the zone block's body.
+	zone string
+	// upstream is the app (host:port), or "" for Caddy to answer "ok".
+	upstream string
+}
+
+// startFleet starts n Caddy processes as spec says, each answering /ready
+// itself. The processes are killed when t ends.
+func startFleet(t *testing.T, n int, spec fleetSpec) []instance {
 	t.Helper()
 	serve := "respond \"ok\""
-	if upstream != "" {
-		serve = "reverse_proxy " + upstream
+	if spec.upstream != "" {
+		serve = "reverse_proxy " + spec.upstream
+	}
+	if spec.options == "" {
+		spec.options = "on_store_error deny"
+	}
+	if !strings.Contains(spec.store, "timeout") {
+		spec.store += "\ntimeout 5s"
 	}
 	var fleet []instance
 	for range n {
 		site, admin := freeLoopbackPort(t), freeLoopbackPort(t)
-		startProcess(t, processGlobals(t, admin, site)+fmt.Sprintf(`http://127.0.0.1:%d {
+		logFile := filepath.Join(t.TempDir(), "caddy.log")
+		globals := strings.Replace(processGlobals(t, admin, site), "}\n", "\tlog {\n\t\toutput file "+logFile+"\n\t\tformat json\n\t}\n}\n", 1)
+		proc := startProcess(t, globals+fmt.Sprintf(`http://127.0.0.1:%d {
 	handle /ready {
 		respond "ok"
 	}
 	rate_limit {
 		store redis {
 %s
-			timeout 5s
 		}
-		on_store_error deny
+		%s
 		zone fleet {
 %s
 		}
 	}
 	%s
 }
-`, site, store, zone, serve), fmt.Sprintf("http://127.0.0.1:%d/ready", site))
+`, site, spec.store, spec.options, spec.zone, serve), fmt.Sprintf("http://127.0.0.1:%d/ready", site))
 		fleet = append(fleet, instance{
 			url:   fmt.Sprintf("http://127.0.0.1:%d/work", site),
 			admin: fmt.Sprintf("http://127.0.0.1:%d", admin),
+			log:   logFile,
+			proc:  proc,
 		})
 	}
 	return fleet

@@ -58,7 +58,7 @@ func TestRedisStoreConfig(t *testing.T) {
 			t.Fatalf("request %d: %d, want %d", i, code, want)
 		}
 	}
-	keys, err := s.DoIn(2, "KEYS", "rl:*")
+	keys, err := s.DoIn(2, "KEYS", "rl:{*")
 	if err != nil || keys != "rl:{env}:per_client" {
 		t.Fatalf("keys in database 2: %q %v", keys, err)
 	}

@@ -551,7 +551,7 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "lease":
 			var v string
 			if !d.AllArgs(&v) {
-				return d.ArgErr()
+				return fail(errors.New("want on or off, after lease"))
 			}
 			switch v {
 			case "on", "off":
