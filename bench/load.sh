@@ -24,8 +24,11 @@
 #   memory_shed_idle  memory_allowed with a `shed` block that never sheds
 #                     (what an idle load shedder costs; compare the two)
 #   peer_allowed      mholt/caddy-ratelimit, the same zone, every request
-#                     allowed (built like this Caddy; skipped, with a
-#                     message, when the module proxy does not serve it)
+#                     allowed (built like this Caddy, from the module proxy
+#                     or from PEER_SOURCE, a tarball of its source; skipped,
+#                     with a message, when neither is there)
+#   peer_many_keys    mholt/caddy-ratelimit, 100,000 distinct keys, all
+#                     allowed (events 100: its ring buffer is events long)
 #   memory_gcra       memory_allowed with algorithm gcra
 #   memory_concurrency  memory_allowed with algorithm concurrency (each
 #                     request takes a unit and gives it back)
@@ -33,6 +36,10 @@
 #   memory_many_keys  rate_limit, memory store, 100,000 distinct keys
 #                     (X-Key header drawn at random by wrk), all allowed
 #   redis_allowed     rate_limit, Redis store, one key, every request allowed
+#   redis_lease_allowed  redis_allowed with lease on
+#   redis_many_keys   rate_limit, Redis store, 10,000 distinct keys drawn at
+#                     random, all allowed
+#   redis_many_keys_lease  redis_many_keys with lease on
 #   redis_rejected    rate_limit, Redis store, every request answered 429
 #   CASE@REV          CASE on this Caddy as built at git revision REV
 #
@@ -51,12 +58,16 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10s}
 THREADS=${THREADS:-1}
 CONNECTIONS=${CONNECTIONS:-32}
-CASES=${CASES:-"plain floor memory_allowed memory_shed_idle memory_gcra memory_concurrency peer_allowed memory_rejected memory_many_keys redis_allowed redis_rejected"}
+CASES=${CASES:-"plain floor memory_allowed memory_shed_idle memory_gcra memory_concurrency peer_allowed memory_rejected memory_many_keys peer_many_keys redis_allowed redis_lease_allowed redis_many_keys redis_many_keys_lease redis_rejected"}
+# The other plugin's source, for when the module proxy does not serve it.
+PEER_SOURCE=${PEER_SOURCE:-../shared/peers/mholt-caddy-ratelimit.tar.gz}
 BYTES=${BYTES:-1}
 source bench/common.sh
 
-# The peer: the same Caddy with mholt/caddy-ratelimit instead of this module.
-if [[ " $CASES " == *" peer_allowed "* ]]; then
+# The peer: the same Caddy with mholt/caddy-ratelimit instead of this module,
+# from the module proxy, or else from PEER_SOURCE, unpacked outside this
+# tree (nothing of it is copied into the project).
+if [[ " $CASES " == *" peer_"* ]]; then
 	peer="$OUT/peer-src"
 	mkdir -p "$peer"
 	caddy_version=$(go list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2)
@@ -72,11 +83,20 @@ import (
 
 func main() { caddycmd.Main() }
 GO
-	if ! (cd "$peer" && { [[ -f go.mod ]] || go mod init peer >/dev/null 2>&1; } &&
-		go get "github.com/caddyserver/caddy/v2@$caddy_version" github.com/mholt/caddy-ratelimit@latest >"$OUT/peer-build.log" 2>&1 &&
-		go build -o "$OUT/caddy-peer" . >>"$OUT/peer-build.log" 2>&1); then
-		echo "peer_allowed: github.com/mholt/caddy-ratelimit cannot be built here (see $OUT/peer-build.log); skipped" >&2
+	(cd "$peer" && { [[ -f go.mod ]] || go mod init peer >/dev/null 2>&1; })
+	if ! (cd "$peer" && go get "github.com/caddyserver/caddy/v2@$caddy_version" github.com/mholt/caddy-ratelimit@latest) >"$OUT/peer-build.log" 2>&1; then
+		if [[ -f $PEER_SOURCE ]]; then
+			echo "peer: the module proxy does not serve github.com/mholt/caddy-ratelimit; building it from $PEER_SOURCE" >&2
+			rm -rf "$OUT/peer-module" && mkdir -p "$OUT/peer-module"
+			tar xzf "$PEER_SOURCE" -C "$OUT/peer-module"
+			(cd "$peer" && go mod edit -replace "github.com/mholt/caddy-ratelimit=$OUT/peer-module/caddy-ratelimit" &&
+				go get "github.com/caddyserver/caddy/v2@$caddy_version" github.com/mholt/caddy-ratelimit@v0.0.0 && go mod tidy) >>"$OUT/peer-build.log" 2>&1
+		fi
+	fi
+	if ! (cd "$peer" && go build -o "$OUT/caddy-peer" .) >>"$OUT/peer-build.log" 2>&1; then
+		echo "peer: github.com/mholt/caddy-ratelimit cannot be built here (see $OUT/peer-build.log); its cases are skipped" >&2
 		CASES=${CASES//peer_allowed/}
+		CASES=${CASES//peer_many_keys/}
 	fi
 fi
 
@@ -91,9 +111,12 @@ caddyfile() {
 	case $1 in
 	*_rejected) limit=1 window=24h ;;
 	esac
+	local lease=""
+	[[ $1 == *_lease* ]] && lease="lease on"
 	case $1 in
 	redis_*) store="store redis {
 			address redis://127.0.0.1:$REDIS_PORT/0
+			$lease
 		}" ;;
 	esac
 	local period="window $window" algorithm=""
@@ -102,9 +125,9 @@ caddyfile() {
 	memory_concurrency) algorithm="algorithm concurrency" period="" ;;
 	esac
 	local key="{client_ip}"
-	[[ $1 == memory_many_keys || $1 == bytes ]] && key="{header.X-Key}"
+	[[ $1 == *_many_keys* || $1 == bytes ]] && key="{header.X-Key}"
 	local order=""
-	[[ $1 == peer_allowed ]] && order="order rate_limit before basic_auth"
+	[[ $1 == peer_* ]] && order="order rate_limit before basic_auth"
 	local headers=""
 	[[ $1 == memory_headers_off ]] && headers="headers off"
 	local shed=""
@@ -125,12 +148,16 @@ CADDY
 	case $1 in
 	plain) ;;
 	floor) echo "	vars bench 1" ;;
-	peer_allowed)
+	peer_*)
+		# Its zone keeps a ring buffer of events timestamps per key:
+		# a million for the one key, a hundred for each of many.
+		local events=1000000 peer_key="{remote_host}"
+		[[ $1 == peer_many_keys ]] && events=100 peer_key="{header.X-Key}"
 		cat <<CADDY
 	rate_limit {
 		zone bench_peer {
-			key {remote_host}
-			events $limit
+			key $peer_key
+			events $events
 			window $window
 		}
 	}
@@ -168,7 +195,7 @@ run() {
 	port=$(free_port)
 	bin="$OUT/caddy-rl"
 	[[ $kase == plain || $kase == floor ]] && bin="$OUT/caddy-plain"
-	[[ $kase == peer_allowed ]] && bin="$OUT/caddy-peer"
+	[[ $kase == peer_* ]] && bin="$OUT/caddy-peer"
 	[[ $name == *@* ]] && bin="$OUT/caddy-at-${file#*@}"
 	caddyfile "$kase" "$port" >"$OUT/$file.Caddyfile"
 	"$bin" run --adapter caddyfile --config "$OUT/$file.Caddyfile" >"$OUT/$file.log" 2>&1 &
@@ -186,7 +213,8 @@ run() {
 		return 1
 	fi
 	local script=()
-	[[ $kase == memory_many_keys ]] && script=(-s "$OUT/many_keys.lua")
+	[[ $kase == memory_many_keys || $kase == peer_many_keys ]] && script=(-s "$OUT/many_keys.lua")
+	[[ $kase == redis_many_keys* ]] && script=(-s "$OUT/redis_keys.lua")
 	local redis_pid=""
 	[[ $kase == redis_* ]] && redis_pid=$REDIS_PID
 	local cpu0 rcpu0=0 cpu1 rcpu1=0 calls0=0 calls1=0
@@ -235,13 +263,18 @@ for c in $CASES; do
 	git worktree remove --force "$tree"
 done
 
-# 100,000 distinct keys, drawn at random for each request.
-cat >"$OUT/many_keys.lua" <<'LUA'
+# 100,000 distinct keys (10,000 for Redis), drawn at random for each
+# request.
+for keys in 100000 10000; do
+	file="$OUT/many_keys.lua"
+	[[ $keys == 10000 ]] && file="$OUT/redis_keys.lua"
+	cat >"$file" <<LUA
 math.randomseed(os.time())
 request = function()
-	return wrk.format("GET", "/", {["X-Key"] = "key-" .. math.random(100000)})
+	return wrk.format("GET", "/", {["X-Key"] = "key-" .. math.random($keys)})
 end
 LUA
+done
 
 # Each round starts one case later than the one before, so that no case
 # always runs first or always follows the same one: on a shared VM, where a
@@ -270,7 +303,7 @@ fi
 # Throughput on a shared VM moves with its neighbours; the CPU Caddy spends
 # per request moves much less, so both are shown: the second ratio is plain
 # Caddy's CPU per request over the case's (above 1 is cheaper than plain).
-printf '\n%-18s %12s %9s %12s %9s %12s %9s   %s\n' case "median req/s" "vs plain" "Caddy µs/req" "vs plain" "Redis µs/req" "req/call" "runs (req/s)"
+printf '\n%-22s %12s %9s %12s %9s %12s %9s   %s\n' case "median req/s" "vs plain" "Caddy µs/req" "vs plain" "Redis µs/req" "req/call" "runs (req/s)"
 for c in $CASES; do
 	m=$(echo "${RESULTS[$c]}" | median)
 	cpu=$(echo "${CPU[$c]}" | median)
@@ -284,7 +317,7 @@ for c in $CASES; do
 	[[ ${c%@*} == redis_* ]] || rcpu="-"
 	# No calls at all: not a Redis case, or one the deny cache answered.
 	[[ $percall == 0 || $percall == 0.0* ]] && percall="-"
-	printf '%-18s %12s %9s %12s %9s %12s %9s   %s\n' "$c" "$m" "$ratio" "$cpu" "$cpu_ratio" "$rcpu" "$percall" "${RESULTS[$c]}"
+	printf '%-22s %12s %9s %12s %9s %12s %9s   %s\n' "$c" "$m" "$ratio" "$cpu" "$cpu_ratio" "$rcpu" "$percall" "${RESULTS[$c]}"
 done
 if [[ -n ${RESULTS[memory_allowed]:-} && -n ${RESULTS[memory_shed_idle]:-} ]]; then
 	printf '\nidle shed block: memory_shed_idle / memory_allowed = %s\n' \

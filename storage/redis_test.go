@@ -1128,6 +1128,12 @@ func BenchmarkRedisTakeParallel(b *testing.B) {
 		d[0].Allowed = t.err == nil && t.vals[3] == 1
 		return t.err
 	}
+	// leased decides through a store with lease on (a client of its own,
+	// by its timeout): a key in demand is mostly decided from leases.
+	rl := newRedisStore(b, &Redis{Timeout: caddy.Duration(time.Second + time.Millisecond), Lease: true}, s.URL())
+	leased := func(q Request, d []algorithms.Decision) error {
+		return rl.Take(context.Background(), []Request{q}, d)
+	}
 	for _, c := range []struct {
 		name string
 		keys int
@@ -1137,6 +1143,8 @@ func BenchmarkRedisTakeParallel(b *testing.B) {
 		{"many keys", 1024, viaStore},
 		{"one key alone", 1, alone},
 		{"many keys alone", 1024, alone},
+		{"one key leased", 1, leased},
+		{"many keys leased", 1024, leased},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			keys := make([]string, c.keys)
