@@ -122,6 +122,14 @@ func (l *lease) usable(now time.Time) bool {
 type leaseTable struct {
 	mu sync.Mutex
 	m  map[string]*lease
+	// back are units to give back that a new lease of their key replaced.
+	back []heldUnits
+}
+
+// heldUnits are a lease's units to give back, with its counter key.
+type heldUnits struct {
+	key string
+	*lease
 }
 
 // spend pays for every request of reqs from its lease, all or none, and
@@ -218,10 +226,17 @@ func (t *leaseTable) granted(keys []string, reqs []Request, a *leaseAnswer, deci
 		if !d.Allowed || g == 0 {
 			continue
 		}
-		if !l.usable(now) || l.rate != q.Rate || l.alg != q.Algorithm {
-			l.units, l.spent = 0, 0
-		}
+		// Units still held are kept if they may be spent as part of the new
+		// lease: a windowed lease's, in the same window. Others go back: a
+		// gcra unit counted before this request must not be spent as late
+		// as the new lease's.
 		held := l.units
+		if held > 0 && (!l.usable(now) || l.rate != q.Rate || l.alg != q.Algorithm ||
+			q.Algorithm == algorithms.GCRA || l.window != counts[i].Window) {
+			back := *l
+			t.back = append(t.back, heldUnits{keys[i], &back})
+			held = 0
+		}
 		l.rate, l.alg, l.limit, l.lastUsed = q.Rate, q.Algorithm, d.Limit, now
 		l.units, l.spent = held+g, 0
 		l.remaining = d.Remaining + held
@@ -247,18 +262,19 @@ func (t *leaseTable) granted(keys []string, reqs []Request, a *leaseAnswer, deci
 	}
 }
 
-// due takes out of the table the units to give back at now, by counter
-// key: those of leases unused for leaseIdle, or that can no longer be
-// spent. It forgets the demand of keys long unused.
-func (t *leaseTable) due(now time.Time) map[string]*lease {
+// due takes out of the table the units to give back at now: those of
+// leases unused for leaseIdle, or that can no longer be spent, and those
+// a new lease replaced. It forgets the demand of keys long unused.
+func (t *leaseTable) due(now time.Time) []heldUnits {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make(map[string]*lease)
+	out := t.back
+	t.back = nil
 	for k, l := range t.m {
 		idle := now.Sub(l.lastUsed) >= leaseIdle
 		if l.units > 0 && (idle || !l.usable(now)) {
 			back := *l
-			out[k] = &back
+			out = append(out, heldUnits{k, &back})
 			if idle {
 				l.want = max(1, l.want/2)
 			}
@@ -279,34 +295,32 @@ func (t *leaseTable) drop() {
 	clear(t.m)
 }
 
-// all takes out every lease that holds units, by counter key, for giving
-// them back on shutdown.
-func (t *leaseTable) all() map[string]*lease {
+// all takes out every unit held, for giving them back on shutdown.
+func (t *leaseTable) all() []heldUnits {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make(map[string]*lease)
+	out := t.back
+	t.back = nil
 	for k, l := range t.m {
 		if l.units > 0 {
 			back := *l
-			out[k] = &back
+			out = append(out, heldUnits{k, &back})
 			l.units = 0
 		}
 	}
 	return out
 }
 
-// returnLeases gives back the unspent units of leases, keyed as the
-// table keys them, in one refund call per cluster slot (one in all on a
-// single server).
-func (c *redisClient) returnLeases(ctx context.Context, keyed map[string]*lease) {
-	if len(keyed) == 0 {
+// returnLeases gives back the unspent units of leases, in one refund call
+// per cluster slot (one in all on a single server).
+func (c *redisClient) returnLeases(ctx context.Context, held []heldUnits) {
+	if len(held) == 0 {
 		return
 	}
-	keys := make([]string, 0, len(keyed))
-	for k := range keyed {
-		keys = append(keys, k)
+	keys := make([]string, len(held))
+	for i, h := range held {
+		keys[i] = h.key
 	}
-	slices.Sort(keys)
 	groups := tagGroups(keys)
 	if !c.cluster {
 		groups = [][]int{slices.Concat(groups...)}
@@ -315,9 +329,8 @@ func (c *redisClient) returnLeases(ctx context.Context, keyed map[string]*lease)
 		gKeys := make([]string, 0, len(g))
 		args := make([]any, 0, 5*len(g))
 		for _, i := range g {
-			l := keyed[keys[i]]
 			gKeys = append(gKeys, keys[i])
-			args = append(args, leaseRefundArgs(l)...)
+			args = append(args, leaseRefundArgs(held[i].lease)...)
 		}
 		if err := refundScript.Run(ctx, c.rdb, gKeys, args...).Err(); err != nil {
 			// The units stay counted until their window ends: never
@@ -326,8 +339,7 @@ func (c *redisClient) returnLeases(ctx context.Context, keyed map[string]*lease)
 			continue
 		}
 		for _, i := range g {
-			l := keyed[keys[i]]
-			l.series.add(leaseReturned, l.units)
+			held[i].series.add(leaseReturned, held[i].units)
 		}
 	}
 }
@@ -358,7 +370,7 @@ func (c *redisClient) startLeases() {
 func (c *redisClient) sweepLeases() {
 	ticker := time.NewTicker(leaseSweep)
 	defer ticker.Stop()
-	giveBack := func(leases map[string]*lease) {
+	giveBack := func(leases []heldUnits) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		c.returnLeases(ctx, leases)
