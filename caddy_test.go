@@ -129,10 +129,12 @@ func adminDo(t *testing.T, base, method, path, contentType, body string) (int, s
 	if body != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A new connection each time: a load restarts the admin endpoint,
+	// and closes the connections it had.
+	resp := send(t, func() (*http.Response, error) {
+		req.Body = io.NopCloser(strings.NewReader(body))
+		return client.Do(req)
+	})
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)

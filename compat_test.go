@@ -65,6 +65,7 @@ func TestSweepIntervalReachesTheStore(t *testing.T) {
 	if err := asking.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
+	defer asking.Cleanup()
 	mem := asking.store.(*storage.Memory)
 	if got := mem.SweepInterval(); got != 50*time.Millisecond {
 		t.Fatalf("interval in force %s, want the config's 50ms", got)

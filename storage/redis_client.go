@@ -54,6 +54,9 @@ type redisClient struct {
 }
 
 func newRedisClient(opts *redis.UniversalOptions, logger *zap.Logger) *redisClient {
+	if logger == nil {
+		logger = zap.NewNop()
+	}
 	c := &redisClient{rdb: redis.NewUniversalClient(opts), batchers: make([]batcher, 1), closed: make(chan struct{}),
 		cluster: opts.IsClusterMode, logger: logger, now: time.Now}
 	if opts.IsClusterMode {

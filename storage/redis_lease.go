@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"time"
 
@@ -321,27 +320,19 @@ func (c *redisClient) returnLeases(ctx context.Context, held []heldUnits) {
 	for i, h := range held {
 		keys[i] = h.key
 	}
-	groups := tagGroups(keys)
-	if !c.cluster {
-		groups = [][]int{slices.Concat(groups...)}
-	}
-	for _, g := range groups {
-		gKeys := make([]string, 0, len(g))
-		args := make([]any, 0, 5*len(g))
-		for _, i := range g {
-			gKeys = append(gKeys, keys[i])
-			args = append(args, leaseRefundArgs(held[i].lease)...)
-		}
-		if err := refundScript.Run(ctx, c.rdb, gKeys, args...).Err(); err != nil {
-			// The units stay counted until their window ends: never
-			// more permissive.
-			c.logger.Warn("giving back leased rate limit units", zap.Int("keys", len(gKeys)), zap.Error(err))
-			continue
-		}
-		for _, i := range g {
-			held[i].series.add(leaseReturned, held[i].units)
-		}
-	}
+	refundCalls(ctx, c.rdb, c.cluster, keys, func(i int) []any { return leaseRefundArgs(held[i].lease) },
+		func(g []int, err error) bool {
+			if err != nil {
+				// The units stay counted until their window ends: never
+				// more permissive.
+				c.logger.Warn("giving back leased rate limit units", zap.Int("keys", len(g)), zap.Error(err))
+				return true
+			}
+			for _, i := range g {
+				held[i].series.add(leaseReturned, held[i].units)
+			}
+			return true
+		})
 }
 
 // leaseRefundArgs are the refund script's arguments that give back l's

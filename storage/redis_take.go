@@ -368,9 +368,28 @@ func (r *Redis) Release(ctx context.Context, reqs []Request) error {
 	defer r.end(own)
 	tctx, cancel := context.WithTimeout(ctx, time.Duration(r.Timeout))
 	defer cancel()
+	var failed error
+	refundCalls(tctx, c.rdb, r.Cluster, keys, func(i int) []any { return refundArgs(held[i], algorithms.Decision{}, 0) },
+		func(g []int, err error) bool {
+			if err != nil {
+				failed = fmt.Errorf("redis: releasing zone %q: %w", held[g[0]].Zone, err)
+			}
+			return err == nil
+		})
+	if failed != nil {
+		return failed
+	}
+	c.released.signal()
+	return nil
+}
+
+// refundCalls runs the refund script over keys, argsOf(i) being key i's
+// five arguments: one call per cluster slot, or one in all on a single
+// server. After each call, done gets the indexes of its keys and its
+// error, and says whether to go on.
+func refundCalls(ctx context.Context, rdb redis.UniversalClient, cluster bool, keys []string, argsOf func(i int) []any, done func(g []int, err error) bool) {
 	groups := tagGroups(keys)
-	if !r.Cluster {
-		// One server takes every key in one call.
+	if !cluster {
 		groups = [][]int{slices.Concat(groups...)}
 	}
 	for _, g := range groups {
@@ -378,14 +397,12 @@ func (r *Redis) Release(ctx context.Context, reqs []Request) error {
 		args := make([]any, 0, 5*len(g))
 		for _, i := range g {
 			gKeys = append(gKeys, keys[i])
-			args = append(args, refundArgs(held[i], algorithms.Decision{}, 0)...)
+			args = append(args, argsOf(i)...)
 		}
-		if err := refundScript.Run(tctx, c.rdb, gKeys, args...).Err(); err != nil {
-			return fmt.Errorf("redis: releasing zone %q: %w", held[g[0]].Zone, err)
+		if !done(g, refundScript.Run(ctx, rdb, gKeys, args...).Err()) {
+			return
 		}
 	}
-	c.released.signal()
-	return nil
 }
 
 // Released implements Store: closed at the next release by this
