@@ -467,13 +467,54 @@ func TestRedisFleetHotKeyCalls(t *testing.T) {
 }
 
 // TestRedisFleetLocalFallback: three instances with on_store_error local.
-// While Redis is down (killed) or hangs (SIGSTOP), each instance admits
-// its share, floor(30/3) = 10, of a key's limit, with the same headers;
-// once Redis answers again the fleet's limit holds at once. Store errors
-// are logged with counts, not a line a request.
+// While Redis is down (killed) or hangs (SIGSTOP), on one server and on a
+// 3-master cluster, each instance admits its share, floor(30/3) = 10, of a
+// key's limit, with the same headers; once Redis answers again the
+// fleet's limit holds at once. Store errors are logged with counts, not a
+// line a request.
 func TestRedisFleetLocalFallback(t *testing.T) {
-	s := redistest.Standalone(t)
-	fleet := startFleet(t, 3, fleetSpec{store: "address " + s.URL() + "\ntimeout 250ms", options: "on_store_error local", zone: perClient(30)})
+	t.Run("standalone", func(t *testing.T) {
+		s := redistest.Standalone(t)
+		testLocalFallback(t, "address "+s.URL(), []outage{
+			{"killed", s.Kill, s.Restart},
+			{"paused", func() { must(t, s.Pause()) }, s.Resume},
+		})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.NewCluster(t, 3)
+		pause := func() {
+			for _, n := range c.Nodes {
+				must(t, n.Pause())
+			}
+		}
+		resume := func() error {
+			for _, n := range c.Nodes {
+				if err := n.Resume(); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		testLocalFallback(t, "address "+strings.Join(c.URLs(), " ")+"\ncluster", []outage{{"paused", pause, resume}})
+	})
+}
+
+// An outage is how a test takes Redis away (start) and brings it back.
+type outage struct {
+	name  string
+	start func()
+	end   func() error
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testLocalFallback(t *testing.T, store string, outages []outage) {
+	fleet := startFleet(t, 3, fleetSpec{store: store + "\ntimeout 250ms", options: "on_store_error local", zone: perClient(30)})
 	waitForFleet(t, fleet)
 
 	// shares checks that each instance admits exactly 10 for key, told
@@ -532,26 +573,17 @@ func TestRedisFleetLocalFallback(t *testing.T) {
 	}
 
 	sent := 0
-	t.Run("killed", func(t *testing.T) {
-		s.Kill()
-		sent += shares(t, "k1")
-		if err := s.Restart(); err != nil {
-			t.Fatal(err)
-		}
-		fleetWide(t, time.Now())
-		exact(t, "k2")
-	})
-	t.Run("paused", func(t *testing.T) {
-		if err := s.Pause(); err != nil {
-			t.Fatal(err)
-		}
-		sent += shares(t, "k3")
-		if err := s.Resume(); err != nil {
-			t.Fatal(err)
-		}
-		fleetWide(t, time.Now())
-		exact(t, "k4")
-	})
+	for i, o := range outages {
+		t.Run(o.name, func(t *testing.T) {
+			o.start()
+			sent += shares(t, fmt.Sprintf("outage-%d", i))
+			if err := o.end(); err != nil {
+				t.Fatal(err)
+			}
+			fleetWide(t, time.Now())
+			exact(t, fmt.Sprintf("after-%d", i))
+		})
+	}
 	lines := 0
 	for _, in := range fleet {
 		lines += len(logLines(in.log, "rate limit store error"))
