@@ -118,6 +118,8 @@ type keyInfo struct {
 	PreviousWeighted int64             `json:"previous_weighted"`
 	Reset            time.Time         `json:"reset"`
 	Override         *storage.Override `json:"override,omitempty"`
+	// BanEnds is when the key's ban ends, if it is banned (ban).
+	BanEnds time.Time `json:"ban_ends,omitzero"`
 }
 
 // serve routes one admin request:
@@ -213,7 +215,7 @@ func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z *Zone, raw stri
 	key := storage.BoundKey(raw)
 	switch r.Method {
 	case http.MethodGet:
-		counts, o, err := z.admin.KeyState(r.Context(), z.Name, key)
+		st, err := z.admin.KeyState(r.Context(), z.Name, key)
 		if err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
@@ -224,10 +226,10 @@ func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z *Zone, raw stri
 		// full. A concurrency key's Used is the units in flight.
 		rate := algorithms.Rate{Units: maxLimit, Window: z.period}
 		if z.Algorithm == algorithms.GCRA {
-			rate = algorithms.Rate{Units: max(counts.Previous, 1), Window: z.period, Burst: z.Burst}
+			rate = algorithms.Rate{Units: max(st.Counts.Previous, 1), Window: z.period, Burst: z.Burst}
 		}
-		d, rolled := algorithms.Decide(z.Algorithm, counts, time.Now(), rate, 0)
-		info := keyInfo{Zone: z.Name, Key: key, Used: d.Used, Reset: d.Reset, Override: o}
+		d, rolled := algorithms.Decide(z.Algorithm, st.Counts, time.Now(), rate, 0)
+		info := keyInfo{Zone: z.Name, Key: key, Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}
 		if z.Algorithm.Windowed() {
 			info.Current, info.Previous, info.PreviousWeighted = rolled.Current, rolled.Previous, d.Used-rolled.Current
 		}

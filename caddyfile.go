@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -366,6 +367,27 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 			z.Status = code
 
+		case "count_status":
+			z.CountStatus = d.RemainingArgs()
+			if len(z.CountStatus) == 0 {
+				return nil, fail(errors.New("want one or more statuses, such as 401 or 4xx, got none"))
+			}
+			for _, v := range z.CountStatus {
+				if err := checkCountStatus(v); err != nil {
+					return nil, fail(err)
+				}
+			}
+
+		case "ban":
+			dur, err := parseDuration(d)
+			if err == nil {
+				err = checkBan(dur)
+			}
+			if err != nil {
+				return nil, fail(err)
+			}
+			z.Ban = caddy.Duration(dur)
+
 		case "max_waiting", "ipv4_prefix", "ipv6_prefix":
 			var s string
 			if !d.AllArgs(&s) {
@@ -391,7 +413,7 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 
 		default:
-			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, burst, lease, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix or status)", z.Name, dir)
+			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, burst, lease, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix, status, count_status or ban)", z.Name, dir)
 		}
 	}
 	// What no line could check: the fields that are missing.

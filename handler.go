@@ -53,6 +53,14 @@ func (c *zoneCheck) holds() bool {
 	return c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded
 }
 
+// givesBack reports whether the allowed check c gives its cost back once
+// the response is done with status: its zone counts only some statuses
+// (count_status), not this one. A dry-run zone that would have rejected
+// took nothing.
+func (c *zoneCheck) givesBack(status int) bool {
+	return c.zone.countsStatus && !c.dryRunExceeded && c.req.Cost > 0 && !c.zone.counted.has(status)
+}
+
 // ServeHTTP checks the request to every zone it matches and passes it on
 // if every zone allows it. A load shedder, if any, sees the request first.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -105,6 +113,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			Algorithm: z.Algorithm,
 			Rate:      algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst},
 			Cost:      z.costs[methodIndex(r.Method)],
+			GivesBack: z.countsStatus,
+		}
+		if !dryRun {
+			req.Ban = time.Duration(z.Ban)
 		}
 		if z.Algorithm == algorithms.Concurrency {
 			req.Holder = holders.Add(1)
@@ -129,6 +141,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.storeFailed(w, r, next, err)
 	case rejectedByZone:
 		rejected.zone.results[resultRejected].Inc()
+		h.banned(s.checks)
 		return h.reject(w, r, values, rejected)
 	}
 	for _, c := range s.checks {
@@ -146,13 +159,48 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			c.zone.usage.Observe(float64(c.decision.Finished) / float64(c.decision.Limit))
 		}
 	}
-	if anyHoldsUnits(s.checks) {
-		// Runs before the scratch goes back to the pool, and on every way
-		// out: a response, an error, a panic, a client gone.
-		defer h.releaseUnits(r.Context(), &s.question, s.checks)
-	}
 	h.report(w, values, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
-	return h.serveNext(w, r, next)
+	countsStatus := anyCountsStatus(s.checks)
+	if !countsStatus && !anyHoldsUnits(s.checks) {
+		return h.serveNext(w, r, next)
+	}
+	var rec *statusRecorder
+	if countsStatus {
+		rec = &s.recorder
+		rec.ResponseWriter = w
+		w = rec
+	}
+	// Runs before the scratch goes back to the pool, and on every way
+	// out: a response, an error, a panic, a client gone.
+	defer h.release(r.Context(), &s.question, s.checks, rec)
+	err = h.serveNext(w, r, next)
+	if rec != nil {
+		rec.finish(r, err)
+	}
+	return err
+}
+
+// anyCountsStatus reports whether any of the allowed checks counts only
+// some statuses, and so needs the response's.
+func anyCountsStatus(checks []zoneCheck) bool {
+	for i := range checks {
+		if checks[i].zone.countsStatus && !checks[i].dryRunExceeded {
+			return true
+		}
+	}
+	return false
+}
+
+// banned counts, and logs, the bans that a rejection of checks began.
+func (h *Handler) banned(checks []zoneCheck) {
+	for i := range checks {
+		c := &checks[i]
+		if c.decision.BanStarted {
+			c.zone.bans.Inc()
+			h.logger.Info("rate limit ban",
+				zap.String("zone", c.zone.Name), h.keyField(c.req.Key), zap.Time("until", c.decision.BanEnds))
+		}
+	}
 }
 
 // retryAfterOne is a shed request's Retry-After: the shedding amount moves
@@ -185,18 +233,26 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 	return false
 }
 
-// releaseUnits gives back the concurrency units that checks hold. The client
-// may be gone, so the request's context may be done: the release does not
-// depend on it. A release that fails is a store error; a shared store then
-// keeps the units until their lease ends.
-func (h *Handler) releaseUnits(ctx context.Context, q *question, checks []zoneCheck) {
-	q.reqs = q.reqs[:0]
+// release gives back, once Caddy is done with the request, what checks
+// took and should not keep: the units of concurrency zones, and the cost
+// of zones that count only some statuses when the response's status, as
+// rec recorded it, is not one of them. The client may be gone, so the
+// request's context may be done: the release does not depend on it. A
+// release that fails is a store error; a shared store then keeps what it
+// counted until its lease or window ends.
+func (h *Handler) release(ctx context.Context, q *question, checks []zoneCheck, rec *statusRecorder) {
+	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
 	for i := range checks {
-		if checks[i].holds() {
-			q.reqs = append(q.reqs, checks[i].req)
+		c := &checks[i]
+		if c.holds() || rec != nil && c.givesBack(rec.final()) {
+			q.reqs = append(q.reqs, c.req)
+			q.decisions = append(q.decisions, c.decision)
 		}
 	}
-	if err := q.store.Release(context.WithoutCancel(ctx), q.reqs); err != nil {
+	if len(q.reqs) == 0 {
+		return
+	}
+	if err := q.store.Release(context.WithoutCancel(ctx), q.reqs, q.decisions); err != nil {
 		h.storeError(err)
 	}
 }
@@ -207,6 +263,9 @@ func (h *Handler) releaseUnits(ctx context.Context, q *question, checks []zoneCh
 type scratch struct {
 	checks []zoneCheck
 	question
+	// recorder records the response's status for zones that count only
+	// some statuses.
+	recorder statusRecorder
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -221,6 +280,7 @@ func (s *scratch) recycle() {
 	clear(s.checks)
 	clear(s.reqs)
 	s.checks, s.reqs, s.decisions, s.waited, s.store = s.checks[:0], s.reqs[:0], s.decisions[:0], false, nil
+	s.recorder = statusRecorder{}
 	scratchPool.Put(s)
 }
 
@@ -456,7 +516,8 @@ func (wz *waitingZones) enter(checks []zoneCheck, deadline, start time.Time) boo
 		if c.req.Algorithm == algorithms.GCRA {
 			capacity = c.req.Rate.BurstFor(c.decision.Limit)
 		}
-		if c.req.Cost > capacity || deadline.After(start.Add(time.Duration(c.zone.MaxDelay))) {
+		// A banned key waits for nothing: its requests are refused.
+		if c.req.Cost > capacity || !c.decision.BanEnds.IsZero() || deadline.After(start.Add(time.Duration(c.zone.MaxDelay))) {
 			return false
 		}
 		if !slices.Contains(*wz, c.zone) {

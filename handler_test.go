@@ -314,11 +314,11 @@ func TestConcurrencyReleasedOnEveryWayOut(t *testing.T) {
 	admin := h.store.(storage.Admin)
 	held := func() int64 {
 		t.Helper()
-		c, _, err := admin.KeyState(context.Background(), "conc_ways", "192.0.2.7")
+		st, err := admin.KeyState(context.Background(), "conc_ways", "192.0.2.7")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return c.Current
+		return st.Counts.Current
 	}
 	// next checks the units are held while the request is served, then
 	// ends it the way the case says.

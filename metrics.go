@@ -18,6 +18,7 @@ var metrics = struct {
 	storeErrors   *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
 	periodUsage   *prometheus.HistogramVec
+	bans          *prometheus.CounterVec
 }{}
 
 // Values of the result label.
@@ -55,8 +56,12 @@ func registerMetrics(registry *prometheus.Registry) error {
 				"(histogram_quantile(0.999, ...)). Observed by the instance whose charge rolls the key into a new window.",
 			Buckets: []float64{.05, .1, .25, .5, .75, .9, .95, .99, 1, 1.25, 1.5, 2, 5},
 		}, []string{"zone"})
+		metrics.bans = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "bans_total",
+			Help: "Keys a zone with a ban banned: counted by the instance whose rejection began the ban.",
+		}, []string{"zone"})
 	})
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage} {
+	for _, c := range []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage, metrics.bans} {
 		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			return err
 		}
@@ -66,20 +71,26 @@ func registerMetrics(registry *prometheus.Registry) error {
 
 // zoneSeries returns a zone's series: its caddy_http_rate_limit_requests_total
 // counters by result, looked up once so that counting costs one atomic
-// add, and its caddy_http_rate_limit_period_usage_ratio. With metricsOff
+// add, its caddy_http_rate_limit_period_usage_ratio, and, for a zone that
+// bans, its caddy_http_rate_limit_bans_total. With metricsOff
 // (disable_metrics) they are collected by no registry, so the zone leaves
-// no series behind, not even at zero.
-func zoneSeries(zone string, metricsOff bool) (results [resultCount]prometheus.Counter, usage prometheus.Observer) {
+// no series behind, not even at zero; nor does a zone without a ban leave
+// a bans series.
+func zoneSeries(zone string, metricsOff, bans bool) (results [resultCount]prometheus.Counter, usage prometheus.Observer, banned prometheus.Counter) {
 	if metricsOff {
 		for i := range results {
 			results[i] = unregisteredCounter()
 		}
-		return results, discardObserver
+		return results, discardObserver, unregisteredCounter()
 	}
 	for i := range results {
 		results[i] = metrics.requests.WithLabelValues(zone, resultNames[i])
 	}
-	return results, metrics.periodUsage.WithLabelValues(zone)
+	banned = unregisteredCounter()
+	if bans {
+		banned = metrics.bans.WithLabelValues(zone)
+	}
+	return results, metrics.periodUsage.WithLabelValues(zone), banned
 }
 
 // storeSeries returns a store's series: its error counter, and its latency

@@ -203,17 +203,39 @@ type Zone struct {
 	// Like ipv4_prefix, for IPv6 addresses (e.g. 64).
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
+	// Only responses with these statuses use the limit: codes ("401") and
+	// classes ("4xx"), from 100 to 599. A request is admitted only if its
+	// key has room for its cost, which is taken at once, as always; when
+	// the response is done, the cost is given back unless its status is
+	// listed. So concurrent requests can never use more than the limit.
+	// A status carried by a handler error (basic_auth fails with 401)
+	// counts as that status; a client gone before any answer, as 499.
+	// Default: every response uses the limit. Not for concurrency zones.
+	CountStatus Statuses `json:"count_status,omitempty"`
+
+	// The first time the zone rejects a key, the key is banned for this
+	// long: every request of the key that the zone matches is rejected,
+	// with Retry-After the ban's end, whatever its counts. With a shared
+	// store the ban holds on every instance. At least 1s; default: no
+	// ban. Not for concurrency zones.
+	Ban caddy.Duration `json:"ban,omitempty"`
+
 	matchers caddyhttp.MatcherSets
 	// results counts the zone's requests by result (the series of
 	// caddy_http_rate_limit_requests_total), looked up once here so
 	// that counting costs one atomic add.
 	results [resultCount]prometheus.Counter
-	// usage is the zone's series of caddy_http_rate_limit_period_usage_ratio.
-	usage   prometheus.Observer
-	keys    []template
-	limits  []template
-	costs   [methodCount]int64
-	waiting atomic.Int64
+	// usage is the zone's series of caddy_http_rate_limit_period_usage_ratio,
+	// and bans of caddy_http_rate_limit_bans_total.
+	usage prometheus.Observer
+	bans  prometheus.Counter
+	// counted is CountStatus as a set; countsStatus tells it was given.
+	counted      statusSet
+	countsStatus bool
+	keys         []template
+	limits       []template
+	costs        [methodCount]int64
+	waiting      atomic.Int64
 	// period is the Window of the zone's rates: the window, or for a
 	// concurrency zone the lease.
 	period time.Duration
@@ -328,7 +350,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 		return err
 	}
 	z.sfName = sfString(z.Name)
-	z.results, z.usage = zoneSeries(z.Name, metricsOff)
+	z.results, z.usage, z.bans = zoneSeries(z.Name, metricsOff, z.Ban > 0)
 	z.exceeded = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
 	if z.MaxWaiting == 0 {
 		z.MaxWaiting = DefaultMaxWaiting
@@ -347,6 +369,11 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	if len(keys) == 0 {
 		keys = Alternatives{"{http.vars.client_ip}"}
 	}
+	var err error
+	if z.counted, err = newStatusSet(z.CountStatus); err != nil {
+		return fmt.Errorf("count_status: %w", err)
+	}
+	z.countsStatus = len(z.CountStatus) > 0
 	z.keys = compileTemplates(keys)
 	z.limits = compileTemplates(z.LimitAlternatives)
 	z.policySeconds = int64((time.Duration(z.Window) + time.Second - 1) / time.Second)
@@ -483,6 +510,16 @@ func (z *Zone) validate() error {
 			return fmt.Errorf("status: %w", err)
 		}
 	}
+	for _, v := range z.CountStatus {
+		if err := checkCountStatus(v); err != nil {
+			return fmt.Errorf("count_status: %w", err)
+		}
+	}
+	if z.Ban != 0 {
+		if err := checkBan(time.Duration(z.Ban)); err != nil {
+			return fmt.Errorf("ban: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -495,6 +532,14 @@ func (z *Zone) validateAlgorithmOptions() error {
 		alg = algorithms.SlidingTail
 	}
 	if alg == algorithms.Concurrency {
+		// Units in flight are given back anyway, and nothing frees up at a
+		// known instant for a ban to outlast.
+		if len(z.CountStatus) > 0 {
+			return errors.New("count_status: not for algorithm concurrency, which gives every request's units back when it is done (want a windowed or gcra zone)")
+		}
+		if z.Ban != 0 {
+			return errors.New("ban: not for algorithm concurrency, which limits requests in flight, not a rate to exceed (want a windowed or gcra zone)")
+		}
 		if z.Window != 0 {
 			return fmt.Errorf("window: not used by algorithm concurrency, which limits requests in flight (want no window; lease bounds how long a dead instance's units stay held), got %s", time.Duration(z.Window))
 		}
@@ -608,6 +653,13 @@ func checkBurst(n int64) error {
 const DefaultLease = time.Minute
 
 func checkLease(d time.Duration) error {
+	if d < time.Second {
+		return fmt.Errorf("want a duration of at least 1s, got %s", d)
+	}
+	return nil
+}
+
+func checkBan(d time.Duration) error {
 	if d < time.Second {
 		return fmt.Errorf("want a duration of at least 1s, got %s", d)
 	}

@@ -116,6 +116,25 @@ type Decision struct {
 	// fleet exactly one allowed request reports each finished window.
 	Rolled   bool
 	Finished int64
+	// Window is the index of the window the request was decided in
+	// (windowed algorithms), in the clock of the store that decided it:
+	// what GiveBack needs to take the cost back from the same window.
+	Window int64
+	// BanEnds is, for a request rejected in a zone with a ban, when the
+	// key's ban ends (and RetryAt with it); the zero time otherwise.
+	// BanStarted tells that this rejection began the ban.
+	BanEnds    time.Time
+	BanStarted bool
+}
+
+// Ban returns d as a rejection while the key is banned until ends: not
+// allowed, nothing remaining, and a retry only once the ban is over.
+func (d Decision) Ban(ends time.Time, started bool) Decision {
+	d.Allowed = false
+	d.Remaining = 0
+	d.Used = d.Limit
+	d.RetryAt, d.BanEnds, d.BanStarted = ends, ends, started
+	return d
 }
 
 // Decide rolls c forward to now, decides whether a request of the given cost
@@ -150,7 +169,7 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decisio
 		used += share
 	}
 
-	d := Decision{Limit: l.Units, Reset: time.UnixMilli(end), Rolled: rolled}
+	d := Decision{Limit: l.Units, Reset: time.UnixMilli(end), Rolled: rolled, Window: idx}
 	if rolled {
 		d.Finished = finished
 	}
@@ -164,6 +183,34 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decisio
 	d.Used = used
 	d.Remaining = max(l.Units-used, 0)
 	return d, c
+}
+
+// GiveBack returns the counts of a key after the cost of a request that d
+// allowed is taken back: the request is done and should not count
+// (count_status), or, for concurrency, has released its units. A windowed
+// cost comes off the window it was charged in, d.Window, whether that is
+// still the current window or has become the previous one; a cost charged
+// in an older window no longer counts and is left alone. A GCRA cost moves
+// the TAT back by cost×window/limit, for the limit d was decided against,
+// as if the request had never come. No count goes below zero.
+func GiveBack(alg Algorithm, c Counts, d Decision, l Rate, cost int64) Counts {
+	switch alg {
+	case Concurrency:
+		return Release(c, cost)
+	case GCRA:
+		if c == (Counts{}) || d.Limit <= 0 {
+			return c // the key is gone: nothing to give back
+		}
+		tat := gcraTAT(c, d.Limit).sub(span(cost, l.Window.Milliseconds(), d.Limit), d.Limit)
+		return gcraCounts(tat, d.Limit)
+	}
+	switch c.Window {
+	case d.Window:
+		c.Current = max(c.Current-cost, 0)
+	case d.Window + 1:
+		c.Previous = max(c.Previous-cost, 0)
+	}
+	return c
 }
 
 // Roll moves counts kept for window c.Window <= idx to the window with

@@ -250,3 +250,73 @@ func BenchmarkDecideGCRA(b *testing.B) {
 		_ = d
 	}
 }
+
+// TestGiveBackUndoesACharge: a cost given back right after it was charged
+// leaves the key deciding as if the request had never come, for every
+// algorithm and many states.
+func TestGiveBackUndoesACharge(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 27))
+	for _, alg := range []algorithms.Algorithm{algorithms.SlidingTail, algorithms.FixedWindow, algorithms.GCRA, algorithms.Concurrency} {
+		l := algorithms.Rate{Units: 9, Window: 3 * time.Second}
+		var c algorithms.Counts
+		now := vectors.Start
+		for i := range 2000 {
+			now = now.Add(time.Duration(rng.IntN(700)) * time.Millisecond)
+			cost := int64(1 + rng.IntN(3))
+			before, _ := algorithms.Decide(alg, c, now, l, 0)
+			d, charged := algorithms.Decide(alg, c, now, l, cost)
+			if !d.Allowed {
+				c = charged
+				if alg == algorithms.Concurrency {
+					c = algorithms.Counts{}
+				}
+				continue
+			}
+			back := algorithms.GiveBack(alg, charged, d, l, cost)
+			after, _ := algorithms.Decide(alg, back, now, l, 0)
+			if after.Remaining != before.Remaining || after.Used != before.Used {
+				t.Fatalf("%s step %d: given back, remaining %d used %d; before the charge %d and %d",
+					alg, i, after.Remaining, after.Used, before.Remaining, before.Used)
+			}
+			if rng.IntN(2) == 0 {
+				c = charged // keep some charges, so the key fills up
+			} else {
+				c = back
+			}
+		}
+	}
+}
+
+// TestGiveBackWindows: a windowed cost comes off the window it was charged
+// in, current or since become the previous one, never off a later one,
+// and no count goes below zero.
+func TestGiveBackWindows(t *testing.T) {
+	l := algorithms.Rate{Units: 10, Window: time.Second}
+	d := algorithms.Decision{Allowed: true, Window: 100}
+	for _, tc := range []struct {
+		name     string
+		in, want algorithms.Counts
+	}{
+		{"same window", algorithms.Counts{Window: 100, Current: 5, Previous: 2}, algorithms.Counts{Window: 100, Current: 3, Previous: 2}},
+		{"now the previous window", algorithms.Counts{Window: 101, Current: 4, Previous: 5}, algorithms.Counts{Window: 101, Current: 4, Previous: 3}},
+		{"long gone", algorithms.Counts{Window: 102, Current: 4, Previous: 5}, algorithms.Counts{Window: 102, Current: 4, Previous: 5}},
+		{"never below zero", algorithms.Counts{Window: 100, Current: 1}, algorithms.Counts{Window: 100}},
+		{"a reset key", algorithms.Counts{}, algorithms.Counts{}},
+	} {
+		if got := algorithms.GiveBack(algorithms.FixedWindow, tc.in, d, l, 2); got != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestBanDecision: a banned key's decision is a rejection until the ban
+// ends, with nothing remaining.
+func TestBanDecision(t *testing.T) {
+	now := vectors.Start
+	d, _ := algorithms.Decide(algorithms.FixedWindow, algorithms.Counts{}, now, algorithms.Rate{Units: 5, Window: time.Minute}, 1)
+	ends := now.Add(time.Hour)
+	b := d.Ban(ends, true)
+	if b.Allowed || b.Remaining != 0 || !b.RetryAt.Equal(ends) || !b.BanEnds.Equal(ends) || !b.BanStarted {
+		t.Fatalf("banned decision %+v", b)
+	}
+}

@@ -22,6 +22,18 @@ func (o Override) Active(now time.Time) bool {
 	return o.Limit > 0 && (o.Expires.IsZero() || now.Before(o.Expires))
 }
 
+// KeyState is what a store holds for one zone and key.
+type KeyState struct {
+	// Counts are the key's counts as stored (zero for an unseen key), not
+	// rolled forward to now.
+	Counts algorithms.Counts
+	// Override is the per-key limit in force, if any.
+	Override *Override
+	// BanEnds is when the key's ban ends, in the local clock; the zero
+	// time if it is not banned.
+	BanEnds time.Time
+}
+
 // Modes of a dial.
 const (
 	ModeEnforce = "enforce"
@@ -50,10 +62,9 @@ func (d ZoneDial) Active(now time.Time) bool {
 // and forgets its cached rejections of a key that was reset or given an
 // override.
 type Admin interface {
-	// KeyState returns the counts the store holds for key in zone (zero
-	// counts for an unseen key) and the override in force, if any.
-	KeyState(ctx context.Context, zone, key string) (algorithms.Counts, *Override, error)
-	// ResetKey forgets key's counts in zone.
+	// KeyState returns what the store holds for key in zone.
+	KeyState(ctx context.Context, zone, key string) (KeyState, error)
+	// ResetKey forgets key's counts in zone and lifts its ban.
 	ResetKey(ctx context.Context, zone, key string) error
 	// SetOverride sets a per-key limit; DeleteOverride removes it.
 	SetOverride(ctx context.Context, zone, key string, o Override) error

@@ -45,7 +45,7 @@ func testConcurrency(t *testing.T, s Store, at time.Time, held func() int64) {
 		t.Fatalf("held %d, want 3", got)
 	}
 	woken := s.Released()
-	if err := s.Release(ctx, []Request{b}); err != nil {
+	if err := release(s, b); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -57,7 +57,7 @@ func testConcurrency(t *testing.T, s Store, at time.Time, held func() int64) {
 		t.Fatalf("after release: %+v", d)
 	}
 	// Releasing twice gives back nothing more.
-	if err := s.Release(ctx, []Request{b, a, c, a}); err != nil {
+	if err := release(s, b, a, c, a); err != nil {
 		t.Fatal(err)
 	}
 	if got := held(); got != 0 {
@@ -145,7 +145,7 @@ func TestRedisHolderSetNamedApart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := r.Release(ctx, []Request{held}); err != nil {
+	if err := release(r, held); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := s.Do("ZCARD", r.holderKey("conc", "k")); n != "0" {
@@ -172,7 +172,7 @@ func TestRedisConcurrencyLease(t *testing.T) {
 	if d := redisTake(t, r, t0.Add(time.Second), alive)[0]; !d.Allowed || d.Remaining != 1 {
 		t.Fatalf("after the lease: %+v", d)
 	}
-	if err := r.Release(context.Background(), []Request{dead}); err != nil {
+	if err := release(r, dead); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := s.Do("HGET", r.counterKey("conc", "k"), "c"); n != "1" {
@@ -208,7 +208,7 @@ func TestRedisReleaseManyZones(t *testing.T) {
 			return n
 		}
 		before := evalsha()
-		if err := r.Release(context.Background(), reqs); err != nil {
+		if err := release(r, reqs...); err != nil {
 			t.Fatal(err)
 		}
 		if n := evalsha() - before; n != calls {

@@ -153,10 +153,10 @@ func takeMemory(c *memoryCounters, reqs []Request, decisions []algorithms.Decisi
 	return nil
 }
 
-// Release implements Store: it gives back the units of concurrency
-// requests that Take allowed, and wakes requests waiting for units.
-func (m *Memory) Release(_ context.Context, reqs []Request) error {
-	m.counters.releaseUnits(reqs)
+// Release implements Store: it gives back what Take charged reqs, and
+// wakes requests waiting for concurrency units.
+func (m *Memory) Release(_ context.Context, reqs []Request, decisions []algorithms.Decision) error {
+	m.counters.release(reqs, decisions)
 	return nil
 }
 
@@ -258,9 +258,12 @@ type memoryShard struct {
 	shift uint         // 64 - log2(len(slots)): a hash's top bits pick its home slot
 	n     int          // keys held
 	hand  int          // CLOCK's hand: the next slot eviction considers
-	// Pad to a cache line, so that locking one shard does not steal the
-	// line of its neighbour from another CPU.
-	_ [64 - 56]byte
+	// bans holds when each banned key's ban ends, in ms, by key hash: few
+	// keys are ever banned, so they are kept apart from the slots, which
+	// stay 32 bytes, and evicting a key's counts does not lift its ban.
+	bans map[uint64]int64
+	// The fields fill one cache line (64 bytes), so that locking one
+	// shard does not steal the line of its neighbour from another CPU.
 }
 
 type memoryCounters struct {
@@ -392,6 +395,7 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 	// Read the clock under the locks, so that no request decides with a
 	// time older than one that charged the same key before it.
 	now := c.now()
+	nowMs := now.UnixMilli()
 	allowed := true
 	var countsBuf [4]algorithms.Counts
 	next := countsBuf[:0]
@@ -410,15 +414,28 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 			rate.Units = o.Limit
 		}
 		d, n := algorithms.Decide(r.Algorithm, counts, now, rate, r.Cost)
+		if r.Ban > 0 {
+			if ends, ok := s.bans[hashes[i]]; ok && ends > nowMs {
+				d = d.Ban(time.UnixMilli(ends), false)
+			}
+		}
 		decisions[i] = d
 		next = append(next, n)
 		allowed = allowed && d.Allowed
 	}
+	bound := int(c.maxPerShard.Load())
 	if !allowed {
+		// The first rejection by a zone with a ban bans the key.
+		for i, r := range reqs {
+			if d := decisions[i]; r.Ban > 0 && !d.Allowed && d.BanEnds.IsZero() {
+				ends := nowMs + r.Ban.Milliseconds()
+				c.shards[shardOf(hashes[i])].ban(hashes[i], ends, bound)
+				decisions[i] = d.Ban(time.UnixMilli(ends), true)
+			}
+		}
 		return
 	}
-	bound := int(c.maxPerShard.Load())
-	nowSec := unixSeconds(now.UnixMilli())
+	nowSec := unixSeconds(nowMs)
 	for i, r := range reqs {
 		// Storing one request may move the slots of another in the same
 		// shard (by growing or evicting), so each store looks up again.
@@ -561,21 +578,41 @@ func (s *memoryShard) resize(n int) {
 	}
 }
 
-// releaseUnits gives back the units that reqs, allowed concurrency requests,
-// hold. A key whose units are all back is forgotten.
-func (c *memoryCounters) releaseUnits(reqs []Request) {
-	for _, r := range reqs {
-		if r.Algorithm != algorithms.Concurrency {
-			continue
+// ban bans the key with hash h until ends (ms). A shard holds at most
+// bound bans, as it holds at most bound keys: when full, the ban that ends
+// first is lifted for the new one.
+func (s *memoryShard) ban(h uint64, ends int64, bound int) {
+	if s.bans == nil {
+		s.bans = make(map[uint64]int64)
+	}
+	if _, ok := s.bans[h]; !ok && len(s.bans) >= bound {
+		first, soonest := uint64(0), int64(math.MaxInt64)
+		for k, e := range s.bans {
+			if e < soonest {
+				first, soonest = k, e
+			}
 		}
+		delete(s.bans, first)
+	}
+	s.bans[h] = ends
+}
+
+// release gives back what Take charged reqs, allowed with decisions: a
+// concurrency request's units, another's cost (algorithms.GiveBack). A
+// concurrency key whose units are all back is forgotten; other keys keep
+// their expiry.
+func (c *memoryCounters) release(reqs []Request, decisions []algorithms.Decision) {
+	for i, r := range reqs {
 		h := c.keyHash(r.Zone, r.Key)
 		s := &c.shards[shardOf(h)]
 		s.mu.Lock()
-		if i, ok := s.lookup(h); ok {
-			if n := algorithms.Release(s.slots[i].counts(), r.Cost); n.Current == 0 {
-				s.remove(i)
+		if j, ok := s.lookup(h); ok {
+			e := &s.slots[j]
+			n := algorithms.GiveBack(r.Algorithm, e.counts(), decisions[i], r.Rate, r.Cost)
+			if r.Algorithm == algorithms.Concurrency && n.Current == 0 {
+				s.remove(j)
 			} else {
-				s.slots[i].current = uint32(n.Current)
+				e.window, e.current, e.previous = n.Window, uint32(n.Current), uint32(n.Previous)
 			}
 		}
 		s.mu.Unlock()
@@ -598,28 +635,41 @@ func (c *memoryCounters) inspect(zone, key string) (algorithms.Counts, bool) {
 	return s.slots[i].counts(), true
 }
 
-// clear forgets every key's counts.
+// banEnds returns when the ban of zone and key ends, in ms, if it is
+// banned at now.
+func (c *memoryCounters) banEnds(zone, key string, now time.Time) (int64, bool) {
+	h := c.keyHash(zone, key)
+	s := &c.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ends, ok := s.bans[h]
+	return ends, ok && ends > now.UnixMilli()
+}
+
+// clear forgets every key's counts and bans.
 func (c *memoryCounters) clear() {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		s.slots, s.shift, s.n, s.hand = nil, 0, 0, 0
+		s.slots, s.shift, s.n, s.hand, s.bans = nil, 0, 0, 0, nil
 		s.mu.Unlock()
 	}
 }
 
-// reset forgets the counts of zone and key, and reports whether any were
-// kept.
+// reset forgets the counts of zone and key and lifts its ban, and reports
+// whether anything was kept.
 func (c *memoryCounters) reset(zone, key string) bool {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	_, banned := s.bans[h]
+	delete(s.bans, h)
 	i, ok := s.lookup(h)
 	if ok {
 		s.remove(i)
 	}
-	return ok
+	return ok || banned
 }
 
 func (c *memoryCounters) sweepLoop() {
@@ -650,7 +700,7 @@ func (c *memoryCounters) sweep() {
 	}
 }
 
-// sweep removes the shard's entries that expired by now, and shrinks a
+// sweep removes the shard's entries and bans that expired by now, and shrinks a
 // table left less than 1/8 full (after a burst of keys, say) to between
 // 1/4 and 1/2 full, so the memory a burst took is given back.
 func (s *memoryShard) sweep(now uint32) {
@@ -663,6 +713,11 @@ func (s *memoryShard) sweep(now uint32) {
 			continue
 		}
 		i++
+	}
+	for h, ends := range s.bans {
+		if ends <= int64(now)*1000 {
+			delete(s.bans, h)
+		}
 	}
 	if len(s.slots) > minSlots && s.n < len(s.slots)/8 {
 		n := len(s.slots)

@@ -5,8 +5,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
 
 // memoryAdmin holds the memory store's per-key overrides and zone dials.
@@ -33,15 +31,21 @@ func (a *memoryAdmin) override(zone, key string, now time.Time) (Override, bool)
 }
 
 // KeyState implements Admin.
-func (m *Memory) KeyState(_ context.Context, zone, key string) (algorithms.Counts, *Override, error) {
-	counts, _ := m.counters.inspect(zone, key)
-	if o, ok := m.counters.admin.override(zone, key, time.Now()); ok {
-		return counts, &o, nil
+func (m *Memory) KeyState(_ context.Context, zone, key string) (KeyState, error) {
+	now := m.counters.now()
+	var st KeyState
+	st.Counts, _ = m.counters.inspect(zone, key)
+	if o, ok := m.counters.admin.override(zone, key, now); ok {
+		st.Override = &o
 	}
-	return counts, nil, nil
+	if ends, ok := m.counters.banEnds(zone, key, now); ok {
+		st.BanEnds = time.UnixMilli(ends)
+	}
+	return st, nil
 }
 
-// ResetKey implements Admin.
+// ResetKey implements Admin: it forgets the key's counts and lifts its
+// ban.
 func (m *Memory) ResetKey(_ context.Context, zone, key string) error {
 	m.counters.reset(zone, key)
 	return nil

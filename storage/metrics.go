@@ -23,10 +23,11 @@ const (
 	leaseTaken = iota
 	leaseSpent
 	leaseReturned
+	leaseGivenBack
 	leaseOutcomes
 )
 
-var leaseOutcomeNames = [leaseOutcomes]string{"taken", "spent", "returned"}
+var leaseOutcomeNames = [leaseOutcomes]string{"taken", "spent", "returned", "given_back"}
 
 // registerMetrics creates the collectors on first use and registers them
 // with registry, if any.
@@ -35,7 +36,7 @@ func registerMetrics(registry *prometheus.Registry) error {
 	metrics.once.Do(func() {
 		metrics.leaseUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "lease_units_total",
-			Help: "Units of a zone's limits that this instance leased from Redis (taken), spent from its leases without a call (spent), and gave back unspent (returned).",
+			Help: "Units of a zone's limits that this instance leased from Redis (taken), spent from its leases without a call (spent), gave back unspent (returned), and got back into a lease from requests that did not count (given_back, count_status).",
 		}, []string{"zone", "outcome"})
 		metrics.instances = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "fleet_instances",

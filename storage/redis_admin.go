@@ -37,26 +37,30 @@ func (r *Redis) adminCtx(ctx context.Context) (context.Context, context.CancelFu
 }
 
 // KeyState implements Admin.
-func (r *Redis) KeyState(ctx context.Context, zone, key string) (algorithms.Counts, *Override, error) {
+func (r *Redis) KeyState(ctx context.Context, zone, key string) (KeyState, error) {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
 	vals, err := keyStateScript.Run(ctx, r.client.rdb, []string{r.counterKey(zone, key)}).Int64Slice()
 	if err != nil {
-		return algorithms.Counts{}, nil, fmt.Errorf("redis: %w", err)
+		return KeyState{}, fmt.Errorf("redis: %w", err)
 	}
-	counts := algorithms.Counts{Window: vals[1], Current: vals[2], Previous: vals[3]}
-	if vals[4] == 0 {
-		return counts, nil, nil
+	// The server's instants, moved to the local clock.
+	local := func(ms int64) time.Time { return time.Now().Add(time.Duration(ms-vals[0]) * time.Millisecond) }
+	st := KeyState{Counts: algorithms.Counts{Window: vals[1], Current: vals[2], Previous: vals[3]}}
+	if vals[4] != 0 {
+		st.Override = &Override{Limit: vals[4]}
+		if vals[5] != 0 {
+			st.Override.Expires = local(vals[5])
+		}
 	}
-	o := &Override{Limit: vals[4]}
-	if vals[5] != 0 {
-		// The server's instant, moved to the local clock.
-		o.Expires = time.Now().Add(time.Duration(vals[5]-vals[0]) * time.Millisecond)
+	if vals[6] != 0 {
+		st.BanEnds = local(vals[6])
 	}
-	return counts, o, nil
+	return st, nil
 }
 
-// ResetKey implements Admin.
+// ResetKey implements Admin: it forgets the key's counts and lifts its
+// ban, on every instance sharing the store.
 func (r *Redis) ResetKey(ctx context.Context, zone, key string) error {
 	return r.adminOp(ctx, "reset", r.counterKey(zone, key), 0, 0)
 }

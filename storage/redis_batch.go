@@ -258,7 +258,7 @@ func (c *redisClient) call(ctx context.Context, clock int64, parts []*callPart) 
 			if t.asks != nil {
 				ask = t.asks[z]
 			}
-			args = append(args, scriptAlgorithm(q.Algorithm), q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost, scriptExtra(q), ask)
+			args = append(args, scriptAlgorithm(q.Algorithm), q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost, scriptExtra(q), ask, q.Ban.Milliseconds())
 		}
 	}
 	vals, err := evalInts(ctx, c.rdb, takeSource, args)
@@ -308,7 +308,7 @@ func groupParts(parts []*callPart) (entries, zones int) {
 }
 
 // sameAsk reports whether a and b ask the script the same: the same zones
-// and keys, with the same algorithm, rate and cost. Concurrency requests
+// and keys, with the same algorithm, rate, cost and ban. Concurrency requests
 // never do: each holds its units under a name of its own; nor does one
 // that asks for a lease, which only an entry of one request is granted.
 func sameAsk(a, b *callPart) bool {
@@ -317,7 +317,7 @@ func sameAsk(a, b *callPart) bool {
 	}
 	for i, qa := range a.reqs {
 		qb := b.reqs[i]
-		if a.keys[i] != b.keys[i] || qa.Algorithm != qb.Algorithm || qa.Rate != qb.Rate || qa.Cost != qb.Cost ||
+		if a.keys[i] != b.keys[i] || qa.Algorithm != qb.Algorithm || qa.Rate != qb.Rate || qa.Cost != qb.Cost || qa.Ban != qb.Ban ||
 			qa.Algorithm == algorithms.Concurrency {
 			return false
 		}
@@ -327,11 +327,12 @@ func sameAsk(a, b *callPart) bool {
 
 // replay hands each of an entry's parts, which ask the same, its part of
 // the script's answer: zoneValues values per zone, as the script would have
-// answered it alone (see take.lua). The script answers the counters as
-// they were before the entry, how many of its requests were allowed (the
-// first ones), and each zone's verdict on the first one rejected; what
-// each later request saw is the counters the allowed ones before it left,
-// computed by charging them one after the other as the script did.
+// answered it alone (see take.lua). The script answers the counters and
+// ban as they were before the entry, how many of its requests were
+// allowed (the first ones), and each zone's verdict on the first one
+// rejected; what each later request saw is the counters the allowed ones
+// before it left, computed by charging them one after the other as the
+// script did, and the ban the first rejected one began.
 func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 	if len(parts) == 1 {
 		parts[0].vals = entry
@@ -354,11 +355,16 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 				}
 			}
 		}
-		for z := range lead.reqs {
+		for z, q := range lead.reqs {
 			if int64(i) < allowed {
 				v[zoneValues*z+3] = 1
-			} else {
-				v[zoneValues*z+3] = entry[zoneValues*z+3]
+				continue
+			}
+			v[zoneValues*z+3] = entry[zoneValues*z+3]
+			if int64(i) > allowed && q.Ban > 0 && v[zoneValues*z+3] == 0 && v[zoneValues*z+6] <= now {
+				// The first rejected request banned the key, as the script
+				// did: the ones after it find it banned.
+				v[zoneValues*z+6] = now + q.Ban.Milliseconds()
 			}
 		}
 		t.vals = v

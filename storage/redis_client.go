@@ -148,7 +148,10 @@ const (
 
 // denyCache remembers rejections until their retry instant: until then a
 // request of the same or a higher cost for the same key and limit would be
-// rejected too, since counts only grow until time frees them.
+// rejected too, since counts only grow until time frees them. That does
+// not hold for a zone whose costs may be given back (count_status), whose
+// rejections are remembered only when they ban the key; a banned key's
+// requests are rejected whatever their cost.
 type denyCache struct {
 	seed   maphash.Seed
 	size   atomic.Int64
@@ -165,6 +168,17 @@ type denyEntry struct {
 	limit     algorithms.Rate
 	cost      int64
 	decision  algorithms.Decision // times in the local clock
+}
+
+// holds reports whether the remembered rejection e stands for q.
+func (e denyEntry) holds(q Request) bool {
+	if e.algorithm != q.Algorithm || e.limit != q.Rate {
+		return false
+	}
+	if !e.decision.BanEnds.IsZero() {
+		return q.Ban > 0
+	}
+	return q.Cost >= e.cost
 }
 
 func (c *denyCache) init() {
@@ -210,7 +224,7 @@ func (c *denyCache) lookup(keys []string, reqs []Request, decisions []algorithms
 		}
 		s.mu.Unlock()
 		q := reqs[i]
-		if ok && e.algorithm == q.Algorithm && e.limit == q.Rate && q.Cost >= e.cost {
+		if ok && e.holds(q) {
 			d := e.decision
 			// The window may have ended since: report the current one's end.
 			if w := q.Rate.Window; !now.Before(d.Reset) {
@@ -233,7 +247,7 @@ func (c *denyCache) lookup(keys []string, reqs []Request, decisions []algorithms
 // store remembers the rejections among decisions.
 func (c *denyCache) store(keys []string, reqs []Request, decisions []algorithms.Decision, now time.Time) {
 	for i, d := range decisions {
-		if d.Allowed || !d.RetryAt.After(now) {
+		if d.Allowed || !d.RetryAt.After(now) || reqs[i].GivesBack && d.BanEnds.IsZero() {
 			continue
 		}
 		s := c.shard(keys[i])
@@ -249,6 +263,7 @@ func (c *denyCache) store(keys []string, reqs []Request, decisions []algorithms.
 			}
 			c.size.Add(1)
 		}
+		d.BanStarted = false // begun once, by the request that Redis rejected
 		s.entries[keys[i]] = denyEntry{algorithm: reqs[i].Algorithm, limit: reqs[i].Rate, cost: reqs[i].Cost, decision: d}
 		s.mu.Unlock()
 	}

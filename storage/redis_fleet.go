@@ -73,8 +73,8 @@ func (s localStore) Take(_ context.Context, reqs []Request, decisions []algorith
 }
 
 // Release implements Store.
-func (s localStore) Release(_ context.Context, reqs []Request) error {
-	s.c.localCounters().releaseUnits(reqs)
+func (s localStore) Release(_ context.Context, reqs []Request, decisions []algorithms.Decision) error {
+	s.c.localCounters().release(reqs, decisions)
 	return nil
 }
 

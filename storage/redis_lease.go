@@ -150,7 +150,7 @@ func (t *leaseTable) spend(keys []string, reqs []Request, decisions []algorithms
 		l.spent += q.Cost
 		l.lastUsed = now
 		remaining := max(l.remaining-l.spent, 0)
-		decisions[i] = algorithms.Decision{Allowed: true, Limit: l.limit, Remaining: remaining, Used: l.capacity - remaining, Reset: l.reset}
+		decisions[i] = algorithms.Decision{Allowed: true, Limit: l.limit, Remaining: remaining, Used: l.capacity - remaining, Reset: l.reset, Window: l.window}
 		l.series.add(leaseSpent, q.Cost)
 	}
 	return true
@@ -161,10 +161,11 @@ func (t *leaseTable) spend(keys []string, reqs []Request, decisions []algorithms
 // for a key seen before and not being refilled already. A key seen for
 // the first time asks for none, and is remembered. A request with a
 // concurrency zone, which always asks Redis, asks for no lease: it could
-// never spend one.
+// never spend one. Nor does one with a zone that bans: a ban must hold on
+// every instance at once, so each of its requests asks Redis.
 func (t *leaseTable) asks(keys []string, reqs []Request, now time.Time) []int64 {
 	for _, q := range reqs {
-		if q.Algorithm == algorithms.Concurrency {
+		if q.Algorithm == algorithms.Concurrency || q.Ban > 0 {
 			return nil
 		}
 	}
@@ -259,6 +260,30 @@ func (t *leaseTable) granted(keys []string, reqs []Request, a *leaseAnswer, deci
 		}
 		l.series.add(leaseTaken, g)
 	}
+}
+
+// giveBack puts the cost of q, allowed with d, back into this instance's
+// lease of its key, and reports whether it did. It does if the lease may
+// still be spent, by the same requests, in the window q was charged in: a
+// windowed unit counted in Redis for that window is as good as a leased
+// one, so the lease spends it again or returns it with the rest. A gcra
+// cost is never put back: each leased unit stands for an instant of the
+// bucket, and one charged at another instant is not interchangeable with
+// them.
+func (t *leaseTable) giveBack(key string, q Request, d algorithms.Decision, now time.Time) bool {
+	if !q.Algorithm.Windowed() {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := t.m[key]
+	if l == nil || l.units+l.spent == 0 || l.window != d.Window || l.rate != q.Rate || l.alg != q.Algorithm || !now.Before(l.expires) {
+		return false
+	}
+	l.units += q.Cost
+	l.spent = max(l.spent-q.Cost, 0)
+	l.series.add(leaseGivenBack, q.Cost)
+	return true
 }
 
 // due takes out of the table the units to give back at now: those of

@@ -134,8 +134,7 @@ func failureCounts(ctx context.Context, err error) bool {
 // share a slot.
 func (r *Redis) charge(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
 	if !r.Cluster || sameTag(keys) {
-		_, err := r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true, leases)
-		return err
+		return r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true, leases)
 	}
 	return r.chargeSlotGroups(ctx, deadline, c, keys, reqs, decisions, clock)
 }
@@ -206,7 +205,7 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 		for j, i := range g {
 			gKeys[j], gReqs[j] = keys[i], reqs[i]
 		}
-		now, err := r.runTake(ctx, deadline, c, gKeys, gReqs, gDec, clock, !rejected, nil)
+		err := r.runTake(ctx, deadline, c, gKeys, gReqs, gDec, clock, !rejected, nil)
 		if err != nil && rejected {
 			for _, rest := range groups[gi:] {
 				for _, i := range rest {
@@ -231,7 +230,7 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 		if !rejected {
 			args := make([]any, 0, 5*len(gReqs))
 			for j, q := range gReqs {
-				args = append(args, refundArgs(q, gDec[j], now)...)
+				args = append(args, refundArgs(q, gDec[j])...)
 			}
 			refunds = append(refunds, charged{gKeys, args})
 		}
@@ -256,15 +255,14 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 // each zone of an entry, and how many values it answers for each (see
 // scripts/take.lua).
 const (
-	zoneArgs   = 6
-	zoneValues = 6
+	zoneArgs   = 7
+	zoneValues = 7
 )
 
 // runTake decides reqs, whose keys all lie in one slot, in one script call
 // (shared with concurrent requests; see redis_batch.go) by deadline, and
-// fills decisions, and leases with what it asks for. It returns the
-// script's clock (server time unless clock is set), in ms.
-func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool, leases *leaseAnswer) (int64, error) {
+// fills decisions, and leases with what it asks for.
+func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool, leases *leaseAnswer) error {
 	t := &callPart{keys: keys, reqs: reqs, charge: charge, deadline: deadline}
 	if leases != nil {
 		t.asks = leases.asks
@@ -278,7 +276,7 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 		err = c.take(ctx, t)
 	}
 	if err != nil {
-		return 0, err
+		return err
 	}
 	serverNow := t.now
 	// Decisions are computed in the clock the script used, then moved to
@@ -297,9 +295,16 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 		// The script's verdict is what was written; it equals Decide's by
 		// construction (and by test), but the store must report what it did.
 		d.Allowed = v[3] == 1
+		if !d.Allowed && q.Ban > 0 && d.BanEnds.IsZero() {
+			// This rejection banned the key, as the script did.
+			d = d.Ban(time.UnixMilli(serverNow+q.Ban.Milliseconds()), true)
+		}
 		d.Reset = d.Reset.Add(shift)
 		if !d.RetryAt.IsZero() {
 			d.RetryAt = d.RetryAt.Add(shift)
+		}
+		if !d.BanEnds.IsZero() {
+			d.BanEnds = d.BanEnds.Add(shift)
 		}
 		decisions[i] = d
 		if leases != nil {
@@ -307,18 +312,23 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 			leases.grants[i], leases.counts[i] = v[5], counts
 		}
 	}
-	return serverNow, nil
+	return nil
 }
 
 // decideAgain runs algorithms.Decide, as the take script did, for one zone
 // of q at now (ms of the script's clock), from v, that zone's values in
 // the script's answer (see take.lua): the counters as stored before q,
-// and the limit the script used, the request's or a per-key override.
+// the limit the script used, the request's or a per-key override, and
+// the key's ban, which rejects q while it lasts.
 func decideAgain(q Request, v []int64, now int64) (algorithms.Decision, algorithms.Counts) {
 	counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
 	rate := q.Rate
 	rate.Units = v[4]
-	return algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
+	d, next := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
+	if q.Ban > 0 && v[6] > now {
+		return d.Ban(time.UnixMilli(v[6]), false), counts
+	}
+	return d, next
 }
 
 // takesUnits reports whether reqs hold concurrency units once charged.
@@ -332,8 +342,8 @@ func takesUnits(reqs []Request) bool {
 }
 
 // refundArgs are the refund script's arguments that take back the charge
-// d of q, made at now (ms of the script's clock).
-func refundArgs(q Request, d algorithms.Decision, now int64) []any {
+// d of q: from the window d was decided in, in the script's clock.
+func refundArgs(q Request, d algorithms.Decision) []any {
 	alg := scriptAlgorithm(q.Algorithm)
 	switch q.Algorithm {
 	case algorithms.GCRA:
@@ -342,21 +352,30 @@ func refundArgs(q Request, d algorithms.Decision, now int64) []any {
 	case algorithms.Concurrency:
 		return []any{alg, 0, q.Cost, holderName(q), 0}
 	}
-	return []any{alg, algorithms.WindowIndex(now, q.Rate.Window.Milliseconds()), q.Cost, "", 0}
+	return []any{alg, d.Window, q.Cost, "", 0}
 }
 
 // Release implements Store: each concurrency request leaves its key's
-// holders, in one script call for all of them (one per hash tag on a
-// cluster), atomic in its slot. A request the script finds no longer
-// holding (its lease ended) is released already.
-func (r *Redis) Release(ctx context.Context, reqs []Request) error {
+// holders, and each other request's cost is taken back (refund.lua), in
+// one script call for all of them (one per hash tag on a cluster), atomic
+// in its slot. A request the script finds no longer holding (its lease
+// ended) is released already. A windowed cost this instance holds a
+// lease of its key for, in the same window, goes back to the lease
+// instead, without a call: the lease spends it again or returns it with
+// its other units.
+func (r *Redis) Release(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error {
 	var keys []string
 	var held []Request
-	for _, q := range reqs {
-		if q.Algorithm == algorithms.Concurrency {
-			keys = append(keys, r.counterKey(q.Zone, q.Key))
-			held = append(held, q)
+	var heldDecisions []algorithms.Decision
+	now := r.now()
+	for i, q := range reqs {
+		key := r.counterKey(q.Zone, q.Key)
+		if r.Lease && r.client.leases.giveBack(key, q, decisions[i], now) {
+			continue
 		}
+		keys = append(keys, key)
+		held = append(held, q)
+		heldDecisions = append(heldDecisions, decisions[i])
 	}
 	if len(keys) == 0 {
 		return nil
@@ -369,7 +388,7 @@ func (r *Redis) Release(ctx context.Context, reqs []Request) error {
 	tctx, cancel := context.WithTimeout(ctx, time.Duration(r.Timeout))
 	defer cancel()
 	var failed error
-	refundCalls(tctx, c.rdb, r.Cluster, keys, func(i int) []any { return refundArgs(held[i], algorithms.Decision{}, 0) },
+	refundCalls(tctx, c.rdb, r.Cluster, keys, func(i int) []any { return refundArgs(held[i], heldDecisions[i]) },
 		func(g []int, err error) bool {
 			if err != nil {
 				failed = fmt.Errorf("redis: releasing zone %q: %w", held[g[0]].Zone, err)

@@ -94,7 +94,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 		}
 		want, _ := algorithms.Decide(alg, stored, now, l, cost)
 		got := make([]algorithms.Decision, 1)
-		if _, err := r.runTake(context.Background(), time.Now().Add(10*time.Second), r.client, []string{key}, []Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, got, now.UnixMilli(), false, nil); err != nil {
+		if err := r.runTake(context.Background(), time.Now().Add(10*time.Second), r.client, []string{key}, []Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, got, now.UnixMilli(), false, nil); err != nil {
 			t.Fatal(err)
 		}
 		if got[0] != want {
@@ -1512,7 +1512,11 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 				l.Burst = rng.Int64N(2 * l.Units)
 				cost = 1 + rng.Int64N(3)
 			}
-			reqs = append(reqs, Request{Algorithm: alg, Rate: l, Cost: cost})
+			var ban time.Duration
+			if rng.IntN(3) == 0 {
+				ban = time.Duration(1+rng.Int64N(3600)) * time.Second
+			}
+			reqs = append(reqs, Request{Algorithm: alg, Rate: l, Cost: cost, Ban: ban})
 		}
 		// Two sets of keys in the same state: one decided by one call,
 		// the other by a call per request.
@@ -1538,6 +1542,10 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 			fields = append(fields, "t", now+2*w)
 			if rng.IntN(4) == 0 {
 				fields = append(fields, "o", 1+rng.Int64N(12), "ox", 0)
+			}
+			if rng.IntN(4) == 0 {
+				// A ban that has ended or has not.
+				fields = append(fields, "b", now-1000+rng.Int64N(2000))
 			}
 			for _, k := range []string{one[z], each[z]} {
 				if err := rdb.HSet(ctx, k, fields...).Err(); err != nil {
@@ -1740,7 +1748,7 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	}
 	// It is decided after the one whose client went away, which was sent
 	// and so charged: it saw a count of 2.
-	if want := []int64{stays.vals[0], 2, 0, 1, 100, 0}; !slices.Equal(stays.vals, want) {
+	if want := []int64{stays.vals[0], 2, 0, 1, 100, 0, 0}; !slices.Equal(stays.vals, want) {
 		t.Errorf("the other request saw %v, want %v", stays.vals, want)
 	}
 	if c, err := s.Do("HGET", key, "c"); err != nil || c != "3" {

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
@@ -28,6 +29,18 @@ type Request struct {
 	// process that hold units of one key at once: a shared store keeps
 	// each holder with its own lease, and Release names it.
 	Holder uint64
+	// Ban, if set, bans the key for that long the first time this zone
+	// rejects it: until the ban ends, every request of the key in the
+	// zone is rejected, whatever its counts. Stores honour a ban only for
+	// requests that carry one, so a zone whose ban is removed (or a dry
+	// run) is never refused by one.
+	Ban time.Duration
+	// GivesBack tells that the handler may give the cost back once the
+	// request is done (count_status): the key's counts can fall before
+	// time frees them, so a store may not take one rejection as standing
+	// for the next (a remote store's cache of rejections), unless the key
+	// is banned.
+	GivesBack bool
 }
 
 // Store keeps counters per zone and key.
@@ -40,11 +53,15 @@ type Store interface {
 	// answer timed out may still have charged the request.
 	Take(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error
 
-	// Release gives back the units held by the concurrency requests in
-	// reqs (others are skipped), which Take allowed. It is called once per
-	// allowed request, when Caddy is done with it. A shared store that
-	// cannot be reached keeps the units until their lease ends.
-	Release(ctx context.Context, reqs []Request) error
+	// Release gives back what Take charged the allowed requests in reqs,
+	// with decisions their decisions from Take (same length): a
+	// concurrency request's units, once Caddy is done with it, and another
+	// request's cost when it is done and should not count (count_status),
+	// taken back from the window it was charged in (algorithms.GiveBack).
+	// It is called at most once per allowed request. A shared store that
+	// cannot be reached keeps the units until their lease ends, and the
+	// costs until their window does: never more permissive.
+	Release(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error
 
 	// Released returns a channel closed at this instance's next Release,
 	// so a request held by max_delay for units can ask again at once.

@@ -1,10 +1,19 @@
 package storage
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
+
+// release releases reqs, concurrency requests, whose decisions do not
+// matter to a release.
+func release(s Store, reqs ...Request) error {
+	return s.Release(context.Background(), reqs, make([]algorithms.Decision, len(reqs)))
+}
 
 // waitUntil polls cond until it holds: tests wait for events, not for a
 // sleep to be long enough. The 20 s deadline is no bound on how long the

@@ -11,6 +11,8 @@
 --          limit) and ox (when it ends, in ms; 0 for never). While the
 --          override is in force it replaces the request's limit, and the
 --          key's expiry is the admin call's to set, not this script's.
+--          And b: when the key's ban ends (ms), once a zone with a ban
+--          rejected it.
 -- ARGV[1]  "" to use the server clock (TIME), or a time in ms since the
 --          epoch; tests drive the shared test vectors with it.
 -- ARGV[2]  N, the live instances sharing the store, for leases (below).
@@ -21,9 +23,15 @@
 --          algorithm ("f" fixed window, "s" sliding tail, "g" gcra, "c"
 --          concurrency), limit, window (ms; for concurrency the lease),
 --          cost, one more: gcra's burst (0: the limit), concurrency's
---          holder (see below), "" otherwise; and the lease asked for: how
+--          holder (see below), "" otherwise; the lease asked for: how
 --          many units beyond the cost the instance would like to spend
---          later on its own (0 for none).
+--          later on its own (0 for none); and the ban (ms; 0 for none).
+--
+-- Bans: a zone with a ban rejects every request while the key's ban has
+-- not ended, whatever its counts; and when it rejects a request of a key
+-- that is not banned, the key is banned from now for the zone's ban. The
+-- ban lives in the key's hash, beside its counts, which then live at
+-- least as long.
 --
 -- Leases: when an entry of one request (m = 1) is allowed and charged, each
 -- zone that asked for a lease is charged up to that many more units, but
@@ -47,11 +55,13 @@
 -- decided against the same counters), and for each zone: w, c, p as
 -- stored before the entry (0 when absent), whether the zone alone allows
 -- the entry's first request not allowed (1/0; 1 when all were), the limit
--- it was decided against, and the units leased (0 when none)}. The caller rebuilds what each of the
+-- it was decided against, the units leased (0 when none), and b as stored
+-- before the entry (0 when absent)}. The caller rebuilds what each of the
 -- entry's requests saw by charging them one after the other, as
--- algorithms.Decide does. An entry for many identical requests (one hot
--- key under load) costs little more than one for a single request: its
--- arguments are read once and its answer is six numbers.
+-- algorithms.Decide does, and banning as this script does. An entry for
+-- many identical requests (one hot key under load) costs little more than
+-- one for a single request: its arguments are read once and its answer is
+-- seven numbers a zone.
 --
 -- Each key is read once and written at most once per call, after all
 -- requests are decided, with the counts they left. Its expiry is set only
@@ -144,15 +154,18 @@ local out = {now}
 local o = 1
 
 -- The counters of every key the call touches, as the requests so far left
--- them, eight slots per key from s[at[key]]: the key, w (false when Redis
+-- them, nine slots per key from s[at[key]]: the key, w (false when Redis
 -- does not hold the key), c, p, t, what to write at the end (0 nothing, 1
 -- the counts, 2 the counts and a later expiry), the override in force
--- (false if none), and the holders' set of a concurrency key (false for
--- others). Flat arrays keep the tables per call few.
+-- (false if none), the holders' set of a concurrency key (false for
+-- others), and b (0 when absent). Flat arrays keep the tables per call
+-- few.
 local at, s, ns = {}, {}, 0
--- The current entry's zones, seven slots per zone: where its key's
+-- The keys this call banned, by where their counters are.
+local banned = {}
+-- The current entry's zones, eight slots per zone: where its key's
 -- counters are, algorithm, limit, window, cost, the zone's extra argument,
--- and the lease asked for.
+-- the lease asked for and the ban.
 local zs = {}
 -- What charging the current request would write, six slots per zone:
 -- where its key's counters are, w, c, p and t, and the holder to add
@@ -313,9 +326,9 @@ while a <= #ARGV do
     local alg = ARGV[a]
     if not j then
       j = ns + 1
-      ns = ns + 8
+      ns = ns + 9
       at[key] = j
-      local v = redis.call('HMGET', key, 'w', 'c', 'p', 't', 'o', 'ox')
+      local v = redis.call('HMGET', key, 'w', 'c', 'p', 't', 'o', 'ox', 'b')
       local over = tonumber(v[5]) or false
       local ox = tonumber(v[6]) or 0
       if over and ox ~= 0 and ox <= now then
@@ -325,8 +338,9 @@ while a <= #ARGV do
         over = false
         v[4] = 0
       end
-      s[j], s[j + 1], s[j + 2], s[j + 3], s[j + 4], s[j + 5], s[j + 6], s[j + 7] =
-        key, tonumber(v[1]) or false, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0, 0, over, false
+      s[j], s[j + 1], s[j + 2], s[j + 3], s[j + 4], s[j + 5], s[j + 6], s[j + 7], s[j + 8] =
+        key, tonumber(v[1]) or false, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0, 0, over, false,
+        tonumber(v[7]) or 0
       if alg == 'c' then
         local hk = string.gsub(key, '}:', '}h:', 1)
         s[j + 7] = hk
@@ -349,15 +363,16 @@ while a <= #ARGV do
         end
       end
     end
-    local z7 = 7 * z
+    local z8 = 8 * z
     local limit = s[j + 6] or tonumber(ARGV[a + 1])
-    zs[z7 + 1], zs[z7 + 2], zs[z7 + 3], zs[z7 + 4], zs[z7 + 5], zs[z7 + 6], zs[z7 + 7] =
-      j, alg, limit, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4], tonumber(ARGV[a + 5])
-    -- The zone's counters as stored before the entry, its limit, and no
-    -- lease yet; the verdict (o + 4) and the lease (o + 6) are set below.
-    out[o + 1], out[o + 2], out[o + 3], out[o + 5], out[o + 6] = s[j + 1] or 0, s[j + 2], s[j + 3], limit, 0
-    o = o + 6
-    a = a + 6
+    zs[z8 + 1], zs[z8 + 2], zs[z8 + 3], zs[z8 + 4], zs[z8 + 5], zs[z8 + 6], zs[z8 + 7], zs[z8 + 8] =
+      j, alg, limit, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4], tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+    -- The zone's counters and ban as stored before the entry, its limit,
+    -- and no lease yet; the verdict (o + 4) and the lease (o + 6) are set
+    -- below.
+    out[o + 1], out[o + 2], out[o + 3], out[o + 5], out[o + 6], out[o + 7] = s[j + 1] or 0, s[j + 2], s[j + 3], limit, 0, s[j + 8]
+    o = o + 7
+    a = a + 7
   end
 
   -- The entry's requests, one after the other. Each sees the charges of
@@ -367,10 +382,13 @@ while a <= #ARGV do
   for _ = 1, m do
     local all = true
     for z = 0, n - 1 do
-      local z6, z7 = 6 * z, 7 * z
-      local j = zs[z7 + 1]
-      local ok, pw, pc, pp, pt, holder = decide(j, zs[z7 + 2], zs[z7 + 3], zs[z7 + 4], zs[z7 + 5], zs[z7 + 6])
-      out[first + 6 * z + 4] = ok and 1 or 0
+      local z6, z8 = 6 * z, 8 * z
+      local j = zs[z8 + 1]
+      local ok, pw, pc, pp, pt, holder = decide(j, zs[z8 + 2], zs[z8 + 3], zs[z8 + 4], zs[z8 + 5], zs[z8 + 6])
+      if zs[z8 + 8] > 0 and s[j + 8] > now then
+        ok = false -- banned
+      end
+      out[first + 7 * z + 4] = ok and 1 or 0
       all = all and ok
       pend[z6 + 1], pend[z6 + 2], pend[z6 + 3], pend[z6 + 4], pend[z6 + 5], pend[z6 + 6] = j, pw, pc, pp, pt, holder
     end
@@ -397,14 +415,31 @@ while a <= #ARGV do
     end
   end
   out[first] = allowed
+  if allowed < m then
+    -- A request was rejected: each zone with a ban that rejected it bans
+    -- its key, unless the key is banned already.
+    for z = 0, n - 1 do
+      local z8 = 8 * z
+      local j, ban = zs[z8 + 1], zs[z8 + 8]
+      if ban > 0 and out[first + 7 * z + 4] == 0 and s[j + 8] <= now then
+        s[j + 8] = now + ban
+        banned[j] = true
+        if s[j + 8] > s[j + 4] then
+          s[j + 4], s[j + 5] = s[j + 8], 2
+        elseif s[j + 5] == 0 then
+          s[j + 5] = 1
+        end
+      end
+    end
+  end
   if charge and m == 1 and allowed == 1 then
     for z = 0, n - 1 do
-      local z7 = 7 * z
-      if zs[z7 + 7] > 0 then
-        local j = zs[z7 + 1]
-        local grant = lease(j, zs[z7 + 2], zs[z7 + 3], zs[z7 + 4], zs[z7 + 6], zs[z7 + 7])
+      local z8 = 8 * z
+      if zs[z8 + 7] > 0 then
+        local j = zs[z8 + 1]
+        local grant = lease(j, zs[z8 + 2], zs[z8 + 3], zs[z8 + 4], zs[z8 + 6], zs[z8 + 7])
         if grant > 0 then
-          out[first + 6 * z + 6] = grant
+          out[first + 7 * z + 6] = grant
           if s[j + 5] == 0 then
             s[j + 5] = 1
           end
@@ -414,16 +449,31 @@ while a <= #ARGV do
   end
 end
 
-for j = 1, ns, 8 do
+for j = 1, ns, 9 do
   local write = s[j + 5]
+  -- A key first seen by a rejection that banned it has no window yet.
+  local w = s[j + 1] or 0
+  if banned[j] then
+    redis.call('HSET', s[j], 'b', s[j + 8])
+  end
   if write == 2 and not s[j + 6] then
-    redis.call('HSET', s[j], 'w', s[j + 1], 'c', s[j + 2], 'p', s[j + 3], 't', s[j + 4])
+    redis.call('HSET', s[j], 'w', w, 'c', s[j + 2], 'p', s[j + 3], 't', s[j + 4])
     redis.call('PEXPIRE', s[j], s[j + 4] - now)
     if s[j + 7] then
       redis.call('PEXPIRE', s[j + 7], s[j + 4] - now)
     end
   elseif write ~= 0 then
-    redis.call('HSET', s[j], 'w', s[j + 1], 'c', s[j + 2], 'p', s[j + 3])
+    redis.call('HSET', s[j], 'w', w, 'c', s[j + 2], 'p', s[j + 3])
+    if banned[j] and s[j + 6] then
+      -- Under an override the admin call sets the expiry; a ban that
+      -- ends later moves it, and t with it, so that removing the
+      -- override keeps the ban.
+      redis.call('HSET', s[j], 't', s[j + 4])
+      local ttl = redis.call('PTTL', s[j])
+      if ttl >= 0 and now + ttl < s[j + 8] then
+        redis.call('PEXPIRE', s[j], s[j + 8] - now)
+      end
+    end
   end
 end
 return out
