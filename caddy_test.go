@@ -367,6 +367,7 @@ type keyInfo struct {
 		Limit   int64     `json:"limit"`
 		Expires time.Time `json:"expires"`
 	} `json:"override"`
+	BanEnds time.Time `json:"ban_ends"`
 }
 
 // keyState reads a key's state through the admin endpoint at base.
