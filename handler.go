@@ -237,7 +237,7 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 // took and should not keep: the units of concurrency zones, and the cost
 // of zones that count only some statuses when the response's status, as
 // rec recorded it, is not one of them. The client may be gone, so the
-// request's context may be done: the release does not depend on it. A
+// request's context may be done: stores release regardless (Store). A
 // release that fails is a store error; a shared store then keeps what it
 // counted until its lease or window ends.
 func (h *Handler) release(ctx context.Context, q *question, checks []zoneCheck, rec *statusRecorder) {
@@ -252,7 +252,7 @@ func (h *Handler) release(ctx context.Context, q *question, checks []zoneCheck, 
 	if len(q.reqs) == 0 {
 		return
 	}
-	if err := q.store.Release(context.WithoutCancel(ctx), q.reqs, q.decisions); err != nil {
+	if err := q.store.Release(ctx, q.reqs, q.decisions); err != nil {
 		h.storeError(err)
 	}
 }

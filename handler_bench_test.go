@@ -27,6 +27,9 @@ func BenchmarkHandler(b *testing.B) {
 		{"allowed", `{"zones":[{"name":"bench_allowed","limit":[2000000000],"window":"1m"}]}`},
 		{"rejected", `{"zones":[{"name":"bench_rejected","limit":[1],"window":"1h"}]}`},
 		{"gcra_allowed", `{"zones":[{"name":"bench_gcra","limit":[2000000000],"window":"1m","algorithm":"gcra"}]}`},
+		// allowed, and given back after the response: its status, 200,
+		// is not one the zone counts.
+		{"count_status_allowed", `{"zones":[{"name":"bench_count_status","limit":[2000000000],"window":"1m","count_status":["401"]}]}`},
 		// Taken and released on every request: the key's slot is made
 		// and forgotten each time.
 		{"concurrency_allowed", `{"zones":[{"name":"bench_conc","limit":[1000],"algorithm":"concurrency"}]}`},

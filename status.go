@@ -116,12 +116,11 @@ func (w *statusRecorder) ReadFrom(r io.Reader) (int64, error) {
 // still there to read it; 499 if the client went away before any answer;
 // or the 200 that an empty response gets.
 func (w *statusRecorder) finish(r *http.Request, err error) {
-	var he caddyhttp.HandlerError
 	switch {
 	case w.written != 0:
 		w.status = w.written
-	case errors.As(err, &he) && he.StatusCode != 0:
-		w.status = he.StatusCode
+	case err != nil && carriedStatus(err) != 0:
+		w.status = carriedStatus(err)
 	case r.Context().Err() != nil:
 		w.status = statusClientClosedRequest
 	case err != nil:
@@ -129,6 +128,17 @@ func (w *statusRecorder) finish(r *http.Request, err error) {
 	default:
 		w.status = http.StatusOK
 	}
+}
+
+// carriedStatus returns the status a handler error carries, or 0. It is
+// a function of its own so that the error value errors.As needs is made
+// only for a request that ended in an error.
+func carriedStatus(err error) int {
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) {
+		return he.StatusCode
+	}
+	return 0
 }
 
 // final is the status the request counts as: what finish recorded, or,

@@ -32,11 +32,18 @@
 #   memory_gcra       memory_allowed with algorithm gcra
 #   memory_concurrency  memory_allowed with algorithm concurrency (each
 #                     request takes a unit and gives it back)
+#   memory_count_status  memory_allowed with count_status 5xx: every answer
+#                     is a 200, so every request's cost is given back after
+#                     its response (what the give-back costs; compare the two)
 #   memory_rejected   rate_limit, memory store, every request answered 429
 #   memory_many_keys  rate_limit, memory store, 100,000 distinct keys
 #                     (X-Key header drawn at random by wrk), all allowed
 #   redis_allowed     rate_limit, Redis store, one key, every request allowed
 #   redis_lease_allowed  redis_allowed with lease on
+#   redis_count_status  redis_allowed with count_status 5xx: a refund call
+#                     after each response
+#   redis_lease_count_status  redis_count_status with lease on: the costs go
+#                     back into the lease
 #   redis_many_keys   rate_limit, Redis store, 10,000 distinct keys drawn at
 #                     random, all allowed
 #   redis_many_keys_lease  redis_many_keys with lease on
@@ -58,7 +65,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10s}
 THREADS=${THREADS:-1}
 CONNECTIONS=${CONNECTIONS:-32}
-CASES=${CASES:-"plain floor memory_allowed memory_shed_idle memory_gcra memory_concurrency peer_allowed memory_rejected memory_many_keys peer_many_keys redis_allowed redis_lease_allowed redis_many_keys redis_many_keys_lease redis_rejected"}
+CASES=${CASES:-"plain floor memory_allowed memory_shed_idle memory_gcra memory_concurrency memory_count_status peer_allowed memory_rejected memory_many_keys peer_many_keys redis_allowed redis_lease_allowed redis_count_status redis_lease_count_status redis_many_keys redis_many_keys_lease redis_rejected"}
 # The other plugin's source, for when the module proxy does not serve it.
 PEER_SOURCE=${PEER_SOURCE:-../shared/peers/mholt-caddy-ratelimit.tar.gz}
 BYTES=${BYTES:-1}
@@ -123,6 +130,7 @@ caddyfile() {
 	case $1 in
 	memory_gcra) algorithm="algorithm gcra" ;;
 	memory_concurrency) algorithm="algorithm concurrency" period="" ;;
+	*_count_status) algorithm="count_status 5xx" ;;
 	esac
 	local key="{client_ip}"
 	[[ $1 == *_many_keys* || $1 == bytes ]] && key="{header.X-Key}"

@@ -385,7 +385,8 @@ func (r *Redis) Release(ctx context.Context, reqs []Request, decisions []algorit
 		return fmt.Errorf("redis: %w", err)
 	}
 	defer r.end(own)
-	tctx, cancel := context.WithTimeout(ctx, time.Duration(r.Timeout))
+	// The request's client may be gone; what it took goes back anyway.
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(r.Timeout))
 	defer cancel()
 	var failed error
 	refundCalls(tctx, c.rdb, r.Cluster, keys, func(i int) []any { return refundArgs(held[i], heldDecisions[i]) },

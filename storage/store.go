@@ -58,7 +58,9 @@ type Store interface {
 	// concurrency request's units, once Caddy is done with it, and another
 	// request's cost when it is done and should not count (count_status),
 	// taken back from the window it was charged in (algorithms.GiveBack).
-	// It is called at most once per allowed request. A shared store that
+	// It is called at most once per allowed request, when ctx, the
+	// request's, may be done (its client gone): a store gives back all
+	// the same, keeping ctx's values only. A shared store that
 	// cannot be reached keeps the units until their lease ends, and the
 	// costs until their window does: never more permissive.
 	Release(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error
