@@ -164,15 +164,40 @@ func testLogins(t *testing.T, fleet []instance) {
 	t.Logf("50 concurrent wrong attempts: %v", codes)
 }
 
+// quickZone forgets failures after a second; its ban lasts an hour.
+const quickZone = `zone quick {
+				limit 2
+				window 1s
+				count_status 401
+				ban 1h
+			}`
+
+// testBanOutlastsTheWindow: once the window's counts are gone, the banned
+// key is still refused everywhere, by the ban alone.
+func testBanOutlastsTheWindow(t *testing.T, fleet []instance) {
+	const key = "127.0.0.1"
+	for i := range 3 {
+		attempt(t, fleet[i%len(fleet)].url, "wrong")
+	}
+	waitUsed(t, fleet[0].admin, "quick", key, 0) // the window, and the one after it, are over
+	for _, in := range fleet {
+		code, retryAfter := attempt(t, in.url, "right")
+		wantBanned(t, "the right password after the counts are gone, at "+in.url, code, retryAfter)
+	}
+}
+
 func TestLoginsMemory(t *testing.T) {
 	testLogins(t, startLogins(t, 1, "", loginZone))
+	testBanOutlastsTheWindow(t, startLogins(t, 1, "", quickZone))
 }
 
 // TestLoginsRedisFleet: three instances on one Redis share the counts and
 // the ban.
 func TestLoginsRedisFleet(t *testing.T) {
 	s := redistest.Standalone(t)
-	testLogins(t, startLogins(t, 3, "store redis {\n\t\t\t\taddress "+s.URL()+"\n\t\t\t\ttimeout 5s\n\t\t\t}\n\t\t\ton_store_error deny", loginZone))
+	store := "store redis {\n\t\t\t\taddress " + s.URL() + "\n\t\t\t\ttimeout 5s\n\t\t\t}\n\t\t\ton_store_error deny"
+	testLogins(t, startLogins(t, 3, store, loginZone))
+	testBanOutlastsTheWindow(t, startLogins(t, 3, store, quickZone))
 }
 
 // TestRedisFleetCountStatusLeases: three instances with lease on and a

@@ -318,3 +318,22 @@ func mustInt(t *testing.T, s string) int64 {
 	}
 	return n
 }
+
+// TestRedisNoLeaseForBans: a zone that bans takes no leases, however much
+// room it has: an instance spending leased units would admit a key that
+// another instance has just banned.
+func TestRedisNoLeaseForBans(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := leaseStore(t, s, fmt.Sprintf("nlb%d:", time.Now().UnixNano()), 0)
+	fleetOf(t, s, 1, r)
+	req := Request{Zone: "nlb", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1, Ban: time.Hour}
+	for range 50 {
+		redisTake(t, r, time.Time{}, req)
+	}
+	if n := leasedUnits(r); n != 0 {
+		t.Fatalf("%d units leased for a zone that bans, want none", n)
+	}
+	if n := counted(t, s, r, "nlb", "k"); n != 50 {
+		t.Fatalf("Redis counts %d, want the 50 requests", n)
+	}
+}
