@@ -93,6 +93,7 @@ type zoneInfo struct {
 	Algorithm algorithms.Algorithm `json:"algorithm"`
 	Window    string               `json:"window,omitempty"`
 	Burst     int64                `json:"burst,omitempty"`
+	Buckets   int                  `json:"buckets,omitempty"`
 	Lease     string               `json:"lease,omitempty"`
 	Limit     Alternatives         `json:"limit"`
 	Store     string               `json:"store"`
@@ -109,9 +110,10 @@ type keyInfo struct {
 	Key  string `json:"key"`
 	// Used is what counts against the limit now: the current window's
 	// count plus, for a sliding tail, the previous window's weighted share;
-	// for gcra the units the bucket lacks; for concurrency the units in
-	// flight. Current and the previous window's are for windowed
-	// algorithms only.
+	// for a sliding window the counts of its n+1 sub-windows (Current the
+	// current one's, Previous the others'); for gcra the units the bucket
+	// lacks; for concurrency the units in flight. Current and the previous
+	// window's are for windowed algorithms only.
 	Used             int64             `json:"used"`
 	Current          int64             `json:"current"`
 	Previous         int64             `json:"previous"`
@@ -191,7 +193,7 @@ func (a *adminAPI) listZones(w http.ResponseWriter, r *http.Request) error {
 		if z == nil {
 			continue
 		}
-		info := zoneInfo{Name: z.Name, Algorithm: z.Algorithm, Burst: z.Burst,
+		info := zoneInfo{Name: z.Name, Algorithm: z.Algorithm, Burst: z.Burst, Buckets: z.Buckets,
 			Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun}
 		if z.Algorithm == algorithms.Concurrency {
 			info.Lease = time.Duration(z.Lease).String()
@@ -227,6 +229,15 @@ func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z *Zone, raw stri
 		rate := algorithms.Rate{Units: maxLimit, Window: z.period}
 		if z.Algorithm == algorithms.GCRA {
 			rate = algorithms.Rate{Units: max(st.Counts.Previous, 1), Window: z.period, Burst: z.Burst}
+		}
+		if z.Algorithm == algorithms.SlidingWindow {
+			// Used is the sum of the ring's sub-windows; Current the
+			// current sub-window's count, Previous the other n's.
+			rate.Buckets = z.Buckets
+			d, ring := algorithms.DecideRing(st.Ring, time.Now(), rate, 0)
+			current := ring.Counts[d.Window%int64(ring.Buckets+1)]
+			return writeJSON(w, keyInfo{Zone: z.Name, Key: key, Used: d.Used, Current: current, Previous: d.Used - current,
+				Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds})
 		}
 		d, rolled := algorithms.Decide(z.Algorithm, st.Counts, time.Now(), rate, 0)
 		info := keyInfo{Zone: z.Name, Key: key, Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}

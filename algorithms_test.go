@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -329,4 +331,51 @@ func TestGCRAOptionsThroughCaddy(t *testing.T) {
 	if n := metricCount(t, dryRun) - dryRunBefore; n != 1 {
 		t.Fatalf("%d dry-run rejections counted, want 1", n)
 	}
+}
+
+// TestSlidingWindowThroughCaddy: a sliding_window zone (3 per 3 s in six
+// buckets of 500 ms) through Caddy: three pass with the headers counting
+// down, the fourth is refused with Retry-After, the admin API shows the
+// ring's counts, and the key passes again once its oldest sub-window has
+// left.
+func TestSlidingWindowThroughCaddy(t *testing.T) {
+	a := newApp(t)
+	startCaddy(t, fmt.Sprintf(`
+:9080 {
+	rate_limit {
+		zone exact {
+			key {header.X-Client}
+			limit 3
+			window 3s
+			algorithm sliding_window
+			buckets 6
+		}
+	}
+	reverse_proxy %s
+}
+`, a.url))
+	for i, want := range []string{"2", "1", "0"} {
+		resp, _ := do(t, http.MethodGet, siteURL, "X-Client: s")
+		status(t, resp, http.StatusOK)
+		if got := resp.Header.Get("X-RateLimit-Remaining"); got != want || resp.Header.Get("X-RateLimit-Limit") != "3" {
+			t.Fatalf("request %d: remaining %q limit %q, want %s of 3", i, got, resp.Header.Get("X-RateLimit-Limit"), want)
+		}
+	}
+	resp, _ := do(t, http.MethodGet, siteURL, "X-Client: s")
+	status(t, resp, http.StatusTooManyRequests)
+	if got, _ := strconv.Atoi(resp.Header.Get("Retry-After")); got < 1 || got > 4 {
+		t.Fatalf("Retry-After %q, want up to the window and a bucket (3.5 s), rounded up", resp.Header.Get("Retry-After"))
+	}
+	if n := a.hits.Load(); n != 3 {
+		t.Fatalf("the app saw %d requests, want 3", n)
+	}
+	info := keyState(t, adminURL, "exact", "s")
+	if info.Used != 3 || info.Current+info.Previous != 3 {
+		t.Fatalf("admin key state %+v, want 3 used", info)
+	}
+	_, body := adminJSON(t, adminURL, http.MethodGet, "/rate_limit/zones", "")
+	if !strings.Contains(body, `"algorithm":"sliding_window"`) || !strings.Contains(body, `"buckets":6`) {
+		t.Fatalf("zones %s, want the sliding window with its buckets", body)
+	}
+	waitFor(t, "the oldest sub-window to leave", func() bool { return getURL(t, siteURL, "s") == http.StatusOK })
 }

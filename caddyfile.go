@@ -313,6 +313,20 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 			z.Burst = n
 
+		case "buckets":
+			var v string
+			if !d.AllArgs(&v) {
+				return nil, d.ArgErr()
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return nil, fail(fmt.Errorf("want an integer from %d to %d, got %q", algorithms.MinBuckets, algorithms.MaxBuckets, v))
+			}
+			if err := checkBuckets(n); err != nil {
+				return nil, fail(err)
+			}
+			z.Buckets = n
+
 		case "max_delay":
 			dur, err := parseDuration(d)
 			if err == nil {
@@ -413,7 +427,7 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 
 		default:
-			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, burst, lease, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix, status, count_status or ban)", z.Name, dir)
+			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, buckets, burst, lease, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix, status, count_status or ban)", z.Name, dir)
 		}
 	}
 	// What no line could check: the fields that are missing.

@@ -149,12 +149,19 @@ func TestRedisConcurrencyFleet(t *testing.T) {
 	})
 }
 
-// TestRedisGCRAFleetExact: three instances on one Redis, standalone and
-// cluster, share one bucket of 30: 150 requests at once, exactly 30 pass.
-func TestRedisGCRAFleetExact(t *testing.T) {
+// TestRedisFleetSharesOneLimit: three instances on one Redis, standalone and
+// cluster, share one gcra bucket of 30, or one sliding window of 30: 150
+// requests at once, exactly 30 pass.
+func TestRedisFleetSharesOneLimit(t *testing.T) {
+	for _, alg := range []string{"gcra", "sliding_window"} {
+		t.Run(alg, func(t *testing.T) { testFleetExact(t, alg) })
+	}
+}
+
+func testFleetExact(t *testing.T, alg string) {
 	run := func(t *testing.T, store string) {
 		a := newApp(t)
-		fleet := startFleet(t, 3, fleetSpec{store: store, zone: perClient(30) + "\n\t\t\talgorithm gcra", upstream: a.url})
+		fleet := startFleet(t, 3, fleetSpec{store: store, zone: perClient(30) + "\n\t\t\talgorithm " + alg, upstream: a.url})
 		codes := burst(urls(fleet), "one", 150)
 		if codes[200] != 30 || codes[429] != 120 {
 			t.Fatalf("answers by status %v, want exactly 30 × 200 and 120 × 429", codes)

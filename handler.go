@@ -111,7 +111,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			Zone:      z.Name,
 			Key:       z.resolveKey(values),
 			Algorithm: z.Algorithm,
-			Rate:      algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst},
+			Rate:      algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst, Buckets: z.Buckets},
 			Cost:      z.costs[methodIndex(r.Method)],
 			GivesBack: z.countsStatus,
 		}

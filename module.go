@@ -159,10 +159,16 @@ type Zone struct {
 	// The window length; at least 1ms.
 	Window caddy.Duration `json:"window"`
 
-	// "sliding_tail" (default), "fixed_window", "gcra" or "concurrency".
-	// A concurrency zone limits the requests in flight, not a rate: it has
-	// no window.
+	// "sliding_tail" (default), "fixed_window", "sliding_window", "gcra"
+	// or "concurrency". A concurrency zone limits the requests in flight,
+	// not a rate: it has no window.
 	Algorithm algorithms.Algorithm `json:"algorithm,omitempty"`
+
+	// sliding_window only: how many sub-windows the window is cut into,
+	// from 2 to 60, each at least 1ms. More buckets admit closer to the
+	// limit under steady demand (limit × n/(n+1) a window at least) and
+	// cost a counter each. Default: 10.
+	Buckets int `json:"buckets,omitempty"`
 
 	// gcra only: how many cost units a key may spend at once, its bucket.
 	// Default: the limit.
@@ -557,6 +563,20 @@ func (z *Zone) validateAlgorithmOptions() error {
 			return fmt.Errorf("lease: only for algorithm concurrency (want no lease with algorithm %s), got %s", alg, time.Duration(z.Lease))
 		}
 	}
+	if z.Buckets != 0 {
+		if alg != algorithms.SlidingWindow {
+			return fmt.Errorf("buckets: only for algorithm sliding_window (want no buckets with algorithm %s), got %d", alg, z.Buckets)
+		}
+		if err := checkBuckets(z.Buckets); err != nil {
+			return fmt.Errorf("buckets: %w", err)
+		}
+		if ms := time.Duration(z.Window).Milliseconds(); ms < int64(z.Buckets) {
+			return fmt.Errorf("buckets: want at most one bucket per millisecond of the window (%s), got %d", time.Duration(z.Window), z.Buckets)
+		}
+	}
+	if alg == algorithms.SlidingWindow && z.Buckets == 0 && time.Duration(z.Window) < algorithms.DefaultBuckets*time.Millisecond {
+		return fmt.Errorf("window: want at least %dms for the default %d buckets of sliding_window, got %s", algorithms.DefaultBuckets, algorithms.DefaultBuckets, time.Duration(z.Window))
+	}
 	if z.Burst != 0 {
 		if alg != algorithms.GCRA {
 			return fmt.Errorf("burst: only for algorithm gcra (want no burst with algorithm %s), got %d", alg, z.Burst)
@@ -636,7 +656,14 @@ func checkWindow(d time.Duration) error {
 
 func checkAlgorithm(a algorithms.Algorithm) error {
 	if !a.Valid() {
-		return fmt.Errorf("want sliding_tail, fixed_window, gcra or concurrency, got %q", a)
+		return fmt.Errorf("want sliding_tail, fixed_window, sliding_window, gcra or concurrency, got %q", a)
+	}
+	return nil
+}
+
+func checkBuckets(n int) error {
+	if n < algorithms.MinBuckets || n > algorithms.MaxBuckets {
+		return fmt.Errorf("want an integer from %d to %d, got %d", algorithms.MinBuckets, algorithms.MaxBuckets, n)
 	}
 	return nil
 }

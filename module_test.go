@@ -29,6 +29,8 @@ func TestBadJSONRefused(t *testing.T) {
 		{"null zone", `{"zones":[null]}`, "zones", "null"},
 		{"negative max_keys", `{"store":{"backend":"memory","max_keys":-5},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "max_keys", "-5"},
 		{"zone status", `{"zones":[{"name":"z","limit":[1],"window":"1s","status":302}]}`, "status", "302"},
+		{"buckets", `{"zones":[{"name":"z","limit":[1],"window":"1s","algorithm":"sliding_window","buckets":100}]}`, "buckets", "100"},
+		{"buckets outside sliding_window", `{"zones":[{"name":"z","limit":[1],"window":"1s","algorithm":"gcra","buckets":5}]}`, "buckets", "gcra"},
 		{"count_status", `{"zones":[{"name":"z","limit":[1],"window":"1s","count_status":[401,700]}]}`, "count_status", "700"},
 		{"count_status type", `{"zones":[{"name":"z","limit":[1],"window":"1s","count_status":[true]}]}`, "count_status", "true"},
 		{"ban", `{"zones":[{"name":"z","limit":[1],"window":"1s","ban":"10ms"}]}`, "ban", "10ms"},

@@ -40,7 +40,7 @@ const (
 
 // Valid reports whether a names a known algorithm.
 func (a Algorithm) Valid() bool {
-	return a == FixedWindow || a == SlidingTail || a == GCRA || a == Concurrency
+	return a == FixedWindow || a == SlidingTail || a == SlidingWindow || a == GCRA || a == Concurrency
 }
 
 // Windowed reports whether a counts in windows, so that a zone needs a
@@ -49,13 +49,17 @@ func (a Algorithm) Windowed() bool { return a == FixedWindow || a == SlidingTail
 
 // Rate is how many cost units may be spent per Window: the limit, over
 // the window. For GCRA, Burst is how many may be spent at once (0: Units).
-// For Concurrency, Units is how many may be held at once and Window is
+// For SlidingWindow, Buckets is how many sub-windows the window is cut
+// into. For Concurrency, Units is how many may be held at once and Window is
 // the lease: how long a shared store keeps units whose holder never
 // released them (an instance that died).
 type Rate struct {
 	Units  int64
 	Window time.Duration
 	Burst  int64
+	// Buckets is how many sub-windows a sliding window cuts Window into
+	// (0: DefaultBuckets).
+	Buckets int
 }
 
 // MaxBucket bounds a GCRA bucket's depth, Burst×Window/Units, in
@@ -74,6 +78,9 @@ func (l Rate) Validate() error {
 	}
 	if l.Burst < 0 {
 		return fmt.Errorf("burst must be positive, got %d", l.Burst)
+	}
+	if err := l.validateBuckets(); err != nil {
+		return err
 	}
 	if l.Burst > 0 {
 		if q, _ := mulDivMod(l.Burst, l.Window.Milliseconds(), l.Units); q > MaxBucket {

@@ -14,7 +14,13 @@ import (
 // in a map the way the simplest store would.
 func TestVectors(t *testing.T) {
 	counts := map[string]algorithms.Counts{}
+	rings := map[string]algorithms.Ring{}
 	vectors.Run(t, func(t *testing.T, now time.Time, c vectors.Case, key string, cost int64) algorithms.Decision {
+		if c.Algorithm == algorithms.SlidingWindow {
+			d, next := algorithms.DecideRing(rings[key], now, c.Rate, cost)
+			rings[key] = next
+			return d
+		}
 		d, next := algorithms.Decide(c.Algorithm, counts[key], now, c.Rate, cost)
 		counts[key] = next
 		return d
@@ -318,5 +324,37 @@ func TestBanDecision(t *testing.T) {
 	b := d.Ban(ends, true)
 	if b.Allowed || b.Remaining != 0 || !b.RetryAt.Equal(ends) || !b.BanEnds.Equal(ends) || !b.BanStarted {
 		t.Fatalf("banned decision %+v", b)
+	}
+}
+
+// TestNeverOverTheLimit: sliding_window admits no more than the limit in
+// any interval of one window, whatever the traffic, and at least
+// limit×n/(n+1) a window under steady demand. The other algorithms'
+// worst cases on the same traffic are reported, for the docs.
+func TestNeverOverTheLimit(t *testing.T) {
+	rings := map[string]algorithms.Ring{}
+	vectors.NeverOver(t, func(key string, rate algorithms.Rate, a vectors.Arrival) algorithms.Decision {
+		d, next := algorithms.DecideRing(rings[key], a.At, rate, a.Cost)
+		rings[key] = next
+		return d
+	})
+	for _, alg := range []algorithms.Algorithm{algorithms.SlidingWindow, algorithms.SlidingTail, algorithms.FixedWindow, algorithms.GCRA} {
+		counts := map[string]algorithms.Counts{}
+		rings := map[string]algorithms.Ring{}
+		take := func(key string, rate algorithms.Rate, a vectors.Arrival) algorithms.Decision {
+			if alg == algorithms.SlidingWindow {
+				d, next := algorithms.DecideRing(rings[key], a.At, rate, a.Cost)
+				rings[key] = next
+				return d
+			}
+			d, next := algorithms.Decide(alg, counts[key], a.At, rate, a.Cost)
+			counts[key] = next
+			return d
+		}
+		for _, rate := range vectors.PropertyRates {
+			most, steady := vectors.WorstRatio([]algorithms.Rate{rate}, take)
+			t.Logf("%-14s limit %3d per %-5s (%2d buckets): most in any window %.2f× the limit; under steady demand %.2f× a window",
+				alg, rate.Units, rate.Window, rate.BucketsOr(), most, steady)
+		}
 	}
 }

@@ -27,6 +27,8 @@ type KeyState struct {
 	// Counts are the key's counts as stored (zero for an unseen key), not
 	// rolled forward to now.
 	Counts algorithms.Counts
+	// Ring is, for a sliding_window key, its ring as stored.
+	Ring algorithms.Ring
 	// Override is the per-key limit in force, if any.
 	Override *Override
 	// BanEnds is when the key's ban ends, in the local clock; the zero

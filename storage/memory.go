@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
-	"math/bits"
 	"slices"
 	"strconv"
 	"sync"
@@ -242,28 +241,36 @@ func (e *memorySlot) counts() algorithms.Counts {
 	return algorithms.Counts{Window: e.window, Current: int64(e.current), Previous: int64(e.previous)}
 }
 
-// minSlots is the smallest table a shard allocates.
-const minSlots = 16
-
-// memoryShard is an open-addressing hash table with linear probing. It
-// grows by doubling before it is more than 3/4 full: at that load a
-// lookup for a missing key probes about 8.5 slots on average, four or
-// five adjacent cache lines, and one for a present key about 2.5, while
-// fuller tables make misses (every new key) much longer (about 32 slots
-// at 7/8). Removal shifts the entries after the hole back, so there are
-// no tombstones and probes never lengthen with churn.
+// memoryShard holds a 64th of the keys, each in the table for its kind
+// of counts, under one lock. The tables are bounded together: the shard
+// holds at most its share of max_keys in all.
 type memoryShard struct {
-	mu    sync.Mutex
-	slots []memorySlot // a power of two long, or nil
-	shift uint         // 64 - log2(len(slots)): a hash's top bits pick its home slot
-	n     int          // keys held
-	hand  int          // CLOCK's hand: the next slot eviction considers
+	mu     sync.Mutex
+	counts table[memorySlot, *memorySlot]
+	rings  table[ringSlot, *ringSlot]
+	wide   table[wideRingSlot, *wideRingSlot]
 	// bans holds when each banned key's ban ends, in ms, by key hash: few
-	// keys are ever banned, so they are kept apart from the slots, which
-	// stay 32 bytes, and evicting a key's counts does not lift its ban.
+	// keys are ever banned, so they are kept apart from the slots, and
+	// evicting a key's counts does not lift its ban.
 	bans map[uint64]int64
-	// The fields fill one cache line (64 bytes), so that locking one
+	// Pad to a multiple of a cache line (64 bytes), so that locking one
 	// shard does not steal the line of its neighbour from another CPU.
+	_ [192 - 160]byte
+}
+
+// keys returns how many keys the shard holds.
+func (s *memoryShard) keys() int { return s.counts.n + s.rings.n + s.wide.n }
+
+// makeRoom evicts while the shard holds bound keys or more, from the
+// table a new key goes in first (evictFirst), then from the others.
+// Eviction stops early if every key is pinned: the shard then holds more
+// than its bound until units are released.
+func (s *memoryShard) makeRoom(bound int, now uint32, evictFirst func(uint32) bool) {
+	for s.keys() >= bound {
+		if !evictFirst(now) && !s.counts.evict(now) && !s.rings.evict(now) && !s.wide.evict(now) {
+			return
+		}
+	}
 }
 
 type memoryCounters struct {
@@ -399,21 +406,36 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 	allowed := true
 	var countsBuf [4]algorithms.Counts
 	next := countsBuf[:0]
+	// The rings of sliding_window requests, which are too big to keep on
+	// the stack for every take: pooled, and only for takes that have one.
+	var rings *[]algorithms.Ring
 	for i, r := range reqs {
 		s := &c.shards[shardOf(hashes[i])]
-		var counts algorithms.Counts
-		if j, ok := s.lookup(hashes[i]); ok {
-			// A key asked for is in use, allowed or not: a key being
-			// refused must not be the one evicted, or its counts would be
-			// lost.
-			s.slots[j].ref = true
-			counts = s.slots[j].counts()
-		}
 		rate := r.Rate
 		if o, ok := c.admin.override(r.Zone, r.Key, now); ok {
 			rate.Units = o.Limit
 		}
-		d, n := algorithms.Decide(r.Algorithm, counts, now, rate, r.Cost)
+		var d algorithms.Decision
+		var n algorithms.Counts
+		if r.Algorithm == algorithms.SlidingWindow {
+			if rings == nil {
+				rings = ringScratch.Get().(*[]algorithms.Ring)
+				defer ringScratch.Put(rings)
+				*rings = slices.Grow((*rings)[:0], len(reqs))[:len(reqs)]
+			}
+			ring, _ := s.ringOf(hashes[i], rate.BucketsOr())
+			d, (*rings)[i] = algorithms.DecideRing(ring, now, rate, r.Cost)
+		} else {
+			var counts algorithms.Counts
+			if j, ok := s.counts.lookup(hashes[i]); ok {
+				// A key asked for is in use, allowed or not: a key being
+				// refused must not be the one evicted, or its counts would
+				// be lost.
+				s.counts.slots[j].ref = true
+				counts = s.counts.slots[j].counts()
+			}
+			d, n = algorithms.Decide(r.Algorithm, counts, now, rate, r.Cost)
+		}
 		if r.Ban > 0 {
 			if ends, ok := s.bans[hashes[i]]; ok && ends > nowMs {
 				d = d.Ban(time.UnixMilli(ends), false)
@@ -439,9 +461,18 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 	for i, r := range reqs {
 		// Storing one request may move the slots of another in the same
 		// shard (by growing or evicting), so each store looks up again.
-		c.shards[shardOf(hashes[i])].store(hashes[i], next[i], expiry(r, next[i]), bound, nowSec)
+		s := &c.shards[shardOf(hashes[i])]
+		if r.Algorithm == algorithms.SlidingWindow {
+			ring := &(*rings)[i]
+			s.storeRing(hashes[i], *ring, ringExpiry(*ring, r.Rate.Window.Milliseconds()), bound, nowSec)
+			continue
+		}
+		s.store(hashes[i], next[i], expiry(r, next[i]), bound, nowSec)
 	}
 }
+
+// ringScratch holds the rings a take decides before it stores them.
+var ringScratch = sync.Pool{New: func() any { return new([]algorithms.Ring) }}
 
 // expiry is when counts stop mattering, in Unix seconds rounded up.
 // Windowed counts matter until the end of the next window: a sliding tail
@@ -471,110 +502,26 @@ func unixSeconds(ms int64) uint32 {
 	return uint32(min(max(algorithms.WindowIndex(ms, 1000), 0), math.MaxUint32))
 }
 
-// lookup returns the slot holding h and true, or the empty slot where h
-// would go and false. The table is never full, so probing ends.
-func (s *memoryShard) lookup(h uint64) (int, bool) {
-	if s.slots == nil {
-		return -1, false
-	}
-	mask := len(s.slots) - 1
-	for i := int(h >> s.shift); ; i = (i + 1) & mask {
-		switch s.slots[i].hash {
-		case h:
-			return i, true
-		case 0:
-			return i, false
-		}
-	}
-}
-
 // store writes counts for h. A new key first makes room: it evicts while
-// the shard holds bound keys, and grows the table rather than fill it
-// beyond 3/4. A new key starts with its reference bit clear: it earns a
-// second chance only by being asked for again, so a flood of one-off keys
-// (an attacker rotating addresses, say) evicts its own keys before those
-// of clients that keep coming back, and a shard in which every key is
-// referenced, where CLOCK would take whichever key the hand reaches first
-// however recently used, stays rare.
+// the shard holds bound keys. A new key starts with its reference bit
+// clear: it earns a second chance only by being asked for again, so a
+// flood of one-off keys (an attacker rotating addresses, say) evicts its
+// own keys before those of clients that keep coming back, and a shard in
+// which every key is referenced, where CLOCK would take whichever key the
+// hand reaches first however recently used, stays rare.
 func (s *memoryShard) store(h uint64, counts algorithms.Counts, expires uint32, bound int, now uint32) {
-	i, ok := s.lookup(h)
+	i, ok := s.counts.lookup(h)
 	if !ok {
-		for s.n >= bound {
-			if !s.evict(now) {
-				break
-			}
-		}
-		if (s.n+1)*4 > len(s.slots)*3 {
-			s.resize(max(minSlots, 2*len(s.slots)))
-		}
-		i, _ = s.lookup(h)
-		s.n++
+		s.makeRoom(bound, now, s.counts.evict)
+		i = s.counts.add(h)
 	}
-	s.slots[i] = memorySlot{
+	s.counts.slots[i] = memorySlot{
 		hash:     h,
 		window:   counts.Window,
 		current:  uint32(counts.Current),
 		previous: uint32(counts.Previous),
 		expires:  expires,
 		ref:      ok, // and take has set it when ok
-	}
-}
-
-// evict forgets one key, chosen by CLOCK (second chance): the hand passes
-// over the slots, clearing reference bits, and takes the first key whose
-// bit is already clear or whose counts have expired. A key asked for
-// since the hand last passed survives, so keys in use stay and idle ones
-// go, much as with LRU but without a list threaded through every entry.
-// Pinned keys (units held in flight) are never taken: forgetting them
-// would admit more than the limit. The hand stops within two turns; it
-// reports false if every key was pinned, and the shard then holds more
-// than its bound until units are released.
-func (s *memoryShard) evict(now uint32) bool {
-	mask := len(s.slots) - 1
-	for range 2 * len(s.slots) {
-		e := &s.slots[s.hand]
-		if e.hash != 0 && e.expires != pinned {
-			if !e.ref || e.expires <= now {
-				// The slot now holds the entry shifted into the hole, if
-				// any, which the hand considers next.
-				s.remove(s.hand)
-				return true
-			}
-			e.ref = false
-		}
-		s.hand = (s.hand + 1) & mask
-	}
-	return false
-}
-
-// remove empties slot i and shifts back the entries after it that probed
-// past it, so every entry stays reachable from its home slot.
-func (s *memoryShard) remove(i int) {
-	mask := len(s.slots) - 1
-	for j := (i + 1) & mask; s.slots[j].hash != 0; j = (j + 1) & mask {
-		// The entry at j may fill the hole at i unless its home lies
-		// (cyclically) after i, where a probe for it starts past the hole.
-		home := int(s.slots[j].hash >> s.shift)
-		if (j-home)&mask >= (j-i)&mask {
-			s.slots[i] = s.slots[j]
-			i = j
-		}
-	}
-	s.slots[i] = memorySlot{}
-	s.n--
-}
-
-// resize moves the entries to a new table of n slots, a power of two.
-func (s *memoryShard) resize(n int) {
-	old := s.slots
-	s.slots = make([]memorySlot, n)
-	s.shift = uint(64 - bits.TrailingZeros(uint(n)))
-	s.hand = 0
-	for _, e := range old {
-		if e.hash != 0 {
-			i, _ := s.lookup(e.hash)
-			s.slots[i] = e
-		}
 	}
 }
 
@@ -606,11 +553,14 @@ func (c *memoryCounters) release(reqs []Request, decisions []algorithms.Decision
 		h := c.keyHash(r.Zone, r.Key)
 		s := &c.shards[shardOf(h)]
 		s.mu.Lock()
-		if j, ok := s.lookup(h); ok {
-			e := &s.slots[j]
+		if r.Algorithm == algorithms.SlidingWindow {
+			giveBackRing(&s.rings, h, decisions[i], r.Cost)
+			giveBackRing(&s.wide, h, decisions[i], r.Cost)
+		} else if j, ok := s.counts.lookup(h); ok {
+			e := &s.counts.slots[j]
 			n := algorithms.GiveBack(r.Algorithm, e.counts(), decisions[i], r.Rate, r.Cost)
 			if r.Algorithm == algorithms.Concurrency && n.Current == 0 {
-				s.remove(j)
+				s.counts.remove(j)
 			} else {
 				e.window, e.current, e.previous = n.Window, uint32(n.Current), uint32(n.Previous)
 			}
@@ -620,19 +570,25 @@ func (c *memoryCounters) release(reqs []Request, decisions []algorithms.Decision
 	c.released.signal()
 }
 
-// inspect returns the counts kept for zone and key as stored, not rolled
-// forward to now (algorithms.Roll does that), and whether any are kept.
+// inspect returns what is kept for zone and key as stored, not rolled
+// forward to now (algorithms.Roll and Ring.Roll do that): its counts, or
+// for a sliding_window key its ring; and whether anything is kept.
 // Looking does not count as use for eviction.
-func (c *memoryCounters) inspect(zone, key string) (algorithms.Counts, bool) {
+func (c *memoryCounters) inspect(zone, key string) (algorithms.Counts, algorithms.Ring, bool) {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	i, ok := s.lookup(h)
-	if !ok {
-		return algorithms.Counts{}, false
+	if i, ok := s.counts.lookup(h); ok {
+		return s.counts.slots[i].counts(), algorithms.Ring{}, true
 	}
-	return s.slots[i].counts(), true
+	if i, ok := s.rings.lookup(h); ok {
+		return algorithms.Counts{}, s.rings.slots[i].ring(), true
+	}
+	if i, ok := s.wide.lookup(h); ok {
+		return algorithms.Counts{}, s.wide.slots[i].ring(), true
+	}
+	return algorithms.Counts{}, algorithms.Ring{}, false
 }
 
 // banEnds returns when the ban of zone and key ends, in ms, if it is
@@ -651,7 +607,10 @@ func (c *memoryCounters) clear() {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		s.slots, s.shift, s.n, s.hand, s.bans = nil, 0, 0, 0, nil
+		s.counts.clear()
+		s.rings.clear()
+		s.wide.clear()
+		s.bans = nil
 		s.mu.Unlock()
 	}
 }
@@ -665,11 +624,9 @@ func (c *memoryCounters) reset(zone, key string) bool {
 	defer s.mu.Unlock()
 	_, banned := s.bans[h]
 	delete(s.bans, h)
-	i, ok := s.lookup(h)
-	if ok {
-		s.remove(i)
-	}
-	return ok || banned
+	counted := s.counts.forget(h)
+	ringed := s.rings.forget(h) || s.wide.forget(h)
+	return counted || ringed || banned
 }
 
 func (c *memoryCounters) sweepLoop() {
@@ -700,31 +657,16 @@ func (c *memoryCounters) sweep() {
 	}
 }
 
-// sweep removes the shard's entries and bans that expired by now, and shrinks a
-// table left less than 1/8 full (after a burst of keys, say) to between
-// 1/4 and 1/2 full, so the memory a burst took is given back.
+// sweep removes the shard's entries and bans that expired by now (see
+// table.sweep).
 func (s *memoryShard) sweep(now uint32) {
-	for i := 0; i < len(s.slots); {
-		if e := &s.slots[i]; e.hash != 0 && e.expires <= now {
-			// Removal shifts later entries into i (and entries from the
-			// table's start, already seen, into its end), so look at i
-			// again: every entry is seen at least once.
-			s.remove(i)
-			continue
-		}
-		i++
-	}
+	s.counts.sweep(now)
+	s.rings.sweep(now)
+	s.wide.sweep(now)
 	for h, ends := range s.bans {
 		if ends <= int64(now)*1000 {
 			delete(s.bans, h)
 		}
-	}
-	if len(s.slots) > minSlots && s.n < len(s.slots)/8 {
-		n := len(s.slots)
-		for n > minSlots && s.n < n/4 {
-			n /= 2
-		}
-		s.resize(n)
 	}
 }
 

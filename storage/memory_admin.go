@@ -34,7 +34,7 @@ func (a *memoryAdmin) override(zone, key string, now time.Time) (Override, bool)
 func (m *Memory) KeyState(_ context.Context, zone, key string) (KeyState, error) {
 	now := m.counters.now()
 	var st KeyState
-	st.Counts, _ = m.counters.inspect(zone, key)
+	st.Counts, st.Ring, _ = m.counters.inspect(zone, key)
 	if o, ok := m.counters.admin.override(zone, key, now); ok {
 		st.Override = &o
 	}

@@ -152,7 +152,7 @@ func TestMemoryClockKeepsUsedKeys(t *testing.T) {
 		}
 	}
 	for _, k := range hot {
-		if got, ok := c.inspect("z", k); !ok || got.Current != int64(uses) {
+		if got, _, ok := c.inspect("z", k); !ok || got.Current != int64(uses) {
 			t.Fatalf("hot key %s: %+v %v, want %d uses counted", k, got, ok, uses)
 		}
 	}
@@ -177,7 +177,7 @@ func TestMemoryKeysNeverShare(t *testing.T) {
 		}
 	}
 	for _, p := range pairs {
-		if got, ok := c.inspect(p[0], p[1]); !ok || got.Current != 1 {
+		if got, _, ok := c.inspect(p[0], p[1]); !ok || got.Current != 1 {
 			t.Fatalf("zone %q key %q: %+v %v, want 1", p[0], p[1], got, ok)
 		}
 	}
@@ -190,7 +190,7 @@ func TestMemoryInspectAndReset(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
 	l := algorithms.Rate{Units: 3, Window: time.Minute}
 	r := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 2}
-	if _, ok := c.inspect("z", "k"); ok {
+	if _, _, ok := c.inspect("z", "k"); ok {
 		t.Fatal("inspect found a key never taken")
 	}
 	if c.reset("z", "k") {
@@ -201,16 +201,16 @@ func TestMemoryInspectAndReset(t *testing.T) {
 	take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
 	idx := algorithms.WindowIndex(vectors.Start.Add(time.Minute).UnixMilli(), time.Minute.Milliseconds())
 	want := algorithms.Counts{Window: idx, Current: 1, Previous: 2}
-	if got, ok := c.inspect("z", "k"); !ok || got != want {
+	if got, _, ok := c.inspect("z", "k"); !ok || got != want {
 		t.Fatalf("inspect: %+v %v, want %+v", got, ok, want)
 	}
-	if _, ok := c.inspect("other", "k"); ok {
+	if _, _, ok := c.inspect("other", "k"); ok {
 		t.Fatal("inspect found k in a zone never used")
 	}
 	if !c.reset("z", "k") {
 		t.Fatal("reset did not find the key")
 	}
-	if _, ok := c.inspect("z", "k"); ok || c.len() != 0 {
+	if _, _, ok := c.inspect("z", "k"); ok || c.len() != 0 {
 		t.Fatalf("key still held after reset (%d keys)", c.len())
 	}
 	if d := take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 3}); !d.Allowed {
@@ -228,11 +228,11 @@ func TestMemoryShardTable(t *testing.T) {
 	model := map[uint64]uint32{} // hash -> expires
 	check := func(step int) {
 		t.Helper()
-		if s.n != len(model) {
-			t.Fatalf("step %d: n=%d, model holds %d", step, s.n, len(model))
+		if s.counts.n != len(model) {
+			t.Fatalf("step %d: n=%d, model holds %d", step, s.counts.n, len(model))
 		}
 		used := 0
-		for _, e := range s.slots {
+		for _, e := range s.counts.slots {
 			if e.hash != 0 {
 				used++
 				if exp, ok := model[e.hash]; !ok || exp != e.expires {
@@ -240,11 +240,11 @@ func TestMemoryShardTable(t *testing.T) {
 				}
 			}
 		}
-		if used != s.n {
-			t.Fatalf("step %d: %d slots used, n=%d", step, used, s.n)
+		if used != s.counts.n {
+			t.Fatalf("step %d: %d slots used, n=%d", step, used, s.counts.n)
 		}
 		for h := range model {
-			if _, ok := s.lookup(h); !ok {
+			if _, ok := s.counts.lookup(h); !ok {
 				t.Fatalf("step %d: %x unreachable", step, h)
 			}
 		}
@@ -263,28 +263,28 @@ func TestMemoryShardTable(t *testing.T) {
 		case op < 6:
 			h := randHash()
 			exp := uint32(rng.IntN(100))
-			before := s.n
-			_, had := s.lookup(h)
+			before := s.counts.n
+			_, had := s.counts.lookup(h)
 			s.store(h, algorithms.Counts{Current: 1}, exp, bound, 0)
 			if !had {
 				// evictions, if any, took keys the model must forget
 				for k := range model {
-					if _, ok := s.lookup(k); !ok {
+					if _, ok := s.counts.lookup(k); !ok {
 						delete(model, k)
 					}
 				}
-				if before >= bound && s.n != bound {
-					t.Fatalf("step %d: %d keys after a store into a full shard, bound %d", step, s.n, bound)
+				if before >= bound && s.counts.n != bound {
+					t.Fatalf("step %d: %d keys after a store into a full shard, bound %d", step, s.counts.n, bound)
 				}
 			}
 			model[h] = exp
 		case op < 8 && len(model) > 0:
 			for h := range model {
-				i, ok := s.lookup(h)
+				i, ok := s.counts.lookup(h)
 				if !ok {
 					t.Fatalf("step %d: %x missing", step, h)
 				}
-				s.remove(i)
+				s.counts.remove(i)
 				delete(model, h)
 				break
 			}
@@ -298,8 +298,8 @@ func TestMemoryShardTable(t *testing.T) {
 			}
 		}
 		check(step)
-		if s.n > bound {
-			t.Fatalf("step %d: %d keys, bound %d", step, s.n, bound)
+		if s.counts.n > bound {
+			t.Fatalf("step %d: %d keys, bound %d", step, s.counts.n, bound)
 		}
 	}
 }
@@ -339,12 +339,12 @@ func TestMemorySweepShrinks(t *testing.T) {
 		t.Fatalf("%d keys after the sweep, want %d", n, 2*memoryShards)
 	}
 	for i := range c.shards {
-		if s := &c.shards[i]; len(s.slots) > minSlots && s.n*4 < len(s.slots) {
-			t.Fatalf("shard %d: %d keys in %d slots after the sweep", i, s.n, len(s.slots))
+		if s := &c.shards[i]; len(s.counts.slots) > minSlots && s.counts.n*4 < len(s.counts.slots) {
+			t.Fatalf("shard %d: %d keys in %d slots after the sweep", i, s.counts.n, len(s.counts.slots))
 		}
 	}
 	for i := range 2 * memoryShards {
-		if _, ok := c.inspect("z", fmt.Sprint("long-", i)); !ok {
+		if _, _, ok := c.inspect("z", fmt.Sprint("long-", i)); !ok {
 			t.Fatalf("long-%d lost when its shard shrank", i)
 		}
 	}
@@ -640,14 +640,14 @@ func (c *memoryCounters) len() int {
 	n := 0
 	for i := range c.shards {
 		c.shards[i].mu.Lock()
-		n += c.shards[i].n
+		n += c.shards[i].keys()
 		c.shards[i].mu.Unlock()
 	}
 	return n
 }
 
 func TestMemoryShardSize(t *testing.T) {
-	if n := unsafe.Sizeof(memoryShard{}); n != 64 {
-		t.Fatalf("memoryShard is %d bytes, want 64", n)
+	if n := unsafe.Sizeof(memoryShard{}); n%64 != 0 {
+		t.Fatalf("memoryShard is %d bytes, want a multiple of a 64-byte cache line", n)
 	}
 }

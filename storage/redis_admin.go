@@ -56,6 +56,10 @@ func (r *Redis) KeyState(ctx context.Context, zone, key string) (KeyState, error
 	if vals[6] != 0 {
 		st.BanEnds = local(vals[6])
 	}
+	if ring := vals[7:]; len(ring) > 0 {
+		st.Ring = algorithms.Ring{Index: vals[1], Buckets: len(ring) - 1}
+		copy(st.Ring.Counts[:], ring)
+	}
 	return st, nil
 }
 

@@ -356,6 +356,13 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 			}
 		}
 		for z, q := range lead.reqs {
+			if q.Algorithm == algorithms.SlidingWindow {
+				// The retry instant is the first rejected request's.
+				v[zoneValues*z+2] = 0
+				if int64(i) >= allowed {
+					v[zoneValues*z+2] = entry[zoneValues*z+2]
+				}
+			}
 			if int64(i) < allowed {
 				v[zoneValues*z+3] = 1
 				continue
@@ -400,16 +407,21 @@ func scriptAlgorithm(a algorithms.Algorithm) any {
 		return "g"
 	case algorithms.Concurrency:
 		return "c"
+	case algorithms.SlidingWindow:
+		return "w"
 	}
 	return "s"
 }
 
 // scriptExtra is the take script's last argument for a zone: gcra's
-// burst, or the name a concurrency request holds its units under.
+// burst, a sliding window's buckets, or the name a concurrency request
+// holds its units under.
 func scriptExtra(q Request) any {
 	switch q.Algorithm {
 	case algorithms.GCRA:
 		return q.Rate.Burst
+	case algorithms.SlidingWindow:
+		return q.Rate.BucketsOr()
 	case algorithms.Concurrency:
 		return holderName(q)
 	}

@@ -19,7 +19,8 @@ import (
 //   - Every unit is counted in Redis (take.lua) before any request spends
 //     it, and a lease is never larger than floor(room / 2N) of what the key
 //     has left, so the last units of a window are decided one at a time.
-//   - A windowed lease is spent only in the window it was counted in. A
+//   - A windowed lease is spent only in the window it was counted in (a
+//     sliding window's, in the sub-window). A
 //     gcra lease's next unit is spent only while the key's bucket would
 //     not have refilled past it: by the TAT that unit was counted at, so
 //     that spending it later counts exactly as a charge at that instant.
@@ -251,6 +252,14 @@ func (t *leaseTable) granted(keys []string, reqs []Request, a *leaseAnswer, deci
 			ms, _ := algorithms.Interval(g, q.Rate.Window, d.Limit)
 			l.tat = time.UnixMilli(counts[i].Window).Add(shift).UnixMilli()
 			l.reset = time.UnixMilli(counts[i].Window + ms + 1).Add(shift)
+		} else if q.Algorithm == algorithms.SlidingWindow {
+			// Spent only in the sub-window it was counted in: a unit
+			// counted earlier than it is spent would leave the window
+			// early.
+			n, w := q.Rate.BucketsOr(), q.Rate.Window.Milliseconds()
+			l.window = counts[i].Window
+			l.expires = time.UnixMilli(algorithms.SubWindowStart(l.window+1, w, n)).Add(shift)
+			l.reset = d.Reset
 		} else {
 			l.window = counts[i].Window
 			l.expires, l.reset = d.Reset, d.Reset
@@ -264,14 +273,14 @@ func (t *leaseTable) granted(keys []string, reqs []Request, a *leaseAnswer, deci
 
 // giveBack puts the cost of q, allowed with d, back into this instance's
 // lease of its key, and reports whether it did. It does if the lease may
-// still be spent, by the same requests, in the window q was charged in: a
-// windowed unit counted in Redis for that window is as good as a leased
-// one, so the lease spends it again or returns it with the rest. A gcra
+// still be spent, by the same requests, in the window (a sliding window:
+// the sub-window) q was charged in: a unit counted in Redis for that
+// window is as good as a leased one, so the lease spends it again or returns it with the rest. A gcra
 // cost is never put back: each leased unit stands for an instant of the
 // bucket, and one charged at another instant is not interchangeable with
 // them.
 func (t *leaseTable) giveBack(key string, q Request, d algorithms.Decision, now time.Time) bool {
-	if !q.Algorithm.Windowed() {
+	if !q.Algorithm.Windowed() && q.Algorithm != algorithms.SlidingWindow {
 		return false
 	}
 	t.mu.Lock()

@@ -42,9 +42,18 @@ func fleetOf(t *testing.T, s *redistest.Server, n int, stores ...*Redis) {
 	}
 }
 
-// counted reads the units Redis counts in a windowed key's current window.
+// counted reads the units Redis counts in a windowed key's current window,
+// or in a sliding window's ring.
 func counted(t *testing.T, s *redistest.Server, r *Redis, zone, key string) int64 {
 	t.Helper()
+	if ring, err := s.Do("HGET", r.counterKey(zone, key), "r"); err == nil && ring != "" {
+		var n int64
+		for _, c := range strings.Split(ring, ",") {
+			v, _ := strconv.ParseInt(c, 10, 64)
+			n += v
+		}
+		return n
+	}
 	v, err := s.Do("HGET", r.counterKey(zone, key), "c")
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +120,7 @@ func TestRedisLeaseSpendsWithoutCalls(t *testing.T) {
 func TestRedisLeaseFleetNeverOver(t *testing.T) {
 	s := redistest.Standalone(t)
 	const limit = 300
-	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.SlidingWindow} {
 		t.Run(string(alg), func(t *testing.T) {
 			prefix := "fleet-" + string(alg) + ":"
 			var fleet []*Redis

@@ -324,11 +324,39 @@ func decideAgain(q Request, v []int64, now int64) (algorithms.Decision, algorith
 	counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
 	rate := q.Rate
 	rate.Units = v[4]
-	d, next := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
+	var d algorithms.Decision
+	var next algorithms.Counts
+	if q.Algorithm == algorithms.SlidingWindow {
+		d, next = decideRingAgain(rate, counts, q.Cost)
+	} else {
+		d, next = algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
+	}
 	if q.Ban > 0 && v[6] > now {
 		return d.Ban(time.UnixMilli(v[6]), false), counts
 	}
 	return d, next
+}
+
+// decideRingAgain is decideAgain for a sliding window, from what the take
+// script answers for one: the sub-window decided in, what the key used
+// before the request and, for a rejection, the retry instant (ms of the
+// script's clock), in place of the counts. It returns them as a charge of
+// cost left them.
+func decideRingAgain(rate algorithms.Rate, v algorithms.Counts, cost int64) (algorithms.Decision, algorithms.Counts) {
+	n, w := rate.BucketsOr(), rate.Window.Milliseconds()
+	idx, used, retry := v.Window, v.Current, v.Previous
+	d := algorithms.Decision{Limit: rate.Units, Window: idx, Reset: time.UnixMilli(algorithms.SubWindowStart(idx+1+int64(n), w, n))}
+	switch {
+	case used+cost <= rate.Units:
+		d.Allowed = true
+		used += cost
+	case cost > rate.Units:
+		d.RetryAt = d.Reset
+	default:
+		d.RetryAt = time.UnixMilli(retry)
+	}
+	d.Used, d.Remaining = used, max(rate.Units-used, 0)
+	return d, algorithms.Counts{Window: idx, Current: used, Previous: retry}
 }
 
 // takesUnits reports whether reqs hold concurrency units once charged.

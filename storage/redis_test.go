@@ -1486,7 +1486,7 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 	ctx := context.Background()
 	rdb := r.client.rdb
 	rng := rand.New(rand.NewPCG(3, 4))
-	algs := []algorithms.Algorithm{algorithms.SlidingTail, algorithms.FixedWindow, algorithms.GCRA}
+	algs := []algorithms.Algorithm{algorithms.SlidingTail, algorithms.FixedWindow, algorithms.GCRA, algorithms.SlidingWindow}
 	// counters reads what a key's hash holds, but for the key's name.
 	counters := func(key string) map[string]string {
 		m, err := rdb.HGetAll(ctx, key).Result()
@@ -1512,6 +1512,9 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 				l.Burst = rng.Int64N(2 * l.Units)
 				cost = 1 + rng.Int64N(3)
 			}
+			if alg == algorithms.SlidingWindow {
+				l.Buckets = 2 + rng.IntN(20)
+			}
 			var ban time.Duration
 			if rng.IntN(3) == 0 {
 				ban = time.Duration(1+rng.Int64N(3600)) * time.Second
@@ -1534,9 +1537,22 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 			}
 			var fields []any
 			w := reqs[z].Rate.Window.Milliseconds()
-			if reqs[z].Algorithm == algorithms.GCRA {
+			switch reqs[z].Algorithm {
+			case algorithms.GCRA:
 				fields = []any{"w", now - w + rng.Int64N(2*w), "c", rng.Int64N(reqs[z].Rate.Units), "p", reqs[z].Rate.Units}
-			} else {
+			case algorithms.SlidingWindow:
+				// A ring of the zone's buckets (or, now and then, of
+				// others), up to two sub-windows behind or one ahead.
+				n := reqs[z].Rate.BucketsOr()
+				if rng.IntN(5) == 0 {
+					n = 2 + rng.IntN(20)
+				}
+				counts := make([]string, n+1)
+				for k := range counts {
+					counts[k] = strconv.FormatInt(rng.Int64N(reqs[z].Rate.Units/2+1), 10)
+				}
+				fields = []any{"w", algorithms.SubWindow(now, w, reqs[z].Rate.BucketsOr()) - 2 + rng.Int64N(4), "r", strings.Join(counts, ",")}
+			default:
 				fields = []any{"w", now/w - rng.Int64N(3), "c", rng.Int64N(reqs[z].Rate.Units + 1), "p", rng.Int64N(reqs[z].Rate.Units + 1)}
 			}
 			fields = append(fields, "t", now+2*w)

@@ -225,6 +225,106 @@ var Cases = []Case{
 			{At: 30 * 24 * time.Hour, Key: "h", Cost: 1, Allowed: true, Remaining: 1<<31 - 3, ResetAfter: 3 * time.Millisecond},
 		},
 	},
+	{
+		// 3 per 60 s in six sub-windows of 10 s. At 61 s the sub-windows 0
+		// to 6 hold 2+1: the two of 0 s and 5 s leave when sub-window 7
+		// starts, at 70 s. At 72 s the one of 55 s keeps the key full
+		// until sub-window 5 leaves, at 120 s.
+		Name:      "sliding_window/spec_example",
+		Algorithm: algorithms.SlidingWindow,
+		Rate:      algorithms.Rate{Units: 3, Window: time.Minute, Buckets: 6},
+		Steps: []Step{
+			{At: 0, Key: "a", Cost: 1, Allowed: true, Remaining: 2, ResetAfter: 70 * time.Second},
+			{At: 5 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
+			{At: 55 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 65 * time.Second},
+			{At: 61 * time.Second, Key: "a", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 9 * time.Second},
+			{At: 70 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 1},
+			{At: 71 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0},
+			{At: 72 * time.Second, Key: "a", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 48 * time.Second},
+			{At: 120 * time.Second, Key: "a", Cost: 1, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		Name:      "sliding_window/cost",
+		Algorithm: algorithms.SlidingWindow,
+		Rate:      algorithms.Rate{Units: 10, Window: 10 * time.Second, Buckets: 5},
+		Steps: []Step{
+			{At: 0, Key: "c", Cost: 4, Allowed: true, Remaining: 6},
+			{At: time.Second, Key: "c", Cost: 4, Allowed: true, Remaining: 2},
+			// the 8 of sub-window 0 leave when sub-window 6 starts, at 12 s
+			{At: 3 * time.Second, Key: "c", Cost: 3, Allowed: false, Remaining: 2, RetryAfter: 9 * time.Second},
+			// a cost above the limit is never allowed: retry names the reset
+			{At: 3500 * time.Millisecond, Key: "c", Cost: 11, Allowed: false, Remaining: 2, RetryAfter: 10500 * time.Millisecond},
+			{At: 12 * time.Second, Key: "c", Cost: 3, Allowed: true, Remaining: 7},
+		},
+	},
+	{
+		Name:      "sliding_window/idle_gap",
+		Algorithm: algorithms.SlidingWindow,
+		Rate:      algorithms.Rate{Units: 2, Window: time.Minute},
+		Steps: []Step{
+			{At: 0, Key: "i", Cost: 1, Allowed: true, Remaining: 1},
+			{At: 0, Key: "i", Cost: 1, Allowed: true, Remaining: 0},
+			{At: time.Second, Key: "i", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 65 * time.Second},
+			{At: time.Hour, Key: "i", Cost: 1, Allowed: true, Remaining: 1},
+		},
+	},
+	{
+		// Counted in sub-window 6 (60 s); a request reading 59 s is
+		// decided as of sub-window 6.
+		Name:      "sliding_window/clock_steps_back",
+		Algorithm: algorithms.SlidingWindow,
+		Rate:      algorithms.Rate{Units: 2, Window: time.Minute, Buckets: 6},
+		Steps: []Step{
+			{At: 65 * time.Second, Key: "b", Cost: 1, Allowed: true, Remaining: 1},
+			{At: 66 * time.Second, Key: "b", Cost: 1, Allowed: true, Remaining: 0},
+			{At: 59 * time.Second, Key: "b", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 71 * time.Second},
+			{At: 130 * time.Second, Key: "b", Cost: 2, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		Name:      "sliding_window/buckets_2",
+		Algorithm: algorithms.SlidingWindow,
+		Rate:      algorithms.Rate{Units: 2, Window: 10 * time.Second, Buckets: 2},
+		Steps: []Step{
+			{At: 0, Key: "t", Cost: 1, Allowed: true, Remaining: 1},
+			{At: 4900 * time.Millisecond, Key: "t", Cost: 1, Allowed: true, Remaining: 0},
+			{At: 5 * time.Second, Key: "t", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 10 * time.Second},
+			{At: 15 * time.Second, Key: "t", Cost: 1, Allowed: true, Remaining: 1},
+		},
+	},
+	{
+		Name:      "sliding_window/buckets_60",
+		Algorithm: algorithms.SlidingWindow,
+		Rate:      algorithms.Rate{Units: 60, Window: time.Minute, Buckets: 60},
+		Steps: []Step{
+			{At: 0, Key: "s", Cost: 60, Allowed: true, Remaining: 0, ResetAfter: 61 * time.Second},
+			{At: 59999 * time.Millisecond, Key: "s", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 1001 * time.Millisecond},
+			{At: 61 * time.Second, Key: "s", Cost: 60, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		// 1000 ms in three: sub-windows start at 0, 334, 667 and 1334 ms.
+		Name:      "sliding_window/uneven_buckets",
+		Algorithm: algorithms.SlidingWindow,
+		Rate:      algorithms.Rate{Units: 1, Window: time.Second, Buckets: 3},
+		Steps: []Step{
+			{At: 0, Key: "u", Cost: 1, Allowed: true, Remaining: 0, ResetAfter: 1334 * time.Millisecond},
+			{At: 500 * time.Millisecond, Key: "u", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 834 * time.Millisecond},
+			{At: 1333 * time.Millisecond, Key: "u", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: time.Millisecond},
+			{At: 1334 * time.Millisecond, Key: "u", Cost: 1, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		Name:      "sliding_window/largest_limit",
+		Algorithm: algorithms.SlidingWindow,
+		Rate:      algorithms.Rate{Units: 1<<31 - 1, Window: time.Second},
+		Steps: []Step{
+			{At: 0, Key: "l", Cost: 1<<31 - 1, Allowed: true, Remaining: 0},
+			{At: 999 * time.Millisecond, Key: "l", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 101 * time.Millisecond},
+			{At: 1100 * time.Millisecond, Key: "l", Cost: 1<<31 - 1, Allowed: true, Remaining: 0},
+		},
+	},
 }
 
 // TakeFunc charges one request of cost for key at instant now against the

@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  the counter hash (see take.lua).
 -- ARGV[1]  the change:
---          "reset"       forget the counts (w, c, p, t) and lift the ban
+--          "reset"       forget the counts (w, c, p, t, r) and lift the ban
 --                        (b), keep an override;
 --          "override"    set the per-key limit ARGV[2] for ARGV[3] ms (0:
 --                        for good); the hash then lives as long as the
@@ -19,7 +19,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 if op == 'reset' then
   if redis.call('HEXISTS', key, 'o') == 1 then
-    redis.call('HDEL', key, 'w', 'c', 'p', 't', 'b')
+    redis.call('HDEL', key, 'w', 'c', 'p', 't', 'b', 'r')
   else
     redis.call('DEL', key)
   end

@@ -12,7 +12,8 @@
 --          override is in force it replaces the request's limit, and the
 --          key's expiry is the admin call's to set, not this script's.
 --          And b: when the key's ban ends (ms), once a zone with a ban
---          rejected it.
+--          rejected it. A sliding window (below) keeps its ring in w (the
+--          current sub-window's index) and r.
 -- ARGV[1]  "" to use the server clock (TIME), or a time in ms since the
 --          epoch; tests drive the shared test vectors with it.
 -- ARGV[2]  N, the live instances sharing the store, for leases (below).
@@ -20,10 +21,11 @@
 --          same zones, keys and arguments): "1" to charge their zones
 --          when all allow a request, "0" to decide only; the number n of
 --          zones; m; and for each zone:
---          algorithm ("f" fixed window, "s" sliding tail, "g" gcra, "c"
---          concurrency), limit, window (ms; for concurrency the lease),
---          cost, one more: gcra's burst (0: the limit), concurrency's
---          holder (see below), "" otherwise; the lease asked for: how
+--          algorithm ("f" fixed window, "s" sliding tail, "w" sliding
+--          window, "g" gcra, "c" concurrency), limit, window (ms; for
+--          concurrency the lease), cost, one more: gcra's burst (0: the
+--          limit), a sliding window's buckets, concurrency's holder (see
+--          below), "" otherwise; the lease asked for: how
 --          many units beyond the cost the instance would like to spend
 --          later on its own (0 for none); and the ban (ms; 0 for none).
 --
@@ -39,6 +41,14 @@
 -- after the request: the instance spends them later without a call. Every
 -- leased unit is counted here before it is spent, and the last units of a
 -- window are left to be decided one at a time.
+--
+-- A sliding window of n buckets (algorithms/sliding.go) keeps the index
+-- of its current sub-window in w and the counts of that sub-window and
+-- the n before it in r, "c0,c1,...,cn", sub-window k's at position
+-- k mod (n+1). For its zones the answer's w, c and p are not the stored
+-- counts but what the caller needs to rebuild each request's decision:
+-- the sub-window decided in, what the key used before the entry, and the
+-- retry instant of the entry's first request rejected (0 if none was).
 --
 -- GCRA keeps its theoretical arrival time TAT in the same fields: w its
 -- whole ms, c its fraction in units of 1/p ms (algorithms/gcra.go).
@@ -161,6 +171,10 @@ local o = 1
 -- others), and b (0 when absent). Flat arrays keep the tables per call
 -- few.
 local at, s, ns = {}, {}, 0
+-- The rings of sliding-window keys, by where their counters are: the
+-- counts as a table (position k mod (n+1) at index k mod (n+1) + 1), as
+-- the requests so far left them.
+local rings = {}
 -- The keys this call banned, by where their counters are.
 local banned = {}
 -- The current entry's zones, eight slots per zone: where its key's
@@ -171,6 +185,56 @@ local zs = {}
 -- where its key's counters are, w, c, p and t, and the holder to add
 -- (false if none).
 local pend = {}
+
+-- floordiv returns floor(x/d) for integers x and d > 0 below 2^53,
+-- corrected in case the division rounded.
+local function floordiv(x, d)
+  local q = math.floor(x / d)
+  if q * d > x then
+    q = q - 1
+  elseif (q + 1) * d <= x then
+    q = q + 1
+  end
+  return q
+end
+
+-- substart returns when sub-window k of a window of w ms cut in n starts:
+-- ceil(k*w/n). k*w stays below 2^53 (k is about now*n/w).
+local function substart(k, w, n)
+  return -floordiv(-k * w, n)
+end
+
+-- ringOf returns the ring at s[j] rolled forward to sub-window idx for n
+-- buckets, as a new table, and idx, which is the stored index if the
+-- clock reads an earlier one. A ring kept for another n is folded into
+-- the current sub-window whole: it counts for longer, never shorter.
+local function ringOf(j, n, idx)
+  local old, sw = rings[j], s[j + 1] or 0
+  local r = {}
+  for i = 1, n + 1 do
+    r[i] = 0
+  end
+  if #old ~= n + 1 then
+    local total = 0
+    for _, c in ipairs(old) do
+      total = total + c
+    end
+    r[idx % (n + 1) + 1] = total
+    return r, idx
+  end
+  if sw > idx then
+    idx = sw
+  end
+  if idx - sw <= n then
+    for i = 1, n + 1 do
+      r[i] = old[i]
+    end
+    for k = sw + 1, idx do
+      r[k % (n + 1) + 1] = 0
+    end
+  end
+  return r, idx
+end
 
 -- decide decides one zone of a request against the counters at s[j], as
 -- the requests before it left them. It returns whether the zone allows
@@ -210,6 +274,36 @@ local function decide(j, alg, limit, w, cost, extra)
     return nms < fms or (nms == fms and nf <= ff), nms, nf, limit, nms + 1, false
   elseif alg == 'c' then
     return sc + cost <= limit, 0, sc + cost, 0, now + w, extra
+  elseif alg == 'w' then
+    -- A sliding window, as algorithms.DecideRing decides it. Returns, in
+    -- place of c and p, the ring charging would write and what the key
+    -- used before the request; and, for a rejection, the retry instant.
+    local n = tonumber(extra)
+    local idx = floordiv(now * n, w)
+    local r
+    r, idx = ringOf(j, n, idx)
+    local used = 0
+    for i = 1, n + 1 do
+      used = used + r[i]
+    end
+    local reset = substart(idx + 1 + n, w, n)
+    if used + cost <= limit then
+      r[idx % (n + 1) + 1] = r[idx % (n + 1) + 1] + cost
+      return true, idx, r, used, reset, false
+    end
+    local retry = reset
+    if cost <= limit then
+      -- When sub-window k starts, sub-window k-n-1 leaves.
+      local left = used
+      for k = idx + 1, idx + n + 1 do
+        left = left - r[k % (n + 1) + 1]
+        if left + cost <= limit then
+          retry = substart(k, w, n)
+          break
+        end
+      end
+    end
+    return false, idx, r, used, reset, false, retry
   end
 
   -- The window index floor(now/w), corrected in case the division rounded.
@@ -281,6 +375,11 @@ local function lease(j, alg, limit, w, extra, ask)
     end
     local q, r = muldiv(rms, limit, w)
     room = q + math.floor((r + rf) / w)
+  elseif alg == 'w' then
+    room = limit
+    for _, c in ipairs(rings[j]) do
+      room = room - c
+    end
   else
     local idx = s[j + 1]
     local elapsed = math.max(now - idx * w, 0)
@@ -304,6 +403,10 @@ local function lease(j, alg, limit, w, extra, ask)
     if nms + 1 > s[j + 4] then
       s[j + 4], s[j + 5] = nms + 1, 2
     end
+  elseif alg == 'w' then
+    local r = rings[j]
+    local at = s[j + 1] % #r + 1
+    r[at] = r[at] + grant
   else
     s[j + 2] = s[j + 2] + grant
   end
@@ -341,6 +444,13 @@ while a <= #ARGV do
       s[j], s[j + 1], s[j + 2], s[j + 3], s[j + 4], s[j + 5], s[j + 6], s[j + 7], s[j + 8] =
         key, tonumber(v[1]) or false, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0, 0, over, false,
         tonumber(v[7]) or 0
+      if alg == 'w' then
+        local r = {}
+        for c in string.gmatch(redis.call('HGET', key, 'r') or '', '%d+') do
+          r[#r + 1] = tonumber(c)
+        end
+        rings[j] = r
+      end
       if alg == 'c' then
         local hk = string.gsub(key, '}:', '}h:', 1)
         s[j + 7] = hk
@@ -379,12 +489,22 @@ while a <= #ARGV do
   -- the ones before it; once one is rejected, the rest would be decided
   -- against the same counters, and are rejected too.
   local allowed = 0
-  for _ = 1, m do
+  for i = 1, m do
     local all = true
     for z = 0, n - 1 do
       local z6, z8 = 6 * z, 8 * z
       local j = zs[z8 + 1]
-      local ok, pw, pc, pp, pt, holder = decide(j, zs[z8 + 2], zs[z8 + 3], zs[z8 + 4], zs[z8 + 5], zs[z8 + 6])
+      local ok, pw, pc, pp, pt, holder, retry = decide(j, zs[z8 + 2], zs[z8 + 3], zs[z8 + 4], zs[z8 + 5], zs[z8 + 6])
+      if zs[z8 + 2] == 'w' then
+        -- A sliding window answers the sub-window, what the key used
+        -- before the entry and the first rejection's retry instant.
+        if i == 1 then
+          out[first + 7 * z + 1], out[first + 7 * z + 2], out[first + 7 * z + 3] = pw, pp, 0
+        end
+        if not ok then
+          out[first + 7 * z + 3] = retry
+        end
+      end
       if zs[z8 + 8] > 0 and s[j + 8] > now then
         ok = false -- banned
       end
@@ -403,7 +523,11 @@ while a <= #ARGV do
     allowed = allowed + 1
     for z6 = 0, 6 * (n - 1), 6 do
       local j = pend[z6 + 1]
-      s[j + 1], s[j + 2], s[j + 3] = pend[z6 + 2], pend[z6 + 3], pend[z6 + 4]
+      if rings[j] then
+        s[j + 1], rings[j] = pend[z6 + 2], pend[z6 + 3]
+      else
+        s[j + 1], s[j + 2], s[j + 3] = pend[z6 + 2], pend[z6 + 3], pend[z6 + 4]
+      end
       if pend[z6 + 5] > s[j + 4] then
         s[j + 4], s[j + 5] = pend[z6 + 5], 2
       elseif s[j + 5] == 0 then
@@ -455,6 +579,9 @@ for j = 1, ns, 9 do
   local w = s[j + 1] or 0
   if banned[j] then
     redis.call('HSET', s[j], 'b', s[j + 8])
+  end
+  if rings[j] and write ~= 0 then
+    redis.call('HSET', s[j], 'r', table.concat(rings[j], ','))
   end
   if write == 2 and not s[j + 6] then
     redis.call('HSET', s[j], 'w', w, 'c', s[j + 2], 'p', s[j + 3], 't', s[j + 4])

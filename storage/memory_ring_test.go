@@ -1,0 +1,77 @@
+package storage
+
+import (
+	"testing"
+	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+)
+
+// TestMemoryNeverOver: the sliding window's promise, on the memory store.
+func TestMemoryNeverOver(t *testing.T) {
+	c, clock := newTestCounters(t, DefaultMaxKeys)
+	vectors.NeverOver(t, func(key string, rate algorithms.Rate, a vectors.Arrival) algorithms.Decision {
+		clock.Set(a.At)
+		return take1(c, Request{Zone: "never_over", Key: key, Algorithm: algorithms.SlidingWindow, Rate: rate, Cost: a.Cost})
+	})
+}
+
+// TestMemoryRingBucketsChange: a zone whose buckets change from the
+// small ring's to the wide one's and back keeps every unit counted, in
+// whichever table the key is.
+func TestMemoryRingBucketsChange(t *testing.T) {
+	c, clock := newTestCounters(t, DefaultMaxKeys)
+	req := func(buckets int) Request {
+		return Request{Zone: "rb", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 5, Window: time.Minute, Buckets: buckets}, Cost: 1}
+	}
+	for _, n := range []int{10, 60, 2, 30} {
+		if d := take1(c, req(n)); !d.Allowed {
+			t.Fatalf("%d buckets: %+v", n, d)
+		}
+		clock.Add(time.Second)
+	}
+	if d := take1(c, req(10)); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("fifth of five: %+v, want allowed with none left", d)
+	}
+	if d := take1(c, req(60)); d.Allowed {
+		t.Fatalf("sixth of five, in the other table: %+v, want rejected", d)
+	}
+	if n := c.len(); n != 1 {
+		t.Fatalf("%d keys held, want the one", n)
+	}
+}
+
+// TestMemoryRingGiveBack: a cost given back comes off the sub-window it
+// was charged in.
+func TestMemoryRingGiveBack(t *testing.T) {
+	c, clock := newTestCounters(t, DefaultMaxKeys)
+	req := Request{Zone: "rg", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 2, Window: time.Minute, Buckets: 6}, Cost: 1}
+	first := take1(c, req)
+	clock.Add(15 * time.Second) // the next sub-window but one
+	take1(c, req)
+	c.release([]Request{req}, []algorithms.Decision{first})
+	if d := take1(c, req); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("after giving the first back: %+v, want allowed with none left", d)
+	}
+	_, ring, _ := c.inspect("rg", "k")
+	if ring.Used() != 2 || ring.Counts[first.Window%7] != 0 {
+		t.Fatalf("ring %+v, want 2 counted, none in the first's sub-window", ring)
+	}
+}
+
+// TestMemoryRingsBounded: rings count towards max_keys with the other
+// keys, and are evicted like them.
+func TestMemoryRingsBounded(t *testing.T) {
+	c, _ := newTestCounters(t, 10*memoryShards)
+	for i := range 5000 {
+		alg := algorithms.SlidingWindow
+		if i%2 == 0 {
+			alg = algorithms.FixedWindow
+		}
+		take1(c, Request{Zone: "rk", Key: ipKey(i), Algorithm: alg, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
+	}
+	if n := c.len(); n > 10*memoryShards {
+		t.Fatalf("%d keys held, bound %d", n, 10*memoryShards)
+	}
+}

@@ -1,0 +1,171 @@
+package storage
+
+import "math/bits"
+
+// A table is an open-addressing hash table with linear probing, of slots
+// of one type S, keyed by the keyed hash of zone and key (see Memory). It
+// grows by doubling before it is more than 3/4 full: at that load a
+// lookup for a missing key probes about 8.5 slots on average, four or
+// five adjacent cache lines, and one for a present key about 2.5, while
+// fuller tables make misses (every new key) much longer (about 32 slots
+// at 7/8). Removal shifts the entries after the hole back, so there are
+// no tombstones and probes never lengthen with churn.
+//
+// A shard holds one table per kind of slot: counts (memorySlot) and the
+// rings of sliding windows (ringSlot, wideRingSlot). The methods need the
+// shard's lock.
+type table[S any, P slotPtr[S]] struct {
+	slots []S  // a power of two long, or nil
+	shift uint // 64 - log2(len(slots)): a hash's top bits pick its home slot
+	n     int  // keys held
+	hand  int  // CLOCK's hand: the next slot eviction considers
+}
+
+// slotPtr is what a table asks of its slot type, through a pointer.
+type slotPtr[S any] interface {
+	*S
+	// keyHash is the slot's key; 0 marks an empty slot.
+	keyHash() uint64
+	// expiry is when the slot's counts stop mattering, in Unix seconds;
+	// pinned for a slot that may be neither swept nor evicted.
+	expiry() uint32
+	// referenced is CLOCK's reference bit: set when the key is asked for
+	// again, cleared when the hand passes it.
+	referenced() bool
+	setReferenced(bool)
+}
+
+// minSlots is the smallest table a shard allocates.
+const minSlots = 16
+
+// lookup returns the slot holding h and true, or the empty slot where h
+// would go and false. The table is never full, so probing ends.
+func (t *table[S, P]) lookup(h uint64) (int, bool) {
+	if t.slots == nil {
+		return -1, false
+	}
+	mask := len(t.slots) - 1
+	for i := int(h >> t.shift); ; i = (i + 1) & mask {
+		switch P(&t.slots[i]).keyHash() {
+		case h:
+			return i, true
+		case 0:
+			return i, false
+		}
+	}
+}
+
+// add returns the empty slot where h, a key not held, goes, growing the
+// table rather than fill it beyond 3/4, and counts the key. The caller
+// fills the slot.
+func (t *table[S, P]) add(h uint64) int {
+	if (t.n+1)*4 > len(t.slots)*3 {
+		t.resize(max(minSlots, 2*len(t.slots)))
+	}
+	i, _ := t.lookup(h)
+	t.n++
+	return i
+}
+
+// evict forgets one key, chosen by CLOCK (second chance): the hand passes
+// over the slots, clearing reference bits, and takes the first key whose
+// bit is already clear or whose counts have expired. A key asked for
+// since the hand last passed survives, so keys in use stay and idle ones
+// go, much as with LRU but without a list threaded through every entry.
+// Pinned keys (units held in flight) are never taken: forgetting them
+// would admit more than the limit. The hand stops within two turns; it
+// reports false if every key was pinned (or there are none).
+func (t *table[S, P]) evict(now uint32) bool {
+	if t.n == 0 {
+		return false
+	}
+	mask := len(t.slots) - 1
+	for range 2 * len(t.slots) {
+		e := P(&t.slots[t.hand])
+		if e.keyHash() != 0 && e.expiry() != pinned {
+			if !e.referenced() || e.expiry() <= now {
+				// The slot now holds the entry shifted into the hole, if
+				// any, which the hand considers next.
+				t.remove(t.hand)
+				return true
+			}
+			e.setReferenced(false)
+		}
+		t.hand = (t.hand + 1) & mask
+	}
+	return false
+}
+
+// remove empties slot i and shifts back the entries after it that probed
+// past it, so every entry stays reachable from its home slot.
+func (t *table[S, P]) remove(i int) {
+	mask := len(t.slots) - 1
+	for j := (i + 1) & mask; P(&t.slots[j]).keyHash() != 0; j = (j + 1) & mask {
+		// The entry at j may fill the hole at i unless its home lies
+		// (cyclically) after i, where a probe for it starts past the hole.
+		home := int(P(&t.slots[j]).keyHash() >> t.shift)
+		if (j-home)&mask >= (j-i)&mask {
+			t.slots[i] = t.slots[j]
+			i = j
+		}
+	}
+	var empty S
+	t.slots[i] = empty
+	t.n--
+}
+
+// resize moves the entries to a new table of n slots, a power of two.
+func (t *table[S, P]) resize(n int) {
+	old := t.slots
+	t.slots = make([]S, n)
+	t.shift = uint(64 - bits.TrailingZeros(uint(n)))
+	t.hand = 0
+	for _, e := range old {
+		if h := P(&e).keyHash(); h != 0 {
+			i, _ := t.lookup(h)
+			t.slots[i] = e
+		}
+	}
+}
+
+// sweep removes the entries that expired by now, and shrinks a table left
+// less than 1/8 full (after a burst of keys, say) to between 1/4 and 1/2
+// full, so the memory a burst took is given back.
+func (t *table[S, P]) sweep(now uint32) {
+	for i := 0; i < len(t.slots); {
+		if e := P(&t.slots[i]); e.keyHash() != 0 && e.expiry() <= now {
+			// Removal shifts later entries into i (and entries from the
+			// table's start, already seen, into its end), so look at i
+			// again: every entry is seen at least once.
+			t.remove(i)
+			continue
+		}
+		i++
+	}
+	if len(t.slots) > minSlots && t.n < len(t.slots)/8 {
+		n := len(t.slots)
+		for n > minSlots && t.n < n/4 {
+			n /= 2
+		}
+		t.resize(n)
+	}
+}
+
+// clear forgets every entry.
+func (t *table[S, P]) clear() {
+	t.slots, t.shift, t.n, t.hand = nil, 0, 0, 0
+}
+
+// forget removes h, if held, and reports whether it was.
+func (t *table[S, P]) forget(h uint64) bool {
+	i, ok := t.lookup(h)
+	if ok {
+		t.remove(i)
+	}
+	return ok
+}
+
+func (e *memorySlot) keyHash() uint64      { return e.hash }
+func (e *memorySlot) expiry() uint32       { return e.expires }
+func (e *memorySlot) referenced() bool     { return e.ref }
+func (e *memorySlot) setReferenced(r bool) { e.ref = r }
