@@ -30,6 +30,7 @@
 #   peer_many_keys    mholt/caddy-ratelimit, 100,000 distinct keys, all
 #                     allowed (events 100: its ring buffer is events long)
 #   memory_gcra       memory_allowed with algorithm gcra
+#   memory_sliding_window  memory_allowed with algorithm sliding_window
 #   memory_concurrency  memory_allowed with algorithm concurrency (each
 #                     request takes a unit and gives it back)
 #   memory_count_status  memory_allowed with count_status 5xx: every answer
@@ -51,8 +52,9 @@
 #   CASE@REV          CASE on this Caddy as built at git revision REV
 #
 # After the rounds it measures the memory store's bytes per key: the RSS
-# growth of a Caddy between 20,000 and 200,000 distinct keys (BYTES=0
-# skips it).
+# growth of a Caddy between 20,000 and 200,000 distinct keys, for each
+# algorithm in BYTES_ALGORITHMS (default: all but concurrency, whose keys
+# go when their requests end; BYTES=0 skips it).
 #
 # The Redis cases start their own redis-server on a free loopback port.
 # Everything listens on 127.0.0.1 only. Needs wrk (Debian package `wrk`,
@@ -69,6 +71,7 @@ CASES=${CASES:-"plain floor memory_allowed memory_shed_idle memory_gcra memory_c
 # The other plugin's source, for when the module proxy does not serve it.
 PEER_SOURCE=${PEER_SOURCE:-../shared/peers/mholt-caddy-ratelimit.tar.gz}
 BYTES=${BYTES:-1}
+BYTES_ALGORITHMS=${BYTES_ALGORITHMS:-"sliding_tail fixed_window sliding_window gcra"}
 source bench/common.sh
 
 # The peer: the same Caddy with mholt/caddy-ratelimit instead of this module,
@@ -130,10 +133,12 @@ caddyfile() {
 	case $1 in
 	memory_gcra) algorithm="algorithm gcra" ;;
 	memory_concurrency) algorithm="algorithm concurrency" period="" ;;
+	memory_sliding_window) algorithm="algorithm sliding_window" ;;
+	bytes_*) algorithm="algorithm ${1#bytes_}" ;;
 	*_count_status) algorithm="count_status 5xx" ;;
 	esac
 	local key="{client_ip}"
-	[[ $1 == *_many_keys* || $1 == bytes ]] && key="{header.X-Key}"
+	[[ $1 == *_many_keys* || $1 == bytes_* ]] && key="{header.X-Key}"
 	local order=""
 	[[ $1 == peer_* ]] && order="order rate_limit before basic_auth"
 	local headers=""
@@ -333,21 +338,25 @@ if [[ -n ${RESULTS[memory_allowed]:-} && -n ${RESULTS[memory_shed_idle]:-} ]]; t
 fi
 
 # bytes_per_key: RSS growth of the memory store between 20,000 and 200,000
-# distinct keys, each charged once.
+# distinct keys, each charged once, for each algorithm.
 if [[ $BYTES == 1 ]]; then
-	port=$(free_port)
-	caddyfile bytes "$port" >"$OUT/bytes.Caddyfile"
-	"$OUT/caddy-rl" run --adapter caddyfile --config "$OUT/bytes.Caddyfile" >"$OUT/bytes.log" 2>&1 &
-	pid=$!
-	PIDS+=("$pid")
-	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
-	rss() { awk '/^VmRSS:/ {print $2 * 1024}' "/proc/$pid/status"; }
 	go build -o "$OUT/keys" ./bench/keys
-	"$OUT/keys" -url "http://127.0.0.1:$port/" -from 0 -to 20000 >/dev/null
-	before=$(rss)
-	"$OUT/keys" -url "http://127.0.0.1:$port/" -from 20000 -to 200000 >/dev/null
-	after=$(rss)
-	kill "$pid"
-	printf '\nmemory store: RSS %d MiB at 20k keys, %d MiB at 200k keys: %.0f bytes per key\n' \
-		$((before >> 20)) $((after >> 20)) "$(awk -v a="$after" -v b="$before" 'BEGIN {print (a-b)/180000}')"
+	echo
+	for alg in $BYTES_ALGORITHMS; do
+		port=$(free_port)
+		caddyfile "bytes_$alg" "$port" >"$OUT/bytes.Caddyfile"
+		"$OUT/caddy-rl" run --adapter caddyfile --config "$OUT/bytes.Caddyfile" >"$OUT/bytes.log" 2>&1 &
+		pid=$!
+		PIDS+=("$pid")
+		for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
+		rss() { awk '/^VmRSS:/ {print $2 * 1024}' "/proc/$pid/status"; }
+		"$OUT/keys" -url "http://127.0.0.1:$port/" -from 0 -to 20000 >/dev/null
+		before=$(rss)
+		"$OUT/keys" -url "http://127.0.0.1:$port/" -from 20000 -to 200000 >/dev/null
+		after=$(rss)
+		kill "$pid"
+		wait "$pid" 2>/dev/null || true
+		printf 'memory store, %-14s RSS %d MiB at 20k keys, %d MiB at 200k keys: %.0f bytes per key\n' \
+			"$alg:" $((before >> 20)) $((after >> 20)) "$(awk -v a="$after" -v b="$before" 'BEGIN {print (a-b)/180000}')"
+	done
 fi

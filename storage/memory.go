@@ -36,9 +36,12 @@ const DefaultMaxKeys = 1_000_000
 // background, every DefaultSweepInterval unless a config asks for another
 // interval (SetSweepInterval).
 //
-// A key costs about 43 to 85 bytes (a 32-byte slot in a table that grows
-// by doubling at 3/4 full), whatever the length of the key, because the
-// store keeps not the zone and key but a 64-bit hash of them, keyed with a
+// A key costs about 37 to 73 bytes (a 32-byte slot in a table between
+// 7/16 and 7/8 full, mapped outside the Go heap: see table and newSlots),
+// a sliding window's 55 to 110 (a 48-byte slot for the default 10 buckets
+// of counts up to 65,535; see memory_ring.go), whatever the length of the
+// key, because the store keeps not the zone and key but a 64-bit hash of
+// them, keyed with a
 // seed drawn at random when the process starts. Two keys that hashed
 // alike would share a counter, but that is not a risk in practice: without
 // the seed, which never leaves the process, no one can choose keys that
@@ -247,19 +250,18 @@ func (e *memorySlot) counts() algorithms.Counts {
 type memoryShard struct {
 	mu     sync.Mutex
 	counts table[memorySlot, *memorySlot]
-	rings  table[ringSlot, *ringSlot]
-	wide   table[wideRingSlot, *wideRingSlot]
+	rings  ringTables
 	// bans holds when each banned key's ban ends, in ms, by key hash: few
 	// keys are ever banned, so they are kept apart from the slots, and
 	// evicting a key's counts does not lift its ban.
 	bans map[uint64]int64
 	// Pad to a multiple of a cache line (64 bytes), so that locking one
 	// shard does not steal the line of its neighbour from another CPU.
-	_ [192 - 160]byte
+	_ [320 - 296]byte
 }
 
 // keys returns how many keys the shard holds.
-func (s *memoryShard) keys() int { return s.counts.n + s.rings.n + s.wide.n }
+func (s *memoryShard) keys() int { return s.counts.n + s.rings.keys() }
 
 // makeRoom evicts while the shard holds bound keys or more, from the
 // table a new key goes in first (evictFirst), then from the others.
@@ -267,7 +269,7 @@ func (s *memoryShard) keys() int { return s.counts.n + s.rings.n + s.wide.n }
 // than its bound until units are released.
 func (s *memoryShard) makeRoom(bound int, now uint32, evictFirst func(uint32) bool) {
 	for s.keys() >= bound {
-		if !evictFirst(now) && !s.counts.evict(now) && !s.rings.evict(now) && !s.wide.evict(now) {
+		if !evictFirst(now) && !s.counts.evict(now) && !s.rings.evict(now) {
 			return
 		}
 	}
@@ -358,6 +360,7 @@ func (c *memoryCounters) setMaxKeys(n int) {
 func (c *memoryCounters) Destruct() error {
 	close(c.stop)
 	<-c.done
+	c.clear() // gives back the tables' memory
 	return nil
 }
 
@@ -408,7 +411,7 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 	next := countsBuf[:0]
 	// The rings of sliding_window requests, which are too big to keep on
 	// the stack for every take: pooled, and only for takes that have one.
-	var rings *[]algorithms.Ring
+	var rings *[]pendingRing
 	for i, r := range reqs {
 		s := &c.shards[shardOf(hashes[i])]
 		rate := r.Rate
@@ -419,12 +422,14 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 		var n algorithms.Counts
 		if r.Algorithm == algorithms.SlidingWindow {
 			if rings == nil {
-				rings = ringScratch.Get().(*[]algorithms.Ring)
+				rings = ringScratch.Get().(*[]pendingRing)
 				defer ringScratch.Put(rings)
 				*rings = slices.Grow((*rings)[:0], len(reqs))[:len(reqs)]
 			}
-			ring, _ := s.ringOf(hashes[i], rate.BucketsOr())
-			d, (*rings)[i] = algorithms.DecideRing(ring, now, rate, r.Cost)
+			p := &(*rings)[i]
+			var ring algorithms.Ring
+			ring, p.was = s.rings.find(hashes[i])
+			d, p.ring = algorithms.DecideRing(ring, now, rate, r.Cost)
 		} else {
 			var counts algorithms.Counts
 			if j, ok := s.counts.lookup(hashes[i]); ok {
@@ -463,8 +468,9 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 		// shard (by growing or evicting), so each store looks up again.
 		s := &c.shards[shardOf(hashes[i])]
 		if r.Algorithm == algorithms.SlidingWindow {
-			ring := &(*rings)[i]
-			s.storeRing(hashes[i], *ring, ringExpiry(*ring, r.Rate.Window.Milliseconds()), bound, nowSec)
+			p := &(*rings)[i]
+			s.rings.store(hashes[i], p.ring, ringExpiry(p.ring, r.Rate.Window.Milliseconds()), p.was,
+				func(evictFirst func(uint32) bool) { s.makeRoom(bound, nowSec, evictFirst) })
 			continue
 		}
 		s.store(hashes[i], next[i], expiry(r, next[i]), bound, nowSec)
@@ -472,7 +478,13 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 }
 
 // ringScratch holds the rings a take decides before it stores them.
-var ringScratch = sync.Pool{New: func() any { return new([]algorithms.Ring) }}
+var ringScratch = sync.Pool{New: func() any { return new([]pendingRing) }}
+
+// pendingRing is a ring a take decided, and the table it was found in.
+type pendingRing struct {
+	ring algorithms.Ring
+	was  int
+}
 
 // expiry is when counts stop mattering, in Unix seconds rounded up.
 // Windowed counts matter until the end of the next window: a sliding tail
@@ -554,8 +566,7 @@ func (c *memoryCounters) release(reqs []Request, decisions []algorithms.Decision
 		s := &c.shards[shardOf(h)]
 		s.mu.Lock()
 		if r.Algorithm == algorithms.SlidingWindow {
-			giveBackRing(&s.rings, h, decisions[i], r.Cost)
-			giveBackRing(&s.wide, h, decisions[i], r.Cost)
+			s.rings.giveBack(h, decisions[i], r.Cost)
 		} else if j, ok := s.counts.lookup(h); ok {
 			e := &s.counts.slots[j]
 			n := algorithms.GiveBack(r.Algorithm, e.counts(), decisions[i], r.Rate, r.Cost)
@@ -582,11 +593,8 @@ func (c *memoryCounters) inspect(zone, key string) (algorithms.Counts, algorithm
 	if i, ok := s.counts.lookup(h); ok {
 		return s.counts.slots[i].counts(), algorithms.Ring{}, true
 	}
-	if i, ok := s.rings.lookup(h); ok {
-		return algorithms.Counts{}, s.rings.slots[i].ring(), true
-	}
-	if i, ok := s.wide.lookup(h); ok {
-		return algorithms.Counts{}, s.wide.slots[i].ring(), true
+	if ring, ok := s.rings.inspect(h); ok {
+		return algorithms.Counts{}, ring, true
 	}
 	return algorithms.Counts{}, algorithms.Ring{}, false
 }
@@ -609,7 +617,6 @@ func (c *memoryCounters) clear() {
 		s.mu.Lock()
 		s.counts.clear()
 		s.rings.clear()
-		s.wide.clear()
 		s.bans = nil
 		s.mu.Unlock()
 	}
@@ -625,7 +632,7 @@ func (c *memoryCounters) reset(zone, key string) bool {
 	_, banned := s.bans[h]
 	delete(s.bans, h)
 	counted := s.counts.forget(h)
-	ringed := s.rings.forget(h) || s.wide.forget(h)
+	ringed := s.rings.forget(h)
 	return counted || ringed || banned
 }
 
@@ -662,7 +669,6 @@ func (c *memoryCounters) sweep() {
 func (s *memoryShard) sweep(now uint32) {
 	s.counts.sweep(now)
 	s.rings.sweep(now)
-	s.wide.sweep(now)
 	for h, ends := range s.bans {
 		if ends <= int64(now)*1000 {
 			delete(s.bans, h)

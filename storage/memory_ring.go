@@ -1,34 +1,78 @@
 package storage
 
-import "github.com/d61b427a/caddy-rate-limit/algorithms"
+import (
+	"math"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+)
 
 // The memory store keeps a sliding_window key's ring (algorithms.Ring) in
-// a table of its own, of slots that hold the sub-window counts in 32 bits
-// each (no count exceeds maxCount). A ring of the default 10 buckets or
-// fewer takes a ringSlot (72 bytes); one of more buckets, up to 60, a
-// wideRingSlot (264 bytes), so that the common ring does not pay for the
-// rare wide one.
+// tables of their own. A slot holds the sub-window counts at the width
+// they need: 16 bits while every count is at most 65,535, 32 bits once one
+// is more (a key moves to the wider table when a charge needs it). And it
+// holds as many as the ring's buckets need: a ring of the default 10
+// buckets or fewer takes a small slot, one of more (up to 60) a wide one.
+// So the common ring, 10 buckets of small counts, is a 48-byte slot, and
+// pays for neither the wide nor the large one.
 
-// smallRing is how many sub-window counts a ringSlot holds: those of up
+// ringCount is the width a ring slot keeps its counts at.
+type ringCount interface{ uint16 | uint32 }
+
+// smallRing is how many sub-window counts a small slot holds: those of up
 // to algorithms.DefaultBuckets buckets.
 const smallRing = algorithms.DefaultBuckets + 1
 
-type ringSlot struct {
+// ringHeader is what every ring slot holds beside its counts.
+type ringHeader struct {
 	hash    uint64 // keyHash of zone and key; 0 marks an empty slot
 	index   int64  // the ring's Index
 	expires uint32 // as memorySlot's
 	ref     bool
 	buckets uint8 // the ring's Buckets
-	counts  [smallRing]uint32
 }
 
-type wideRingSlot struct {
-	hash    uint64
-	index   int64
-	expires uint32
-	ref     bool
-	buckets uint8
-	counts  [algorithms.MaxBuckets + 1]uint32
+type ringSlot[C ringCount] struct {
+	ringHeader
+	counts [smallRing]C
+}
+
+type wideRingSlot[C ringCount] struct {
+	ringHeader
+	counts [algorithms.MaxBuckets + 1]C
+}
+
+func (e *ringHeader) keyHash() uint64      { return e.hash }
+func (e *ringHeader) expiry() uint32       { return e.expires }
+func (e *ringHeader) referenced() bool     { return e.ref }
+func (e *ringHeader) setReferenced(r bool) { e.ref = r }
+
+func (e *ringSlot[C]) ring() algorithms.Ring     { return ringFrom(&e.ringHeader, e.counts[:]) }
+func (e *wideRingSlot[C]) ring() algorithms.Ring { return ringFrom(&e.ringHeader, e.counts[:]) }
+
+func (e *ringSlot[C]) set(h uint64, r algorithms.Ring, expires uint32, ref bool) {
+	e.ringHeader = ringHeader{hash: h, index: r.Index, expires: expires, ref: ref, buckets: uint8(r.Buckets)}
+	narrow(e.counts[:], r.Counts[:smallRing])
+}
+
+func (e *wideRingSlot[C]) set(h uint64, r algorithms.Ring, expires uint32, ref bool) {
+	e.ringHeader = ringHeader{hash: h, index: r.Index, expires: expires, ref: ref, buckets: uint8(r.Buckets)}
+	narrow(e.counts[:], r.Counts[:])
+}
+
+// ringFrom returns the ring a slot holds; narrow stores a ring's counts
+// in a slot, which the caller has made sure they fit.
+func ringFrom[C ringCount](e *ringHeader, counts []C) algorithms.Ring {
+	r := algorithms.Ring{Index: e.index, Buckets: int(e.buckets)}
+	for i, c := range counts {
+		r.Counts[i] = int64(c)
+	}
+	return r
+}
+
+func narrow[C ringCount](dst []C, src []int64) {
+	for i := range dst {
+		dst[i] = C(src[i])
+	}
 }
 
 // ringPtr is what the ring tables ask of their slot types.
@@ -38,44 +82,141 @@ type ringPtr[S any] interface {
 	set(h uint64, r algorithms.Ring, expires uint32, ref bool)
 }
 
-func (e *ringSlot) keyHash() uint64      { return e.hash }
-func (e *ringSlot) expiry() uint32       { return e.expires }
-func (e *ringSlot) referenced() bool     { return e.ref }
-func (e *ringSlot) setReferenced(r bool) { e.ref = r }
+// Where a ring is kept: which of ringTables' tables.
+const (
+	ringSmall16 = iota
+	ringSmall32
+	ringWide16
+	ringWide32
+	ringKinds
+	ringNone = -1
+)
 
-func (e *ringSlot) ring() algorithms.Ring {
-	r := algorithms.Ring{Index: e.index, Buckets: int(e.buckets)}
-	for i, c := range e.counts {
-		r.Counts[i] = int64(c)
-	}
-	return r
+// ringTables are a shard's ring tables.
+type ringTables struct {
+	small16 table[ringSlot[uint16], *ringSlot[uint16]]
+	small32 table[ringSlot[uint32], *ringSlot[uint32]]
+	wide16  table[wideRingSlot[uint16], *wideRingSlot[uint16]]
+	wide32  table[wideRingSlot[uint32], *wideRingSlot[uint32]]
 }
 
-func (e *ringSlot) set(h uint64, r algorithms.Ring, expires uint32, ref bool) {
-	*e = ringSlot{hash: h, index: r.Index, expires: expires, ref: ref, buckets: uint8(r.Buckets)}
-	for i := range e.counts {
-		e.counts[i] = uint32(r.Counts[i])
+// ringKind returns the table a ring of n buckets whose counts are at most
+// most goes in.
+func ringKind(n int, most int64) int {
+	kind := ringSmall16
+	if n >= smallRing {
+		kind = ringWide16
+	}
+	if most > math.MaxUint16 {
+		kind++
+	}
+	return kind
+}
+
+// find returns h's ring, marking it used, with the table it is in
+// (ringNone if none holds it). A key's ring is in one table at a time.
+func (t *ringTables) find(h uint64) (algorithms.Ring, int) {
+	if r, ok := readRing(&t.small16, h); ok {
+		return r, ringSmall16
+	}
+	if r, ok := readRing(&t.small32, h); ok {
+		return r, ringSmall32
+	}
+	if r, ok := readRing(&t.wide16, h); ok {
+		return r, ringWide16
+	}
+	if r, ok := readRing(&t.wide32, h); ok {
+		return r, ringWide32
+	}
+	return algorithms.Ring{}, ringNone
+}
+
+// store stores r for h, which find found in table was (or ringNone), in
+// the table its buckets and counts need, moving it there if it was in
+// another. makeRoom(evictFirst) makes room for a key new to the table.
+func (t *ringTables) store(h uint64, r algorithms.Ring, expires uint32, was int, makeRoom func(evictFirst func(uint32) bool)) {
+	var most int64
+	for _, c := range r.Counts {
+		most = max(most, c)
+	}
+	kind := ringKind(r.Buckets, most)
+	if was != ringNone && was != kind {
+		t.forgetIn(was, h)
+	}
+	switch kind {
+	case ringSmall16:
+		writeRing(&t.small16, h, r, expires, func() { makeRoom(t.small16.evict) })
+	case ringSmall32:
+		writeRing(&t.small32, h, r, expires, func() { makeRoom(t.small32.evict) })
+	case ringWide16:
+		writeRing(&t.wide16, h, r, expires, func() { makeRoom(t.wide16.evict) })
+	default:
+		writeRing(&t.wide32, h, r, expires, func() { makeRoom(t.wide32.evict) })
 	}
 }
 
-func (e *wideRingSlot) keyHash() uint64      { return e.hash }
-func (e *wideRingSlot) expiry() uint32       { return e.expires }
-func (e *wideRingSlot) referenced() bool     { return e.ref }
-func (e *wideRingSlot) setReferenced(r bool) { e.ref = r }
-
-func (e *wideRingSlot) ring() algorithms.Ring {
-	r := algorithms.Ring{Index: e.index, Buckets: int(e.buckets)}
-	for i, c := range e.counts {
-		r.Counts[i] = int64(c)
-	}
-	return r
+// giveBack takes the cost of a request allowed with d back from h's ring,
+// if one is kept: a count that falls stays in the table it is in.
+func (t *ringTables) giveBack(h uint64, d algorithms.Decision, cost int64) {
+	giveBackRing(&t.small16, h, d, cost)
+	giveBackRing(&t.small32, h, d, cost)
+	giveBackRing(&t.wide16, h, d, cost)
+	giveBackRing(&t.wide32, h, d, cost)
 }
 
-func (e *wideRingSlot) set(h uint64, r algorithms.Ring, expires uint32, ref bool) {
-	*e = wideRingSlot{hash: h, index: r.Index, expires: expires, ref: ref, buckets: uint8(r.Buckets)}
-	for i := range e.counts {
-		e.counts[i] = uint32(r.Counts[i])
+func (t *ringTables) forgetIn(kind int, h uint64) bool {
+	switch kind {
+	case ringSmall16:
+		return t.small16.forget(h)
+	case ringSmall32:
+		return t.small32.forget(h)
+	case ringWide16:
+		return t.wide16.forget(h)
 	}
+	return t.wide32.forget(h)
+}
+
+// forget removes h's ring, and reports whether one was kept.
+func (t *ringTables) forget(h uint64) bool {
+	found := false
+	for kind := range ringKinds {
+		found = t.forgetIn(kind, h) || found
+	}
+	return found
+}
+
+// inspect returns h's ring as stored, without marking it used.
+func (t *ringTables) inspect(h uint64) (algorithms.Ring, bool) {
+	if r, ok := peekRing(&t.small16, h); ok {
+		return r, true
+	}
+	if r, ok := peekRing(&t.small32, h); ok {
+		return r, true
+	}
+	if r, ok := peekRing(&t.wide16, h); ok {
+		return r, true
+	}
+	return peekRing(&t.wide32, h)
+}
+
+func (t *ringTables) keys() int { return t.small16.n + t.small32.n + t.wide16.n + t.wide32.n }
+
+func (t *ringTables) evict(now uint32) bool {
+	return t.small16.evict(now) || t.small32.evict(now) || t.wide16.evict(now) || t.wide32.evict(now)
+}
+
+func (t *ringTables) sweep(now uint32) {
+	t.small16.sweep(now)
+	t.small32.sweep(now)
+	t.wide16.sweep(now)
+	t.wide32.sweep(now)
+}
+
+func (t *ringTables) clear() {
+	t.small16.clear()
+	t.small32.clear()
+	t.wide16.clear()
+	t.wide32.clear()
 }
 
 // readRing returns the ring t holds for h, marking it used, and whether it
@@ -90,8 +231,17 @@ func readRing[S any, P ringPtr[S]](t *table[S, P], h uint64) (algorithms.Ring, b
 	return e.ring(), true
 }
 
+// peekRing is readRing without marking the ring used.
+func peekRing[S any, P ringPtr[S]](t *table[S, P], h uint64) (algorithms.Ring, bool) {
+	i, ok := t.lookup(h)
+	if !ok {
+		return algorithms.Ring{}, false
+	}
+	return P(&t.slots[i]).ring(), true
+}
+
 // writeRing stores r for h in t, in the slot it has or a new one (room
-// made by the caller); a new key starts with its reference bit clear.
+// made by makeRoom first); a new key starts with its reference bit clear.
 func writeRing[S any, P ringPtr[S]](t *table[S, P], h uint64, r algorithms.Ring, expires uint32, makeRoom func()) {
 	i, ok := t.lookup(h)
 	if !ok {
@@ -101,40 +251,12 @@ func writeRing[S any, P ringPtr[S]](t *table[S, P], h uint64, r algorithms.Ring,
 	P(&t.slots[i]).set(h, r, expires, ok)
 }
 
-// giveBackRing takes the cost of q, allowed with d, back from h's ring in
-// t, if it holds one.
+// giveBackRing takes a cost, allowed with d, back from h's ring in t, if
+// t holds one.
 func giveBackRing[S any, P ringPtr[S]](t *table[S, P], h uint64, d algorithms.Decision, cost int64) {
 	if i, ok := t.lookup(h); ok {
 		e := P(&t.slots[i])
 		e.set(h, algorithms.GiveBackRing(e.ring(), d, cost), e.expiry(), e.referenced())
-	}
-}
-
-// ringOf returns the ring the shard holds for h, whichever table holds it
-// (a zone whose buckets changed may have left it in the other), and
-// whether it holds one.
-func (s *memoryShard) ringOf(h uint64, n int) (algorithms.Ring, bool) {
-	if n < smallRing {
-		if r, ok := readRing(&s.rings, h); ok {
-			return r, true
-		}
-		return readRing(&s.wide, h)
-	}
-	if r, ok := readRing(&s.wide, h); ok {
-		return r, true
-	}
-	return readRing(&s.rings, h)
-}
-
-// storeRing stores r, a ring of n buckets, for h, in the table for n,
-// and forgets any ring of h in the other.
-func (s *memoryShard) storeRing(h uint64, r algorithms.Ring, expires uint32, bound int, now uint32) {
-	if n := r.Buckets; n < smallRing {
-		s.wide.forget(h)
-		writeRing(&s.rings, h, r, expires, func() { s.makeRoom(bound, now, s.rings.evict) })
-	} else {
-		s.rings.forget(h)
-		writeRing(&s.wide, h, r, expires, func() { s.makeRoom(bound, now, s.wide.evict) })
 	}
 }
 

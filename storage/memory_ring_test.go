@@ -3,6 +3,7 @@ package storage
 import (
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
@@ -73,5 +74,49 @@ func TestMemoryRingsBounded(t *testing.T) {
 	}
 	if n := c.len(); n > 10*memoryShards {
 		t.Fatalf("%d keys held, bound %d", n, 10*memoryShards)
+	}
+}
+
+// TestMemoryRingWidens: a ring whose count outgrows 16 bits moves to the
+// table of 32-bit counts, losing nothing; a ring of more than 10 buckets
+// lives in a wide table.
+func TestMemoryRingWidens(t *testing.T) {
+	c, _ := newTestCounters(t, DefaultMaxKeys)
+	req := Request{Zone: "rw", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 100_000, Window: time.Minute}, Cost: 60_000}
+	h := c.keyHash("rw", "k")
+	s := &c.shards[shardOf(h)]
+	where := func() int {
+		_, kind := s.rings.find(h)
+		return kind
+	}
+	take1(c, req)
+	if k := where(); k != ringSmall16 {
+		t.Fatalf("a count of 60,000 is in table %d, want the small 16-bit one", k)
+	}
+	req.Cost = 30_000
+	take1(c, req)
+	if k := where(); k != ringSmall32 {
+		t.Fatalf("a count of 90,000 is in table %d, want the small 32-bit one", k)
+	}
+	req.Cost = 10_001
+	if d := take1(c, req); d.Allowed || d.Remaining != 10_000 {
+		t.Fatalf("over the limit after widening: %+v, want rejected with 10,000 left", d)
+	}
+	wide := Request{Zone: "rw", Key: "w", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 5, Window: time.Minute, Buckets: 30}, Cost: 1}
+	take1(c, wide)
+	hw := c.keyHash("rw", "w")
+	if _, kind := c.shards[shardOf(hw)].rings.find(hw); kind != ringWide16 {
+		t.Fatalf("a ring of 30 buckets is in table %d, want the wide 16-bit one", kind)
+	}
+	if n := c.len(); n != 2 {
+		t.Fatalf("%d keys held, want 2", n)
+	}
+}
+
+// TestMemoryRingSlotSizes: the common ring, 10 buckets of counts up to
+// 65,535, is a 48-byte slot.
+func TestMemoryRingSlotSizes(t *testing.T) {
+	if n := unsafe.Sizeof(ringSlot[uint16]{}); n != 48 {
+		t.Fatalf("ringSlot[uint16] is %d bytes, want 48", n)
 	}
 }
