@@ -103,12 +103,12 @@ func TestDocumentedCaddyfilesAdapt(t *testing.T) {
 func TestAlgorithmsDocShowsEveryAlgorithm(t *testing.T) {
 	zones := fencedBlocks(readDoc(t, "docs/algorithms.md"), "caddyfile")
 	all := strings.Join(zones, "\n")
-	for _, a := range []string{"fixed_window", "gcra", "concurrency"} {
+	for _, a := range []string{"fixed_window", "sliding_window", "gcra", "concurrency"} {
 		if !strings.Contains(all, "algorithm "+a) {
 			t.Errorf("docs/algorithms.md shows no zone with algorithm %s", a)
 		}
 	}
-	if len(zones) < 4 {
+	if len(zones) < 5 {
 		t.Errorf("%d zones in docs/algorithms.md, want one per algorithm", len(zones))
 	}
 }

@@ -220,13 +220,11 @@ const DefaultSweepInterval = 10 * time.Second
 // more (its limits and costs are at most math.MaxInt32 too).
 const maxCount = math.MaxInt32
 
-// memorySlot is one key's counters in a shard's table. It holds no
-// pointers, so a table is one allocation the garbage collector never
-// scans, and it is 32 bytes, so two fit in a cache line (tables are
-// power-of-two allocations, which Go aligns) and none straddles one. The
-// key itself is not kept, only its keyed hash (see Memory).
+// memorySlot is one key's counters in a shard's table, beside its key
+// (the keyed hash of zone and key; see Memory and table). It holds no
+// pointers, as a table mapped outside the Go heap must not, and it is 24
+// bytes: 32 with its key.
 type memorySlot struct {
-	hash uint64 // keyHash of zone and key; 0 marks an empty slot
 	// window, current and previous are algorithms.Counts; the counts fit
 	// in 32 bits since they never exceed maxCount.
 	window            int64
@@ -257,7 +255,7 @@ type memoryShard struct {
 	bans map[uint64]int64
 	// Pad to a multiple of a cache line (64 bytes), so that locking one
 	// shard does not steal the line of its neighbour from another CPU.
-	_ [320 - 296]byte
+	_ [448 - 416]byte
 }
 
 // keys returns how many keys the shard holds.
@@ -528,7 +526,6 @@ func (s *memoryShard) store(h uint64, counts algorithms.Counts, expires uint32, 
 		i = s.counts.add(h)
 	}
 	s.counts.slots[i] = memorySlot{
-		hash:     h,
 		window:   counts.Window,
 		current:  uint32(counts.Current),
 		previous: uint32(counts.Previous),

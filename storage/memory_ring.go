@@ -12,8 +12,8 @@ import (
 // is more (a key moves to the wider table when a charge needs it). And it
 // holds as many as the ring's buckets need: a ring of the default 10
 // buckets or fewer takes a small slot, one of more (up to 60) a wide one.
-// So the common ring, 10 buckets of small counts, is a 48-byte slot, and
-// pays for neither the wide nor the large one.
+// So the common ring, 10 buckets of small counts, is a 40-byte slot (and
+// its 8-byte key), and pays for neither the wide nor the large one.
 
 // ringCount is the width a ring slot keeps its counts at.
 type ringCount interface{ uint16 | uint32 }
@@ -24,7 +24,6 @@ const smallRing = algorithms.DefaultBuckets + 1
 
 // ringHeader is what every ring slot holds beside its counts.
 type ringHeader struct {
-	hash    uint64 // keyHash of zone and key; 0 marks an empty slot
 	index   int64  // the ring's Index
 	expires uint32 // as memorySlot's
 	ref     bool
@@ -41,7 +40,6 @@ type wideRingSlot[C ringCount] struct {
 	counts [algorithms.MaxBuckets + 1]C
 }
 
-func (e *ringHeader) keyHash() uint64      { return e.hash }
 func (e *ringHeader) expiry() uint32       { return e.expires }
 func (e *ringHeader) referenced() bool     { return e.ref }
 func (e *ringHeader) setReferenced(r bool) { e.ref = r }
@@ -49,13 +47,13 @@ func (e *ringHeader) setReferenced(r bool) { e.ref = r }
 func (e *ringSlot[C]) ring() algorithms.Ring     { return ringFrom(&e.ringHeader, e.counts[:]) }
 func (e *wideRingSlot[C]) ring() algorithms.Ring { return ringFrom(&e.ringHeader, e.counts[:]) }
 
-func (e *ringSlot[C]) set(h uint64, r algorithms.Ring, expires uint32, ref bool) {
-	e.ringHeader = ringHeader{hash: h, index: r.Index, expires: expires, ref: ref, buckets: uint8(r.Buckets)}
+func (e *ringSlot[C]) set(r algorithms.Ring, expires uint32, ref bool) {
+	e.ringHeader = ringHeader{index: r.Index, expires: expires, ref: ref, buckets: uint8(r.Buckets)}
 	narrow(e.counts[:], r.Counts[:smallRing])
 }
 
-func (e *wideRingSlot[C]) set(h uint64, r algorithms.Ring, expires uint32, ref bool) {
-	e.ringHeader = ringHeader{hash: h, index: r.Index, expires: expires, ref: ref, buckets: uint8(r.Buckets)}
+func (e *wideRingSlot[C]) set(r algorithms.Ring, expires uint32, ref bool) {
+	e.ringHeader = ringHeader{index: r.Index, expires: expires, ref: ref, buckets: uint8(r.Buckets)}
 	narrow(e.counts[:], r.Counts[:])
 }
 
@@ -79,7 +77,7 @@ func narrow[C ringCount](dst []C, src []int64) {
 type ringPtr[S any] interface {
 	slotPtr[S]
 	ring() algorithms.Ring
-	set(h uint64, r algorithms.Ring, expires uint32, ref bool)
+	set(r algorithms.Ring, expires uint32, ref bool)
 }
 
 // Where a ring is kept: which of ringTables' tables.
@@ -248,7 +246,7 @@ func writeRing[S any, P ringPtr[S]](t *table[S, P], h uint64, r algorithms.Ring,
 		makeRoom()
 		i = t.add(h)
 	}
-	P(&t.slots[i]).set(h, r, expires, ok)
+	P(&t.slots[i]).set(r, expires, ok)
 }
 
 // giveBackRing takes a cost, allowed with d, back from h's ring in t, if
@@ -256,7 +254,7 @@ func writeRing[S any, P ringPtr[S]](t *table[S, P], h uint64, r algorithms.Ring,
 func giveBackRing[S any, P ringPtr[S]](t *table[S, P], h uint64, d algorithms.Decision, cost int64) {
 	if i, ok := t.lookup(h); ok {
 		e := P(&t.slots[i])
-		e.set(h, algorithms.GiveBackRing(e.ring(), d, cost), e.expiry(), e.referenced())
+		e.set(algorithms.GiveBackRing(e.ring(), d, cost), e.expiry(), e.referenced())
 	}
 }
 

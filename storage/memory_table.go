@@ -14,24 +14,30 @@ import "math/bits"
 // after the hole back, so there are no tombstones and probes never
 // lengthen with churn.
 //
+// The keys are kept apart from the slots, in an array of their own: a
+// probe reads 8 bytes, eight keys to a cache line, and never the slots it
+// passes over.
+//
 // A shard holds one table per kind of slot: counts (memorySlot) and the
 // rings of sliding windows (ringSlot, wideRingSlot). The methods need the
 // shard's lock.
 type table[S any, P slotPtr[S]] struct {
-	slots []S  // a power of two long, or nil
+	// keys holds each slot's key, the keyed hash of zone and key (see
+	// Memory); 0 marks an empty slot. slots holds what is kept for it.
+	// Both are a power of two long, or nil.
+	keys  []uint64
+	slots []S
 	shift uint // 64 - log2(len(slots)): a hash's top bits pick its home slot
 	n     int  // keys held
 	hand  int  // CLOCK's hand: the next slot eviction considers
-	// mapped tells that slots live outside the Go heap (newSlots), to be
-	// freed when replaced.
+	// mapped tells that keys and slots live outside the Go heap
+	// (newSlots), to be freed when replaced.
 	mapped bool
 }
 
 // slotPtr is what a table asks of its slot type, through a pointer.
 type slotPtr[S any] interface {
 	*S
-	// keyHash is the slot's key; 0 marks an empty slot.
-	keyHash() uint64
 	// expiry is when the slot's counts stop mattering, in Unix seconds;
 	// pinned for a slot that may be neither swept nor evicted.
 	expiry() uint32
@@ -47,12 +53,12 @@ const minSlots = 16
 // lookup returns the slot holding h and true, or the empty slot where h
 // would go and false. The table is never full, so probing ends.
 func (t *table[S, P]) lookup(h uint64) (int, bool) {
-	if t.slots == nil {
+	if t.keys == nil {
 		return -1, false
 	}
-	mask := len(t.slots) - 1
+	mask := len(t.keys) - 1
 	for i := int(h >> t.shift); ; i = (i + 1) & mask {
-		switch P(&t.slots[i]).keyHash() {
+		switch t.keys[i] {
 		case h:
 			return i, true
 		case 0:
@@ -65,10 +71,11 @@ func (t *table[S, P]) lookup(h uint64) (int, bool) {
 // table rather than fill it beyond 7/8, and counts the key. The caller
 // fills the slot.
 func (t *table[S, P]) add(h uint64) int {
-	if (t.n+1)*8 > len(t.slots)*7 {
-		t.resize(max(minSlots, 2*len(t.slots)))
+	if (t.n+1)*8 > len(t.keys)*7 {
+		t.resize(max(minSlots, 2*len(t.keys)))
 	}
 	i, _ := t.lookup(h)
+	t.keys[i] = h
 	t.n++
 	return i
 }
@@ -85,10 +92,10 @@ func (t *table[S, P]) evict(now uint32) bool {
 	if t.n == 0 {
 		return false
 	}
-	mask := len(t.slots) - 1
-	for range 2 * len(t.slots) {
+	mask := len(t.keys) - 1
+	for range 2 * len(t.keys) {
 		e := P(&t.slots[t.hand])
-		if e.keyHash() != 0 && e.expiry() != pinned {
+		if t.keys[t.hand] != 0 && e.expiry() != pinned {
 			if !e.referenced() || e.expiry() <= now {
 				// The slot now holds the entry shifted into the hole, if
 				// any, which the hand considers next.
@@ -105,35 +112,49 @@ func (t *table[S, P]) evict(now uint32) bool {
 // remove empties slot i and shifts back the entries after it that probed
 // past it, so every entry stays reachable from its home slot.
 func (t *table[S, P]) remove(i int) {
-	mask := len(t.slots) - 1
-	for j := (i + 1) & mask; P(&t.slots[j]).keyHash() != 0; j = (j + 1) & mask {
+	mask := len(t.keys) - 1
+	for j := (i + 1) & mask; t.keys[j] != 0; j = (j + 1) & mask {
 		// The entry at j may fill the hole at i unless its home lies
 		// (cyclically) after i, where a probe for it starts past the hole.
-		home := int(P(&t.slots[j]).keyHash() >> t.shift)
+		home := int(t.keys[j] >> t.shift)
 		if (j-home)&mask >= (j-i)&mask {
-			t.slots[i] = t.slots[j]
+			t.keys[i], t.slots[i] = t.keys[j], t.slots[j]
 			i = j
 		}
 	}
 	var empty S
-	t.slots[i] = empty
+	t.keys[i], t.slots[i] = 0, empty
 	t.n--
 }
 
 // resize moves the entries to a new table of n slots, a power of two.
 func (t *table[S, P]) resize(n int) {
-	old, mapped := t.slots, t.mapped
-	t.slots, t.mapped = newSlots[S](n)
+	oldKeys, oldSlots, mapped := t.keys, t.slots, t.mapped
+	keys, keysMapped := newSlots[uint64](n)
+	slots, slotsMapped := newSlots[S](n)
+	if keysMapped != slotsMapped {
+		// One mapping failed: both go on the heap, so that one flag
+		// says how to free them.
+		if keysMapped {
+			freeSlots(keys)
+			keys = make([]uint64, n)
+		} else {
+			freeSlots(slots)
+			slots = make([]S, n)
+		}
+	}
+	t.keys, t.slots, t.mapped = keys, slots, keysMapped && slotsMapped
 	t.shift = uint(64 - bits.TrailingZeros(uint(n)))
 	t.hand = 0
-	for _, e := range old {
-		if h := P(&e).keyHash(); h != 0 {
+	for j, h := range oldKeys {
+		if h != 0 {
 			i, _ := t.lookup(h)
-			t.slots[i] = e
+			t.keys[i], t.slots[i] = h, oldSlots[j]
 		}
 	}
 	if mapped {
-		freeSlots(old)
+		freeSlots(oldKeys)
+		freeSlots(oldSlots)
 	}
 }
 
@@ -141,8 +162,8 @@ func (t *table[S, P]) resize(n int) {
 // less than 1/8 full (after a burst of keys, say) to between 1/4 and 1/2
 // full, so the memory a burst took is given back.
 func (t *table[S, P]) sweep(now uint32) {
-	for i := 0; i < len(t.slots); {
-		if e := P(&t.slots[i]); e.keyHash() != 0 && e.expiry() <= now {
+	for i := 0; i < len(t.keys); {
+		if t.keys[i] != 0 && P(&t.slots[i]).expiry() <= now {
 			// Removal shifts later entries into i (and entries from the
 			// table's start, already seen, into its end), so look at i
 			// again: every entry is seen at least once.
@@ -151,8 +172,8 @@ func (t *table[S, P]) sweep(now uint32) {
 		}
 		i++
 	}
-	if len(t.slots) > minSlots && t.n < len(t.slots)/8 {
-		n := len(t.slots)
+	if len(t.keys) > minSlots && t.n < len(t.keys)/8 {
+		n := len(t.keys)
 		for n > minSlots && t.n < n/4 {
 			n /= 2
 		}
@@ -163,9 +184,10 @@ func (t *table[S, P]) sweep(now uint32) {
 // clear forgets every entry, and gives back the table's memory.
 func (t *table[S, P]) clear() {
 	if t.mapped {
+		freeSlots(t.keys)
 		freeSlots(t.slots)
 	}
-	t.slots, t.shift, t.n, t.hand, t.mapped = nil, 0, 0, 0, false
+	t.keys, t.slots, t.shift, t.n, t.hand, t.mapped = nil, nil, 0, 0, 0, false
 }
 
 // forget removes h, if held, and reports whether it was.
@@ -177,7 +199,6 @@ func (t *table[S, P]) forget(h uint64) bool {
 	return ok
 }
 
-func (e *memorySlot) keyHash() uint64      { return e.hash }
 func (e *memorySlot) expiry() uint32       { return e.expires }
 func (e *memorySlot) referenced() bool     { return e.ref }
 func (e *memorySlot) setReferenced(r bool) { e.ref = r }

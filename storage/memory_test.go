@@ -232,11 +232,11 @@ func TestMemoryShardTable(t *testing.T) {
 			t.Fatalf("step %d: n=%d, model holds %d", step, s.counts.n, len(model))
 		}
 		used := 0
-		for _, e := range s.counts.slots {
-			if e.hash != 0 {
+		for i, h := range s.counts.keys {
+			if e := s.counts.slots[i]; h != 0 {
 				used++
-				if exp, ok := model[e.hash]; !ok || exp != e.expires {
-					t.Fatalf("step %d: slot %x (expires %d) not in model (%d %v)", step, e.hash, e.expires, exp, ok)
+				if exp, ok := model[h]; !ok || exp != e.expires {
+					t.Fatalf("step %d: slot %x (expires %d) not in model (%d %v)", step, h, e.expires, exp, ok)
 				}
 			}
 		}
@@ -350,10 +350,11 @@ func TestMemorySweepShrinks(t *testing.T) {
 	}
 }
 
-// TestMemorySlotSize: two slots per cache line, as the layout intends.
+// TestMemorySlotSize: 24 bytes of counts, 32 with the key, as the
+// layout intends.
 func TestMemorySlotSize(t *testing.T) {
-	if n := unsafe.Sizeof(memorySlot{}); n != 32 {
-		t.Fatalf("memorySlot is %d bytes, want 32", n)
+	if n := unsafe.Sizeof(memorySlot{}); n != 24 {
+		t.Fatalf("memorySlot is %d bytes, want 24", n)
 	}
 }
 
