@@ -36,12 +36,11 @@ const DefaultMaxKeys = 1_000_000
 // background, every DefaultSweepInterval unless a config asks for another
 // interval (SetSweepInterval).
 //
-// A key costs about 37 to 73 bytes (a 32-byte slot in a table between
-// 7/16 and 7/8 full, mapped outside the Go heap: see table and newSlots),
-// a sliding window's 55 to 110 (a 48-byte slot for the default 10 buckets
-// of counts up to 65,535; see memory_ring.go), whatever the length of the
-// key, because the store keeps not the zone and key but a 64-bit hash of
-// them, keyed with a
+// A key's slot and key take 32 bytes in a table between 7/16 and 7/8 full
+// (see table), a sliding window's 40 for the default 10 buckets of counts
+// under 256 (see memory_ring.go), whatever the length of the key, because
+// the store keeps not the zone and key but a 64-bit hash of them, keyed
+// with a
 // seed drawn at random when the process starts. Two keys that hashed
 // alike would share a counter, but that is not a risk in practice: without
 // the seed, which never leaves the process, no one can choose keys that
@@ -222,8 +221,8 @@ const maxCount = math.MaxInt32
 
 // memorySlot is one key's counters in a shard's table, beside its key
 // (the keyed hash of zone and key; see Memory and table). It holds no
-// pointers, as a table mapped outside the Go heap must not, and it is 24
-// bytes: 32 with its key.
+// pointers, so the collector never scans a table, and it is 24 bytes:
+// 32 with its key.
 type memorySlot struct {
 	// window, current and previous are algorithms.Counts; the counts fit
 	// in 32 bits since they never exceed maxCount.
@@ -255,7 +254,7 @@ type memoryShard struct {
 	bans map[uint64]int64
 	// Pad to a multiple of a cache line (64 bytes), so that locking one
 	// shard does not steal the line of its neighbour from another CPU.
-	_ [448 - 416]byte
+	_ [576 - 520]byte
 }
 
 // keys returns how many keys the shard holds.
@@ -358,7 +357,6 @@ func (c *memoryCounters) setMaxKeys(n int) {
 func (c *memoryCounters) Destruct() error {
 	close(c.stop)
 	<-c.done
-	c.clear() // gives back the tables' memory
 	return nil
 }
 

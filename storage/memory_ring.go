@@ -8,15 +8,16 @@ import (
 
 // The memory store keeps a sliding_window key's ring (algorithms.Ring) in
 // tables of their own. A slot holds the sub-window counts at the width
-// they need: 16 bits while every count is at most 65,535, 32 bits once one
-// is more (a key moves to the wider table when a charge needs it). And it
-// holds as many as the ring's buckets need: a ring of the default 10
-// buckets or fewer takes a small slot, one of more (up to 60) a wide one.
-// So the common ring, 10 buckets of small counts, is a 40-byte slot (and
-// its 8-byte key), and pays for neither the wide nor the large one.
+// they need: 8 bits while every count is at most 255, 16 bits while at
+// most 65,535, 32 bits beyond (a key moves to a wider table when a charge
+// needs it). And it holds as many as the ring's buckets need: a ring of
+// the default 10 buckets or fewer takes a small slot, one of more (up to
+// 60) a wide one. So the common ring, 10 buckets of counts under 256, is
+// a 32-byte slot and its 8-byte key, and pays for neither wider counts
+// nor more buckets.
 
 // ringCount is the width a ring slot keeps its counts at.
-type ringCount interface{ uint16 | uint32 }
+type ringCount interface{ uint8 | uint16 | uint32 }
 
 // smallRing is how many sub-window counts a small slot holds: those of up
 // to algorithms.DefaultBuckets buckets.
@@ -82,8 +83,10 @@ type ringPtr[S any] interface {
 
 // Where a ring is kept: which of ringTables' tables.
 const (
-	ringSmall16 = iota
+	ringSmall8 = iota
+	ringSmall16
 	ringSmall32
+	ringWide8
 	ringWide16
 	ringWide32
 	ringKinds
@@ -92,8 +95,10 @@ const (
 
 // ringTables are a shard's ring tables.
 type ringTables struct {
+	small8  table[ringSlot[uint8], *ringSlot[uint8]]
 	small16 table[ringSlot[uint16], *ringSlot[uint16]]
 	small32 table[ringSlot[uint32], *ringSlot[uint32]]
+	wide8   table[wideRingSlot[uint8], *wideRingSlot[uint8]]
 	wide16  table[wideRingSlot[uint16], *wideRingSlot[uint16]]
 	wide32  table[wideRingSlot[uint32], *wideRingSlot[uint32]]
 }
@@ -101,11 +106,14 @@ type ringTables struct {
 // ringKind returns the table a ring of n buckets whose counts are at most
 // most goes in.
 func ringKind(n int, most int64) int {
-	kind := ringSmall16
+	kind := ringSmall8
 	if n >= smallRing {
-		kind = ringWide16
+		kind = ringWide8
 	}
-	if most > math.MaxUint16 {
+	switch {
+	case most > math.MaxUint16:
+		kind += 2
+	case most > math.MaxUint8:
 		kind++
 	}
 	return kind
@@ -114,11 +122,17 @@ func ringKind(n int, most int64) int {
 // find returns h's ring, marking it used, with the table it is in
 // (ringNone if none holds it). A key's ring is in one table at a time.
 func (t *ringTables) find(h uint64) (algorithms.Ring, int) {
+	if r, ok := readRing(&t.small8, h); ok {
+		return r, ringSmall8
+	}
 	if r, ok := readRing(&t.small16, h); ok {
 		return r, ringSmall16
 	}
 	if r, ok := readRing(&t.small32, h); ok {
 		return r, ringSmall32
+	}
+	if r, ok := readRing(&t.wide8, h); ok {
+		return r, ringWide8
 	}
 	if r, ok := readRing(&t.wide16, h); ok {
 		return r, ringWide16
@@ -142,10 +156,14 @@ func (t *ringTables) store(h uint64, r algorithms.Ring, expires uint32, was int,
 		t.forgetIn(was, h)
 	}
 	switch kind {
+	case ringSmall8:
+		writeRing(&t.small8, h, r, expires, func() { makeRoom(t.small8.evict) })
 	case ringSmall16:
 		writeRing(&t.small16, h, r, expires, func() { makeRoom(t.small16.evict) })
 	case ringSmall32:
 		writeRing(&t.small32, h, r, expires, func() { makeRoom(t.small32.evict) })
+	case ringWide8:
+		writeRing(&t.wide8, h, r, expires, func() { makeRoom(t.wide8.evict) })
 	case ringWide16:
 		writeRing(&t.wide16, h, r, expires, func() { makeRoom(t.wide16.evict) })
 	default:
@@ -156,6 +174,8 @@ func (t *ringTables) store(h uint64, r algorithms.Ring, expires uint32, was int,
 // giveBack takes the cost of a request allowed with d back from h's ring,
 // if one is kept: a count that falls stays in the table it is in.
 func (t *ringTables) giveBack(h uint64, d algorithms.Decision, cost int64) {
+	giveBackRing(&t.small8, h, d, cost)
+	giveBackRing(&t.wide8, h, d, cost)
 	giveBackRing(&t.small16, h, d, cost)
 	giveBackRing(&t.small32, h, d, cost)
 	giveBackRing(&t.wide16, h, d, cost)
@@ -164,6 +184,10 @@ func (t *ringTables) giveBack(h uint64, d algorithms.Decision, cost int64) {
 
 func (t *ringTables) forgetIn(kind int, h uint64) bool {
 	switch kind {
+	case ringSmall8:
+		return t.small8.forget(h)
+	case ringWide8:
+		return t.wide8.forget(h)
 	case ringSmall16:
 		return t.small16.forget(h)
 	case ringSmall32:
@@ -185,6 +209,12 @@ func (t *ringTables) forget(h uint64) bool {
 
 // inspect returns h's ring as stored, without marking it used.
 func (t *ringTables) inspect(h uint64) (algorithms.Ring, bool) {
+	if r, ok := peekRing(&t.small8, h); ok {
+		return r, true
+	}
+	if r, ok := peekRing(&t.wide8, h); ok {
+		return r, true
+	}
 	if r, ok := peekRing(&t.small16, h); ok {
 		return r, true
 	}
@@ -197,13 +227,18 @@ func (t *ringTables) inspect(h uint64) (algorithms.Ring, bool) {
 	return peekRing(&t.wide32, h)
 }
 
-func (t *ringTables) keys() int { return t.small16.n + t.small32.n + t.wide16.n + t.wide32.n }
+func (t *ringTables) keys() int {
+	return t.small8.n + t.small16.n + t.small32.n + t.wide8.n + t.wide16.n + t.wide32.n
+}
 
 func (t *ringTables) evict(now uint32) bool {
-	return t.small16.evict(now) || t.small32.evict(now) || t.wide16.evict(now) || t.wide32.evict(now)
+	return t.small8.evict(now) || t.small16.evict(now) || t.small32.evict(now) ||
+		t.wide8.evict(now) || t.wide16.evict(now) || t.wide32.evict(now)
 }
 
 func (t *ringTables) sweep(now uint32) {
+	t.small8.sweep(now)
+	t.wide8.sweep(now)
 	t.small16.sweep(now)
 	t.small32.sweep(now)
 	t.wide16.sweep(now)
@@ -211,6 +246,8 @@ func (t *ringTables) sweep(now uint32) {
 }
 
 func (t *ringTables) clear() {
+	t.small8.clear()
+	t.wide8.clear()
 	t.small16.clear()
 	t.small32.clear()
 	t.wide16.clear()

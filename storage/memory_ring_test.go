@@ -89,6 +89,12 @@ func TestMemoryRingWidens(t *testing.T) {
 		_, kind := s.rings.find(h)
 		return kind
 	}
+	req.Cost = 200
+	take1(c, req)
+	if k := where(); k != ringSmall8 {
+		t.Fatalf("a count of 200 is in table %d, want the small 8-bit one", k)
+	}
+	req.Cost = 59_800
 	take1(c, req)
 	if k := where(); k != ringSmall16 {
 		t.Fatalf("a count of 60,000 is in table %d, want the small 16-bit one", k)
@@ -105,17 +111,20 @@ func TestMemoryRingWidens(t *testing.T) {
 	wide := Request{Zone: "rw", Key: "w", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 5, Window: time.Minute, Buckets: 30}, Cost: 1}
 	take1(c, wide)
 	hw := c.keyHash("rw", "w")
-	if _, kind := c.shards[shardOf(hw)].rings.find(hw); kind != ringWide16 {
-		t.Fatalf("a ring of 30 buckets is in table %d, want the wide 16-bit one", kind)
+	if _, kind := c.shards[shardOf(hw)].rings.find(hw); kind != ringWide8 {
+		t.Fatalf("a ring of 30 buckets is in table %d, want the wide 8-bit one", kind)
 	}
 	if n := c.len(); n != 2 {
 		t.Fatalf("%d keys held, want 2", n)
 	}
 }
 
-// TestMemoryRingSlotSizes: the common ring, 10 buckets of counts up to
-// 65,535, is a 40-byte slot (48 with its key).
+// TestMemoryRingSlotSizes: the common ring, 10 buckets of counts under
+// 256, is a 32-byte slot (40 with its key); with counts up to 65,535, 40.
 func TestMemoryRingSlotSizes(t *testing.T) {
+	if n := unsafe.Sizeof(ringSlot[uint8]{}); n != 32 {
+		t.Fatalf("ringSlot[uint8] is %d bytes, want 32", n)
+	}
 	if n := unsafe.Sizeof(ringSlot[uint16]{}); n != 40 {
 		t.Fatalf("ringSlot[uint16] is %d bytes, want 40", n)
 	}

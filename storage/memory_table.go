@@ -9,10 +9,9 @@ import "math/bits"
 // over the load), and at 7/8 a lookup for a present key still probes
 // about 4.5 adjacent slots on average, one for a missing key (a new key)
 // about 32, where 3/4 would take 2.5 and 8.5 for twice the memory just
-// after growing. bench/load.sh measured the trade: 38-46 bytes a key of
-// RSS at 200,000 keys against 76-88 at 3/4. Removal shifts the entries
-// after the hole back, so there are no tombstones and probes never
-// lengthen with churn.
+// after growing (docs/design.md has what bench/load.sh measured). Removal
+// shifts the entries after the hole back, so there are no tombstones and
+// probes never lengthen with churn.
 //
 // The keys are kept apart from the slots, in an array of their own: a
 // probe reads 8 bytes, eight keys to a cache line, and never the slots it
@@ -30,9 +29,6 @@ type table[S any, P slotPtr[S]] struct {
 	shift uint // 64 - log2(len(slots)): a hash's top bits pick its home slot
 	n     int  // keys held
 	hand  int  // CLOCK's hand: the next slot eviction considers
-	// mapped tells that keys and slots live outside the Go heap
-	// (newSlots), to be freed when replaced.
-	mapped bool
 }
 
 // slotPtr is what a table asks of its slot type, through a pointer.
@@ -129,21 +125,8 @@ func (t *table[S, P]) remove(i int) {
 
 // resize moves the entries to a new table of n slots, a power of two.
 func (t *table[S, P]) resize(n int) {
-	oldKeys, oldSlots, mapped := t.keys, t.slots, t.mapped
-	keys, keysMapped := newSlots[uint64](n)
-	slots, slotsMapped := newSlots[S](n)
-	if keysMapped != slotsMapped {
-		// One mapping failed: both go on the heap, so that one flag
-		// says how to free them.
-		if keysMapped {
-			freeSlots(keys)
-			keys = make([]uint64, n)
-		} else {
-			freeSlots(slots)
-			slots = make([]S, n)
-		}
-	}
-	t.keys, t.slots, t.mapped = keys, slots, keysMapped && slotsMapped
+	oldKeys, oldSlots := t.keys, t.slots
+	t.keys, t.slots = make([]uint64, n), make([]S, n)
 	t.shift = uint(64 - bits.TrailingZeros(uint(n)))
 	t.hand = 0
 	for j, h := range oldKeys {
@@ -151,10 +134,6 @@ func (t *table[S, P]) resize(n int) {
 			i, _ := t.lookup(h)
 			t.keys[i], t.slots[i] = h, oldSlots[j]
 		}
-	}
-	if mapped {
-		freeSlots(oldKeys)
-		freeSlots(oldSlots)
 	}
 }
 
@@ -181,13 +160,9 @@ func (t *table[S, P]) sweep(now uint32) {
 	}
 }
 
-// clear forgets every entry, and gives back the table's memory.
+// clear forgets every entry.
 func (t *table[S, P]) clear() {
-	if t.mapped {
-		freeSlots(t.keys)
-		freeSlots(t.slots)
-	}
-	t.keys, t.slots, t.shift, t.n, t.hand, t.mapped = nil, nil, 0, 0, 0, false
+	t.keys, t.slots, t.shift, t.n, t.hand = nil, nil, 0, 0, 0
 }
 
 // forget removes h, if held, and reports whether it was.
