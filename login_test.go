@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,14 +40,7 @@ func startLogins(t *testing.T, n int, store, zone string) []instance {
 	}
 	var fleet []instance
 	for range n {
-		site, admin := freeLoopbackPort(t), freeLoopbackPort(t)
-		logFile := filepath.Join(t.TempDir(), "caddy.log")
-		globals := strings.Replace(processGlobals(t, admin, site), "}\n", "\tlog {\n\t\toutput file "+logFile+"\n\t\tformat json\n\t}\n}\n", 1)
-		proc := startProcess(t, globals+fmt.Sprintf(`http://127.0.0.1:%d {
-	handle /ready {
-		respond "ok"
-	}
-	handle /app* {
+		fleet = append(fleet, startInstance(t, fmt.Sprintf(`	handle /app* {
 		rate_limit {
 			%s
 			%s
@@ -58,14 +50,7 @@ func startLogins(t *testing.T, n int, store, zone string) []instance {
 		}
 		respond "welcome"
 	}
-}
-`, site, store, zone, hash), fmt.Sprintf("http://127.0.0.1:%d/ready", site))
-		fleet = append(fleet, instance{
-			url:   fmt.Sprintf("http://127.0.0.1:%d/app", site),
-			admin: fmt.Sprintf("http://127.0.0.1:%d", admin),
-			log:   logFile,
-			proc:  proc,
-		})
+`, store, zone, hash), "/app"))
 	}
 	return fleet
 }

@@ -163,14 +163,7 @@ func startFleet(t *testing.T, n int, spec fleetSpec) []instance {
 	}
 	var fleet []instance
 	for range n {
-		site, admin := freeLoopbackPort(t), freeLoopbackPort(t)
-		logFile := filepath.Join(t.TempDir(), "caddy.log")
-		globals := strings.Replace(processGlobals(t, admin, site), "}\n", "\tlog {\n\t\toutput file "+logFile+"\n\t\tformat json\n\t}\n}\n", 1)
-		proc := startProcess(t, globals+fmt.Sprintf(`http://127.0.0.1:%d {
-	handle /ready {
-		respond "ok"
-	}
-	rate_limit {
+		fleet = append(fleet, startInstance(t, fmt.Sprintf(`	rate_limit {
 		store redis {
 %s
 		}
@@ -180,16 +173,28 @@ func startFleet(t *testing.T, n int, spec fleetSpec) []instance {
 		}
 	}
 	%s
-}
-`, site, spec.store, spec.options, spec.zone, serve), fmt.Sprintf("http://127.0.0.1:%d/ready", site))
-		fleet = append(fleet, instance{
-			url:   fmt.Sprintf("http://127.0.0.1:%d/work", site),
-			admin: fmt.Sprintf("http://127.0.0.1:%d", admin),
-			log:   logFile,
-			proc:  proc,
-		})
+`, spec.store, spec.options, spec.zone, serve), "/work"))
 	}
 	return fleet
+}
+
+// startInstance starts one Caddy process, logging JSON to a file of its
+// own, whose site on a free loopback port answers /ready itself and holds
+// body (site block lines) for everything else; the instance's url names
+// path on the site.
+func startInstance(t *testing.T, body, path string) instance {
+	t.Helper()
+	site, admin := freeLoopbackPort(t), freeLoopbackPort(t)
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	globals := strings.Replace(processGlobals(t, admin, site), "}\n", "\tlog {\n\t\toutput file "+logFile+"\n\t\tformat json\n\t}\n}\n", 1)
+	proc := startProcess(t, globals+fmt.Sprintf("http://127.0.0.1:%d {\n\thandle /ready {\n\t\trespond \"ok\"\n\t}\n%s}\n", site, body),
+		fmt.Sprintf("http://127.0.0.1:%d/ready", site))
+	return instance{
+		url:   fmt.Sprintf("http://127.0.0.1:%d%s", site, path),
+		admin: fmt.Sprintf("http://127.0.0.1:%d", admin),
+		log:   logFile,
+		proc:  proc,
+	}
 }
 
 // urls are the fleet's zone sites.

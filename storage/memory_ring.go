@@ -121,23 +121,27 @@ func ringKind(n int, most int64) int {
 
 // find returns h's ring, marking it used, with the table it is in
 // (ringNone if none holds it). A key's ring is in one table at a time.
-func (t *ringTables) find(h uint64) (algorithms.Ring, int) {
-	if r, ok := readRing(&t.small8, h); ok {
+func (t *ringTables) find(h uint64) (algorithms.Ring, int) { return t.lookup(h, true) }
+
+// lookup returns h's ring and the table it is in (ringNone if none), and
+// with mark, marks it used.
+func (t *ringTables) lookup(h uint64, mark bool) (algorithms.Ring, int) {
+	if r, ok := readRing(&t.small8, h, mark); ok {
 		return r, ringSmall8
 	}
-	if r, ok := readRing(&t.small16, h); ok {
+	if r, ok := readRing(&t.small16, h, mark); ok {
 		return r, ringSmall16
 	}
-	if r, ok := readRing(&t.small32, h); ok {
+	if r, ok := readRing(&t.small32, h, mark); ok {
 		return r, ringSmall32
 	}
-	if r, ok := readRing(&t.wide8, h); ok {
+	if r, ok := readRing(&t.wide8, h, mark); ok {
 		return r, ringWide8
 	}
-	if r, ok := readRing(&t.wide16, h); ok {
+	if r, ok := readRing(&t.wide16, h, mark); ok {
 		return r, ringWide16
 	}
-	if r, ok := readRing(&t.wide32, h); ok {
+	if r, ok := readRing(&t.wide32, h, mark); ok {
 		return r, ringWide32
 	}
 	return algorithms.Ring{}, ringNone
@@ -209,22 +213,8 @@ func (t *ringTables) forget(h uint64) bool {
 
 // inspect returns h's ring as stored, without marking it used.
 func (t *ringTables) inspect(h uint64) (algorithms.Ring, bool) {
-	if r, ok := peekRing(&t.small8, h); ok {
-		return r, true
-	}
-	if r, ok := peekRing(&t.wide8, h); ok {
-		return r, true
-	}
-	if r, ok := peekRing(&t.small16, h); ok {
-		return r, true
-	}
-	if r, ok := peekRing(&t.small32, h); ok {
-		return r, true
-	}
-	if r, ok := peekRing(&t.wide16, h); ok {
-		return r, true
-	}
-	return peekRing(&t.wide32, h)
+	r, kind := t.lookup(h, false)
+	return r, kind != ringNone
 }
 
 func (t *ringTables) keys() int {
@@ -254,25 +244,18 @@ func (t *ringTables) clear() {
 	t.wide32.clear()
 }
 
-// readRing returns the ring t holds for h, marking it used, and whether it
-// holds one.
-func readRing[S any, P ringPtr[S]](t *table[S, P], h uint64) (algorithms.Ring, bool) {
+// readRing returns the ring t holds for h, and with mark marks it used,
+// and whether it holds one.
+func readRing[S any, P ringPtr[S]](t *table[S, P], h uint64, mark bool) (algorithms.Ring, bool) {
 	i, ok := t.lookup(h)
 	if !ok {
 		return algorithms.Ring{}, false
 	}
 	e := P(&t.slots[i])
-	e.setReferenced(true)
-	return e.ring(), true
-}
-
-// peekRing is readRing without marking the ring used.
-func peekRing[S any, P ringPtr[S]](t *table[S, P], h uint64) (algorithms.Ring, bool) {
-	i, ok := t.lookup(h)
-	if !ok {
-		return algorithms.Ring{}, false
+	if mark {
+		e.setReferenced(true)
 	}
-	return P(&t.slots[i]).ring(), true
+	return e.ring(), true
 }
 
 // writeRing stores r for h in t, in the slot it has or a new one (room
