@@ -1,12 +1,15 @@
 package ratelimit
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -131,6 +134,7 @@ type keyInfo struct {
 //	DELETE /rate_limit/zones/<zone>/keys/<key>
 //	PUT    /rate_limit/zones/<zone>/keys/<key>/limit   {"limit": n, "ttl": "24h"}
 //	DELETE /rate_limit/zones/<zone>/keys/<key>/limit
+//	GET    /rate_limit/zones/<zone>/top?n=20
 //	PUT    /rate_limit/zones/<zone>/dial               {"mode": m, "limit": n, "ttl": "1h"}
 //	DELETE /rate_limit/zones/<zone>/dial
 //	GET    /rate_limit/shed
@@ -165,6 +169,8 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		return apiError(http.StatusNotImplemented, fmt.Errorf("zone %q: store %s has no admin API", z.Name, z.storeName))
 	}
 	switch {
+	case len(parts) == 4 && parts[3] == "top":
+		return a.top(w, r, z)
 	case len(parts) == 4 && parts[3] == "dial":
 		return a.dial(w, r, z)
 	case len(parts) == 5 && parts[3] == "keys":
@@ -211,6 +217,46 @@ func (a *adminAPI) listZones(w http.ResponseWriter, r *http.Request) error {
 		out = append(out, info)
 	}
 	return writeJSON(w, out)
+}
+
+// topInfo is GET /rate_limit/zones/<zone>/top's answer: this instance's
+// heaviest keys in the zone over about the last minute, and the most any
+// count may be overstated.
+type topInfo struct {
+	Zone  string   `json:"zone"`
+	Keys  []topKey `json:"keys"`
+	Error int64    `json:"error"`
+}
+
+// DefaultTopKeys is how many keys GET .../top shows without ?n.
+const DefaultTopKeys = 20
+
+func (a *adminAPI) top(w http.ResponseWriter, r *http.Request, z *Zone) error {
+	if r.Method != http.MethodGet {
+		return methodNotAllowed(r)
+	}
+	n := DefaultTopKeys
+	if v := r.URL.Query().Get("n"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 || n > topTracked {
+			return apiError(http.StatusBadRequest, fmt.Errorf("n: want a number of keys from 1 to %d, got %q", topTracked, v))
+		}
+	}
+	keys, bound := z.top.top(n)
+	if z.hideKeys {
+		for i := range keys {
+			keys[i].Key = hiddenKey(keys[i].Key)
+		}
+	}
+	return writeJSON(w, topInfo{Zone: z.Name, Keys: keys, Error: bound})
+}
+
+// hiddenKey is how a key is shown where log_keys off hides keys: "#" and
+// the first 16 hex digits of its SHA-256, enough to tell keys apart and
+// to follow one from call to call, not to read it.
+func hiddenKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "#" + hex.EncodeToString(sum[:8])
 }
 
 func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z *Zone, raw string) error {

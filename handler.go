@@ -136,6 +136,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		s.question.store = h.fallback
 		v, rejected, err = h.decide(r.Context(), s.checks, &s.question)
 	}
+	for i := range s.checks {
+		c := &s.checks[i]
+		if v != unanswered {
+			c.zone.top.add(c.req.Key, c == rejected)
+		}
+	}
 	switch v {
 	case unanswered:
 		return h.storeFailed(w, r, next, err)

@@ -235,6 +235,10 @@ type Zone struct {
 	// and bans of caddy_http_rate_limit_bans_total.
 	usage prometheus.Observer
 	bans  prometheus.Counter
+	// top is the zone's heaviest keys, shared by the zones of its name;
+	// hideKeys (log_keys off) shows them as hashes.
+	top      *topKeys
+	hideKeys bool
 	// counted is CountStatus as a set; countsStatus tells it was given.
 	counted      statusSet
 	countsStatus bool
@@ -325,6 +329,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.delays = h.delays || z.MaxDelay > 0
 		z.admin, _ = store.(storage.Admin)
 		z.storeName = h.storeName
+		z.top, z.hideKeys = topKeysFor(z.Name), h.LogKeys == "off"
 		registerZone(z)
 	}
 	if h.Shed != nil {

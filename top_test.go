@@ -1,0 +1,83 @@
+package ratelimit_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// topAnswer is GET /rate_limit/zones/<zone>/top's answer.
+type topAnswer struct {
+	Zone string `json:"zone"`
+	Keys []struct {
+		Key      string `json:"key"`
+		Requests int64  `json:"requests"`
+		Rejected int64  `json:"rejected"`
+	} `json:"keys"`
+	Error int64 `json:"error"`
+}
+
+func topKeys(t *testing.T, zone, query string) topAnswer {
+	t.Helper()
+	code, body := adminJSON(t, adminURL, http.MethodGet, "/rate_limit/zones/"+zone+"/top"+query, "")
+	var a topAnswer
+	if err := json.Unmarshal([]byte(body), &a); code != http.StatusOK || err != nil {
+		t.Fatalf("GET top of %s: %d %s", zone, code, body)
+	}
+	return a
+}
+
+// TestTopKeysThroughCaddy: after traffic from many clients and a hammering
+// one, the admin API names the hammering client first, with its requests
+// and rejections; ?n bounds the answer and a bad n is refused; with
+// log_keys off the keys are hashes.
+func TestTopKeysThroughCaddy(t *testing.T) {
+	startCaddy(t, `
+:9080 {
+	rate_limit {
+		zone top_open {
+			key {header.X-Client}
+			limit 5
+			window 1h
+		}
+	}
+	respond "ok"
+}
+:9081 {
+	rate_limit {
+		log_keys off
+		zone top_hidden {
+			key {header.X-Client}
+			limit 5
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`)
+	for i := range 30 {
+		get(t, fmt.Sprint("client-", i))
+	}
+	for range 40 {
+		get(t, "runaway")
+	}
+	a := topKeys(t, "top_open", "?n=3")
+	if len(a.Keys) != 3 || a.Keys[0].Key != "runaway" || a.Keys[0].Requests != 40 || a.Keys[0].Rejected != 35 {
+		t.Fatalf("top 3: %+v, want runaway first with 40 requests, 35 rejected", a)
+	}
+	if len(topKeys(t, "top_open", "").Keys) != 20 {
+		t.Fatal("without n, want the top 20")
+	}
+	if code, body := adminJSON(t, adminURL, http.MethodGet, "/rate_limit/zones/top_open/top?n=0", ""); code != http.StatusBadRequest || !strings.Contains(body, "n:") {
+		t.Fatalf("n=0: %d %s, want 400 naming n", code, body)
+	}
+	for range 7 {
+		getURL(t, "http://localhost:9081/", "runaway")
+	}
+	h := topKeys(t, "top_hidden", "")
+	if len(h.Keys) != 1 || h.Keys[0].Key == "runaway" || !strings.HasPrefix(h.Keys[0].Key, "#") || h.Keys[0].Rejected != 2 {
+		t.Fatalf("log_keys off: %+v, want the key as a hash, 2 rejected", h)
+	}
+}
