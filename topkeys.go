@@ -41,7 +41,7 @@ type topSummary struct {
 // topEntry is a tracked key and its counts: requests (Space-Saving's
 // count), of them rejected, and err, the most requests may be overstated.
 type topEntry struct {
-	key                    string
+	key                     string
 	requests, rejected, err int64
 }
 
