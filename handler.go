@@ -291,9 +291,12 @@ func (s *scratch) recycle() {
 }
 
 // reject answers a request that the check c rejected: the zone's status
-// (429 by default), with the limit headers and Retry-After.
+// (429 by default), with the limit headers and Retry-After, and emits
+// the key's rate_limit_exceeded event if it is its first in the window.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *zoneCheck) error {
-	p := h.report(w, values, c, true, h.retryAfter(c.decision.RetryAt, h.now()))
+	retryAfter := h.retryAfter(c.decision.RetryAt, h.now())
+	p := h.report(w, values, c, true, retryAfter)
+	h.emitExceeded(r, c, retryAfter)
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -134,6 +135,10 @@ type Handler struct {
 	// fallback decides while the store cannot (on_store_error local); nil
 	// otherwise.
 	fallback storage.Store
+	// events is Caddy's events app, which rate_limit_exceeded goes
+	// through, and ctx the context events are emitted in (their origin).
+	events *caddyevents.App
+	ctx    caddy.Context
 }
 
 // Zone is one limit: which requests it applies to, how they are keyed and
@@ -239,6 +244,8 @@ type Zone struct {
 	// hideKeys (log_keys off) shows them as hashes.
 	top      *topKeys
 	hideKeys bool
+	// events remembers which keys had their event in this window.
+	events exceededKeys
 	// counted is CountStatus as a set; countsStatus tells it was given.
 	counted      statusSet
 	countsStatus bool
@@ -282,6 +289,15 @@ const maxLimit = math.MaxInt32
 // Provision loads the store and the zones' matchers and compiles templates.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	h.ctx = ctx
+	// Events go through the events app only when a config has one: then
+	// something subscribes to them.
+	switch events, err := ctx.AppIfConfigured("events"); {
+	case err == nil:
+		h.events = events.(*caddyevents.App)
+	case !errors.Is(err, caddy.ErrNotConfigured):
+		return fmt.Errorf("loading the events app: %w", err)
+	}
 	h.now = time.Now
 	h.storeErrorLog = new(errorLog)
 	if h.JWT != nil {
