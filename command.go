@@ -1,0 +1,407 @@
+package ratelimit
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+
+	"github.com/d61b427a/caddy-rate-limit/storage"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "rate-limit",
+		Usage: "zones|top|key|reset|override|dial [<zone> [<key>]] [--json] [--address <interface>] [--config <path> [--adapter <name>]]",
+		Short: "Shows and changes the rate limits of the running Caddy",
+		Long: `
+Shows the running rate limit zones, a zone's heaviest keys and a key's
+counts, and resets a key, gives it a limit of its own or dials a whole
+zone, through the running Caddy's admin API (/rate_limit/). With a store
+shared by a fleet (Redis), a change acts on every instance.
+
+  caddy rate-limit zones
+  caddy rate-limit top <zone> [--n 20]
+  caddy rate-limit key <zone> <key>
+  caddy rate-limit reset <zone> <key>
+  caddy rate-limit override <zone> <key> <limit> [--ttl 24h]
+  caddy rate-limit override <zone> <key> --remove
+  caddy rate-limit dial <zone> [--mode enforce|dry_run|off] [--limit <n>] [--ttl 1h]
+  caddy rate-limit dial <zone> --remove
+
+--json prints the admin API's answer as it is, for scripts.
+
+As with 'caddy reload', the admin endpoint is --address if given;
+otherwise the one in the config given by --config (and --adapter);
+otherwise ` + caddy.DefaultAdminListen + `.`,
+		CobraFunc: rateLimitCommands,
+	})
+}
+
+// rateLimitCommands adds the subcommands of caddy rate-limit and the
+// flags they share to cmd.
+func rateLimitCommands(cmd *cobra.Command) {
+	cmd.PersistentFlags().String("address", "", "Address of the administration API listener (if --config is not used)")
+	cmd.PersistentFlags().StringP("config", "c", "", "Configuration file (if --address is not used)")
+	cmd.PersistentFlags().StringP("adapter", "a", "", "Name of config adapter to apply (if --config is used)")
+	cmd.PersistentFlags().Bool("json", false, "Print the admin API's JSON answer as it is")
+	// Without these Cobra answers a mistyped subcommand with the help
+	// and exit status 0, which a script would take for success.
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+
+	cmd.AddCommand(&cobra.Command{
+		Use:   "zones",
+		Short: "Lists the running zones",
+		Args:  cobra.NoArgs,
+		RunE:  run(zonesRequest),
+	})
+
+	top := &cobra.Command{
+		Use:   "top <zone>",
+		Short: "Shows the zone's heaviest keys over about the last minute",
+		Args:  cobra.ExactArgs(1),
+		RunE:  run(topRequest),
+	}
+	top.Flags().Int("n", DefaultTopKeys, "How many keys to show")
+	cmd.AddCommand(top)
+
+	cmd.AddCommand(&cobra.Command{
+		Use:   "key <zone> <key>",
+		Short: "Shows a key's counts, override and ban",
+		Args:  cobra.ExactArgs(2),
+		RunE:  run(keyRequest),
+	})
+
+	cmd.AddCommand(&cobra.Command{
+		Use:   "reset <zone> <key>",
+		Short: "Forgets a key's counts and lifts its ban",
+		Args:  cobra.ExactArgs(2),
+		RunE:  run(resetRequest),
+	})
+
+	override := &cobra.Command{
+		Use:   "override <zone> <key> (<limit> [--ttl <duration>] | --remove)",
+		Short: "Gives a key a limit of its own, which wins over the zone's",
+		Args:  cobra.RangeArgs(2, 3),
+		RunE:  run(overrideRequest),
+	}
+	override.Flags().String("ttl", "", "How long the override lasts (default: until removed)")
+	override.Flags().Bool("remove", false, "Remove the key's override")
+	cmd.AddCommand(override)
+
+	dial := &cobra.Command{
+		Use:   "dial <zone> ([--mode <mode>] [--limit <n>] [--ttl <duration>] | --remove)",
+		Short: "Sets the zone's mode or its limit for every key without an override",
+		Args:  cobra.ExactArgs(1),
+		RunE:  run(dialRequest),
+	}
+	dial.Flags().String("mode", "", "enforce, dry_run or off")
+	dial.Flags().Int64("limit", 0, "The limit of every key without an override")
+	dial.Flags().String("ttl", "", "How long the dial lasts (default: until removed)")
+	dial.Flags().Bool("remove", false, "Return the zone to its config")
+	cmd.AddCommand(dial)
+}
+
+// adminRequest is what a subcommand asks of the admin endpoint, and how
+// it shows the answer to a person.
+type adminRequest struct {
+	method, path string
+	body         any // sent as JSON, if not nil
+	show         func(w io.Writer, answer []byte) error
+}
+
+// run wraps a subcommand for Cobra, as Caddy wraps its own: it builds the
+// subcommand's request from its flags and arguments, sends it, and prints
+// the answer, as it is with --json. An error, the endpoint's own message
+// if it answered one, is logged and exits 1.
+func run(build func(fl caddycmd.Flags, args []string) (adminRequest, error)) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		return caddycmd.WrapCommandFuncForCobra(func(fl caddycmd.Flags) (int, error) {
+			req, err := build(fl, args)
+			if err != nil {
+				return caddy.ExitCodeFailedStartup, err
+			}
+			answer, err := req.send(fl)
+			if err != nil {
+				return caddy.ExitCodeFailedStartup, err
+			}
+			if fl.Bool("json") {
+				_, err = cmd.OutOrStdout().Write(answer)
+			} else {
+				err = req.show(cmd.OutOrStdout(), answer)
+			}
+			if err != nil {
+				return caddy.ExitCodeFailedStartup, err
+			}
+			return caddy.ExitCodeSuccess, nil
+		})(cmd, args)
+	}
+}
+
+// send sends req to the admin endpoint the way caddy reload does, and
+// returns the answer's body.
+func (req adminRequest) send(fl caddycmd.Flags) ([]byte, error) {
+	addr, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
+	if err != nil {
+		return nil, fmt.Errorf("couldn't determine admin API address: %v", err)
+	}
+	var body io.Reader
+	if req.body != nil {
+		b, err := json.Marshal(req.body)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.NewReader(b)
+	}
+	resp, err := caddycmd.AdminAPIRequest(addr, req.method, req.path, nil, body)
+	if err != nil {
+		return nil, endpointError(err)
+	}
+	defer resp.Body.Close()
+	return io.ReadAll(resp.Body)
+}
+
+// endpointError returns the admin endpoint's own message, if err is an
+// answer of its, {"error": "..."}: caddycmd.AdminAPIRequest gives the
+// answer's status and body only in its error's text, where the message
+// is JSON-escaped. Other errors, such as an endpoint that cannot be
+// reached, are returned as they are.
+func endpointError(err error) error {
+	answer, ok := strings.CutPrefix(err.Error(), "caddy responded with error: HTTP ")
+	if !ok {
+		return err
+	}
+	_, body, _ := strings.Cut(answer, ": ")
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal([]byte(body), &e) != nil || e.Error == "" {
+		return err
+	}
+	return errors.New(e.Error)
+}
+
+// zonePath is the admin path of a zone; names and keys are path segments.
+func zonePath(zone string) string {
+	return "/rate_limit/zones/" + url.PathEscape(zone)
+}
+
+func keyPath(zone, key string) string {
+	return zonePath(zone) + "/keys/" + url.PathEscape(key)
+}
+
+// ttlFlag returns the --ttl flag, checked here so that a bad one is
+// named as the flag. It is sent as written: the endpoint parses it the
+// same way.
+func ttlFlag(fl caddycmd.Flags) (string, error) {
+	ttl := fl.String("ttl")
+	if ttl == "" {
+		return "", nil
+	}
+	if d, err := caddy.ParseDuration(ttl); err != nil || d <= 0 {
+		return "", fmt.Errorf("--ttl: want a positive duration such as 24h, got %q", ttl)
+	}
+	return ttl, nil
+}
+
+func zonesRequest(caddycmd.Flags, []string) (adminRequest, error) {
+	return adminRequest{method: http.MethodGet, path: "/rate_limit/zones", show: showZones}, nil
+}
+
+func topRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
+	path := zonePath(args[0]) + "/top?n=" + strconv.Itoa(fl.Int("n"))
+	return adminRequest{method: http.MethodGet, path: path, show: showTop}, nil
+}
+
+func keyRequest(_ caddycmd.Flags, args []string) (adminRequest, error) {
+	return adminRequest{method: http.MethodGet, path: keyPath(args[0], args[1]), show: showKey}, nil
+}
+
+func resetRequest(_ caddycmd.Flags, args []string) (adminRequest, error) {
+	zone, key := args[0], args[1]
+	return adminRequest{method: http.MethodDelete, path: keyPath(zone, key), show: func(w io.Writer, _ []byte) error {
+		_, err := fmt.Fprintf(w, "zone %q: key %q reset\n", zone, key)
+		return err
+	}}, nil
+}
+
+func overrideRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
+	zone, key := args[0], args[1]
+	path := keyPath(zone, key) + "/limit"
+	if fl.Bool("remove") {
+		if len(args) != 2 || fl.Changed("ttl") {
+			return adminRequest{}, errors.New("override --remove takes a zone and a key, and no limit or --ttl")
+		}
+		return adminRequest{method: http.MethodDelete, path: path, show: func(w io.Writer, _ []byte) error {
+			_, err := fmt.Fprintf(w, "zone %q: key %q: override removed\n", zone, key)
+			return err
+		}}, nil
+	}
+	if len(args) != 3 {
+		return adminRequest{}, errors.New("override takes a zone, a key and a limit, or --remove")
+	}
+	limit, err := strconv.ParseInt(args[2], 10, 64)
+	if err != nil {
+		return adminRequest{}, fmt.Errorf("limit: want an integer, got %q", args[2])
+	}
+	ttl, err := ttlFlag(fl)
+	if err != nil {
+		return adminRequest{}, err
+	}
+	body := struct {
+		Limit int64  `json:"limit"`
+		TTL   string `json:"ttl,omitempty"`
+	}{limit, ttl}
+	return adminRequest{method: http.MethodPut, path: path, body: body, show: func(w io.Writer, answer []byte) error {
+		var o storage.Override
+		if err := json.Unmarshal(answer, &o); err != nil {
+			return err
+		}
+		_, err := fmt.Fprintf(w, "zone %q: key %q: override %s\n", zone, key, overrideText(&o))
+		return err
+	}}, nil
+}
+
+func dialRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
+	zone := args[0]
+	path := zonePath(zone) + "/dial"
+	if fl.Bool("remove") {
+		if fl.Changed("mode") || fl.Changed("limit") || fl.Changed("ttl") {
+			return adminRequest{}, errors.New("dial --remove takes no --mode, --limit or --ttl")
+		}
+		return adminRequest{method: http.MethodDelete, path: path, show: func(w io.Writer, _ []byte) error {
+			_, err := fmt.Fprintf(w, "zone %q: dial removed\n", zone)
+			return err
+		}}, nil
+	}
+	ttl, err := ttlFlag(fl)
+	if err != nil {
+		return adminRequest{}, err
+	}
+	limit, err := fl.GetInt64("limit")
+	if err != nil {
+		return adminRequest{}, err
+	}
+	body := struct {
+		Mode  string `json:"mode,omitempty"`
+		Limit int64  `json:"limit,omitempty"`
+		TTL   string `json:"ttl,omitempty"`
+	}{fl.String("mode"), limit, ttl}
+	return adminRequest{method: http.MethodPut, path: path, body: body, show: func(w io.Writer, answer []byte) error {
+		var d storage.ZoneDial
+		if err := json.Unmarshal(answer, &d); err != nil {
+			return err
+		}
+		_, err := fmt.Fprintf(w, "zone %q: dial %s\n", zone, dialText(&d))
+		return err
+	}}, nil
+}
+
+func showZones(w io.Writer, answer []byte) error {
+	var zones []zoneInfo
+	if err := json.Unmarshal(answer, &zones); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tALGORITHM\tLIMIT\tWINDOW\tSTORE\tDIAL\tINSTANCES")
+	for _, z := range zones {
+		window := z.Window
+		if z.Lease != "" {
+			window = z.Lease + " lease"
+		}
+		instances := "-"
+		if z.Instances > 0 {
+			instances = strconv.Itoa(z.Instances)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			z.Name, z.Algorithm, strings.Join(z.Limit, " or "), window, z.Store, dialText(z.Dial), instances)
+	}
+	return tw.Flush()
+}
+
+func showTop(w io.Writer, answer []byte) error {
+	var top topInfo
+	if err := json.Unmarshal(answer, &top); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tREQUESTS\tREJECTED")
+	for _, k := range top.Keys {
+		fmt.Fprintf(tw, "%s\t%d\t%d\n", k.Key, k.Requests, k.Rejected)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\nRequests over about the last minute; each count is at most %d over the truth.\n", top.Error)
+	return err
+}
+
+func showKey(w io.Writer, answer []byte) error {
+	var k keyInfo
+	if err := json.Unmarshal(answer, &k); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintf(tw, "zone\t%s\n", k.Zone)
+	fmt.Fprintf(tw, "key\t%s\n", k.Key)
+	fmt.Fprintf(tw, "used\t%d\n", k.Used)
+	fmt.Fprintf(tw, "current\t%d\n", k.Current)
+	fmt.Fprintf(tw, "previous\t%d\n", k.Previous)
+	fmt.Fprintf(tw, "previous_weighted\t%d\n", k.PreviousWeighted)
+	fmt.Fprintf(tw, "reset\t%s\n", timeText(k.Reset))
+	fmt.Fprintf(tw, "override\t%s\n", overrideText(k.Override))
+	fmt.Fprintf(tw, "ban_ends\t%s\n", timeText(k.BanEnds))
+	return tw.Flush()
+}
+
+// overrideText shows an override as "5000 until <time>", or "-" for none.
+func overrideText(o *storage.Override) string {
+	if o == nil {
+		return "-"
+	}
+	return untilText(strconv.FormatInt(o.Limit, 10), o.Expires)
+}
+
+// dialText shows a dial as "dry_run limit 200 until <time>", or "-" for
+// none.
+func dialText(d *storage.ZoneDial) string {
+	if d == nil {
+		return "-"
+	}
+	var parts []string
+	if d.Mode != "" {
+		parts = append(parts, d.Mode)
+	}
+	if d.Limit > 0 {
+		parts = append(parts, "limit "+strconv.FormatInt(d.Limit, 10))
+	}
+	return untilText(strings.Join(parts, " "), d.Expires)
+}
+
+func untilText(s string, expires time.Time) string {
+	if expires.IsZero() {
+		return s
+	}
+	return s + " until " + timeText(expires)
+}
+
+// timeText shows t to the second, in the zone the endpoint gave it in,
+// or "-" for the zero time.
+func timeText(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Format(time.RFC3339)
+}

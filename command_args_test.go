@@ -1,0 +1,144 @@
+package ratelimit
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+)
+
+// These tests run caddy rate-limit in this process against a stand-in
+// for the admin endpoint, so that they run under -short: the requests
+// each subcommand sends, and the arguments it refuses before sending
+// any. The command against a running Caddy is tested in command_test.go.
+
+// rateLimit runs caddy rate-limit with args and returns what it printed.
+func rateLimit(args ...string) (string, error) {
+	cmd := &cobra.Command{Use: "rate-limit"}
+	rateLimitCommands(cmd)
+	root := &cobra.Command{Use: "caddy", SilenceUsage: true}
+	root.AddCommand(cmd)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(io.Discard)
+	root.SetArgs(append([]string{"rate-limit"}, args...))
+	err := root.Execute()
+	return out.String(), err
+}
+
+// standIn is an admin endpoint that records the last request it got and
+// answers with status and body.
+type standIn struct {
+	address                  string // host:port
+	status                   int
+	answer                   string
+	method, uri, body, ctype string
+	requests                 int
+}
+
+func newStandIn(t *testing.T) *standIn {
+	s := &standIn{status: http.StatusOK}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		s.requests++
+		s.method, s.uri, s.body, s.ctype = r.Method, r.URL.RequestURI(), string(b), r.Header.Get("Content-Type")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(s.status)
+		io.WriteString(w, s.answer)
+	}))
+	t.Cleanup(srv.Close)
+	s.address = strings.TrimPrefix(srv.URL, "http://")
+	return s
+}
+
+// TestRateLimitCommandRequests: each subcommand sends its method, path
+// (zone names and keys escaped) and JSON body, and with --json prints
+// the answer as it is.
+func TestRateLimitCommandRequests(t *testing.T) {
+	s := newStandIn(t)
+	s.answer = "{\"answer\":\"as it is\"}\n"
+	cases := []struct {
+		args              []string
+		method, uri, body string
+	}{
+		{[]string{"zones"}, "GET", "/rate_limit/zones", ""},
+		{[]string{"top", "api"}, "GET", "/rate_limit/zones/api/top?n=20", ""},
+		{[]string{"top", "a/b", "--n", "3"}, "GET", "/rate_limit/zones/a%2Fb/top?n=3", ""},
+		{[]string{"key", "api", "bot 7/%"}, "GET", "/rate_limit/zones/api/keys/bot%207%2F%25", ""},
+		{[]string{"reset", "api", "k"}, "DELETE", "/rate_limit/zones/api/keys/k", ""},
+		{[]string{"override", "api", "k", "5000", "--ttl", "24h"}, "PUT", "/rate_limit/zones/api/keys/k/limit", `{"limit":5000,"ttl":"24h"}`},
+		{[]string{"override", "api", "k", "10"}, "PUT", "/rate_limit/zones/api/keys/k/limit", `{"limit":10}`},
+		{[]string{"override", "api", "k", "--remove"}, "DELETE", "/rate_limit/zones/api/keys/k/limit", ""},
+		{[]string{"dial", "api", "--mode", "dry_run", "--ttl", "1h"}, "PUT", "/rate_limit/zones/api/dial", `{"mode":"dry_run","ttl":"1h"}`},
+		{[]string{"dial", "api", "--mode", "enforce", "--limit", "200"}, "PUT", "/rate_limit/zones/api/dial", `{"mode":"enforce","limit":200}`},
+		{[]string{"dial", "api", "--remove"}, "DELETE", "/rate_limit/zones/api/dial", ""},
+	}
+	for _, c := range cases {
+		out, err := rateLimit(append(c.args, "--json", "--address", s.address)...)
+		if err != nil {
+			t.Errorf("%q: %v", c.args, err)
+			continue
+		}
+		if s.method != c.method || s.uri != c.uri || s.body != c.body {
+			t.Errorf("%q sent %s %s %s, want %s %s %s", c.args, s.method, s.uri, s.body, c.method, c.uri, c.body)
+		}
+		if c.body != "" && s.ctype != "application/json" {
+			t.Errorf("%q sent Content-Type %q, want application/json", c.args, s.ctype)
+		}
+		if out != s.answer {
+			t.Errorf("%q printed %q, want the answer as it is", c.args, out)
+		}
+	}
+}
+
+// TestRateLimitCommandRefuses: arguments that make no request are
+// refused before one is sent, naming what is wrong.
+func TestRateLimitCommandRefuses(t *testing.T) {
+	s := newStandIn(t)
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bogus"}, `unknown command "bogus"`},
+		{[]string{"zones", "api"}, `unknown command "api"`},
+		{[]string{"top"}, "accepts 1 arg(s), received 0"},
+		{[]string{"key", "api"}, "accepts 2 arg(s), received 1"},
+		{[]string{"reset", "api", "k", "more"}, "accepts 2 arg(s), received 3"},
+		{[]string{"override", "api", "k"}, "override takes a zone, a key and a limit, or --remove"},
+		{[]string{"override", "api", "k", "lots"}, `limit: want an integer, got "lots"`},
+		{[]string{"override", "api", "k", "5", "--ttl", "forever"}, `--ttl: want a positive duration such as 24h, got "forever"`},
+		{[]string{"override", "api", "k", "5", "--ttl=0s"}, `--ttl: want a positive duration such as 24h, got "0s"`},
+		{[]string{"override", "api", "k", "5", "--remove"}, "override --remove takes a zone and a key, and no limit or --ttl"},
+		{[]string{"override", "api", "k", "--remove", "--ttl", "1h"}, "override --remove takes a zone and a key, and no limit or --ttl"},
+		{[]string{"dial", "api", "--remove", "--mode", "off"}, "dial --remove takes no --mode, --limit or --ttl"},
+		{[]string{"dial", "api", "--ttl", "soon"}, `--ttl: want a positive duration such as 24h, got "soon"`},
+	}
+	for _, c := range cases {
+		_, err := rateLimit(append(c.args, "--address", s.address)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error naming %q", c.args, err, c.want)
+		}
+	}
+	if s.requests != 0 {
+		t.Fatalf("%d refused commands reached the endpoint", s.requests)
+	}
+}
+
+// TestRateLimitCommandErrors: an error the endpoint answers is its own
+// message, unescaped; an answer that is not one of its errors is shown
+// with its status.
+func TestRateLimitCommandErrors(t *testing.T) {
+	s := newStandIn(t)
+	s.status, s.answer = http.StatusNotFound, `{"error":"zone \"x\": no such zone in the running config"}`
+	if _, err := rateLimit("key", "x", "k", "--address", s.address); err == nil || err.Error() != `zone "x": no such zone in the running config` {
+		t.Errorf("a 404: %v, want the endpoint's message", err)
+	}
+	s.status, s.answer = http.StatusBadGateway, "upstream gone"
+	if _, err := rateLimit("zones", "--address", s.address); err == nil || !strings.Contains(err.Error(), "HTTP 502: upstream gone") {
+		t.Errorf("a 502 that is not JSON: %v, want its status and body", err)
+	}
+}

@@ -1,0 +1,192 @@
+package ratelimit_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// rateLimitCLI runs the built Caddy's rate-limit command with args and
+// returns what it printed on stdout and stderr, and how it exited.
+func rateLimitCLI(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := caddyCommand(ctx, t, append([]string{"rate-limit"}, args...)...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	t.Logf("$ caddy rate-limit %s\n%s%s", strings.Join(args, " "), stdout.String(), stderr.String())
+	return stdout.String(), stderr.String(), err
+}
+
+// tableRow returns the fields of the row of table (tabwriter output)
+// whose first field is first, or nil.
+func tableRow(table, first string) []string {
+	for _, line := range strings.Split(table, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == first {
+			return f
+		}
+	}
+	return nil
+}
+
+// topRows returns the fields of each row of top's table, below its
+// header and above the line of its error bound.
+func topRows(out string) [][]string {
+	table, _, _ := strings.Cut(out, "\n\n")
+	var rows [][]string
+	for _, line := range strings.Split(table, "\n")[1:] {
+		rows = append(rows, strings.Fields(line))
+	}
+	return rows
+}
+
+// loggedError returns the message of the error Caddy logged as JSON to
+// stderr (not a terminal), or "".
+func loggedError(stderr string) string {
+	for _, line := range strings.Split(stderr, "\n") {
+		var entry struct{ Level, Msg string }
+		if json.Unmarshal([]byte(line), &entry) == nil && entry.Level == "error" {
+			return entry.Msg
+		}
+	}
+	return ""
+}
+
+// TestRateLimitCommandThroughCaddy runs caddy rate-limit, as an operator
+// would, against a running Caddy whose zone a client hammers: the zones
+// table lists the zone, top names the hammering client first, key shows
+// its counts, an override and a dial show where they are set and are
+// gone when removed, and reset clears the counts. An unknown zone exits
+// 1 with the endpoint's message, and so does an admin address nothing
+// listens on; --config finds the address in a Caddyfile.
+func TestRateLimitCommandThroughCaddy(t *testing.T) {
+	in := startInstance(t, `	rate_limit {
+		zone cli {
+			key {header.X-Client}
+			limit 5
+			window 1h
+		}
+	}
+	respond "ok"
+`, "/")
+	address := strings.TrimPrefix(in.admin, "http://")
+	cli := func(args ...string) string {
+		t.Helper()
+		out, _, err := rateLimitCLI(t, append(args, "--address", address)...)
+		if err != nil {
+			t.Fatalf("caddy rate-limit %q: %v", args, err)
+		}
+		return out
+	}
+
+	// The hammering client's key has a slash and a percent sign, which
+	// only reach the endpoint as one path segment if escaped.
+	const bot = "bot/7%"
+	for i := range 3 {
+		burst([]string{in.url}, fmt.Sprint("client-", i), 1)
+	}
+	if codes := burst([]string{in.url}, bot, 12); codes[200] != 5 || codes[429] != 7 {
+		t.Fatalf("12 requests from one client: %v, want 5 allowed and 7 rejected", codes)
+	}
+
+	zones := cli("zones")
+	if got, want := strings.Fields(strings.SplitN(zones, "\n", 2)[0]), []string{"NAME", "ALGORITHM", "LIMIT", "WINDOW", "STORE", "DIAL", "INSTANCES"}; !slices.Equal(got, want) {
+		t.Fatalf("zones header %q, want %q", got, want)
+	}
+	if got, want := tableRow(zones, "cli"), []string{"cli", "sliding_tail", "5", "1h0m0s", "memory", "-", "-"}; !slices.Equal(got, want) {
+		t.Fatalf("zones row %q, want %q", got, want)
+	}
+
+	top := cli("top", "cli")
+	if rows := topRows(top); len(rows) < 4 || !slices.Equal(rows[0], []string{bot, "12", "7"}) {
+		t.Fatalf("top:\n%s\nwant the 4 clients, %s first with 12 requests, 7 rejected", top, bot)
+	}
+	if !strings.Contains(top, "each count is at most 0 over the truth") {
+		t.Fatalf("top:\n%s\nwant the error bound", top)
+	}
+	if rows := topRows(cli("top", "cli", "--n", "2")); len(rows) != 2 {
+		t.Fatalf("top --n 2 showed %d keys", len(rows))
+	}
+	var answer struct {
+		Zone string
+		Keys []struct {
+			Key                string
+			Requests, Rejected int64
+		}
+	}
+	if err := json.Unmarshal([]byte(cli("top", "cli", "--json")), &answer); err != nil || answer.Zone != "cli" || len(answer.Keys) < 4 || answer.Keys[0].Key != bot {
+		t.Fatalf("top --json: %+v, %v; want zone cli, the 4 clients, %s first", answer, err, bot)
+	}
+
+	key := func() map[string]string {
+		fields := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(cli("key", "cli", bot)), "\n") {
+			f := strings.Fields(line)
+			fields[f[0]] = strings.Join(f[1:], " ")
+		}
+		return fields
+	}
+	if k := key(); k["zone"] != "cli" || k["key"] != bot || k["used"] != "5" || k["current"] != "5" || k["override"] != "-" {
+		t.Fatalf("key: %v, want %s with 5 used, no override", k, bot)
+	}
+
+	if out := cli("override", "cli", bot, "10", "--ttl", "1h"); !strings.HasPrefix(out, fmt.Sprintf("zone %q: key %q: override 10 until ", "cli", bot)) {
+		t.Fatalf("override printed %q", out)
+	}
+	if o := key()["override"]; !strings.HasPrefix(o, "10 until ") {
+		t.Fatalf("key shows override %q, want 10 until an hour from now", o)
+	}
+	cli("override", "cli", bot, "--remove")
+	if o := key()["override"]; o != "-" {
+		t.Fatalf("key shows override %q after --remove, want none", o)
+	}
+
+	cli("dial", "cli", "--mode", "dry_run", "--ttl", "1h")
+	if row := tableRow(cli("zones"), "cli"); len(row) < 7 || row[5] != "dry_run" || row[6] != "until" {
+		t.Fatalf("zones row %q after dial --mode dry_run, want the dial shown", row)
+	}
+	cli("dial", "cli", "--remove")
+	if row := tableRow(cli("zones"), "cli"); len(row) != 7 || row[5] != "-" {
+		t.Fatalf("zones row %q after dial --remove, want no dial", row)
+	}
+
+	cli("reset", "cli", bot)
+	if k := key(); k["used"] != "0" || k["current"] != "0" {
+		t.Fatalf("key after reset: %v, want 0 used", k)
+	}
+
+	var exit *exec.ExitError
+	out, stderr, err := rateLimitCLI(t, "key", "nosuch", "k", "--address", address)
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || out != "" {
+		t.Fatalf("an unknown zone: %v, printed %q; want exit status 1 and nothing printed", err, out)
+	}
+	if msg := loggedError(stderr); msg != `zone "nosuch": no such zone in the running config` {
+		t.Fatalf("an unknown zone logged %q, want the endpoint's message", msg)
+	}
+
+	nowhere := fmt.Sprintf("127.0.0.1:%d", freeLoopbackPort(t))
+	_, stderr, err = rateLimitCLI(t, "zones", "--address", nowhere)
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(loggedError(stderr), nowhere) {
+		t.Fatalf("an address nothing listens on: %v, logged %q; want exit status 1 naming it", err, loggedError(stderr))
+	}
+
+	caddyfile := filepath.Join(t.TempDir(), "Caddyfile")
+	if err := os.WriteFile(caddyfile, []byte("{\n\tadmin "+address+"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err = rateLimitCLI(t, "zones", "--config", caddyfile, "--adapter", "caddyfile")
+	if err != nil || tableRow(out, "cli") == nil {
+		t.Fatalf("zones --config: %v\n%s\nwant the zone, from the admin address in the Caddyfile", err, out)
+	}
+}
