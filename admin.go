@@ -129,6 +129,7 @@ type keyInfo struct {
 
 // serve routes one admin request:
 //
+//	GET    /rate_limit/                               the status page
 //	GET    /rate_limit/zones
 //	GET    /rate_limit/zones/<zone>/keys/<key>
 //	DELETE /rate_limit/zones/<zone>/keys/<key>
@@ -148,6 +149,9 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 			return apiError(http.StatusBadRequest, fmt.Errorf("path segment %q: %w", p, err))
 		}
 		parts = append(parts, u)
+	}
+	if len(parts) == 1 && parts[0] == "rate_limit" {
+		return serveStatusPage(w, r)
 	}
 	if len(parts) == 2 && parts[0] == "rate_limit" && parts[1] == "shed" {
 		if r.Method != http.MethodGet {
