@@ -158,11 +158,19 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decisio
 	w := l.Window.Milliseconds()
 	nowMs := now.UnixMilli()
 	idx := WindowIndex(nowMs, w)
-	if c.Window > idx {
-		// The counts were written in a later window than now falls in: a
-		// clock stepped back, or another request read the time after this
-		// one but charged first. Decide as of the start of their window
-		// rather than forget what it counted.
+	switch {
+	case c.Window > idx+1:
+		// Counted more than a window ahead of the clock: the zone's window
+		// grew in a reload, and c.Window counts windows of the old, shorter
+		// length. Deciding as of that window would reset centuries from
+		// now; the counts start afresh, as they do when the window shrinks
+		// (the old index is then far behind).
+		c = Counts{}
+	case c.Window > idx:
+		// The counts were written in the next window: a clock stepped
+		// back, or another request read the time after this one but
+		// charged first. Decide as of the start of their window rather
+		// than forget what it counted.
 		idx, nowMs = c.Window, c.Window*w
 	}
 	rolled, finished := c.Window != 0 && c.Window < idx, c.Current

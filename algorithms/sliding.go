@@ -117,7 +117,14 @@ func (r *Ring) Used() int64 {
 func DecideRing(r Ring, now time.Time, l Rate, cost int64) (Decision, Ring) {
 	n, w := l.BucketsOr(), l.Window.Milliseconds()
 	idx := SubWindow(now.UnixMilli(), w, n)
-	if r.Buckets == n && r.Index > idx {
+	switch {
+	case r.Buckets == n && r.Index > idx+int64(n):
+		// Counted more than a window ahead of the clock: the zone's window
+		// grew in a reload, and r.Index counts shorter sub-windows. The
+		// counts start afresh, as when the window shrinks. (A ring of
+		// another n is folded by Roll, whatever its index.)
+		r = Ring{}
+	case r.Buckets == n && r.Index > idx:
 		// Counted in a later sub-window than the clock says (it stepped
 		// back): decide as of that sub-window, forgetting nothing.
 		idx = r.Index

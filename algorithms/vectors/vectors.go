@@ -21,6 +21,9 @@ type Step struct {
 	RetryAfter time.Duration
 	// ResetAfter, when not zero, is Reset minus the step's instant.
 	ResetAfter time.Duration
+	// Rate, when set, is the limit from this step on, as a reload would
+	// change it; the Case's Rate holds until then.
+	Rate *algorithms.Rate
 }
 
 // Case is a sequence of requests against one limit, starting from empty
@@ -315,6 +318,58 @@ var Cases = []Case{
 			{At: 1334 * time.Millisecond, Key: "u", Cost: 1, Allowed: true, Remaining: 0},
 		},
 	},
+	// A reload that changes a zone's window starts its keys afresh: the
+	// stored window index counts windows of the old length. Grown, it is
+	// far ahead of the clock and must not be taken for a clock that
+	// stepped back (deciding as of that window would reset centuries
+	// later); shrunk, it is far behind.
+	{
+		Name:      "fixed_window/window_grows",
+		Algorithm: algorithms.FixedWindow,
+		Rate:      algorithms.Rate{Units: 3, Window: time.Second},
+		Steps: []Step{
+			{At: 0, Key: "g", Cost: 3, Allowed: true, Remaining: 0},
+			{At: 500 * time.Millisecond, Key: "g", Cost: 1, Allowed: true, Remaining: 2,
+				Rate: &algorithms.Rate{Units: 3, Window: time.Minute}},
+			{At: time.Second, Key: "g", Cost: 2, Allowed: true, Remaining: 0},
+			{At: 2 * time.Second, Key: "g", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 58 * time.Second},
+		},
+	},
+	{
+		Name:      "fixed_window/window_shrinks",
+		Algorithm: algorithms.FixedWindow,
+		Rate:      algorithms.Rate{Units: 3, Window: time.Minute},
+		Steps: []Step{
+			{At: 0, Key: "s", Cost: 3, Allowed: true, Remaining: 0},
+			{At: 30 * time.Second, Key: "s", Cost: 3, Allowed: true, Remaining: 0,
+				Rate: &algorithms.Rate{Units: 3, Window: time.Second}},
+		},
+	},
+	{
+		Name:      "sliding_tail/window_grows",
+		Algorithm: algorithms.SlidingTail,
+		Rate:      algorithms.Rate{Units: 3, Window: time.Second},
+		Steps: []Step{
+			{At: 0, Key: "g", Cost: 3, Allowed: true, Remaining: 0},
+			{At: 1500 * time.Millisecond, Key: "g", Cost: 3, Allowed: true, Remaining: 0,
+				Rate: &algorithms.Rate{Units: 3, Window: time.Minute}},
+			// the 3 carry into the next minute and round down to 2 from
+			// 12:01:00.001
+			{At: 2 * time.Second, Key: "g", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 58001 * time.Millisecond},
+		},
+	},
+	{
+		Name:      "sliding_window/window_grows",
+		Algorithm: algorithms.SlidingWindow,
+		Rate:      algorithms.Rate{Units: 2, Window: time.Second},
+		Steps: []Step{
+			{At: 0, Key: "g", Cost: 2, Allowed: true, Remaining: 0},
+			{At: 500 * time.Millisecond, Key: "g", Cost: 2, Allowed: true, Remaining: 0,
+				Rate: &algorithms.Rate{Units: 2, Window: time.Minute}},
+			// sub-window 0 of 6 s leaves at 66 s
+			{At: time.Second, Key: "g", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 65 * time.Second},
+		},
+	},
 	{
 		Name:      "sliding_window/largest_limit",
 		Algorithm: algorithms.SlidingWindow,
@@ -338,6 +393,9 @@ func Run(t *testing.T, take TakeFunc) {
 	for _, c := range Cases {
 		t.Run(c.Name, func(t *testing.T) {
 			for i, s := range c.Steps {
+				if s.Rate != nil {
+					c.Rate = *s.Rate
+				}
 				now := Start.Add(s.At)
 				d := take(t, now, c, c.Name+"/"+s.Key, s.Cost)
 				if d.Allowed != s.Allowed || d.Remaining != s.Remaining {

@@ -207,12 +207,17 @@ end
 -- ringOf returns the ring at s[j] rolled forward to sub-window idx for n
 -- buckets, as a new table, and idx, which is the stored index if the
 -- clock reads an earlier one. A ring kept for another n is folded into
--- the current sub-window whole: it counts for longer, never shorter.
+-- the current sub-window whole: it counts for longer, never shorter. A
+-- ring more than a window ahead was kept for a shorter window (the zone's
+-- window grew in a reload): its counts start afresh.
 local function ringOf(j, n, idx)
   local old, sw = rings[j], s[j + 1] or 0
   local r = {}
   for i = 1, n + 1 do
     r[i] = 0
+  end
+  if #old == n + 1 and sw > idx + n then
+    return r, idx
   end
   if #old ~= n + 1 then
     local total = 0
@@ -315,9 +320,13 @@ local function decide(j, alg, limit, w, cost, extra)
   end
   local elapsed = now - idx * w
 
-  -- Counts written in a later window than the clock says (it stepped
-  -- back): decide as of the start of their window rather than forget them.
-  if sw and sw > idx then
+  -- Counts written more than a window ahead of the clock were kept for a
+  -- shorter window (the zone's window grew in a reload): they start
+  -- afresh. Counts written in the next window (the clock stepped back):
+  -- decide as of the start of their window rather than forget them.
+  if sw and sw > idx + 1 then
+    sw = nil
+  elseif sw and sw > idx then
     idx = sw
     elapsed = 0
   end
