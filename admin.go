@@ -267,7 +267,7 @@ func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z *Zone, raw stri
 	key := storage.BoundKey(raw)
 	switch r.Method {
 	case http.MethodGet:
-		st, err := z.admin.KeyState(r.Context(), z.Name, key)
+		st, err := z.admin.KeyState(r.Context(), z.Name, key, z.period)
 		if err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}

@@ -314,7 +314,7 @@ func TestConcurrencyReleasedOnEveryWayOut(t *testing.T) {
 	admin := h.store.(storage.Admin)
 	held := func() int64 {
 		t.Helper()
-		st, err := admin.KeyState(context.Background(), "conc_ways", "192.0.2.7")
+		st, err := admin.KeyState(context.Background(), "conc_ways", "192.0.2.7", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}

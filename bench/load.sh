@@ -31,6 +31,8 @@
 #                     allowed (events 100: its ring buffer is events long)
 #   memory_gcra       memory_allowed with algorithm gcra
 #   memory_sliding_window  memory_allowed with algorithm sliding_window
+#   memory_sliding_window_many_keys  memory_many_keys with algorithm
+#                     sliding_window
 #   memory_concurrency  memory_allowed with algorithm concurrency (each
 #                     request takes a unit and gives it back)
 #   memory_count_status  memory_allowed with count_status 5xx: every answer
@@ -133,7 +135,7 @@ caddyfile() {
 	case $1 in
 	memory_gcra) algorithm="algorithm gcra" ;;
 	memory_concurrency) algorithm="algorithm concurrency" period="" ;;
-	memory_sliding_window) algorithm="algorithm sliding_window" ;;
+	memory_sliding_window*) algorithm="algorithm sliding_window" ;;
 	bytes_*) algorithm="algorithm ${1#bytes_}" ;;
 	*_count_status) algorithm="count_status 5xx" ;;
 	esac

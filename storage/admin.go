@@ -64,8 +64,10 @@ func (d ZoneDial) Active(now time.Time) bool {
 // and forgets its cached rejections of a key that was reset or given an
 // override.
 type Admin interface {
-	// KeyState returns what the store holds for key in zone.
-	KeyState(ctx context.Context, zone, key string) (KeyState, error)
+	// KeyState returns what the store holds for key in zone, whose
+	// window is window: the memory store needs it to read a sliding
+	// window's ring back (it keeps the ring's index in 32 bits).
+	KeyState(ctx context.Context, zone, key string, window time.Duration) (KeyState, error)
 	// ResetKey forgets key's counts in zone and lifts its ban.
 	ResetKey(ctx context.Context, zone, key string) error
 	// SetOverride sets a per-key limit; DeleteOverride removes it.

@@ -44,7 +44,7 @@ func TestMemoryBan(t *testing.T) {
 	if d := take1(c, unbanned); !d.Allowed {
 		t.Fatalf("a request without a ban (the zone's ban removed): %+v, want allowed", d)
 	}
-	st, _ := m.KeyState(context.Background(), "login", "k")
+	st, _ := m.KeyState(context.Background(), "login", "k", time.Minute)
 	if !st.BanEnds.Equal(ends) {
 		t.Fatalf("key state ban %s, want %s", st.BanEnds, ends)
 	}
@@ -113,18 +113,18 @@ func TestMemoryGiveBack(t *testing.T) {
 	first := take1(c, req)
 	take1(c, req)
 	c.release([]Request{req}, []algorithms.Decision{first})
-	if got, _, _ := c.inspect("gb", "k"); got.Current != 3 {
+	if got, _ := c.inspect("gb", "k"); got.Current != 3 {
 		t.Fatalf("after giving one back: %+v, want 3 counted", got)
 	}
 	// The next window: the cost comes off the previous one.
 	clock.Add(time.Minute)
 	second := take1(c, req)
 	c.release([]Request{req}, []algorithms.Decision{first})
-	if got, _, _ := c.inspect("gb", "k"); got.Previous != 0 || got.Current != 3 {
+	if got, _ := c.inspect("gb", "k"); got.Previous != 0 || got.Current != 3 {
 		t.Fatalf("after giving back a cost of the previous window: %+v, want 0 previous, 3 current", got)
 	}
 	c.release([]Request{req}, []algorithms.Decision{second})
-	if got, _, _ := c.inspect("gb", "k"); got.Current != 0 {
+	if got, _ := c.inspect("gb", "k"); got.Current != 0 {
 		t.Fatalf("after giving back the current window's: %+v, want nothing counted", got)
 	}
 
@@ -189,7 +189,7 @@ func TestRedisBan(t *testing.T) {
 	if err := a.DeleteOverride(context.Background(), "login", "k"); err != nil {
 		t.Fatal(err)
 	}
-	st, err := b.KeyState(context.Background(), "login", "k")
+	st, err := b.KeyState(context.Background(), "login", "k", time.Minute)
 	if err != nil || st.BanEnds.Sub(d.BanEnds).Abs() > time.Second {
 		t.Fatalf("key state %+v (%v), want the ban until %s", st, err, d.BanEnds)
 	}

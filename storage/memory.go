@@ -37,7 +37,7 @@ const DefaultMaxKeys = 1_000_000
 // interval (SetSweepInterval).
 //
 // A key's slot and key take 32 bytes in a table between 7/16 and 7/8 full
-// (see table), a sliding window's 40 for the default 10 buckets of counts
+// (see table), a sliding window's 28 for the default 10 buckets of counts
 // under 256 (see memory_ring.go), whatever the length of the key, because
 // the store keeps not the zone and key but a 64-bit hash of them, keyed
 // with a
@@ -424,7 +424,7 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 			}
 			p := &(*rings)[i]
 			var ring algorithms.Ring
-			ring, p.was = s.rings.find(hashes[i])
+			ring, p.was = s.rings.find(hashes[i], rate.Window.Milliseconds())
 			d, p.ring = algorithms.DecideRing(ring, now, rate, r.Cost)
 		} else {
 			var counts algorithms.Counts
@@ -561,7 +561,7 @@ func (c *memoryCounters) release(reqs []Request, decisions []algorithms.Decision
 		s := &c.shards[shardOf(h)]
 		s.mu.Lock()
 		if r.Algorithm == algorithms.SlidingWindow {
-			s.rings.giveBack(h, decisions[i], r.Cost)
+			s.rings.giveBack(h, r.Rate.Window.Milliseconds(), decisions[i], r.Cost)
 		} else if j, ok := s.counts.lookup(h); ok {
 			e := &s.counts.slots[j]
 			n := algorithms.GiveBack(r.Algorithm, e.counts(), decisions[i], r.Rate, r.Cost)
@@ -576,22 +576,27 @@ func (c *memoryCounters) release(reqs []Request, decisions []algorithms.Decision
 	c.released.signal()
 }
 
-// inspect returns what is kept for zone and key as stored, not rolled
-// forward to now (algorithms.Roll and Ring.Roll do that): its counts, or
-// for a sliding_window key its ring; and whether anything is kept.
-// Looking does not count as use for eviction.
-func (c *memoryCounters) inspect(zone, key string) (algorithms.Counts, algorithms.Ring, bool) {
+// inspect returns the counts kept for zone and key as stored, not rolled
+// forward to now (algorithms.Roll does that), and whether any are kept;
+// inspectRing returns a sliding_window key's ring, read for a window of w
+// ms. Looking does not count as use for eviction.
+func (c *memoryCounters) inspect(zone, key string) (algorithms.Counts, bool) {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if i, ok := s.counts.lookup(h); ok {
-		return s.counts.slots[i].counts(), algorithms.Ring{}, true
+		return s.counts.slots[i].counts(), true
 	}
-	if ring, ok := s.rings.inspect(h); ok {
-		return algorithms.Counts{}, ring, true
-	}
-	return algorithms.Counts{}, algorithms.Ring{}, false
+	return algorithms.Counts{}, false
+}
+
+func (c *memoryCounters) inspectRing(zone, key string, w int64) (algorithms.Ring, bool) {
+	h := c.keyHash(zone, key)
+	s := &c.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rings.inspect(h, w)
 }
 
 // banEnds returns when the ban of zone and key ends, in ms, if it is

@@ -31,10 +31,13 @@ func (a *memoryAdmin) override(zone, key string, now time.Time) (Override, bool)
 }
 
 // KeyState implements Admin.
-func (m *Memory) KeyState(_ context.Context, zone, key string) (KeyState, error) {
+func (m *Memory) KeyState(_ context.Context, zone, key string, window time.Duration) (KeyState, error) {
 	now := m.counters.now()
 	var st KeyState
-	st.Counts, st.Ring, _ = m.counters.inspect(zone, key)
+	var ok bool
+	if st.Counts, ok = m.counters.inspect(zone, key); !ok {
+		st.Ring, _ = m.counters.inspectRing(zone, key, window.Milliseconds())
+	}
 	if o, ok := m.counters.admin.override(zone, key, now); ok {
 		st.Override = &o
 	}

@@ -13,7 +13,7 @@ import (
 // needs it). And it holds as many as the ring's buckets need: a ring of
 // the default 10 buckets or fewer takes a small slot, one of more (up to
 // 60) a wide one. So the common ring, 10 buckets of counts under 256, is
-// a 32-byte slot and its 8-byte key, and pays for neither wider counts
+// a 20-byte slot and its 8-byte key, and pays for neither wider counts
 // nor more buckets.
 
 // ringCount is the width a ring slot keeps its counts at.
@@ -23,45 +23,86 @@ type ringCount interface{ uint8 | uint16 | uint32 }
 // to algorithms.DefaultBuckets buckets.
 const smallRing = algorithms.DefaultBuckets + 1
 
-// ringHeader is what every ring slot holds beside its counts.
+// ringHeader and ringMeta are what every ring slot holds before its
+// counts: 9 bytes. They are two fields, not one struct, since a struct of
+// 9 bytes would take 12 with its padding, and the common slot 24.
 type ringHeader struct {
-	index   int64  // the ring's Index
-	expires uint32 // as memorySlot's
-	ref     bool
-	buckets uint8 // the ring's Buckets
+	// index is the ring's Index modulo 2^32; ringFrom finds the rest from
+	// expires. (The full index would take 8 bytes and, with its
+	// alignment, make the common slot 32.)
+	index   uint32
+	expires uint32 // as memorySlot's, from ringExpiry
 }
+
+// ringMeta is the ring's Buckets (at most 60: 6 bits), and CLOCK's
+// reference bit as its top bit.
+type ringMeta uint8
+
+const (
+	metaBuckets ringMeta = 0x3f
+	metaRef     ringMeta = 0x80
+)
 
 type ringSlot[C ringCount] struct {
 	ringHeader
+	ringMeta
 	counts [smallRing]C
 }
 
 type wideRingSlot[C ringCount] struct {
 	ringHeader
+	ringMeta
 	counts [algorithms.MaxBuckets + 1]C
 }
 
-func (e *ringHeader) expiry() uint32       { return e.expires }
-func (e *ringHeader) referenced() bool     { return e.ref }
-func (e *ringHeader) setReferenced(r bool) { e.ref = r }
+func (e *ringHeader) expiry() uint32 { return e.expires }
+func (m *ringMeta) referenced() bool { return *m&metaRef != 0 }
+func (m *ringMeta) setReferenced(r bool) {
+	*m &^= metaRef
+	if r {
+		*m |= metaRef
+	}
+}
 
-func (e *ringSlot[C]) ring() algorithms.Ring     { return ringFrom(&e.ringHeader, e.counts[:]) }
-func (e *wideRingSlot[C]) ring() algorithms.Ring { return ringFrom(&e.ringHeader, e.counts[:]) }
+func (e *ringSlot[C]) ring(w int64) algorithms.Ring {
+	return ringFrom(e.ringHeader, e.ringMeta, e.counts[:], w)
+}
+
+func (e *wideRingSlot[C]) ring(w int64) algorithms.Ring {
+	return ringFrom(e.ringHeader, e.ringMeta, e.counts[:], w)
+}
 
 func (e *ringSlot[C]) set(r algorithms.Ring, expires uint32, ref bool) {
-	e.ringHeader = ringHeader{index: r.Index, expires: expires, ref: ref, buckets: uint8(r.Buckets)}
+	e.ringHeader, e.ringMeta = header(r, expires, ref)
 	narrow(e.counts[:], r.Counts[:smallRing])
 }
 
 func (e *wideRingSlot[C]) set(r algorithms.Ring, expires uint32, ref bool) {
-	e.ringHeader = ringHeader{index: r.Index, expires: expires, ref: ref, buckets: uint8(r.Buckets)}
+	e.ringHeader, e.ringMeta = header(r, expires, ref)
 	narrow(e.counts[:], r.Counts[:])
 }
 
-// ringFrom returns the ring a slot holds; narrow stores a ring's counts
-// in a slot, which the caller has made sure they fit.
-func ringFrom[C ringCount](e *ringHeader, counts []C) algorithms.Ring {
-	r := algorithms.Ring{Index: e.index, Buckets: int(e.buckets)}
+func header(r algorithms.Ring, expires uint32, ref bool) (ringHeader, ringMeta) {
+	m := ringMeta(r.Buckets)
+	m.setReferenced(ref)
+	return ringHeader{index: uint32(r.Index), expires: expires}, m
+}
+
+// ringFrom returns the ring a slot holds, for a window of w ms; narrow
+// stores a ring's counts in a slot, which the caller has made sure they
+// fit.
+//
+// The slot keeps the low 32 bits of the ring's index; its expiry gives
+// the rest. ringExpiry rounded the start of sub-window index+1+n up to a
+// second, so the sub-window holding that second is within 1000n/w + 1 of
+// it (at most 60,001 for 1 ms sub-windows), and the index is the one with
+// those low bits nearest. A ring read for another window than it was
+// kept for (a reload changed it) comes out, all but surely, with an index
+// far from the clock's, and DecideRing starts it afresh.
+func ringFrom[C ringCount](h ringHeader, m ringMeta, counts []C, w int64) algorithms.Ring {
+	n := int(m & metaBuckets)
+	near := algorithms.SubWindow(int64(h.expires)*1000, w, n) - 1 - int64(n)
+	r := algorithms.Ring{Index: near + int64(int32(h.index-uint32(near))), Buckets: n}
 	for i, c := range counts {
 		r.Counts[i] = int64(c)
 	}
@@ -77,7 +118,7 @@ func narrow[C ringCount](dst []C, src []int64) {
 // ringPtr is what the ring tables ask of their slot types.
 type ringPtr[S any] interface {
 	slotPtr[S]
-	ring() algorithms.Ring
+	ring(w int64) algorithms.Ring
 	set(r algorithms.Ring, expires uint32, ref bool)
 }
 
@@ -119,29 +160,30 @@ func ringKind(n int, most int64) int {
 	return kind
 }
 
-// find returns h's ring, marking it used, with the table it is in
-// (ringNone if none holds it). A key's ring is in one table at a time.
-func (t *ringTables) find(h uint64) (algorithms.Ring, int) { return t.lookup(h, true) }
+// find returns h's ring, kept for a window of w ms, marking it used, with
+// the table it is in (ringNone if none holds it). A key's ring is in one
+// table at a time.
+func (t *ringTables) find(h uint64, w int64) (algorithms.Ring, int) { return t.lookup(h, w, true) }
 
-// lookup returns h's ring and the table it is in (ringNone if none), and
-// with mark, marks it used.
-func (t *ringTables) lookup(h uint64, mark bool) (algorithms.Ring, int) {
-	if r, ok := readRing(&t.small8, h, mark); ok {
+// lookup returns h's ring, kept for a window of w ms, and the table it is
+// in (ringNone if none), and with mark, marks it used.
+func (t *ringTables) lookup(h uint64, w int64, mark bool) (algorithms.Ring, int) {
+	if r, ok := readRing(&t.small8, h, w, mark); ok {
 		return r, ringSmall8
 	}
-	if r, ok := readRing(&t.small16, h, mark); ok {
+	if r, ok := readRing(&t.small16, h, w, mark); ok {
 		return r, ringSmall16
 	}
-	if r, ok := readRing(&t.small32, h, mark); ok {
+	if r, ok := readRing(&t.small32, h, w, mark); ok {
 		return r, ringSmall32
 	}
-	if r, ok := readRing(&t.wide8, h, mark); ok {
+	if r, ok := readRing(&t.wide8, h, w, mark); ok {
 		return r, ringWide8
 	}
-	if r, ok := readRing(&t.wide16, h, mark); ok {
+	if r, ok := readRing(&t.wide16, h, w, mark); ok {
 		return r, ringWide16
 	}
-	if r, ok := readRing(&t.wide32, h, mark); ok {
+	if r, ok := readRing(&t.wide32, h, w, mark); ok {
 		return r, ringWide32
 	}
 	return algorithms.Ring{}, ringNone
@@ -176,14 +218,15 @@ func (t *ringTables) store(h uint64, r algorithms.Ring, expires uint32, was int,
 }
 
 // giveBack takes the cost of a request allowed with d back from h's ring,
-// if one is kept: a count that falls stays in the table it is in.
-func (t *ringTables) giveBack(h uint64, d algorithms.Decision, cost int64) {
-	giveBackRing(&t.small8, h, d, cost)
-	giveBackRing(&t.wide8, h, d, cost)
-	giveBackRing(&t.small16, h, d, cost)
-	giveBackRing(&t.small32, h, d, cost)
-	giveBackRing(&t.wide16, h, d, cost)
-	giveBackRing(&t.wide32, h, d, cost)
+// kept for a window of w ms, if one is kept: a count that falls stays in
+// the table it is in.
+func (t *ringTables) giveBack(h uint64, w int64, d algorithms.Decision, cost int64) {
+	giveBackRing(&t.small8, h, w, d, cost)
+	giveBackRing(&t.wide8, h, w, d, cost)
+	giveBackRing(&t.small16, h, w, d, cost)
+	giveBackRing(&t.small32, h, w, d, cost)
+	giveBackRing(&t.wide16, h, w, d, cost)
+	giveBackRing(&t.wide32, h, w, d, cost)
 }
 
 func (t *ringTables) forgetIn(kind int, h uint64) bool {
@@ -211,9 +254,10 @@ func (t *ringTables) forget(h uint64) bool {
 	return found
 }
 
-// inspect returns h's ring as stored, without marking it used.
-func (t *ringTables) inspect(h uint64) (algorithms.Ring, bool) {
-	r, kind := t.lookup(h, false)
+// inspect returns h's ring as stored for a window of w ms, without
+// marking it used.
+func (t *ringTables) inspect(h uint64, w int64) (algorithms.Ring, bool) {
+	r, kind := t.lookup(h, w, false)
 	return r, kind != ringNone
 }
 
@@ -244,9 +288,9 @@ func (t *ringTables) clear() {
 	t.wide32.clear()
 }
 
-// readRing returns the ring t holds for h, and with mark marks it used,
-// and whether it holds one.
-func readRing[S any, P ringPtr[S]](t *table[S, P], h uint64, mark bool) (algorithms.Ring, bool) {
+// readRing returns the ring t holds for h, kept for a window of w ms, and
+// with mark marks it used, and whether it holds one.
+func readRing[S any, P ringPtr[S]](t *table[S, P], h uint64, w int64, mark bool) (algorithms.Ring, bool) {
 	i, ok := t.lookup(h)
 	if !ok {
 		return algorithms.Ring{}, false
@@ -255,7 +299,7 @@ func readRing[S any, P ringPtr[S]](t *table[S, P], h uint64, mark bool) (algorit
 	if mark {
 		e.setReferenced(true)
 	}
-	return e.ring(), true
+	return e.ring(w), true
 }
 
 // writeRing stores r for h in t, in the slot it has or a new one (room
@@ -269,12 +313,12 @@ func writeRing[S any, P ringPtr[S]](t *table[S, P], h uint64, r algorithms.Ring,
 	P(&t.slots[i]).set(r, expires, ok)
 }
 
-// giveBackRing takes a cost, allowed with d, back from h's ring in t, if
-// t holds one.
-func giveBackRing[S any, P ringPtr[S]](t *table[S, P], h uint64, d algorithms.Decision, cost int64) {
+// giveBackRing takes a cost, allowed with d, back from h's ring in t,
+// kept for a window of w ms, if t holds one.
+func giveBackRing[S any, P ringPtr[S]](t *table[S, P], h uint64, w int64, d algorithms.Decision, cost int64) {
 	if i, ok := t.lookup(h); ok {
 		e := P(&t.slots[i])
-		e.set(algorithms.GiveBackRing(e.ring(), d, cost), e.expiry(), e.referenced())
+		e.set(algorithms.GiveBackRing(e.ring(w), d, cost), e.expiry(), e.referenced())
 	}
 }
 

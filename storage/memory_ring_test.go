@@ -55,7 +55,7 @@ func TestMemoryRingGiveBack(t *testing.T) {
 	if d := take1(c, req); !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("after giving the first back: %+v, want allowed with none left", d)
 	}
-	_, ring, _ := c.inspect("rg", "k")
+	ring, _ := c.inspectRing("rg", "k", req.Rate.Window.Milliseconds())
 	if ring.Used() != 2 || ring.Counts[first.Window%7] != 0 {
 		t.Fatalf("ring %+v, want 2 counted, none in the first's sub-window", ring)
 	}
@@ -86,7 +86,7 @@ func TestMemoryRingWidens(t *testing.T) {
 	h := c.keyHash("rw", "k")
 	s := &c.shards[shardOf(h)]
 	where := func() int {
-		_, kind := s.rings.find(h)
+		_, kind := s.rings.find(h, req.Rate.Window.Milliseconds())
 		return kind
 	}
 	req.Cost = 200
@@ -111,7 +111,7 @@ func TestMemoryRingWidens(t *testing.T) {
 	wide := Request{Zone: "rw", Key: "w", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 5, Window: time.Minute, Buckets: 30}, Cost: 1}
 	take1(c, wide)
 	hw := c.keyHash("rw", "w")
-	if _, kind := c.shards[shardOf(hw)].rings.find(hw); kind != ringWide8 {
+	if _, kind := c.shards[shardOf(hw)].rings.find(hw, wide.Rate.Window.Milliseconds()); kind != ringWide8 {
 		t.Fatalf("a ring of 30 buckets is in table %d, want the wide 8-bit one", kind)
 	}
 	if n := c.len(); n != 2 {
@@ -120,12 +120,53 @@ func TestMemoryRingWidens(t *testing.T) {
 }
 
 // TestMemoryRingSlotSizes: the common ring, 10 buckets of counts under
-// 256, is a 32-byte slot (40 with its key); with counts up to 65,535, 40.
+// 256, is a 20-byte slot (28 with its key); with counts up to 65,535, 32.
 func TestMemoryRingSlotSizes(t *testing.T) {
-	if n := unsafe.Sizeof(ringSlot[uint8]{}); n != 32 {
-		t.Fatalf("ringSlot[uint8] is %d bytes, want 32", n)
+	if n := unsafe.Sizeof(ringSlot[uint8]{}); n != 20 {
+		t.Fatalf("ringSlot[uint8] is %d bytes, want 20", n)
 	}
-	if n := unsafe.Sizeof(ringSlot[uint16]{}); n != 40 {
-		t.Fatalf("ringSlot[uint16] is %d bytes, want 40", n)
+	if n := unsafe.Sizeof(ringSlot[uint16]{}); n != 32 {
+		t.Fatalf("ringSlot[uint16] is %d bytes, want 32", n)
+	}
+}
+
+// TestMemoryRingIndexRoundTrip: a slot keeps 32 bits of a ring's index
+// and finds the rest from its expiry and the window, for sub-windows from
+// 1 ms to hours, at instants from 1970 to 2100.
+func TestMemoryRingIndexRoundTrip(t *testing.T) {
+	instants := []time.Time{
+		time.Unix(3, 0),
+		vectors.Start,
+		vectors.Start.Add(123456789 * time.Millisecond),
+		time.Date(2100, 6, 1, 0, 0, 0, 7e6, time.UTC),
+	}
+	for _, w := range []time.Duration{2 * time.Millisecond, 60 * time.Millisecond, time.Second, 997 * time.Millisecond, time.Minute, 24 * time.Hour} {
+		for _, n := range []int{2, 10, 60} {
+			if w.Milliseconds() < int64(n) {
+				continue
+			}
+			for _, at := range instants {
+				rate := algorithms.Rate{Units: 5, Window: w, Buckets: n}
+				_, want := algorithms.DecideRing(algorithms.Ring{}, at, rate, 1)
+				var small ringSlot[uint8]
+				var wide wideRingSlot[uint32]
+				expires := ringExpiry(want, w.Milliseconds())
+				small.set(want, expires, true)
+				wide.set(want, expires, false)
+				got := []algorithms.Ring{wide.ring(w.Milliseconds())}
+				if n < smallRing {
+					got = append(got, small.ring(w.Milliseconds()))
+				}
+				for _, got := range got {
+					if got.Index != want.Index || got.Buckets != n || got.Used() != 1 {
+						t.Fatalf("window %s, %d buckets, at %s: read back index %d buckets %d used %d, want %d %d 1",
+							w, n, at, got.Index, got.Buckets, got.Used(), want.Index, n)
+					}
+				}
+				if !small.referenced() || wide.referenced() {
+					t.Fatalf("reference bits: %v %v, want true false", small.referenced(), wide.referenced())
+				}
+			}
+		}
 	}
 }

@@ -152,7 +152,7 @@ func TestMemoryClockKeepsUsedKeys(t *testing.T) {
 		}
 	}
 	for _, k := range hot {
-		if got, _, ok := c.inspect("z", k); !ok || got.Current != int64(uses) {
+		if got, ok := c.inspect("z", k); !ok || got.Current != int64(uses) {
 			t.Fatalf("hot key %s: %+v %v, want %d uses counted", k, got, ok, uses)
 		}
 	}
@@ -177,7 +177,7 @@ func TestMemoryKeysNeverShare(t *testing.T) {
 		}
 	}
 	for _, p := range pairs {
-		if got, _, ok := c.inspect(p[0], p[1]); !ok || got.Current != 1 {
+		if got, ok := c.inspect(p[0], p[1]); !ok || got.Current != 1 {
 			t.Fatalf("zone %q key %q: %+v %v, want 1", p[0], p[1], got, ok)
 		}
 	}
@@ -190,7 +190,7 @@ func TestMemoryInspectAndReset(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
 	l := algorithms.Rate{Units: 3, Window: time.Minute}
 	r := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 2}
-	if _, _, ok := c.inspect("z", "k"); ok {
+	if _, ok := c.inspect("z", "k"); ok {
 		t.Fatal("inspect found a key never taken")
 	}
 	if c.reset("z", "k") {
@@ -201,16 +201,16 @@ func TestMemoryInspectAndReset(t *testing.T) {
 	take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
 	idx := algorithms.WindowIndex(vectors.Start.Add(time.Minute).UnixMilli(), time.Minute.Milliseconds())
 	want := algorithms.Counts{Window: idx, Current: 1, Previous: 2}
-	if got, _, ok := c.inspect("z", "k"); !ok || got != want {
+	if got, ok := c.inspect("z", "k"); !ok || got != want {
 		t.Fatalf("inspect: %+v %v, want %+v", got, ok, want)
 	}
-	if _, _, ok := c.inspect("other", "k"); ok {
+	if _, ok := c.inspect("other", "k"); ok {
 		t.Fatal("inspect found k in a zone never used")
 	}
 	if !c.reset("z", "k") {
 		t.Fatal("reset did not find the key")
 	}
-	if _, _, ok := c.inspect("z", "k"); ok || c.len() != 0 {
+	if _, ok := c.inspect("z", "k"); ok || c.len() != 0 {
 		t.Fatalf("key still held after reset (%d keys)", c.len())
 	}
 	if d := take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 3}); !d.Allowed {
@@ -344,7 +344,7 @@ func TestMemorySweepShrinks(t *testing.T) {
 		}
 	}
 	for i := range 2 * memoryShards {
-		if _, _, ok := c.inspect("z", fmt.Sprint("long-", i)); !ok {
+		if _, ok := c.inspect("z", fmt.Sprint("long-", i)); !ok {
 			t.Fatalf("long-%d lost when its shard shrank", i)
 		}
 	}

@@ -37,7 +37,7 @@ func (r *Redis) adminCtx(ctx context.Context) (context.Context, context.CancelFu
 }
 
 // KeyState implements Admin.
-func (r *Redis) KeyState(ctx context.Context, zone, key string) (KeyState, error) {
+func (r *Redis) KeyState(ctx context.Context, zone, key string, _ time.Duration) (KeyState, error) {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
 	vals, err := keyStateScript.Run(ctx, r.client.rdb, []string{r.counterKey(zone, key)}).Int64Slice()

@@ -31,7 +31,7 @@ func TestRedisRing(t *testing.T) {
 	if err := r.Release(context.Background(), []Request{req}, []algorithms.Decision{first}); err != nil {
 		t.Fatal(err)
 	}
-	st, err := r.KeyState(context.Background(), "rr", "k")
+	st, err := r.KeyState(context.Background(), "rr", "k", time.Minute)
 	if err != nil || st.Ring.Buckets != 6 || st.Ring.Used() != 1 || st.Ring.Index != first.Window {
 		t.Fatalf("key state %+v (%v), want a ring of 6 buckets holding 1 in sub-window %d", st.Ring, err, first.Window)
 	}
