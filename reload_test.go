@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
@@ -193,4 +194,60 @@ func TestRedisReloads(t *testing.T) {
 		t.Fatal(code, body)
 	}
 	waitFor(t, "the Redis connections to settle", func() bool { return clients(other) == 0 })
+}
+
+// TestReloadLongerWindow: a reload that makes a zone's window longer
+// starts its keys afresh, for every windowed algorithm. The old counts'
+// window index counts the shorter windows, so it lies far ahead of the
+// new one; taken for a clock that stepped back, it once left a key at its
+// limit rejected with a reset centuries away.
+func TestReloadLongerWindow(t *testing.T) {
+	site := `
+:9080 {
+	rate_limit {
+		zone longer {
+			algorithm %s
+			limit 2
+			window %s
+		}
+	}
+	respond "ok"
+}
+`
+	for i, alg := range []string{"fixed_window", "sliding_tail", "sliding_window"} {
+		t.Run(alg, func(t *testing.T) {
+			if i == 0 {
+				startCaddy(t, fmt.Sprintf(site, alg, "1m"))
+			} else if code, body := reload(t, fmt.Sprintf(site, alg, "1m")); code != http.StatusOK {
+				t.Fatalf("reload: %d %s", code, body)
+			}
+			// Spend the key's limit (a fixed window may roll over between
+			// these, which spends it all the same by the third).
+			for range 3 {
+				do(t, http.MethodGet, siteURL+"/")
+			}
+			if code, body := reload(t, fmt.Sprintf(site, alg, "1h")); code != http.StatusOK {
+				t.Fatalf("reload: %d %s", code, body)
+			}
+			for n := 1; n <= 3; n++ {
+				resp, _ := do(t, http.MethodGet, siteURL+"/")
+				want := http.StatusOK
+				if n == 3 {
+					want = http.StatusTooManyRequests
+				}
+				status(t, resp, want)
+				// The reset is a Unix time, at most a window and a
+				// sub-window (6 min) away; Retry-After is in seconds.
+				reset, err := strconv.ParseInt(resp.Header.Get("X-RateLimit-Reset"), 10, 64)
+				if in := reset - time.Now().Unix(); err != nil || in < 0 || in > 3960 {
+					t.Fatalf("request %d after the reload: X-RateLimit-Reset %q, want within 3960 s", n, resp.Header.Get("X-RateLimit-Reset"))
+				}
+				if n == 3 {
+					if retry, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || retry < 1 || retry > 3960 {
+						t.Fatalf("Retry-After %q, want 1 to 3960 seconds", resp.Header.Get("Retry-After"))
+					}
+				}
+			}
+		})
+	}
 }
