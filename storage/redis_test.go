@@ -1073,6 +1073,37 @@ func TestRedisCluster(t *testing.T) {
 			}
 		}
 	})
+	t.Run("bans", func(t *testing.T) {
+		// Keys on every node: each is banned by its third attempt, on the
+		// node that holds it, which keeps the hash for the ban's hour;
+		// another instance sees the ban, and a reset lifts it on both.
+		b := newRedisStore(t, &Redis{Cluster: true, KeyPrefix: r.KeyPrefix, Timeout: caddy.Duration(time.Second + time.Millisecond)}, c.URLs()...)
+		nodes := map[int]bool{}
+		for i := 0; len(nodes) < len(c.Nodes); i++ {
+			key := "banned-" + strconv.Itoa(i)
+			req := loginRequest(key)
+			redisTake(t, r, time.Time{}, req)
+			redisTake(t, r, time.Time{}, req)
+			d := redisTake(t, r, time.Time{}, req)[0]
+			if d.Allowed || !d.BanStarted || d.BanEnds.Before(time.Now().Add(59*time.Minute)) {
+				t.Fatalf("%s, third attempt: %+v, want a ban of an hour", key, d)
+			}
+			node := nodeOf(t, r.counterKey("login", key))
+			nodes[node] = true
+			if ttl, err := c.Nodes[node].Do("PTTL", r.counterKey("login", key)); err != nil || mustInt(t, ttl) < (59*time.Minute).Milliseconds() {
+				t.Fatalf("%s expires in %s ms (%v), want the ban's hour", key, ttl, err)
+			}
+			if d2 := redisTake(t, b, time.Time{}, req)[0]; d2.Allowed || d2.BanEnds.Sub(d.BanEnds).Abs() > time.Second {
+				t.Fatalf("%s on another instance: %+v, want the same ban", key, d2)
+			}
+			if err := b.ResetKey(context.Background(), "login", key); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range []*Redis{r, b} {
+				waitUntil(t, "the reset reaches every instance", func() bool { return redisTake(t, s, time.Time{}, req)[0].Allowed })
+			}
+		}
+	})
 }
 
 // BenchmarkRedisTake measures one decision against a real redis-server:
