@@ -35,6 +35,7 @@
 #                     sliding_window
 #   memory_concurrency  memory_allowed with algorithm concurrency (each
 #                     request takes a unit and gives it back)
+#   redis_concurrency  the same on Redis: a take and a give-back a request
 #   memory_count_status  memory_allowed with count_status 5xx: every answer
 #                     is a 200, so every request's cost is given back after
 #                     its response (what the give-back costs; compare the two)
@@ -134,7 +135,7 @@ caddyfile() {
 	local period="window $window" algorithm=""
 	case $1 in
 	memory_gcra) algorithm="algorithm gcra" ;;
-	memory_concurrency) algorithm="algorithm concurrency" period="" ;;
+	*_concurrency) algorithm="algorithm concurrency" period="" ;;
 	memory_sliding_window*) algorithm="algorithm sliding_window" ;;
 	bytes_*) algorithm="algorithm ${1#bytes_}" ;;
 	*_count_status) algorithm="count_status 5xx" ;;

@@ -20,9 +20,10 @@ type redisClient struct {
 	rdb     redis.UniversalClient
 	breaker breaker
 	denies  denyCache
-	// batchers coalesce concurrent decisions: one per cluster slot, or
-	// one for a single server.
+	// batchers coalesce concurrent decisions, and refunds concurrent
+	// give-backs: one per cluster slot, or one for a single server.
 	batchers []batcher
+	refunds  []refundQueue
 	// released wakes the requests waiting for concurrency units that a
 	// config on this client released: every handler and config sharing
 	// the connections, across reloads, as the memory store's does.
@@ -57,10 +58,11 @@ func newRedisClient(opts *redis.UniversalOptions, logger *zap.Logger) *redisClie
 	if logger == nil {
 		logger = zap.NewNop()
 	}
-	c := &redisClient{rdb: redis.NewUniversalClient(opts), batchers: make([]batcher, 1), closed: make(chan struct{}),
-		cluster: opts.IsClusterMode, logger: logger, now: time.Now}
+	c := &redisClient{rdb: redis.NewUniversalClient(opts), batchers: make([]batcher, 1), refunds: make([]refundQueue, 1),
+		closed: make(chan struct{}), cluster: opts.IsClusterMode, logger: logger, now: time.Now}
 	if opts.IsClusterMode {
 		c.batchers = make([]batcher, clusterSlots)
+		c.refunds = make([]refundQueue, clusterSlots)
 	}
 	c.denies.init()
 	return c

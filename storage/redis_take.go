@@ -386,12 +386,13 @@ func refundArgs(q Request, d algorithms.Decision) []any {
 // Release implements Store: each concurrency request leaves its key's
 // holders, and each other request's cost is taken back (refund.lua), in
 // one script call for all of them (one per hash tag on a cluster), atomic
-// in its slot. A request the script finds no longer holding (its lease
-// ended) is released already. A windowed cost this instance holds a
-// lease of its key for, in the same window, goes back to the lease
-// instead, without a call: the lease spends it again or returns it with
-// its other units.
-func (r *Redis) Release(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error {
+// in its slot and shared with the give-backs of concurrent requests. A
+// request the script finds no longer holding (its lease ended) is
+// released already. A windowed cost this instance holds a lease of its
+// key for, in the same window, goes back to the lease instead, without a
+// call: the lease spends it again or returns it with its other units.
+// The store's timeout bounds each call, whether or not ctx has ended.
+func (r *Redis) Release(_ context.Context, reqs []Request, decisions []algorithms.Decision) error {
 	var keys []string
 	var held []Request
 	var heldDecisions []algorithms.Decision
@@ -413,22 +414,26 @@ func (r *Redis) Release(ctx context.Context, reqs []Request, decisions []algorit
 		return fmt.Errorf("redis: %w", err)
 	}
 	defer r.end(own)
-	// The request's client may be gone; what it took goes back anyway.
-	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(r.Timeout))
-	defer cancel()
+	// The request's client may be gone; what it took goes back anyway, in
+	// a call shared with the give-backs of other requests (see
+	// redis_refund.go). A slot that fails does not keep the others'.
+	groups := tagGroups(keys)
+	if !r.Cluster {
+		groups = [][]int{slices.Concat(groups...)}
+	}
 	var failed error
-	refundCalls(tctx, c.rdb, r.Cluster, keys, func(i int) []any { return refundArgs(held[i], heldDecisions[i]) },
-		func(g []int, err error) bool {
-			if err != nil {
-				failed = fmt.Errorf("redis: releasing zone %q: %w", held[g[0]].Zone, err)
-			}
-			return err == nil
-		})
-	if failed != nil {
-		return failed
+	for _, g := range groups {
+		p := &refundPart{keys: make([]string, 0, len(g)), args: make([]any, 0, 5*len(g))}
+		for _, i := range g {
+			p.keys = append(p.keys, keys[i])
+			p.args = append(p.args, refundArgs(held[i], heldDecisions[i])...)
+		}
+		if err := c.refund(p, time.Duration(r.Timeout)); err != nil && failed == nil {
+			failed = fmt.Errorf("redis: releasing zone %q: %w", held[g[0]].Zone, err)
+		}
 	}
 	c.released.signal()
-	return nil
+	return failed
 }
 
 // refundCalls runs the refund script over keys, argsOf(i) being key i's

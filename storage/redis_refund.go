@@ -1,0 +1,115 @@
+package storage
+
+import (
+	"context"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+)
+
+// This file coalesces concurrent give-backs into shared refund calls, as
+// redis_batch.go does for takes: while a refund call is in flight for a
+// slot, the give-backs for that slot queue, and the next call takes them
+// all. A concurrency zone gives back everything it takes and a zone with
+// count_status most of it, so without this such a zone would cost Redis a
+// script call per request for its give-backs alone, where its takes share
+// one.
+
+// A refundPart is one Release's give-backs in one slot.
+type refundPart struct {
+	keys []string
+	args []any // five per key (see scripts/refund.lua)
+	// done is closed once err is set.
+	done chan struct{}
+	err  error
+}
+
+// A refundQueue queues the give-backs for one slot while a call is in
+// flight.
+type refundQueue struct {
+	mu      sync.Mutex
+	busy    bool // a call is in flight
+	waiting []*refundPart
+}
+
+// refundQueue returns the queue for key's slot: one per cluster slot, or
+// one for a single server.
+func (c *redisClient) refundQueue(key string) *refundQueue {
+	if len(c.refunds) == 1 {
+		return &c.refunds[0]
+	}
+	return &c.refunds[keySlot(key)]
+}
+
+// refund gives p back in the next refund call for its slot, each call
+// bounded by timeout, and returns once that call has answered. If a call
+// is in flight, p queues for the call after it; if not, p's goroutine
+// sends the call itself, and leaves the give-backs that queued meanwhile
+// to a goroutine of their own, as take does. A queued p waits for at most
+// the call in flight and its own, or a few more if over maxBatch queued
+// ahead of it: a give-back is not dropped because its request has ended.
+func (c *redisClient) refund(p *refundPart, timeout time.Duration) error {
+	q := c.refundQueue(p.keys[0])
+	p.done = make(chan struct{})
+	q.mu.Lock()
+	q.waiting = append(q.waiting, p)
+	if q.busy {
+		q.mu.Unlock()
+		<-p.done
+		return p.err
+	}
+	q.busy = true
+	q.mu.Unlock()
+	c.sendRefunds(q, timeout) // p is first in the queue, so this call takes it
+	q.mu.Lock()
+	if len(q.waiting) == 0 {
+		q.busy = false
+	} else {
+		go func() {
+			for c.sendRefunds(q, timeout) {
+			}
+		}()
+	}
+	q.mu.Unlock()
+	return p.err
+}
+
+// sendRefunds gives back up to maxBatch of the parts queued in q, the
+// first ones, in one call. It reports false, and marks q idle, if none
+// were queued. Like sendQueued, it first lets the goroutines ready to run
+// go, so that give-backs already on their way join this call.
+func (c *redisClient) sendRefunds(q *refundQueue, timeout time.Duration) bool {
+	runtime.Gosched()
+	q.mu.Lock()
+	batch := q.waiting
+	if len(batch) > maxBatch {
+		q.waiting = slices.Clone(batch[maxBatch:])
+		batch = batch[:maxBatch]
+	} else {
+		q.waiting = nil
+	}
+	if len(batch) == 0 {
+		q.busy = false
+		q.mu.Unlock()
+		return false
+	}
+	q.mu.Unlock()
+
+	keys, args := batch[0].keys, batch[0].args
+	if len(batch) > 1 {
+		keys, args = nil, nil
+		for _, p := range batch {
+			keys = append(keys, p.keys...)
+			args = append(args, p.args...)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	err := refundScript.Run(ctx, c.rdb, keys, args...).Err()
+	cancel()
+	for _, p := range batch {
+		p.err = err
+		close(p.done)
+	}
+	return true
+}
