@@ -66,6 +66,9 @@ func TestRedisQueuedRefundsShareACall(t *testing.T) {
 			if err := s.Pause(); err != nil {
 				t.Fatal(err)
 			}
+			// A step that fails must not leave the server paused: the
+			// call in flight would not end, nor would the next step.
+			t.Cleanup(func() { _ = s.Resume() })
 			errs := make(chan error, n+1)
 			release := func(d algorithms.Decision) {
 				errs <- r.Release(context.Background(), []Request{req}, []algorithms.Decision{d})
