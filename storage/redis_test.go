@@ -1476,6 +1476,9 @@ func TestRedisQueuedShareACall(t *testing.T) {
 			if err := s.Pause(); err != nil {
 				t.Fatal(err)
 			}
+			// A step that fails must not leave the server paused: the
+			// call in flight would not end, nor would the next step.
+			t.Cleanup(func() { _ = s.Resume() })
 			errs := make(chan error, n+1)
 			go func() { errs <- take() }()
 			waitUntil(t, "a call in flight", batcherIs(func() bool { return b.busy && len(b.waiting) == 0 }))
