@@ -113,18 +113,18 @@ func TestMemoryGiveBack(t *testing.T) {
 	first := take1(c, req)
 	take1(c, req)
 	c.release([]Request{req}, []algorithms.Decision{first})
-	if got, _ := c.inspect("gb", "k"); got.Current != 3 {
+	if got, _ := c.inspect("gb", "k", req.Rate.Window.Milliseconds()); got.Current != 3 {
 		t.Fatalf("after giving one back: %+v, want 3 counted", got)
 	}
 	// The next window: the cost comes off the previous one.
 	clock.Add(time.Minute)
 	second := take1(c, req)
 	c.release([]Request{req}, []algorithms.Decision{first})
-	if got, _ := c.inspect("gb", "k"); got.Previous != 0 || got.Current != 3 {
+	if got, _ := c.inspect("gb", "k", req.Rate.Window.Milliseconds()); got.Previous != 0 || got.Current != 3 {
 		t.Fatalf("after giving back a cost of the previous window: %+v, want 0 previous, 3 current", got)
 	}
 	c.release([]Request{req}, []algorithms.Decision{second})
-	if got, _ := c.inspect("gb", "k"); got.Current != 0 {
+	if got, _ := c.inspect("gb", "k", req.Rate.Window.Milliseconds()); got.Current != 0 {
 		t.Fatalf("after giving back the current window's: %+v, want nothing counted", got)
 	}
 

@@ -69,10 +69,10 @@ func TestMemoryConcurrency(t *testing.T) {
 	c, _ := newTestCounters(t, DefaultMaxKeys)
 	m := &Memory{counters: c}
 	testConcurrency(t, m, vectors.Start, func() int64 {
-		counts, _ := c.inspect("conc", "k")
+		counts, _ := c.inspect("conc", "k", time.Minute.Milliseconds())
 		return counts.Current
 	})
-	if _, ok := c.inspect("conc", "k"); ok {
+	if _, ok := c.inspect("conc", "k", time.Minute.Milliseconds()); ok {
 		t.Fatal("a key with nothing held is still kept")
 	}
 }

@@ -221,24 +221,74 @@ const maxCount = math.MaxInt32
 
 // memorySlot is one key's counters in a shard's table, beside its key
 // (the keyed hash of zone and key; see Memory and table). It holds no
-// pointers, so the collector never scans a table, and it is 24 bytes:
-// 32 with its key.
+// pointers, so the collector never scans a table, and it is 20 bytes:
+// 28 with its key.
 type memorySlot struct {
 	// window, current and previous are algorithms.Counts; the counts fit
-	// in 32 bits since they never exceed maxCount.
-	window            int64
+	// in 32 bits since they never exceed maxCount. window keeps the low
+	// 32 bits of Counts.Window (a window index, or a GCRA key's TAT in
+	// ms), and counts finds the rest from expires: the whole would take 8
+	// bytes and, with its alignment, make the slot 32.
+	window            uint32
 	current, previous uint32
 	// expires is when the counts stop mattering, in Unix seconds rounded
-	// up: the sweep runs every few seconds, so milliseconds would buy
-	// nothing, and 32 bits last until 2106.
+	// up (see expiry): the sweep runs every few seconds, so milliseconds
+	// would buy nothing, and 32 bits last until 2106.
 	expires uint32
 	// ref is CLOCK's reference bit: set when the key is asked for again,
 	// cleared when the hand passes it.
 	ref bool
+	// kind is what decided the counts, which says how counts reads window
+	// back: slotWindowed, slotGCRA or slotConcurrency.
+	kind uint8
 }
 
-func (e *memorySlot) counts() algorithms.Counts {
-	return algorithms.Counts{Window: e.window, Current: int64(e.current), Previous: int64(e.previous)}
+const (
+	slotWindowed = iota
+	slotGCRA
+	slotConcurrency
+)
+
+func slotKind(a algorithms.Algorithm) uint8 {
+	switch a {
+	case algorithms.GCRA:
+		return slotGCRA
+	case algorithms.Concurrency:
+		return slotConcurrency
+	}
+	return slotWindowed
+}
+
+// set stores counts decided by alg, which matter until expires.
+func (e *memorySlot) set(c algorithms.Counts, alg algorithms.Algorithm, expires uint32, ref bool) {
+	*e = memorySlot{window: uint32(c.Window), current: uint32(c.Current), previous: uint32(c.Previous),
+		expires: expires, ref: ref, kind: slotKind(alg)}
+}
+
+// counts returns the slot's counts, for a window of w ms. The expiry
+// that expiry derived from the whole Counts.Window places it within a
+// second: a GCRA key's TAT lies in the second before it, and for windowed
+// counts, the end of the window after theirs does, so their index is at
+// most 1000/w + 1 below the expiry's. Of the numbers with the slot's low
+// 32 bits, the one nearest that is the window. (Counts read for another
+// window than they were kept for, after a reload changed it, come out
+// with an index far from the clock's, all but surely, and Decide starts
+// them afresh. A concurrency key's Window is always 0.)
+func (e *memorySlot) counts(w int64) algorithms.Counts {
+	c := algorithms.Counts{Current: int64(e.current), Previous: int64(e.previous)}
+	switch e.kind {
+	case slotGCRA:
+		c.Window = nearest(e.window, int64(e.expires)*1000-1000)
+	case slotWindowed:
+		c.Window = nearest(e.window, algorithms.WindowIndex(int64(e.expires)*1000, w)-2)
+	}
+	return c
+}
+
+// nearest returns the number whose low 32 bits are low that is nearest
+// to near: it is exact while the number sought is within 2^31 of near.
+func nearest(low uint32, near int64) int64 {
+	return near + int64(int32(low-uint32(near)))
 }
 
 // memoryShard holds a 64th of the keys, each in the table for its kind
@@ -433,7 +483,7 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 				// refused must not be the one evicted, or its counts would
 				// be lost.
 				s.counts.slots[j].ref = true
-				counts = s.counts.slots[j].counts()
+				counts = s.counts.slots[j].counts(rate.Window.Milliseconds())
 			}
 			d, n = algorithms.Decide(r.Algorithm, counts, now, rate, r.Cost)
 		}
@@ -469,7 +519,7 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 				func(evictFirst func(uint32) bool) { s.makeRoom(bound, nowSec, evictFirst) })
 			continue
 		}
-		s.store(hashes[i], next[i], expiry(r, next[i]), bound, nowSec)
+		s.store(hashes[i], next[i], r.Algorithm, expiry(r, next[i]), bound, nowSec)
 	}
 }
 
@@ -517,19 +567,13 @@ func unixSeconds(ms int64) uint32 {
 // own keys before those of clients that keep coming back, and a shard in
 // which every key is referenced, where CLOCK would take whichever key the
 // hand reaches first however recently used, stays rare.
-func (s *memoryShard) store(h uint64, counts algorithms.Counts, expires uint32, bound int, now uint32) {
+func (s *memoryShard) store(h uint64, counts algorithms.Counts, alg algorithms.Algorithm, expires uint32, bound int, now uint32) {
 	i, ok := s.counts.lookup(h)
 	if !ok {
 		s.makeRoom(bound, now, s.counts.evict)
 		i = s.counts.add(h)
 	}
-	s.counts.slots[i] = memorySlot{
-		window:   counts.Window,
-		current:  uint32(counts.Current),
-		previous: uint32(counts.Previous),
-		expires:  expires,
-		ref:      ok, // and take has set it when ok
-	}
+	s.counts.slots[i].set(counts, alg, expires, ok) // and take has set ref when ok
 }
 
 // ban bans the key with hash h until ends (ms). A shard holds at most
@@ -564,11 +608,17 @@ func (c *memoryCounters) release(reqs []Request, decisions []algorithms.Decision
 			s.rings.giveBack(h, r.Rate.Window.Milliseconds(), decisions[i], r.Cost)
 		} else if j, ok := s.counts.lookup(h); ok {
 			e := &s.counts.slots[j]
-			n := algorithms.GiveBack(r.Algorithm, e.counts(), decisions[i], r.Rate, r.Cost)
-			if r.Algorithm == algorithms.Concurrency && n.Current == 0 {
+			n := algorithms.GiveBack(r.Algorithm, e.counts(r.Rate.Window.Milliseconds()), decisions[i], r.Rate, r.Cost)
+			switch {
+			case r.Algorithm == algorithms.Concurrency && n.Current == 0:
 				s.counts.remove(j)
-			} else {
-				e.window, e.current, e.previous = n.Window, uint32(n.Current), uint32(n.Previous)
+			case r.Algorithm == algorithms.Concurrency:
+				e.set(n, r.Algorithm, e.expires, e.ref) // still pinned
+			default:
+				// A GCRA TAT moved back matters less long; windowed
+				// counts keep their window, and so their expiry. Either
+				// way the expiry stays the one counts reads window by.
+				e.set(n, r.Algorithm, expiry(r, n), e.ref)
 			}
 		}
 		s.mu.Unlock()
@@ -578,15 +628,15 @@ func (c *memoryCounters) release(reqs []Request, decisions []algorithms.Decision
 
 // inspect returns the counts kept for zone and key as stored, not rolled
 // forward to now (algorithms.Roll does that), and whether any are kept;
-// inspectRing returns a sliding_window key's ring, read for a window of w
-// ms. Looking does not count as use for eviction.
-func (c *memoryCounters) inspect(zone, key string) (algorithms.Counts, bool) {
+// inspectRing returns a sliding_window key's ring. Both read them for a
+// window of w ms. Looking does not count as use for eviction.
+func (c *memoryCounters) inspect(zone, key string, w int64) (algorithms.Counts, bool) {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if i, ok := s.counts.lookup(h); ok {
-		return s.counts.slots[i].counts(), true
+		return s.counts.slots[i].counts(w), true
 	}
 	return algorithms.Counts{}, false
 }

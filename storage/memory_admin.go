@@ -35,7 +35,7 @@ func (m *Memory) KeyState(_ context.Context, zone, key string, window time.Durat
 	now := m.counters.now()
 	var st KeyState
 	var ok bool
-	if st.Counts, ok = m.counters.inspect(zone, key); !ok {
+	if st.Counts, ok = m.counters.inspect(zone, key, window.Milliseconds()); !ok {
 		st.Ring, _ = m.counters.inspectRing(zone, key, window.Milliseconds())
 	}
 	if o, ok := m.counters.admin.override(zone, key, now); ok {

@@ -102,7 +102,7 @@ func header(r algorithms.Ring, expires uint32, ref bool) (ringHeader, ringMeta) 
 func ringFrom[C ringCount](h ringHeader, m ringMeta, counts []C, w int64) algorithms.Ring {
 	n := int(m & metaBuckets)
 	near := algorithms.SubWindow(int64(h.expires)*1000, w, n) - 1 - int64(n)
-	r := algorithms.Ring{Index: near + int64(int32(h.index-uint32(near))), Buckets: n}
+	r := algorithms.Ring{Index: nearest(h.index, near), Buckets: n}
 	for i, c := range counts {
 		r.Counts[i] = int64(c)
 	}

@@ -152,7 +152,7 @@ func TestMemoryClockKeepsUsedKeys(t *testing.T) {
 		}
 	}
 	for _, k := range hot {
-		if got, ok := c.inspect("z", k); !ok || got.Current != int64(uses) {
+		if got, ok := c.inspect("z", k, l.Window.Milliseconds()); !ok || got.Current != int64(uses) {
 			t.Fatalf("hot key %s: %+v %v, want %d uses counted", k, got, ok, uses)
 		}
 	}
@@ -177,7 +177,7 @@ func TestMemoryKeysNeverShare(t *testing.T) {
 		}
 	}
 	for _, p := range pairs {
-		if got, ok := c.inspect(p[0], p[1]); !ok || got.Current != 1 {
+		if got, ok := c.inspect(p[0], p[1], l.Window.Milliseconds()); !ok || got.Current != 1 {
 			t.Fatalf("zone %q key %q: %+v %v, want 1", p[0], p[1], got, ok)
 		}
 	}
@@ -190,7 +190,7 @@ func TestMemoryInspectAndReset(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
 	l := algorithms.Rate{Units: 3, Window: time.Minute}
 	r := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 2}
-	if _, ok := c.inspect("z", "k"); ok {
+	if _, ok := c.inspect("z", "k", l.Window.Milliseconds()); ok {
 		t.Fatal("inspect found a key never taken")
 	}
 	if c.reset("z", "k") {
@@ -201,16 +201,16 @@ func TestMemoryInspectAndReset(t *testing.T) {
 	take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
 	idx := algorithms.WindowIndex(vectors.Start.Add(time.Minute).UnixMilli(), time.Minute.Milliseconds())
 	want := algorithms.Counts{Window: idx, Current: 1, Previous: 2}
-	if got, ok := c.inspect("z", "k"); !ok || got != want {
+	if got, ok := c.inspect("z", "k", l.Window.Milliseconds()); !ok || got != want {
 		t.Fatalf("inspect: %+v %v, want %+v", got, ok, want)
 	}
-	if _, ok := c.inspect("other", "k"); ok {
+	if _, ok := c.inspect("other", "k", l.Window.Milliseconds()); ok {
 		t.Fatal("inspect found k in a zone never used")
 	}
 	if !c.reset("z", "k") {
 		t.Fatal("reset did not find the key")
 	}
-	if _, ok := c.inspect("z", "k"); ok || c.len() != 0 {
+	if _, ok := c.inspect("z", "k", l.Window.Milliseconds()); ok || c.len() != 0 {
 		t.Fatalf("key still held after reset (%d keys)", c.len())
 	}
 	if d := take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 3}); !d.Allowed {
@@ -265,7 +265,7 @@ func TestMemoryShardTable(t *testing.T) {
 			exp := uint32(rng.IntN(100))
 			before := s.counts.n
 			_, had := s.counts.lookup(h)
-			s.store(h, algorithms.Counts{Current: 1}, exp, bound, 0)
+			s.store(h, algorithms.Counts{Current: 1}, algorithms.FixedWindow, exp, bound, 0)
 			if !had {
 				// evictions, if any, took keys the model must forget
 				for k := range model {
@@ -344,17 +344,17 @@ func TestMemorySweepShrinks(t *testing.T) {
 		}
 	}
 	for i := range 2 * memoryShards {
-		if _, ok := c.inspect("z", fmt.Sprint("long-", i)); !ok {
+		if _, ok := c.inspect("z", fmt.Sprint("long-", i), time.Hour.Milliseconds()); !ok {
 			t.Fatalf("long-%d lost when its shard shrank", i)
 		}
 	}
 }
 
-// TestMemorySlotSize: 24 bytes of counts, 32 with the key, as the
+// TestMemorySlotSize: 20 bytes of counts, 28 with the key, as the
 // layout intends.
 func TestMemorySlotSize(t *testing.T) {
-	if n := unsafe.Sizeof(memorySlot{}); n != 24 {
-		t.Fatalf("memorySlot is %d bytes, want 24", n)
+	if n := unsafe.Sizeof(memorySlot{}); n != 20 {
+		t.Fatalf("memorySlot is %d bytes, want 20", n)
 	}
 }
 
@@ -650,5 +650,45 @@ func (c *memoryCounters) len() int {
 func TestMemoryShardSize(t *testing.T) {
 	if n := unsafe.Sizeof(memoryShard{}); n%64 != 0 {
 		t.Fatalf("memoryShard is %d bytes, want a multiple of a 64-byte cache line", n)
+	}
+}
+
+// TestMemorySlotRoundTrip: a slot keeps 32 bits of Counts.Window and finds
+// the rest from its expiry: window indexes for windows of 1 ms to 30
+// days, and GCRA TATs up to 30 days ahead, at instants from 1970 to 2100,
+// read back whole; so does a GCRA TAT moved back by a give-back of a
+// month.
+func TestMemorySlotRoundTrip(t *testing.T) {
+	instants := []time.Time{
+		time.Unix(3, 0),
+		vectors.Start,
+		vectors.Start.Add(123456789 * time.Millisecond),
+		time.Date(2100, 6, 1, 0, 0, 0, 7e6, time.UTC),
+	}
+	month := 30 * 24 * time.Hour
+	for _, w := range []time.Duration{time.Millisecond, 7 * time.Millisecond, time.Second, time.Minute, 24 * time.Hour, month} {
+		for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.GCRA} {
+			for _, at := range instants {
+				r := Request{Algorithm: alg, Rate: algorithms.Rate{Units: 3, Window: w}, Cost: 3}
+				d, want := algorithms.Decide(alg, algorithms.Counts{}, at, r.Rate, r.Cost)
+				var e memorySlot
+				e.set(want, alg, expiry(r, want), false)
+				if got := e.counts(w.Milliseconds()); got != want {
+					t.Fatalf("%s, window %s, at %s: read back %+v, want %+v", alg, w, at, got, want)
+				}
+				if alg == algorithms.GCRA {
+					// Through the store, which must move the expiry with
+					// the TAT.
+					c, clock := newTestCounters(t, DefaultMaxKeys)
+					clock.Set(at)
+					r.Zone, r.Key = "g", "k"
+					c.release([]Request{r}, []algorithms.Decision{take1(c, r)})
+					back := algorithms.GiveBack(alg, want, d, r.Rate, r.Cost)
+					if got, _ := c.inspect("g", "k", w.Milliseconds()); got != back {
+						t.Fatalf("gcra, window %s, at %s, given back: read back %+v, want %+v", w, at, got, back)
+					}
+				}
+			}
+		}
 	}
 }
