@@ -36,16 +36,15 @@ const DefaultMaxKeys = 1_000_000
 // background, every DefaultSweepInterval unless a config asks for another
 // interval (SetSweepInterval).
 //
-// A key's slot and key take 32 bytes in a table between 7/16 and 7/8 full
-// (see table), a sliding window's 28 for the default 10 buckets of counts
-// under 256 (see memory_ring.go), whatever the length of the key, because
-// the store keeps not the zone and key but a 64-bit hash of them, keyed
-// with a
-// seed drawn at random when the process starts. Two keys that hashed
-// alike would share a counter, but that is not a risk in practice: without
-// the seed, which never leaves the process, no one can choose keys that
-// collide, and the odds of an accidental collision among a million keys
-// are about n²/2⁶⁵ = 2.7e-8.
+// A key's slot and key take 28 bytes in a table between 7/16 and 7/8 full
+// (see table), a sliding window's too for the default 10 buckets of
+// counts under 256 (see memory_ring.go), whatever the length of the key,
+// because the store keeps not the zone and key but a 64-bit hash of them,
+// keyed with a seed drawn at random when the process starts. Two keys
+// that hashed alike would share a counter, but that is not a risk in
+// practice: without the seed, which never leaves the process, no one can
+// choose keys that collide, and the odds of an accidental collision among
+// a million keys are about n²/2⁶⁵ = 2.7e-8.
 type Memory struct {
 	// The most keys (zone and key pairs) kept at once. Default (and 0):
 	// 1,000,000.
