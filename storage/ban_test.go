@@ -156,14 +156,7 @@ func TestRedisBan(t *testing.T) {
 	if ttl, err := s.Do("PTTL", key); err != nil || mustInt(t, ttl) < (59*time.Minute).Milliseconds() {
 		t.Fatalf("the key expires in %s ms (%v), want the ban's hour", ttl, err)
 	}
-	takeCalls := func() int {
-		n, err := s.ScriptCalls()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	before := takeCalls()
+	before := scriptCalls(t, s)
 	cheaper := req
 	cheaper.Cost = 0
 	for _, q := range []Request{req, cheaper} {
@@ -171,7 +164,7 @@ func TestRedisBan(t *testing.T) {
 			t.Fatalf("cost %d on the banned key: %+v, want the same ban", q.Cost, d2)
 		}
 	}
-	if after := takeCalls(); after != before {
+	if after := scriptCalls(t, s); after != before {
 		t.Fatalf("%d script calls for a banned key, want 0: the deny cache holds bans", after-before)
 	}
 	if d2 := redisTake(t, b, time.Time{}, cheaper)[0]; d2.Allowed || d2.BanStarted || d2.BanEnds.Sub(d.BanEnds).Abs() > time.Second {

@@ -134,18 +134,12 @@ func TestMemoryRingSlotSizes(t *testing.T) {
 // and finds the rest from its expiry and the window, for sub-windows from
 // 1 ms to hours, at instants from 1970 to 2100.
 func TestMemoryRingIndexRoundTrip(t *testing.T) {
-	instants := []time.Time{
-		time.Unix(3, 0),
-		vectors.Start,
-		vectors.Start.Add(123456789 * time.Millisecond),
-		time.Date(2100, 6, 1, 0, 0, 0, 7e6, time.UTC),
-	}
 	for _, w := range []time.Duration{2 * time.Millisecond, 60 * time.Millisecond, time.Second, 997 * time.Millisecond, time.Minute, 24 * time.Hour} {
 		for _, n := range []int{2, 10, 60} {
 			if w.Milliseconds() < int64(n) {
 				continue
 			}
-			for _, at := range instants {
+			for _, at := range roundTripInstants {
 				rate := algorithms.Rate{Units: 5, Window: w, Buckets: n}
 				_, want := algorithms.DecideRing(algorithms.Ring{}, at, rate, 1)
 				var small ringSlot[uint8]

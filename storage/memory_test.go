@@ -653,22 +653,25 @@ func TestMemoryShardSize(t *testing.T) {
 	}
 }
 
+// roundTripInstants are the instants the round-trip tests store counts
+// at: from 1970 to 2100.
+var roundTripInstants = []time.Time{
+	time.Unix(3, 0),
+	vectors.Start,
+	vectors.Start.Add(123456789 * time.Millisecond),
+	time.Date(2100, 6, 1, 0, 0, 0, 7e6, time.UTC),
+}
+
 // TestMemorySlotRoundTrip: a slot keeps 32 bits of Counts.Window and finds
 // the rest from its expiry: window indexes for windows of 1 ms to 30
 // days, and GCRA TATs up to 30 days ahead, at instants from 1970 to 2100,
 // read back whole; so does a GCRA TAT moved back by a give-back of a
 // month.
 func TestMemorySlotRoundTrip(t *testing.T) {
-	instants := []time.Time{
-		time.Unix(3, 0),
-		vectors.Start,
-		vectors.Start.Add(123456789 * time.Millisecond),
-		time.Date(2100, 6, 1, 0, 0, 0, 7e6, time.UTC),
-	}
 	month := 30 * 24 * time.Hour
 	for _, w := range []time.Duration{time.Millisecond, 7 * time.Millisecond, time.Second, time.Minute, 24 * time.Hour, month} {
 		for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.GCRA} {
-			for _, at := range instants {
+			for _, at := range roundTripInstants {
 				r := Request{Algorithm: alg, Rate: algorithms.Rate{Units: 3, Window: w}, Cost: 3}
 				d, want := algorithms.Decide(alg, algorithms.Counts{}, at, r.Rate, r.Cost)
 				var e memorySlot

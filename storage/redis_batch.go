@@ -184,13 +184,7 @@ func (c *redisClient) drain(b *batcher) {
 func (c *redisClient) sendQueued(b *batcher) bool {
 	runtime.Gosched()
 	b.mu.Lock()
-	batch := b.waiting
-	if len(batch) > maxBatch {
-		b.waiting = slices.Clone(batch[maxBatch:])
-		batch = batch[:maxBatch]
-	} else {
-		b.waiting = nil
-	}
+	batch := nextBatch(&b.waiting)
 	if len(batch) == 0 {
 		b.busy = false
 		b.mu.Unlock()
@@ -221,6 +215,17 @@ func (c *redisClient) sendQueued(b *batcher) bool {
 		cancel()
 	}
 	return true
+}
+
+// nextBatch takes the first parts queued in *waiting, up to maxBatch.
+func nextBatch[P any](waiting *[]P) []P {
+	batch := *waiting
+	if len(batch) > maxBatch {
+		*waiting = slices.Clone(batch[maxBatch:])
+		return batch[:maxBatch]
+	}
+	*waiting = nil
+	return batch
 }
 
 // call runs the take script once for parts, whose keys all lie in one

@@ -3,7 +3,6 @@ package storage
 import (
 	"context"
 	"runtime"
-	"slices"
 	"sync"
 	"time"
 )
@@ -82,13 +81,7 @@ func (c *redisClient) refund(p *refundPart, timeout time.Duration) error {
 func (c *redisClient) sendRefunds(q *refundQueue, timeout time.Duration) bool {
 	runtime.Gosched()
 	q.mu.Lock()
-	batch := q.waiting
-	if len(batch) > maxBatch {
-		q.waiting = slices.Clone(batch[maxBatch:])
-		batch = batch[:maxBatch]
-	} else {
-		q.waiting = nil
-	}
+	batch := nextBatch(&q.waiting)
 	if len(batch) == 0 {
 		q.busy = false
 		q.mu.Unlock()

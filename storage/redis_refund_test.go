@@ -30,14 +30,6 @@ func TestRedisQueuedRefundsShareACall(t *testing.T) {
 			return cond()
 		}
 	}
-	calls := func() int {
-		t.Helper()
-		n, err := s.ScriptCalls()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
 	count := func() string {
 		t.Helper()
 		c, err := s.Do("HGET", r.counterKey("z", "k"), "c")
@@ -62,7 +54,7 @@ func TestRedisQueuedRefundsShareACall(t *testing.T) {
 			if c := count(); c != strconv.Itoa(n+1) {
 				t.Fatalf("Redis counts %s after %d takes", c, n+1)
 			}
-			before := calls()
+			before := scriptCalls(t, s)
 			if err := s.Pause(); err != nil {
 				t.Fatal(err)
 			}
@@ -87,7 +79,7 @@ func TestRedisQueuedRefundsShareACall(t *testing.T) {
 					t.Error(err)
 				}
 			}
-			if got, want := calls()-before, 1+(n+maxBatch-1)/maxBatch; got != want {
+			if got, want := scriptCalls(t, s)-before, 1+(n+maxBatch-1)/maxBatch; got != want {
 				t.Errorf("%d refund calls for a call in flight and %d give-backs queued behind it, want %d", got, n, want)
 			}
 			if c := count(); c != "0" {

@@ -45,6 +45,16 @@ func newRedisStore(t testing.TB, r *Redis, addresses ...string) *Redis {
 	return r
 }
 
+// scriptCalls returns how many script calls s has run.
+func scriptCalls(t testing.TB, s *redistest.Server) int {
+	t.Helper()
+	n, err := s.ScriptCalls()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // redisTake asks the store for one request at instant at (the script's
 // clock), or the server's clock if at is zero.
 func redisTake(t testing.TB, r *Redis, at time.Time, reqs ...Request) []algorithms.Decision {
@@ -385,14 +395,6 @@ func TestRedisDenyCache(t *testing.T) {
 	if first.Allowed || !first.RetryAt.After(clock.Now()) {
 		t.Fatalf("third request: %+v, want rejected with a retry instant ahead", first)
 	}
-	scripts := func() int {
-		t.Helper()
-		n, err := s.ScriptCalls()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
 	if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
 		t.Fatal(err)
 	}
@@ -415,7 +417,7 @@ func TestRedisDenyCache(t *testing.T) {
 	if d := redisTake(t, r, time.Time{}, req)[0]; d.Allowed || !d.RetryAt.Equal(first.RetryAt) {
 		t.Fatalf("cached answer 1ms before the retry instant %+v, want %+v", d, first)
 	}
-	if n := scripts(); n != 0 {
+	if n := scriptCalls(t, s); n != 0 {
 		t.Fatalf("cached rejections ran %d scripts", n)
 	}
 	if n, _ := s.Do("EXISTS", r.counterKey("other", "k")); n != "0" {
@@ -423,7 +425,7 @@ func TestRedisDenyCache(t *testing.T) {
 	}
 	clock.Set(first.RetryAt)
 	redisTake(t, r, time.Time{}, req)
-	if n := scripts(); n != 1 {
+	if n := scriptCalls(t, s); n != 1 {
 		t.Fatalf("at the retry instant %d scripts ran, want 1: Redis is asked again", n)
 	}
 }
@@ -1457,14 +1459,6 @@ func TestRedisQueuedShareACall(t *testing.T) {
 			return cond()
 		}
 	}
-	calls := func() int {
-		t.Helper()
-		n, err := s.ScriptCalls()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
 	take := func() error {
 		return r.Take(context.Background(), []Request{req}, make([]algorithms.Decision, 1))
 	}
@@ -1472,7 +1466,7 @@ func TestRedisQueuedShareACall(t *testing.T) {
 	sent := 1
 	for _, n := range []int{5, maxBatch, 2*maxBatch + 3} {
 		t.Run(strconv.Itoa(n), func(t *testing.T) {
-			before := calls()
+			before := scriptCalls(t, s)
 			if err := s.Pause(); err != nil {
 				t.Fatal(err)
 			}
@@ -1495,7 +1489,7 @@ func TestRedisQueuedShareACall(t *testing.T) {
 				}
 			}
 			sent += n + 1
-			if got, want := calls()-before, 1+(n+maxBatch-1)/maxBatch; got != want {
+			if got, want := scriptCalls(t, s)-before, 1+(n+maxBatch-1)/maxBatch; got != want {
 				t.Errorf("%d script calls for a call in flight and %d requests queued behind it, want %d", got, n, want)
 			}
 		})
