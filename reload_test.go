@@ -202,6 +202,7 @@ func TestRedisReloads(t *testing.T) {
 // new one; taken for a clock that stepped back, it once left a key at its
 // limit rejected with a reset centuries away.
 func TestReloadLongerWindow(t *testing.T) {
+	integration(t)
 	site := `
 :9080 {
 	rate_limit {
