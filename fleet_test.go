@@ -410,6 +410,41 @@ func TestRedisFleetLeases(t *testing.T) {
 	})
 }
 
+// TestRedisFleetSlidingWindowLeases: a sliding_window zone with lease on,
+// three instances on one Redis, leases spent only in the sub-window they
+// were counted in. A key every instance asks for beyond its limit is
+// admitted no more than its limit, and at least 98% of it; the app sees
+// exactly the admitted requests; once the leases have gone back, the
+// key's ring in Redis counts exactly them.
+func TestRedisFleetSlidingWindowLeases(t *testing.T) {
+	const limit = 300
+	s := redistest.Standalone(t)
+	a := newApp(t)
+	fleet := startFleet(t, 3, fleetSpec{store: "address " + s.URL() + "\nlease on",
+		zone: perClient(limit) + "\n\t\t\talgorithm sliding_window", upstream: a.url})
+	waitForFleet(t, fleet)
+	total := sum(drain(t, fleet, "hot", 4, 20))
+	if total > limit || total < limit*98/100 {
+		t.Fatalf("%d admitted, want at most %d and at least 98%% of it", total, limit)
+	}
+	if n := a.hits.Load(); n != total {
+		t.Fatalf("the app saw %d requests, %d were admitted", n, total)
+	}
+	ring := func() int64 {
+		v, err := s.Do("HGET", "rl:{hot}:fleet", "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for c := range strings.SplitSeq(v, ",") {
+			k, _ := strconv.ParseInt(c, 10, 64)
+			n += k
+		}
+		return n
+	}
+	waitFor(t, "the leases to go back", func() bool { return ring() == total })
+}
+
 // hashCount reads the c field of a counter hash on s.
 func hashCount(t *testing.T, s *redistest.Server, key string) int64 {
 	t.Helper()
