@@ -333,6 +333,88 @@ func TestGCRAOptionsThroughCaddy(t *testing.T) {
 	}
 }
 
+// TestSlidingWindowOptionsThroughCaddy: sliding_window works with the
+// options the other algorithms have: the placeholders, max_delay (a
+// request over the limit is held until its sub-window comes), dry_run,
+// and through the admin API a per-key override and a zone's dial.
+func TestSlidingWindowOptionsThroughCaddy(t *testing.T) {
+	startCaddy(t, `
+:9080 {
+	rate_limit {
+		zone sw_delay {
+			match {
+				path /delay
+			}
+			key {header.X-Client}
+			limit 1
+			window 2s
+			algorithm sliding_window
+			buckets 2
+			max_delay 5s
+		}
+		zone sw_dry {
+			match {
+				path /dry
+			}
+			key {header.X-Client}
+			limit 2
+			window 1h
+			algorithm sliding_window
+			dry_run
+		}
+		zone sw_admin {
+			match {
+				path /admin
+			}
+			key {header.X-Client}
+			limit 1
+			window 1h
+			algorithm sliding_window
+		}
+	}
+	respond "{http.rate_limit.zone} {http.rate_limit.remaining} {http.rate_limit.exceeded}"
+}
+`)
+	get := func(path, want string, code int) {
+		t.Helper()
+		resp, body := do(t, http.MethodGet, siteURL+path, "X-Client: o")
+		status(t, resp, code)
+		if want != "" && body != want {
+			t.Fatalf("GET %s: %q, want %q", path, body, want)
+		}
+	}
+
+	// max_delay: the second request in the window waits for the first
+	// one's sub-window to leave instead of being rejected.
+	get("/delay", "sw_delay 0 false", http.StatusOK)
+	delayed := `caddy_http_rate_limit_requests_total{result="delayed",zone="sw_delay"}`
+	delayedBefore := metricCount(t, delayed)
+	get("/delay", "", http.StatusOK)
+	if n := metricCount(t, delayed) - delayedBefore; n != 1 {
+		t.Fatalf("%d requests delayed, want 1", n)
+	}
+
+	// dry_run: the third request in an hour is over the limit of 2, and
+	// passes with exceeded true.
+	for _, want := range []string{"sw_dry 1 false", "sw_dry 0 false", "sw_dry 0 true"} {
+		get("/dry", want, http.StatusOK)
+	}
+
+	// An override gives the key room; a dial in dry_run lets it past.
+	get("/admin", "sw_admin 0 false", http.StatusOK)
+	get("/admin", "", http.StatusTooManyRequests)
+	if code, body := adminJSON(t, adminURL, http.MethodPut, "/rate_limit/zones/sw_admin/keys/o/limit", `{"limit": 3}`); code != http.StatusOK {
+		t.Fatalf("override: %d %s", code, body)
+	}
+	get("/admin", "sw_admin 1 false", http.StatusOK)
+	get("/admin", "sw_admin 0 false", http.StatusOK)
+	get("/admin", "", http.StatusTooManyRequests)
+	if code, body := adminJSON(t, adminURL, http.MethodPut, "/rate_limit/zones/sw_admin/dial", `{"mode": "dry_run"}`); code != http.StatusOK {
+		t.Fatalf("dial: %d %s", code, body)
+	}
+	get("/admin", "sw_admin 0 true", http.StatusOK)
+}
+
 // TestSlidingWindowThroughCaddy: a sliding_window zone (3 per 3 s in six
 // buckets of 500 ms) through Caddy: three pass with the headers counting
 // down, the fourth is refused with Retry-After, the admin API shows the
