@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"context"
 	"sync"
 	"time"
 
@@ -344,9 +343,12 @@ func (t *leaseTable) all() []heldUnits {
 	return out
 }
 
-// returnLeases gives back the unspent units of leases, in one refund call
-// per cluster slot (one in all on a single server).
-func (c *redisClient) returnLeases(ctx context.Context, held []heldUnits) {
+// returnLeases gives back the unspent units of leases, in refund calls
+// shared with concurrent give-backs (see refund), one per cluster slot
+// (one in all on a single server), each bounded by timeout. A lease's
+// units go back as a charge of them in its window would (for gcra: at
+// the limit it was counted against).
+func (c *redisClient) returnLeases(held []heldUnits, timeout time.Duration) {
 	if len(held) == 0 {
 		return
 	}
@@ -354,30 +356,21 @@ func (c *redisClient) returnLeases(ctx context.Context, held []heldUnits) {
 	for i, h := range held {
 		keys[i] = h.key
 	}
-	refundCalls(ctx, c.rdb, c.cluster, keys, func(i int) []any { return leaseRefundArgs(held[i].lease) },
-		func(g []int, err error) bool {
-			if err != nil {
-				// The units stay counted until their window ends: never
-				// more permissive.
-				c.logger.Warn("giving back leased rate limit units", zap.Int("keys", len(g)), zap.Error(err))
-				return true
-			}
-			for _, i := range g {
-				held[i].series.add(leaseReturned, held[i].units)
-			}
-			return true
-		})
-}
-
-// leaseRefundArgs are the refund script's arguments that give back l's
-// unspent units (see refund.lua).
-func leaseRefundArgs(l *lease) []any {
-	alg := scriptAlgorithm(l.alg)
-	if l.alg == algorithms.GCRA {
-		ms, frac := algorithms.Interval(l.units, l.rate.Window, l.limit)
-		return []any{alg, ms, frac, "", l.limit}
+	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
+		l := held[i].lease
+		return appendRefundArgs(dst, Request{Algorithm: l.alg, Rate: l.rate, Cost: l.units}, algorithms.Decision{Limit: l.limit, Window: l.window})
+	})
+	for k, p := range parts {
+		if err := c.refund(p, timeout); err != nil {
+			// The units stay counted until their window ends: never
+			// more permissive.
+			c.logger.Warn("giving back leased rate limit units", zap.Int("keys", len(p.keys)), zap.Error(err))
+			continue
+		}
+		for _, i := range groups[k] {
+			held[i].series.add(leaseReturned, held[i].units)
+		}
 	}
-	return []any{alg, l.window, l.units, "", 0}
 }
 
 // startLeases starts, once, the goroutine that gives back the units that
@@ -395,19 +388,14 @@ func (c *redisClient) startLeases() {
 func (c *redisClient) sweepLeases() {
 	ticker := time.NewTicker(leaseSweep)
 	defer ticker.Stop()
-	giveBack := func(leases []heldUnits) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		c.returnLeases(ctx, leases)
-	}
 	for {
 		select {
 		case <-c.closed:
-			giveBack(c.leases.all())
+			c.returnLeases(c.leases.all(), time.Second)
 			return
 		case <-ticker.C:
 			if due := c.leases.due(c.now()); len(due) > 0 {
-				giveBack(due)
+				c.returnLeases(due, time.Second)
 			}
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
 
 // This file coalesces concurrent give-backs into shared refund calls, as
@@ -15,7 +17,48 @@ import (
 // script call per request for its give-backs alone, where its takes share
 // one.
 
-// A refundPart is one Release's give-backs in one slot.
+// appendRefundArgs appends to dst the refund script's five arguments that
+// take back the charge d of q: from the window d was decided in, in the
+// script's clock.
+func appendRefundArgs(dst []any, q Request, d algorithms.Decision) []any {
+	alg := scriptAlgorithm(q.Algorithm)
+	switch q.Algorithm {
+	case algorithms.GCRA:
+		ms, frac := algorithms.Interval(q.Cost, q.Rate.Window, d.Limit)
+		return append(dst, alg, ms, frac, "", d.Limit)
+	case algorithms.Concurrency:
+		return append(dst, alg, 0, q.Cost, holderName(q), 0)
+	}
+	return append(dst, alg, d.Window, q.Cost, "", 0)
+}
+
+// slotParts puts keys, and the arguments appendArgs appends for key i,
+// into refund parts: one per cluster slot, or one in all on a single
+// server. groups[k] are the indexes of part k's keys.
+func (c *redisClient) slotParts(keys []string, appendArgs func(dst []any, i int) []any) (parts []*refundPart, groups [][]int) {
+	if c.cluster {
+		groups = tagGroups(keys)
+	} else {
+		all := make([]int, len(keys))
+		for i := range all {
+			all[i] = i
+		}
+		groups = [][]int{all}
+	}
+	parts = make([]*refundPart, len(groups))
+	for k, g := range groups {
+		p := &refundPart{keys: make([]string, 0, len(g)), args: make([]any, 0, 5*len(g))}
+		for _, i := range g {
+			p.keys = append(p.keys, keys[i])
+			p.args = appendArgs(p.args, i)
+		}
+		parts[k] = p
+	}
+	return parts, groups
+}
+
+// A refundPart is the give-backs of one Release, one lease sweep or one
+// rejected cluster request, in one slot.
 type refundPart struct {
 	keys []string
 	args []any // five per key (see scripts/refund.lua)

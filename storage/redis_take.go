@@ -191,11 +191,7 @@ func hashTag(key string) string {
 func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
 	groups := tagGroups(keys)
 
-	type charged struct {
-		keys []string
-		args []any
-	}
-	var refunds []charged
+	var refunds []*refundPart
 	rejected := false
 	var firstErr error
 	for gi, g := range groups {
@@ -230,9 +226,9 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 		if !rejected {
 			args := make([]any, 0, 5*len(gReqs))
 			for j, q := range gReqs {
-				args = append(args, refundArgs(q, gDec[j])...)
+				args = appendRefundArgs(args, q, gDec[j])
 			}
-			refunds = append(refunds, charged{gKeys, args})
+			refunds = append(refunds, &refundPart{keys: gKeys, args: args})
 		}
 	}
 	if !rejected && firstErr == nil {
@@ -240,12 +236,10 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 	}
 	// Undo the charges with a fresh budget: the decision's own timeout may
 	// be what ended it.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(r.Timeout))
-	defer cancel()
-	for _, ch := range refunds {
-		if err := refundScript.Run(rctx, c.rdb, ch.keys, ch.args...).Err(); err != nil {
+	for _, p := range refunds {
+		if err := c.refund(p, time.Duration(r.Timeout)); err != nil {
 			r.logger.Error("refunding a request rejected in another cluster slot failed; its charge stays",
-				zap.Int("zones", len(ch.keys)), zap.Error(err))
+				zap.Int("zones", len(p.keys)), zap.Error(err))
 		}
 	}
 	return firstErr
@@ -369,20 +363,6 @@ func takesUnits(reqs []Request) bool {
 	return false
 }
 
-// refundArgs are the refund script's arguments that take back the charge
-// d of q: from the window d was decided in, in the script's clock.
-func refundArgs(q Request, d algorithms.Decision) []any {
-	alg := scriptAlgorithm(q.Algorithm)
-	switch q.Algorithm {
-	case algorithms.GCRA:
-		ms, frac := algorithms.Interval(q.Cost, q.Rate.Window, d.Limit)
-		return []any{alg, ms, frac, "", d.Limit}
-	case algorithms.Concurrency:
-		return []any{alg, 0, q.Cost, holderName(q), 0}
-	}
-	return []any{alg, d.Window, q.Cost, "", 0}
-}
-
 // Release implements Store: each concurrency request leaves its key's
 // holders, and each other request's cost is taken back (refund.lua), in
 // one script call for all of them (one per hash tag on a cluster), atomic
@@ -417,45 +397,15 @@ func (r *Redis) Release(_ context.Context, reqs []Request, decisions []algorithm
 	// The request's client may be gone; what it took goes back anyway, in
 	// a call shared with the give-backs of other requests (see
 	// redis_refund.go). A slot that fails does not keep the others'.
-	groups := tagGroups(keys)
-	if !r.Cluster {
-		groups = [][]int{slices.Concat(groups...)}
-	}
+	parts, groups := c.slotParts(keys, func(dst []any, i int) []any { return appendRefundArgs(dst, held[i], heldDecisions[i]) })
 	var failed error
-	for _, g := range groups {
-		p := &refundPart{keys: make([]string, 0, len(g)), args: make([]any, 0, 5*len(g))}
-		for _, i := range g {
-			p.keys = append(p.keys, keys[i])
-			p.args = append(p.args, refundArgs(held[i], heldDecisions[i])...)
-		}
+	for k, p := range parts {
 		if err := c.refund(p, time.Duration(r.Timeout)); err != nil && failed == nil {
-			failed = fmt.Errorf("redis: releasing zone %q: %w", held[g[0]].Zone, err)
+			failed = fmt.Errorf("redis: releasing zone %q: %w", held[groups[k][0]].Zone, err)
 		}
 	}
 	c.released.signal()
 	return failed
-}
-
-// refundCalls runs the refund script over keys, argsOf(i) being key i's
-// five arguments: one call per cluster slot, or one in all on a single
-// server. After each call, done gets the indexes of its keys and its
-// error, and says whether to go on.
-func refundCalls(ctx context.Context, rdb redis.UniversalClient, cluster bool, keys []string, argsOf func(i int) []any, done func(g []int, err error) bool) {
-	groups := tagGroups(keys)
-	if !cluster {
-		groups = [][]int{slices.Concat(groups...)}
-	}
-	for _, g := range groups {
-		gKeys := make([]string, 0, len(g))
-		args := make([]any, 0, 5*len(g))
-		for _, i := range g {
-			gKeys = append(gKeys, keys[i])
-			args = append(args, argsOf(i)...)
-		}
-		if !done(g, refundScript.Run(ctx, rdb, gKeys, args...).Err()) {
-			return
-		}
-	}
 }
 
 // Released implements Store: closed at the next release by this
