@@ -80,10 +80,7 @@ func SubWindowStart(k, w int64, n int) int64 {
 // never shorter.
 func (r Ring) Roll(idx int64, n int) Ring {
 	if r.Buckets != n {
-		var total int64
-		for _, c := range r.Counts {
-			total += c
-		}
+		total := r.Used()
 		r = Ring{Index: idx, Buckets: n}
 		r.Counts[idx%int64(n+1)] = total
 		return r

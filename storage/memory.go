@@ -431,10 +431,12 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 	hashes := hashBuf[:0]
 	var lockBuf [4]int
 	locks := lockBuf[:0]
+	ringed := false
 	for _, r := range reqs {
 		h := c.keyHash(r.Zone, r.Key)
 		hashes = append(hashes, h)
 		locks = append(locks, shardOf(h))
+		ringed = ringed || r.Algorithm == algorithms.SlidingWindow
 	}
 	slices.Sort(locks)
 	locks = slices.Compact(locks)
@@ -457,6 +459,11 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 	// The rings of sliding_window requests, which are too big to keep on
 	// the stack for every take: pooled, and only for takes that have one.
 	var rings *[]pendingRing
+	if ringed {
+		rings = ringScratch.Get().(*[]pendingRing)
+		defer ringScratch.Put(rings)
+		*rings = slices.Grow((*rings)[:0], len(reqs))[:len(reqs)]
+	}
 	for i, r := range reqs {
 		s := &c.shards[shardOf(hashes[i])]
 		rate := r.Rate
@@ -466,11 +473,6 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 		var d algorithms.Decision
 		var n algorithms.Counts
 		if r.Algorithm == algorithms.SlidingWindow {
-			if rings == nil {
-				rings = ringScratch.Get().(*[]pendingRing)
-				defer ringScratch.Put(rings)
-				*rings = slices.Grow((*rings)[:0], len(reqs))[:len(reqs)]
-			}
 			p := &(*rings)[i]
 			var ring algorithms.Ring
 			ring, p.was = s.rings.find(hashes[i], rate.Window.Milliseconds())
@@ -514,8 +516,7 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 		s := &c.shards[shardOf(hashes[i])]
 		if r.Algorithm == algorithms.SlidingWindow {
 			p := &(*rings)[i]
-			s.rings.store(hashes[i], p.ring, ringExpiry(p.ring, r.Rate.Window.Milliseconds()), p.was,
-				func(evictFirst func(uint32) bool) { s.makeRoom(bound, nowSec, evictFirst) })
+			s.storeRing(hashes[i], p.ring, ringExpiry(p.ring, r.Rate.Window.Milliseconds()), p.was, bound, nowSec)
 			continue
 		}
 		s.store(hashes[i], next[i], r.Algorithm, expiry(r, next[i]), bound, nowSec)
@@ -567,12 +568,19 @@ func unixSeconds(ms int64) uint32 {
 // which every key is referenced, where CLOCK would take whichever key the
 // hand reaches first however recently used, stays rare.
 func (s *memoryShard) store(h uint64, counts algorithms.Counts, alg algorithms.Algorithm, expires uint32, bound int, now uint32) {
-	i, ok := s.counts.lookup(h)
-	if !ok {
-		s.makeRoom(bound, now, s.counts.evict)
-		i = s.counts.add(h)
-	}
+	i, ok := slotFor(s, &s.counts, h, bound, now)
 	s.counts.slots[i].set(counts, alg, expires, ok) // and take has set ref when ok
+}
+
+// slotFor returns the index of h's slot in t, one of s's tables, and
+// whether h was there; a new key first makes room in s, evicting from t
+// first, while s holds bound keys.
+func slotFor[S any, P slotPtr[S]](s *memoryShard, t *table[S, P], h uint64, bound int, now uint32) (int, bool) {
+	if i, ok := t.lookup(h); ok {
+		return i, true
+	}
+	s.makeRoom(bound, now, t.evict)
+	return t.add(h), false
 }
 
 // ban bans the key with hash h until ends (ms). A shard holds at most

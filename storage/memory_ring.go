@@ -189,31 +189,32 @@ func (t *ringTables) lookup(h uint64, w int64, mark bool) (algorithms.Ring, int)
 	return algorithms.Ring{}, ringNone
 }
 
-// store stores r for h, which find found in table was (or ringNone), in
-// the table its buckets and counts need, moving it there if it was in
-// another. makeRoom(evictFirst) makes room for a key new to the table.
-func (t *ringTables) store(h uint64, r algorithms.Ring, expires uint32, was int, makeRoom func(evictFirst func(uint32) bool)) {
+// storeRing stores r for h, which find found in table was (or ringNone),
+// in the table its buckets and counts need, moving it there if it was in
+// another. A key new to the table first makes room, as store does.
+func (s *memoryShard) storeRing(h uint64, r algorithms.Ring, expires uint32, was int, bound int, now uint32) {
 	var most int64
-	for _, c := range r.Counts {
+	for _, c := range r.Counts[:r.Buckets+1] {
 		most = max(most, c)
 	}
 	kind := ringKind(r.Buckets, most)
+	t := &s.rings
 	if was != ringNone && was != kind {
 		t.forgetIn(was, h)
 	}
 	switch kind {
 	case ringSmall8:
-		writeRing(&t.small8, h, r, expires, func() { makeRoom(t.small8.evict) })
+		writeRing(s, &t.small8, h, r, expires, bound, now)
 	case ringSmall16:
-		writeRing(&t.small16, h, r, expires, func() { makeRoom(t.small16.evict) })
+		writeRing(s, &t.small16, h, r, expires, bound, now)
 	case ringSmall32:
-		writeRing(&t.small32, h, r, expires, func() { makeRoom(t.small32.evict) })
+		writeRing(s, &t.small32, h, r, expires, bound, now)
 	case ringWide8:
-		writeRing(&t.wide8, h, r, expires, func() { makeRoom(t.wide8.evict) })
+		writeRing(s, &t.wide8, h, r, expires, bound, now)
 	case ringWide16:
-		writeRing(&t.wide16, h, r, expires, func() { makeRoom(t.wide16.evict) })
+		writeRing(s, &t.wide16, h, r, expires, bound, now)
 	default:
-		writeRing(&t.wide32, h, r, expires, func() { makeRoom(t.wide32.evict) })
+		writeRing(s, &t.wide32, h, r, expires, bound, now)
 	}
 }
 
@@ -302,14 +303,11 @@ func readRing[S any, P ringPtr[S]](t *table[S, P], h uint64, w int64, mark bool)
 	return e.ring(w), true
 }
 
-// writeRing stores r for h in t, in the slot it has or a new one (room
-// made by makeRoom first); a new key starts with its reference bit clear.
-func writeRing[S any, P ringPtr[S]](t *table[S, P], h uint64, r algorithms.Ring, expires uint32, makeRoom func()) {
-	i, ok := t.lookup(h)
-	if !ok {
-		makeRoom()
-		i = t.add(h)
-	}
+// writeRing stores r for h in t, one of s's ring tables, in the slot it
+// has or a new one (see slotFor); a new key starts with its reference bit
+// clear.
+func writeRing[S any, P ringPtr[S]](s *memoryShard, t *table[S, P], h uint64, r algorithms.Ring, expires uint32, bound int, now uint32) {
+	i, ok := slotFor(s, t, h, bound, now)
 	P(&t.slots[i]).set(r, expires, ok)
 }
 

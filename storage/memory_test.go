@@ -695,3 +695,39 @@ func TestMemorySlotRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryTakeAllocatesNothing: a take allocates nothing, for every
+// algorithm, whether its key is kept already or new (in tables with room
+// for it: growing a table allocates).
+func TestMemoryTakeAllocatesNothing(t *testing.T) {
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.GCRA, algorithms.Concurrency, algorithms.SlidingWindow} {
+		c, _ := newTestCounters(t, DefaultMaxKeys)
+		req := Request{Zone: "a", Algorithm: alg, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
+		reqs := []Request{req}
+		d := make([]algorithms.Decision, 1)
+		const runs = 1000
+		keys := make([]string, runs+1)
+		for i := range keys {
+			keys[i] = "k" + strconv.Itoa(i)
+			reqs[0].Key = keys[i]
+			c.take(reqs, d)
+		}
+		reqs[0].Key = keys[0]
+		if n := testing.AllocsPerRun(runs, func() { c.take(reqs, d) }); n != 0 {
+			t.Errorf("%s: %v allocations a take of a kept key, want 0", alg, n)
+		}
+		// Forget the keys, keeping the tables they grew, and take them
+		// again as new ones.
+		for _, k := range keys {
+			c.reset("a", k)
+		}
+		i := 0
+		if n := testing.AllocsPerRun(runs, func() {
+			reqs[0].Key = keys[i]
+			i++
+			c.take(reqs, d)
+		}); n != 0 {
+			t.Errorf("%s: %v allocations a take of a new key, want 0", alg, n)
+		}
+	}
+}
