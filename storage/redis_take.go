@@ -373,13 +373,20 @@ func takesUnits(reqs []Request) bool {
 // call: the lease spends it again or returns it with its other units.
 // The store's timeout bounds each call, whether or not ctx has ended.
 func (r *Redis) Release(_ context.Context, reqs []Request, decisions []algorithms.Decision) error {
+	// The leases are the acquired client's, as for Take: a reloaded
+	// config's own client may be closed, its leases no longer returned.
+	c, own, err := r.acquire()
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	defer r.end(own)
 	var keys []string
 	var held []Request
 	var heldDecisions []algorithms.Decision
 	now := r.now()
 	for i, q := range reqs {
 		key := r.counterKey(q.Zone, q.Key)
-		if r.Lease && r.client.leases.giveBack(key, q, decisions[i], now) {
+		if r.Lease && c.leases.giveBack(key, q, decisions[i], now) {
 			continue
 		}
 		keys = append(keys, key)
@@ -389,11 +396,6 @@ func (r *Redis) Release(_ context.Context, reqs []Request, decisions []algorithm
 	if len(keys) == 0 {
 		return nil
 	}
-	c, own, err := r.acquire()
-	if err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
-	defer r.end(own)
 	// The request's client may be gone; what it took goes back anyway, in
 	// a call shared with the give-backs of other requests (see
 	// redis_refund.go). A slot that fails does not keep the others'.

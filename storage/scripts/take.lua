@@ -311,13 +311,7 @@ local function decide(j, alg, limit, w, cost, extra)
     return false, idx, r, used, reset, false, retry
   end
 
-  -- The window index floor(now/w), corrected in case the division rounded.
-  local idx = math.floor(now / w)
-  if idx * w > now then
-    idx = idx - 1
-  elseif (idx + 1) * w <= now then
-    idx = idx + 1
-  end
+  local idx = floordiv(now, w)
   local elapsed = now - idx * w
 
   -- Counts written more than a window ahead of the clock were kept for a
