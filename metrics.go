@@ -1,10 +1,11 @@
 package ratelimit
 
 import (
-	"errors"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/promreg"
 )
 
 // metrics are the module's Prometheus collectors. They are created once
@@ -35,7 +36,7 @@ var resultNames = [resultCount]string{"allowed", "rejected", "delayed", "dry_run
 // registerMetrics creates the collectors on first use and registers them
 // with registry.
 func registerMetrics(registry *prometheus.Registry) error {
-	const ns, sub = "caddy", "http_rate_limit"
+	const ns, sub = promreg.Namespace, promreg.Subsystem
 	metrics.once.Do(func() {
 		metrics.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "requests_total",
@@ -61,12 +62,7 @@ func registerMetrics(registry *prometheus.Registry) error {
 			Help: "Keys a zone with a ban banned: counted by the instance whose rejection began the ban.",
 		}, []string{"zone"})
 	})
-	for _, c := range []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage, metrics.bans} {
-		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
-			return err
-		}
-	}
-	return nil
+	return promreg.Register(registry, metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage, metrics.bans)
 }
 
 // zoneSeries returns a zone's series: its caddy_http_rate_limit_requests_total

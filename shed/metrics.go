@@ -1,10 +1,11 @@
 package shed
 
 import (
-	"errors"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/promreg"
 )
 
 // metrics are the shedders' Prometheus collectors. They are created once
@@ -20,7 +21,7 @@ var metrics = struct {
 // registerMetrics creates the collectors on first use and registers them
 // with registry.
 func registerMetrics(registry *prometheus.Registry) error {
-	const ns, sub = "caddy", "http_rate_limit"
+	const ns, sub = promreg.Namespace, promreg.Subsystem
 	metrics.once.Do(func() {
 		metrics.amount = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "shed_amount",
@@ -31,10 +32,5 @@ func registerMetrics(registry *prometheus.Registry) error {
 			Help: "Requests a load shedder shed (or, in dry run, would have shed), by class.",
 		}, []string{"shedder", "class"})
 	})
-	for _, c := range []prometheus.Collector{metrics.amount, metrics.total} {
-		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
-			return err
-		}
-	}
-	return nil
+	return promreg.Register(registry, metrics.amount, metrics.total)
 }

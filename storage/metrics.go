@@ -1,10 +1,11 @@
 package storage
 
 import (
-	"errors"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/promreg"
 )
 
 // metrics are the Redis store's own Prometheus collectors: its leases and
@@ -32,7 +33,7 @@ var leaseOutcomeNames = [leaseOutcomes]string{"taken", "spent", "returned", "giv
 // registerMetrics creates the collectors on first use and registers them
 // with registry, if any.
 func registerMetrics(registry *prometheus.Registry) error {
-	const ns, sub = "caddy", "http_rate_limit"
+	const ns, sub = promreg.Namespace, promreg.Subsystem
 	metrics.once.Do(func() {
 		metrics.leaseUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "lease_units_total",
@@ -43,15 +44,7 @@ func registerMetrics(registry *prometheus.Registry) error {
 			Help: "The live instances sharing the store, as this instance last read them: those that announced themselves in the last 5 seconds.",
 		}, []string{"store"})
 	})
-	if registry == nil {
-		return nil // a store used outside a Caddy config
-	}
-	for _, c := range []prometheus.Collector{metrics.leaseUnits, metrics.instances} {
-		if err := registry.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
-			return err
-		}
-	}
-	return nil
+	return promreg.Register(registry, metrics.leaseUnits, metrics.instances)
 }
 
 // leaseSeries are one zone's series of lease_units_total, by outcome,
