@@ -38,16 +38,15 @@ func (e *exceededKeys) first(key string, window int64) bool {
 	return true
 }
 
-// emitExceeded emits rate_limit_exceeded for the rejection c of r, if
-// anything listens and it is the key's first in the zone's current
+// emitExceeded emits rate_limit_exceeded for the rejection c of r at now,
+// if anything listens and it is the key's first in the zone's current
 // window. The event carries the zone, the key (unless log_keys off hides
 // it), the client's address, the seconds to wait, and, for a banned key,
 // when its ban ends.
-func (h *Handler) emitExceeded(r *http.Request, c *zoneCheck, retryAfter int64) {
+func (h *Handler) emitExceeded(r *http.Request, c *zoneCheck, retryAfter int64, now time.Time) {
 	if h.events == nil || !h.events.ShouldEmit(exceededEvent) {
 		return
 	}
-	now := h.now()
 	if !c.zone.events.first(c.req.Key, now.UnixNano()/int64(max(c.zone.period, time.Millisecond))) {
 		return
 	}

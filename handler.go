@@ -294,9 +294,10 @@ func (s *scratch) recycle() {
 // (429 by default), with the limit headers and Retry-After, and emits
 // the key's rate_limit_exceeded event if it is its first in the window.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *zoneCheck) error {
-	retryAfter := h.retryAfter(c.decision.RetryAt, h.now())
+	now := h.now()
+	retryAfter := h.retryAfter(c.decision.RetryAt, now)
 	p := h.report(w, values, c, true, retryAfter)
-	h.emitExceeded(r, c, retryAfter)
+	h.emitExceeded(r, c, retryAfter, now)
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
 	}

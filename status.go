@@ -116,11 +116,15 @@ func (w *statusRecorder) ReadFrom(r io.Reader) (int64, error) {
 // still there to read it; 499 if the client went away before any answer;
 // or the 200 that an empty response gets.
 func (w *statusRecorder) finish(r *http.Request, err error) {
+	carried := 0
+	if err != nil {
+		carried = carriedStatus(err)
+	}
 	switch {
 	case w.written != 0:
 		w.status = w.written
-	case err != nil && carriedStatus(err) != 0:
-		w.status = carriedStatus(err)
+	case carried != 0:
+		w.status = carried
 	case r.Context().Err() != nil:
 		w.status = statusClientClosedRequest
 	case err != nil:
