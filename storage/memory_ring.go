@@ -222,12 +222,10 @@ func (s *memoryShard) storeRing(h uint64, r algorithms.Ring, expires uint32, was
 // kept for a window of w ms, if one is kept: a count that falls stays in
 // the table it is in.
 func (t *ringTables) giveBack(h uint64, w int64, d algorithms.Decision, cost int64) {
-	giveBackRing(&t.small8, h, w, d, cost)
-	giveBackRing(&t.wide8, h, w, d, cost)
-	giveBackRing(&t.small16, h, w, d, cost)
-	giveBackRing(&t.small32, h, w, d, cost)
-	giveBackRing(&t.wide16, h, w, d, cost)
-	giveBackRing(&t.wide32, h, w, d, cost)
+	// A key's ring is in one table at a time: stop at the one that has it.
+	_ = giveBackRing(&t.small8, h, w, d, cost) || giveBackRing(&t.small16, h, w, d, cost) ||
+		giveBackRing(&t.small32, h, w, d, cost) || giveBackRing(&t.wide8, h, w, d, cost) ||
+		giveBackRing(&t.wide16, h, w, d, cost) || giveBackRing(&t.wide32, h, w, d, cost)
 }
 
 func (t *ringTables) forgetIn(kind int, h uint64) bool {
@@ -312,12 +310,14 @@ func writeRing[S any, P ringPtr[S]](s *memoryShard, t *table[S, P], h uint64, r 
 }
 
 // giveBackRing takes a cost, allowed with d, back from h's ring in t,
-// kept for a window of w ms, if t holds one.
-func giveBackRing[S any, P ringPtr[S]](t *table[S, P], h uint64, w int64, d algorithms.Decision, cost int64) {
-	if i, ok := t.lookup(h); ok {
+// kept for a window of w ms, if t holds one, and reports whether it does.
+func giveBackRing[S any, P ringPtr[S]](t *table[S, P], h uint64, w int64, d algorithms.Decision, cost int64) bool {
+	i, ok := t.lookup(h)
+	if ok {
 		e := P(&t.slots[i])
 		e.set(algorithms.GiveBackRing(e.ring(w), d, cost), e.expiry(), e.referenced())
 	}
+	return ok
 }
 
 // ringExpiry is when a ring stops mattering, in Unix seconds rounded up:
