@@ -25,7 +25,7 @@ import (
 // flight for a slot, the requests for that slot queue, and the next call
 // decides them all. A request that finds no call in flight sends the next
 // call on its own goroutine. Each call is sent once the goroutines ready
-// to run have had their turn (see sendQueued): nothing waits for a timer.
+// to run have had their turn (see slotQueue.next): nothing waits for a timer.
 //
 // go-redis's AutoPipeliner was measured too: it shares the round trip but
 // still runs one script per request, and it runs queued commands on its own
@@ -68,19 +68,81 @@ const (
 	partAbandoned
 )
 
-// A batcher queues the requests for one slot while a call is in flight.
-type batcher struct {
+// A slotQueue queues the parts of calls for one slot (take's requests,
+// refund's give-backs) while a call is in flight. The caller that finds
+// no call in flight sends the next itself (lead); the parts that queue
+// meanwhile go in calls sent by a goroutine of their own (drain).
+type slotQueue[P any] struct {
 	mu      sync.Mutex
 	busy    bool // a call is in flight
-	waiting []*callPart
+	waiting []P
+}
+
+// push queues p, and reports whether its caller is to lead: send the next
+// call, there being none in flight.
+func (q *slotQueue[P]) push(p P) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.waiting = append(q.waiting, p)
+	if q.busy {
+		return false
+	}
+	q.busy = true
+	return true
+}
+
+// next takes up to maxBatch of the parts queued, the first ones, or marks
+// q idle if none are. Before it takes them, it lets the goroutines that
+// are ready to run go first, so that parts already on their way (such as
+// the rest of a burst read off the network together) queue and join this
+// call, rather than wait for it and go in the next. On an idle server the
+// yield returns at once: nothing waits for a timer.
+func (q *slotQueue[P]) next() []P {
+	runtime.Gosched()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	batch := q.waiting
+	if len(batch) > maxBatch {
+		q.waiting = slices.Clone(batch[maxBatch:])
+		return batch[:maxBatch]
+	}
+	q.waiting = nil
+	if len(batch) == 0 {
+		q.busy = false
+	}
+	return batch
+}
+
+// lead sends the next call, which takes the leader's own part (queued
+// first), with send. It reports whether parts queued meanwhile, for the
+// leader to leave to `go q.drain(send)`; if none did, q is idle. (The go
+// statement is the caller's so that send, often a method value, escapes
+// to the heap only when a goroutine needs it.)
+func (q *slotQueue[P]) lead(send func([]P)) bool {
+	send(q.next())
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.waiting) == 0 {
+		q.busy = false
+		return false
+	}
+	return true
+}
+
+// drain sends the queued parts with send, a call at a time, until none
+// are left, and then marks q idle.
+func (q *slotQueue[P]) drain(send func([]P)) {
+	for batch := q.next(); len(batch) > 0; batch = q.next() {
+		send(batch)
+	}
 }
 
 // clusterSlots is the number of hash slots of a Redis Cluster.
 const clusterSlots = 16384
 
-// batcher returns the batcher for key's slot. One script call may only
-// touch keys of one cluster slot; a single server has one batcher.
-func (c *redisClient) batcher(key string) *batcher {
+// batcher returns the take queue for key's slot. One script call may only
+// touch keys of one cluster slot; a single server has one queue.
+func (c *redisClient) batcher(key string) *slotQueue[*callPart] {
 	if len(c.batchers) == 1 {
 		return &c.batchers[0]
 	}
@@ -108,7 +170,7 @@ func keySlot(key string) int {
 
 // take decides t in the next call for its slot. If a call is in flight, t
 // queues for the call after it, with the requests that queue meanwhile;
-// if not, t's goroutine sends the next call itself (see sendQueued).
+// if not, t's goroutine sends the next call itself (see slotQueue).
 //
 // A queued t returns when it is decided or fails, or when ctx ends: at
 // once if no call has picked t up yet, and then t is never sent (nor is
@@ -125,10 +187,7 @@ func keySlot(key string) int {
 func (c *redisClient) take(ctx context.Context, t *callPart) error {
 	b := c.batcher(t.keys[0])
 	t.done = make(chan struct{})
-	b.mu.Lock()
-	b.waiting = append(b.waiting, t)
-	if b.busy {
-		b.mu.Unlock()
+	if !b.push(t) {
 		select {
 		case <-t.done:
 			return t.err
@@ -143,16 +202,10 @@ func (c *redisClient) take(ctx context.Context, t *callPart) error {
 			return ctx.Err()
 		}
 	}
-	b.busy = true
-	b.mu.Unlock()
-	c.sendQueued(b) // t is first in the queue, so this call decides it
-	b.mu.Lock()
-	if len(b.waiting) == 0 {
-		b.busy = false
-	} else {
-		go c.drain(b)
+	// t is first in the queue, so this call decides it.
+	if b.lead(c.sendTakes) {
+		go b.drain(c.sendTakes)
 	}
-	b.mu.Unlock()
 	return t.err
 }
 
@@ -163,35 +216,11 @@ func (c *redisClient) callAlone(ctx context.Context, clock int64, t *callPart) {
 	c.call(ctx, clock, []*callPart{t})
 }
 
-// drain decides the queued requests of b, a call at a time, until none
-// are left, and then marks b idle.
-func (c *redisClient) drain(b *batcher) {
-	for c.sendQueued(b) {
-	}
-}
-
-// sendQueued decides up to maxBatch of the requests queued in b, the
-// first ones, in one call. The call runs until the earliest deadline
-// among them, so that none waits past its own; a request whose deadline
-// has passed while it queued fails without being sent, and one given up
-// is left out. It reports false, and marks b idle, if none were queued.
-//
-// Before it takes the queue, it lets the goroutines that are ready to run
-// go first, so that requests already on their way (such as the rest of a
-// burst read off the network together) queue and join this call, rather
-// than wait for it and go in the next. On an idle server the yield
-// returns at once: nothing waits for a timer.
-func (c *redisClient) sendQueued(b *batcher) bool {
-	runtime.Gosched()
-	b.mu.Lock()
-	batch := nextBatch(&b.waiting)
-	if len(batch) == 0 {
-		b.busy = false
-		b.mu.Unlock()
-		return false
-	}
-	b.mu.Unlock()
-
+// sendTakes decides a batch of queued requests in one call. The call runs
+// until the earliest deadline among them, so that none waits past its
+// own; a request whose deadline has passed while it queued fails without
+// being sent, and one given up is left out.
+func (c *redisClient) sendTakes(batch []*callPart) {
 	live := batch[:0]
 	var deadline time.Time
 	now := time.Now()
@@ -214,18 +243,6 @@ func (c *redisClient) sendQueued(b *batcher) bool {
 		c.call(ctx, 0, live)
 		cancel()
 	}
-	return true
-}
-
-// nextBatch takes the first parts queued in *waiting, up to maxBatch.
-func nextBatch[P any](waiting *[]P) []P {
-	batch := *waiting
-	if len(batch) > maxBatch {
-		*waiting = slices.Clone(batch[maxBatch:])
-		return batch[:maxBatch]
-	}
-	*waiting = nil
-	return batch
 }
 
 // call runs the take script once for parts, whose keys all lie in one

@@ -22,8 +22,8 @@ type redisClient struct {
 	denies  denyCache
 	// batchers coalesce concurrent decisions, and refunds concurrent
 	// give-backs: one per cluster slot, or one for a single server.
-	batchers []batcher
-	refunds  []refundQueue
+	batchers []slotQueue[*callPart]
+	refunds  []slotQueue[*refundPart]
 	// released wakes the requests waiting for concurrency units that a
 	// config on this client released: every handler and config sharing
 	// the connections, across reloads, as the memory store's does.
@@ -58,11 +58,11 @@ func newRedisClient(opts *redis.UniversalOptions, logger *zap.Logger) *redisClie
 	if logger == nil {
 		logger = zap.NewNop()
 	}
-	c := &redisClient{rdb: redis.NewUniversalClient(opts), batchers: make([]batcher, 1), refunds: make([]refundQueue, 1),
+	c := &redisClient{rdb: redis.NewUniversalClient(opts), batchers: make([]slotQueue[*callPart], 1), refunds: make([]slotQueue[*refundPart], 1),
 		closed: make(chan struct{}), cluster: opts.IsClusterMode, logger: logger, now: time.Now}
 	if opts.IsClusterMode {
-		c.batchers = make([]batcher, clusterSlots)
-		c.refunds = make([]refundQueue, clusterSlots)
+		c.batchers = make([]slotQueue[*callPart], clusterSlots)
+		c.refunds = make([]slotQueue[*refundPart], clusterSlots)
 	}
 	c.denies.init()
 	return c

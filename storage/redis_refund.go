@@ -2,8 +2,6 @@ package storage
 
 import (
 	"context"
-	"runtime"
-	"sync"
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
@@ -67,17 +65,9 @@ type refundPart struct {
 	err  error
 }
 
-// A refundQueue queues the give-backs for one slot while a call is in
-// flight.
-type refundQueue struct {
-	mu      sync.Mutex
-	busy    bool // a call is in flight
-	waiting []*refundPart
-}
-
-// refundQueue returns the queue for key's slot: one per cluster slot, or
-// one for a single server.
-func (c *redisClient) refundQueue(key string) *refundQueue {
+// refundQueue returns the refund queue for key's slot: one per cluster
+// slot, or one for a single server.
+func (c *redisClient) refundQueue(key string) *slotQueue[*refundPart] {
 	if len(c.refunds) == 1 {
 		return &c.refunds[0]
 	}
@@ -87,51 +77,27 @@ func (c *redisClient) refundQueue(key string) *refundQueue {
 // refund gives p back in the next refund call for its slot, each call
 // bounded by timeout, and returns once that call has answered. If a call
 // is in flight, p queues for the call after it; if not, p's goroutine
-// sends the call itself, and leaves the give-backs that queued meanwhile
-// to a goroutine of their own, as take does. A queued p waits for at most
-// the call in flight and its own, or a few more if over maxBatch queued
-// ahead of it: a give-back is not dropped because its request has ended.
+// sends the call itself (see slotQueue). A queued p waits for at most the
+// call in flight and its own, or a few more if over maxBatch queued ahead
+// of it: a give-back is not dropped because its request has ended.
 func (c *redisClient) refund(p *refundPart, timeout time.Duration) error {
 	q := c.refundQueue(p.keys[0])
 	p.done = make(chan struct{})
-	q.mu.Lock()
-	q.waiting = append(q.waiting, p)
-	if q.busy {
-		q.mu.Unlock()
+	if !q.push(p) {
 		<-p.done
 		return p.err
 	}
-	q.busy = true
-	q.mu.Unlock()
-	c.sendRefunds(q, timeout) // p is first in the queue, so this call takes it
-	q.mu.Lock()
-	if len(q.waiting) == 0 {
-		q.busy = false
-	} else {
-		go func() {
-			for c.sendRefunds(q, timeout) {
-			}
-		}()
+	// p is first in the queue, so this call takes it.
+	send := func(batch []*refundPart) { c.sendRefunds(batch, timeout) }
+	if q.lead(send) {
+		go q.drain(send)
 	}
-	q.mu.Unlock()
 	return p.err
 }
 
-// sendRefunds gives back up to maxBatch of the parts queued in q, the
-// first ones, in one call. It reports false, and marks q idle, if none
-// were queued. Like sendQueued, it first lets the goroutines ready to run
-// go, so that give-backs already on their way join this call.
-func (c *redisClient) sendRefunds(q *refundQueue, timeout time.Duration) bool {
-	runtime.Gosched()
-	q.mu.Lock()
-	batch := nextBatch(&q.waiting)
-	if len(batch) == 0 {
-		q.busy = false
-		q.mu.Unlock()
-		return false
-	}
-	q.mu.Unlock()
-
+// sendRefunds gives back a batch of queued parts in one call, bounded by
+// timeout.
+func (c *redisClient) sendRefunds(batch []*refundPart, timeout time.Duration) {
 	keys, args := batch[0].keys, batch[0].args
 	if len(batch) > 1 {
 		keys, args = nil, nil
@@ -147,5 +113,4 @@ func (c *redisClient) sendRefunds(q *refundQueue, timeout time.Duration) bool {
 		p.err = err
 		close(p.done)
 	}
-	return true
 }

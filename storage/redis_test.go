@@ -1442,7 +1442,7 @@ func TestRedisCoalescedCancel(t *testing.T) {
 //
 // How many of a burst of requests read off the network together join the
 // first one's call, rather than the one after it, is the scheduler's
-// business (sendQueued yields so that they can): it is not asserted here;
+// business (slotQueue.next yields so that they can): it is not asserted here;
 // BenchmarkRedisTakeParallel reports decisions per call.
 func TestRedisQueuedShareACall(t *testing.T) {
 	s := redistest.Standalone(t)
@@ -1687,7 +1687,7 @@ func TestRedisCoalescedDeadline(t *testing.T) {
 
 	expired := queue(time.Now().Add(-time.Millisecond))
 	live := queue(time.Now().Add(time.Hour))
-	r.client.drain(b)
+	b.drain(r.client.sendTakes)
 	if err := wait(expired); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("expired request: %v, want %v", err, context.DeadlineExceeded)
 	}
@@ -1703,7 +1703,7 @@ func TestRedisCoalescedDeadline(t *testing.T) {
 	}
 	soon := queue(time.Now().Add(100 * time.Millisecond))
 	late := queue(time.Now().Add(time.Hour))
-	go r.client.drain(b)
+	go b.drain(r.client.sendTakes)
 	for _, tk := range []*callPart{soon, late} {
 		var ne net.Error
 		if err := wait(tk); !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
@@ -1772,7 +1772,7 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	if err := s.Pause(); err != nil {
 		t.Fatal(err)
 	}
-	go r.client.drain(b)
+	go b.drain(r.client.sendTakes)
 	waitUntil(t, "a call picks both up", func() bool {
 		return gone.state.Load() == partSent && stays.state.Load() == partSent
 	})
