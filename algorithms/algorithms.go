@@ -123,24 +123,43 @@ type Decision struct {
 	// fleet exactly one allowed request reports each finished window.
 	Rolled   bool
 	Finished int64
-	// Window is the index of the window the request was decided in
-	// (windowed algorithms), in the clock of the store that decided it:
-	// what GiveBack needs to take the cost back from the same window.
+	// Window is the index of the window the request was decided in, in
+	// the clock of the store that decided it: what GiveBack needs to take
+	// the cost back from the same window, and InFlightWindow to tell
+	// which of a key's costs in flight it was. A sliding window's is the
+	// sub-window's; a gcra decision's, the window's of the rate (which
+	// its TAT does not need); a concurrency decision has none.
 	Window int64
 	// BanEnds is, for a request rejected in a zone with a ban, when the
-	// key's ban ends (and RetryAt with it); the zero time otherwise.
-	// BanStarted tells that this rejection began the ban.
+	// key's ban ends (and RetryAt and Reset with it); the zero time
+	// otherwise. BanStarted tells that this rejection began the ban.
 	BanEnds    time.Time
 	BanStarted bool
+	// InFlight tells, for a request rejected in a zone that bans and
+	// whose costs may be given back (count_status), that the key's
+	// settled count had room for it: only the costs of its requests
+	// still in flight filled the limit (see Settled). Such a refusal
+	// begins no ban, and, as a concurrency zone's, frees up when those
+	// requests end, at no known instant: its RetryAt is the instant it
+	// was decided.
+	InFlight bool
 }
 
 // Ban returns d as a rejection while the key is banned until ends: not
-// allowed, nothing remaining, and a retry only once the ban is over.
+// allowed, nothing remaining, and a retry only once the ban is over,
+// which is also when the key's limit is next worth asking about (Reset).
 func (d Decision) Ban(ends time.Time, started bool) Decision {
 	d.Allowed = false
 	d.Remaining = 0
 	d.Used = d.Limit
-	d.RetryAt, d.BanEnds, d.BanStarted = ends, ends, started
+	d.Reset, d.RetryAt, d.BanEnds, d.BanStarted, d.InFlight = ends, ends, ends, started, false
+	return d
+}
+
+// RefusedInFlight returns the rejection d, decided at now, as one due
+// only to costs still in flight (see InFlight).
+func (d Decision) RefusedInFlight(now time.Time) Decision {
+	d.RetryAt, d.InFlight = now, true
 	return d
 }
 

@@ -322,8 +322,56 @@ func TestBanDecision(t *testing.T) {
 	d, _ := algorithms.Decide(algorithms.FixedWindow, algorithms.Counts{}, now, algorithms.Rate{Units: 5, Window: time.Minute}, 1)
 	ends := now.Add(time.Hour)
 	b := d.Ban(ends, true)
-	if b.Allowed || b.Remaining != 0 || !b.RetryAt.Equal(ends) || !b.BanEnds.Equal(ends) || !b.BanStarted {
+	if b.Allowed || b.Remaining != 0 || !b.RetryAt.Equal(ends) || !b.BanEnds.Equal(ends) || !b.Reset.Equal(ends) || !b.BanStarted {
 		t.Fatalf("banned decision %+v", b)
+	}
+}
+
+// TestSettled: the costs in flight come off the counts they were taken
+// into: windowed ones off their own window, the newest of a ring first, a
+// gcra TAT by their span; costs taken two windows ago are forgotten, and
+// the end of one of them takes nothing off the costs in flight now.
+func TestSettled(t *testing.T) {
+	now := vectors.Start.Add(90 * time.Second) // in window 1 of a minute
+	minute := algorithms.Rate{Units: 10, Window: time.Minute}
+	w := algorithms.WindowIndex(vectors.Start.UnixMilli(), time.Minute.Milliseconds())
+	inFlight := algorithms.TakeInFlight(algorithms.TakeInFlight(algorithms.Counts{}, w, 2), w+1, 3)
+	if want := (algorithms.Counts{Window: w + 1, Current: 3, Previous: 2}); inFlight != want {
+		t.Fatalf("in flight %+v, want %+v", inFlight, want)
+	}
+	counts := algorithms.Counts{Window: w + 1, Current: 4, Previous: 5}
+	if got, want := algorithms.Settled(algorithms.SlidingTail, counts, inFlight, now, minute), (algorithms.Counts{Window: w + 1, Current: 1, Previous: 3}); got != want {
+		t.Errorf("sliding tail settled %+v, want %+v", got, want)
+	}
+	if got := algorithms.Settled(algorithms.FixedWindow, algorithms.Counts{}, inFlight, now, minute); got != (algorithms.Counts{}) {
+		t.Errorf("settled counts of a key reset since: %+v, want none", got)
+	}
+
+	ring := algorithms.Ring{Index: 7, Buckets: 3}
+	ring.Counts[7%4], ring.Counts[6%4], ring.Counts[5%4] = 2, 1, 4
+	settled := algorithms.SettledRing(ring, inFlight, now, minute)
+	if settled.Counts[7%4] != 0 || settled.Counts[6%4] != 0 || settled.Counts[5%4] != 2 {
+		t.Errorf("ring %v less 5 in flight: %v, want the newest sub-windows emptied first", ring.Counts[:4], settled.Counts[:4])
+	}
+
+	gcra := algorithms.Rate{Units: 2, Window: time.Minute}
+	d, tat := algorithms.Decide(algorithms.GCRA, algorithms.Counts{}, now, gcra, 2)
+	one := algorithms.TakeInFlight(algorithms.Counts{}, d.Window, 1)
+	if after, _ := algorithms.Decide(algorithms.GCRA, algorithms.Settled(algorithms.GCRA, tat, one, now, gcra), now, gcra, 0); after.Remaining != 1 {
+		t.Errorf("gcra bucket emptied by 2, one in flight: %d remaining settled, want 1", after.Remaining)
+	}
+
+	// Two windows on, the costs taken in window w are forgotten; the end
+	// of one of them leaves the costs of window w+2 alone.
+	later := algorithms.TakeInFlight(inFlight, w+2, 1)
+	if want := (algorithms.Counts{Window: w + 2, Current: 1, Previous: 3}); later != want {
+		t.Fatalf("in flight two windows on %+v, want %+v", later, want)
+	}
+	if got := algorithms.EndInFlight(later, w, 2); got != later {
+		t.Errorf("the end of a cost of window %d took %+v to %+v", w, later, got)
+	}
+	if got, want := algorithms.EndInFlight(later, w+1, 5), (algorithms.Counts{Window: w + 2, Current: 1}); got != want {
+		t.Errorf("the end of a cost of the previous window: %+v, want %+v (never below zero)", got, want)
 	}
 }
 

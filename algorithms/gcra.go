@@ -103,7 +103,7 @@ func decideGCRA(c Counts, now time.Time, l Rate, cost int64) (Decision, Counts) 
 	base := max2(tat, t)
 	full := t.add(span(burst, w, limit), limit) // t + burst·T
 
-	d := Decision{Limit: limit}
+	d := Decision{Limit: limit, Window: WindowIndex(t.ms, w)}
 	after, keep := base, tat // a rejection keeps the TAT as it was
 	if cost > burst {
 		// Never allowed: name the time an empty bucket takes to fill, as

@@ -3,6 +3,9 @@ package storage
 import (
 	"context"
 	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
 
@@ -20,17 +24,48 @@ func loginRequest(key string) Request {
 		Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Ban: time.Hour, GivesBack: true}
 }
 
-// TestMemoryBan: the first rejection bans the key for the zone's ban,
-// past the end of its window; only requests that carry a ban honour it;
-// a reset lifts it, and it ends by itself.
+// failMemory takes req and, if it is allowed, ends it as a failed login:
+// its response counted, its cost stays.
+func failMemory(c *memoryCounters, req Request) algorithms.Decision {
+	d := take1(c, req)
+	if d.Allowed {
+		kept := req
+		kept.Counted = true
+		c.release([]Request{kept}, []algorithms.Decision{d})
+	}
+	return d
+}
+
+// TestMemoryBanVectors plays the shared ban cases on the memory store.
+func TestMemoryBanVectors(t *testing.T) {
+	c, clock := newTestCounters(t, DefaultMaxKeys)
+	vectors.RunBans(t, func(t *testing.T, now time.Time, vc vectors.BanCase, key string, cost int64) algorithms.Decision {
+		clock.Set(now)
+		return take1(c, banVectorRequest(vc, key, cost))
+	}, func(t *testing.T, now time.Time, vc vectors.BanCase, key string, cost int64, d algorithms.Decision, kept bool) {
+		clock.Set(now)
+		req := banVectorRequest(vc, key, cost)
+		req.Counted = kept
+		c.release([]Request{req}, []algorithms.Decision{d})
+	})
+}
+
+// banVectorRequest is a request of a shared ban case.
+func banVectorRequest(vc vectors.BanCase, key string, cost int64) Request {
+	return Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Ban: vc.Ban, GivesBack: true}
+}
+
+// TestMemoryBan: the first rejection on the settled count bans the key for
+// the zone's ban, past the end of its window; only requests that carry a
+// ban honour it; a reset lifts it, and it ends by itself.
 func TestMemoryBan(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
 	m := &Memory{counters: c}
 	req := loginRequest("k")
-	take1(c, req)
-	take1(c, req)
+	failMemory(c, req)
+	failMemory(c, req)
 	start := clock.Now()
-	d := take1(c, req)
+	d := failMemory(c, req)
 	ends := start.Add(time.Hour)
 	if d.Allowed || !d.BanStarted || !d.BanEnds.Equal(ends) || !d.RetryAt.Equal(ends) {
 		t.Fatalf("third attempt: %+v, want a ban until %s", d, ends)
@@ -51,19 +86,19 @@ func TestMemoryBan(t *testing.T) {
 	if err := m.ResetKey(context.Background(), "login", "k"); err != nil {
 		t.Fatal(err)
 	}
-	if d := take1(c, req); !d.Allowed {
+	if d := failMemory(c, req); !d.Allowed {
 		t.Fatalf("after a reset: %+v, want allowed", d)
 	}
 	for range 3 {
-		take1(c, req)
+		failMemory(c, req)
 	}
 	clock.Add(time.Hour)
-	if d := take1(c, req); !d.Allowed {
+	if d := failMemory(c, req); !d.Allowed {
 		t.Fatalf("after the ban: %+v, want allowed", d)
 	}
 	// An ended ban is swept.
 	for range 3 {
-		take1(c, loginRequest("swept"))
+		failMemory(c, loginRequest("swept"))
 	}
 	clock.Add(2 * time.Hour)
 	c.sweep()
@@ -99,7 +134,7 @@ func (c *memoryCounters) bans() int {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		n += len(s.bans)
+		n += s.bans.len()
 		s.mu.Unlock()
 	}
 	return n
@@ -136,6 +171,37 @@ func TestMemoryGiveBack(t *testing.T) {
 	}
 }
 
+// failRedis takes req from r on the server's clock and, if it is
+// allowed, ends it as a failed login: its response counted, its cost
+// stays.
+func failRedis(t *testing.T, r *Redis, req Request) algorithms.Decision {
+	t.Helper()
+	d := redisTake(t, r, time.Time{}, req)[0]
+	if d.Allowed {
+		kept := req
+		kept.Counted = true
+		if err := r.Release(context.Background(), []Request{kept}, []algorithms.Decision{d}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d
+}
+
+// TestRedisBanVectors plays the shared ban cases on the Redis store.
+func TestRedisBanVectors(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	vectors.RunBans(t, func(t *testing.T, now time.Time, vc vectors.BanCase, key string, cost int64) algorithms.Decision {
+		return redisTake(t, r, now, banVectorRequest(vc, key, cost))[0]
+	}, func(t *testing.T, now time.Time, vc vectors.BanCase, key string, cost int64, d algorithms.Decision, kept bool) {
+		req := banVectorRequest(vc, key, cost)
+		req.Counted = kept
+		if err := r.Release(context.Background(), []Request{req}, []algorithms.Decision{d}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
 // TestRedisBan: a ban lives in Redis beside the counts and holds for every
 // instance; the deny cache keeps it whatever the cost; requests without a
 // ban ignore it; an override does not cut it short; a reset lifts it on
@@ -146,9 +212,9 @@ func TestRedisBan(t *testing.T) {
 	a := newRedisStore(t, &Redis{KeyPrefix: prefix}, s.URL())
 	b := newRedisStore(t, &Redis{KeyPrefix: prefix, Timeout: caddy.Duration(time.Second + time.Millisecond)}, s.URL())
 	req := loginRequest("k")
-	redisTake(t, a, time.Time{}, req)
-	redisTake(t, a, time.Time{}, req)
-	d := redisTake(t, a, time.Time{}, req)[0]
+	failRedis(t, a, req)
+	failRedis(t, a, req)
+	d := failRedis(t, a, req)
 	if d.Allowed || !d.BanStarted || !d.RetryAt.Equal(d.BanEnds) || d.BanEnds.Before(time.Now().Add(59*time.Minute)) {
 		t.Fatalf("third attempt: %+v, want a ban of an hour", d)
 	}
@@ -204,8 +270,8 @@ func TestRedisBanUnderOverride(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := loginRequest("o")
-	redisTake(t, r, time.Time{}, req)
-	if d := redisTake(t, r, time.Time{}, req)[0]; !d.BanStarted {
+	failRedis(t, r, req)
+	if d := failRedis(t, r, req); !d.BanStarted {
 		t.Fatalf("over the override's limit: %+v, want a ban", d)
 	}
 	if ttl, err := s.Do("PTTL", r.counterKey("login", "o")); err != nil || mustInt(t, ttl) < (59*time.Minute).Milliseconds() {
@@ -327,5 +393,170 @@ func TestRedisNoLeaseForBans(t *testing.T) {
 	}
 	if n := counted(t, s, r, "nlb", "k"); n != 50 {
 		t.Fatalf("Redis counts %d, want the 50 requests", n)
+	}
+}
+
+// TestBansAgreeInBothStores: random requests of zones that ban and give
+// costs back, taken and ended (their costs kept or given back) in random
+// order over a few windows, get the same decisions from the memory store
+// and from Redis, step by step: the same refusals for costs in flight,
+// the same bans.
+func TestBansAgreeInBothStores(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	c, clock := newTestCounters(t, DefaultMaxKeys)
+	rng := rand.New(rand.NewPCG(33, 12))
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.SlidingWindow, algorithms.GCRA} {
+		t.Run(string(alg), func(t *testing.T) {
+			inFlight, bans := 0, 0
+			for k := range 20 {
+				req := Request{Zone: "agree", Key: fmt.Sprint(alg, k), Algorithm: alg, GivesBack: true,
+					Rate: algorithms.Rate{Units: 1 + rng.Int64N(6), Window: time.Duration(1000+rng.Int64N(20000)) * time.Millisecond},
+					Ban:  time.Duration(1+rng.Int64N(10)) * time.Second}
+				if alg == algorithms.SlidingWindow {
+					req.Rate.Buckets = 2 + rng.IntN(5)
+				}
+				if alg == algorithms.GCRA {
+					req.Rate.Burst = rng.Int64N(2 * req.Rate.Units)
+				}
+				type taken struct {
+					req     Request
+					memory  algorithms.Decision
+					redisAt algorithms.Decision
+				}
+				var flying []taken
+				now := vectors.Start.Add(time.Duration(rng.Int64N(60_000)) * time.Millisecond)
+				for step := range 60 {
+					now = now.Add(time.Duration(rng.Int64N(req.Rate.Window.Milliseconds()/2+1)) * time.Millisecond)
+					clock.Set(now)
+					if len(flying) > 0 && rng.IntN(3) == 0 {
+						i := rng.IntN(len(flying))
+						f := flying[i]
+						flying = slices.Delete(flying, i, i+1)
+						f.req.Counted = rng.IntN(2) == 0
+						c.release([]Request{f.req}, []algorithms.Decision{f.memory})
+						if err := r.Release(context.Background(), []Request{f.req}, []algorithms.Decision{f.redisAt}); err != nil {
+							t.Fatal(err)
+						}
+						continue
+					}
+					q := req
+					q.Cost = rng.Int64N(3)
+					if alg == algorithms.GCRA {
+						q.Cost++
+					}
+					dm := take1(c, q)
+					dr := redisTake(t, r, now, q)[0]
+					if dm != dr {
+						t.Fatalf("key %d step %d (%+v):\nmemory %+v\nredis  %+v", k, step, q, dm, dr)
+					}
+					if dm.Allowed && q.Cost > 0 {
+						flying = append(flying, taken{q, dm, dr})
+					}
+					if dm.InFlight {
+						inFlight++
+					}
+					if dm.BanStarted {
+						bans++
+					}
+				}
+			}
+			if inFlight == 0 || bans == 0 {
+				t.Fatalf("%d refusals for costs in flight and %d bans: the test does not reach them", inFlight, bans)
+			}
+			t.Logf("%d refusals for costs in flight, %d bans", inFlight, bans)
+		})
+	}
+}
+
+// TestMemoryBanQueue: through random bans, re-bans, lifts and sweeps, a
+// shard's bans agree with a plain map of them, the ban that ends first is
+// at the top of the heap, a new ban past the bound lifts one that ends
+// first, and a sweep lifts exactly the bans that ended.
+func TestMemoryBanQueue(t *testing.T) {
+	const bound = 50
+	rng := rand.New(rand.NewPCG(3, 5))
+	var q banQueue
+	want := map[uint64]int64{}
+	now := int64(1_000_000)
+	for step := range 20_000 {
+		h := uint64(rng.IntN(200) + 1)
+		switch op := rng.IntN(10); {
+		case op < 6:
+			ends := now + int64(rng.IntN(10_000))
+			if _, ok := want[h]; !ok && len(want) >= bound {
+				soonest := int64(math.MaxInt64)
+				for _, e := range want {
+					soonest = min(soonest, e)
+				}
+				lifted := q.heap[0]
+				if lifted.ends != soonest {
+					t.Fatalf("step %d: the heap's top ends at %d, the soonest ban at %d", step, lifted.ends, soonest)
+				}
+				delete(want, lifted.h)
+			}
+			q.set(h, ends, bound)
+			want[h] = ends
+		case op < 8:
+			_, had := want[h]
+			if got := q.remove(h); got != had {
+				t.Fatalf("step %d: remove reported %v, want %v", step, got, had)
+			}
+			delete(want, h)
+		default:
+			now += int64(rng.IntN(2000))
+			q.expire(now)
+			for k, e := range want {
+				if e <= now {
+					delete(want, k)
+				}
+			}
+		}
+		checkBans(t, step, &q, want)
+	}
+}
+
+// checkBans checks that q holds the bans want, and that its heap and its
+// index agree.
+func checkBans(t *testing.T, step int, q *banQueue, want map[uint64]int64) {
+	t.Helper()
+	if q.len() != len(want) || len(q.at) != len(want) {
+		t.Fatalf("step %d: %d bans in the heap, %d in the index, want %d", step, q.len(), len(q.at), len(want))
+	}
+	for h, e := range want {
+		if got, ok := q.ends(h); !ok || got != e {
+			t.Fatalf("step %d: ban of %d ends at %d (%v), want %d", step, h, got, ok, e)
+		}
+	}
+	for i := range q.heap {
+		if int(q.at[q.heap[i].h]) != i {
+			t.Fatalf("step %d: the index puts %d at %d, the heap at %d", step, q.heap[i].h, q.at[q.heap[i].h], i)
+		}
+		if i > 0 && q.heap[(i-1)/2].ends > q.heap[i].ends {
+			t.Fatalf("step %d: heap position %d ends before its parent", step, i)
+		}
+	}
+}
+
+// BenchmarkMemoryBanFull: a new ban in shards that each hold as many
+// bans as their bound (2,000 here), so every ban lifts the one that
+// ends first.
+func BenchmarkMemoryBanFull(b *testing.B) {
+	const perShard = 2000
+	c := newMemoryCounters(memoryShards*perShard, time.Now)
+	defer c.Destruct()
+	ban := func(i int) {
+		req := loginRequest(strconv.Itoa(i))
+		req.Rate.Units, req.Cost = 1, 2 // never allowed: banned at once
+		take1(c, req)
+	}
+	i := 0
+	for ; i < 2*memoryShards*perShard; i++ {
+		ban(i)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		ban(i)
+		i++
 	}
 }

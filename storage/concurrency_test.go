@@ -2,8 +2,13 @@ package storage
 
 import (
 	"context"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
@@ -238,4 +243,52 @@ func TestRedisReleaseManyZones(t *testing.T) {
 		c := redistest.NewCluster(t, 3)
 		check(t, newRedisStore(t, &Redis{Cluster: true}, c.URLs()...), c.Nodes, 2)
 	})
+}
+
+// TestRedisScriptsDeclareHolders: the take and refund scripts are handed
+// a concurrency key's holder set in KEYS, right after its counters: a
+// script must declare every key it touches, since Redis Cluster routes a
+// call, and Redis replicates its effects, by them. The server's slow log,
+// set to log every command, shows the calls as the server got them.
+func TestRedisScriptsDeclareHolders(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Redis), s.URL())
+	for _, cmd := range [][]string{{"CONFIG", "SET", "slowlog-log-slower-than", "0"}, {"CONFIG", "SET", "slowlog-max-len", "1000"}, {"SLOWLOG", "RESET"}} {
+		if _, err := s.Do(cmd...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 1, Holder: 1}
+	d := make([]algorithms.Decision, 1)
+	if err := r.Take(context.Background(), []Request{q}, d); err != nil || !d[0].Allowed {
+		t.Fatalf("take: %+v, %v", d[0], err)
+	}
+	if err := release(r, q); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := r.client.rdb.SlowLogGet(context.Background(), -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{r.counterKey("conc", "k"), r.holderKey("conc", "k")}
+	for _, script := range []struct {
+		name, src string
+	}{{"take", takeSource}, {"refund", refundSource}} {
+		sha := redis.NewScript(script.src).Hash()
+		calls := 0
+		for _, e := range entries {
+			a := e.Args
+			if len(a) < 3 || !(strings.EqualFold(a[0], "evalsha") && a[1] == sha || strings.EqualFold(a[0], "eval") && strings.HasPrefix(script.src, a[1][:min(len(a[1]), 64)])) {
+				continue
+			}
+			calls++
+			n, err := strconv.Atoi(a[2])
+			if err != nil || 3+n > len(a) || !slices.Equal(a[3:3+n], want) {
+				t.Errorf("%s script called with %q, want KEYS %q", script.name, a, want)
+			}
+		}
+		if calls == 0 {
+			t.Errorf("no call of the %s script in the slow log", script.name)
+		}
+	}
 }

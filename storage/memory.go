@@ -90,9 +90,12 @@ const memoryPoolKey = "memory"
 
 // Provision attaches the shared counters. It refuses a negative bound
 // itself, since Caddy validates only after provisioning.
-func (m *Memory) Provision(caddy.Context) error {
+func (m *Memory) Provision(ctx caddy.Context) error {
 	if err := m.Validate(); err != nil {
 		return err
+	}
+	if err := registerEntries(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
 	}
 	val, _, err := memoryPool.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
 		return newMemoryCounters(DefaultMaxKeys, time.Now), nil
@@ -297,17 +300,45 @@ type memoryShard struct {
 	mu     sync.Mutex
 	counts table[memorySlot, *memorySlot]
 	rings  ringTables
-	// bans holds when each banned key's ban ends, in ms, by key hash: few
-	// keys are ever banned, so they are kept apart from the slots, and
-	// evicting a key's counts does not lift its ban.
-	bans map[uint64]int64
+	// bans holds the banned keys' bans (see banQueue).
+	bans banQueue
+	// overrides holds the per-key limits set through the admin API of
+	// the keys in this shard, by key hash; nil when there is none, so
+	// that a take reads no more than that for them. They are changed
+	// under the shard's lock, which a take of the key holds anyway: no
+	// lock of their own for requests to wait on.
+	overrides map[uint64]Override
+	// inFlight holds, by key hash, the costs in flight of keys of zones
+	// that bans and give costs back (see algorithms.Settled): only while
+	// such requests are in flight, so apart from the slots, which it
+	// would make 8 bytes larger for every key.
+	inFlight map[uint64]algorithms.Counts
 	// Pad to a multiple of a cache line (64 bytes), so that locking one
 	// shard does not steal the line of its neighbour from another CPU.
-	_ [576 - 520]byte
+	_ [576 - 560]byte
 }
 
 // keys returns how many keys the shard holds.
 func (s *memoryShard) keys() int { return s.counts.n + s.rings.keys() }
+
+// memoryEntries are what the store's shards hold, counted one shard lock
+// at a time (see entries, the gauge that reports them).
+type memoryEntries struct{ keys, bans, overrides, inFlight int }
+
+// entries counts what the shards hold now, expired or not.
+func (c *memoryCounters) entries() memoryEntries {
+	var e memoryEntries
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		e.keys += s.keys()
+		e.bans += s.bans.len()
+		e.overrides += len(s.overrides)
+		e.inFlight += len(s.inFlight)
+		s.mu.Unlock()
+	}
+	return e
+}
 
 // makeRoom evicts while the shard holds bound keys or more, from the
 // table a new key goes in first (evictFirst), then from the others.
@@ -335,7 +366,8 @@ type memoryCounters struct {
 	usersMu sync.Mutex
 	users   []*Memory
 
-	// admin holds the overrides and dials set through the admin API.
+	// admin holds the dials set through the admin API, and counts the
+	// overrides the shards hold.
 	admin memoryAdmin
 
 	// released wakes the requests that max_delay holds for concurrency
@@ -467,8 +499,10 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 	for i, r := range reqs {
 		s := &c.shards[shardOf(hashes[i])]
 		rate := r.Rate
-		if o, ok := c.admin.override(r.Zone, r.Key, now); ok {
-			rate.Units = o.Limit
+		if s.overrides != nil {
+			if o, ok := s.overrides[hashes[i]]; ok && o.Active(now) {
+				rate.Units = o.Limit
+			}
 		}
 		var d algorithms.Decision
 		var n algorithms.Counts
@@ -477,6 +511,13 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 			var ring algorithms.Ring
 			ring, p.was = s.rings.find(hashes[i], rate.Window.Milliseconds())
 			d, p.ring = algorithms.DecideRing(ring, now, rate, r.Cost)
+			if !d.Allowed && r.TracksInFlight() {
+				if inFlight, ok := s.inFlight[hashes[i]]; ok {
+					if settled, _ := algorithms.DecideRing(algorithms.SettledRing(ring, inFlight, now, rate), now, rate, r.Cost); settled.Allowed {
+						d = d.RefusedInFlight(time.UnixMilli(nowMs))
+					}
+				}
+			}
 		} else {
 			var counts algorithms.Counts
 			if j, ok := s.counts.lookup(hashes[i]); ok {
@@ -487,9 +528,16 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 				counts = s.counts.slots[j].counts(rate.Window.Milliseconds())
 			}
 			d, n = algorithms.Decide(r.Algorithm, counts, now, rate, r.Cost)
+			if !d.Allowed && r.TracksInFlight() {
+				if inFlight, ok := s.inFlight[hashes[i]]; ok {
+					if settled, _ := algorithms.Decide(r.Algorithm, algorithms.Settled(r.Algorithm, counts, inFlight, now, rate), now, rate, r.Cost); settled.Allowed {
+						d = d.RefusedInFlight(time.UnixMilli(nowMs))
+					}
+				}
+			}
 		}
 		if r.Ban > 0 {
-			if ends, ok := s.bans[hashes[i]]; ok && ends > nowMs {
+			if ends, ok := s.bans.ends(hashes[i]); ok && ends > nowMs {
 				d = d.Ban(time.UnixMilli(ends), false)
 			}
 		}
@@ -499,11 +547,12 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 	}
 	bound := int(c.maxPerShard.Load())
 	if !allowed {
-		// The first rejection by a zone with a ban bans the key.
+		// The first rejection by a zone with a ban bans the key, unless
+		// only costs in flight filled its limit.
 		for i, r := range reqs {
-			if d := decisions[i]; r.Ban > 0 && !d.Allowed && d.BanEnds.IsZero() {
+			if d := decisions[i]; r.Ban > 0 && !d.Allowed && d.BanEnds.IsZero() && !d.InFlight {
 				ends := nowMs + r.Ban.Milliseconds()
-				c.shards[shardOf(hashes[i])].ban(hashes[i], ends, bound)
+				c.shards[shardOf(hashes[i])].bans.set(hashes[i], ends, bound)
 				decisions[i] = d.Ban(time.UnixMilli(ends), true)
 			}
 		}
@@ -514,6 +563,9 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 		// Storing one request may move the slots of another in the same
 		// shard (by growing or evicting), so each store looks up again.
 		s := &c.shards[shardOf(hashes[i])]
+		if r.TracksInFlight() {
+			s.takeInFlight(hashes[i], algorithms.InFlightWindow(r.Algorithm, decisions[i], r.Rate), r.Cost)
+		}
 		if r.Algorithm == algorithms.SlidingWindow {
 			p := &(*rings)[i]
 			s.storeRing(hashes[i], p.ring, ringExpiry(p.ring, r.Rate.Window.Milliseconds()), p.was, bound, nowSec)
@@ -521,6 +573,29 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 		}
 		s.store(hashes[i], next[i], r.Algorithm, expiry(r, next[i]), bound, nowSec)
 	}
+}
+
+// takeInFlight adds cost, taken in window, to the costs in flight of the
+// key with hash h.
+func (s *memoryShard) takeInFlight(h uint64, window, cost int64) {
+	if s.inFlight == nil {
+		s.inFlight = make(map[uint64]algorithms.Counts)
+	}
+	s.inFlight[h] = algorithms.TakeInFlight(s.inFlight[h], window, cost)
+}
+
+// endInFlight takes cost, taken in window, off the costs in flight of the
+// key with hash h, forgetting them once none is left.
+func (s *memoryShard) endInFlight(h uint64, window, cost int64) {
+	p, ok := s.inFlight[h]
+	if !ok {
+		return
+	}
+	if p = algorithms.EndInFlight(p, window, cost); p.Current == 0 && p.Previous == 0 {
+		delete(s.inFlight, h)
+		return
+	}
+	s.inFlight[h] = p
 }
 
 // ringScratch holds the rings a take decides before it stores them.
@@ -583,54 +658,47 @@ func slotFor[S any, P slotPtr[S]](s *memoryShard, t *table[S, P], h uint64, boun
 	return t.add(h), false
 }
 
-// ban bans the key with hash h until ends (ms). A shard holds at most
-// bound bans, as it holds at most bound keys: when full, the ban that ends
-// first is lifted for the new one.
-func (s *memoryShard) ban(h uint64, ends int64, bound int) {
-	if s.bans == nil {
-		s.bans = make(map[uint64]int64)
-	}
-	if _, ok := s.bans[h]; !ok && len(s.bans) >= bound {
-		first, soonest := uint64(0), int64(math.MaxInt64)
-		for k, e := range s.bans {
-			if e < soonest {
-				first, soonest = k, e
-			}
-		}
-		delete(s.bans, first)
-	}
-	s.bans[h] = ends
-}
-
 // release gives back what Take charged reqs, allowed with decisions: a
-// concurrency request's units, another's cost (algorithms.GiveBack). A
-// concurrency key whose units are all back is forgotten; other keys keep
-// their expiry.
+// concurrency request's units, another's cost (algorithms.GiveBack), and
+// ends the costs in flight of those whose store keeps them, whether their
+// cost comes back or, counted, stays. A concurrency key whose units are
+// all back is forgotten; other keys keep their expiry.
 func (c *memoryCounters) release(reqs []Request, decisions []algorithms.Decision) {
 	for i, r := range reqs {
 		h := c.keyHash(r.Zone, r.Key)
 		s := &c.shards[shardOf(h)]
 		s.mu.Lock()
-		if r.Algorithm == algorithms.SlidingWindow {
-			s.rings.giveBack(h, r.Rate.Window.Milliseconds(), decisions[i], r.Cost)
-		} else if j, ok := s.counts.lookup(h); ok {
-			e := &s.counts.slots[j]
-			n := algorithms.GiveBack(r.Algorithm, e.counts(r.Rate.Window.Milliseconds()), decisions[i], r.Rate, r.Cost)
-			switch {
-			case r.Algorithm == algorithms.Concurrency && n.Current == 0:
-				s.counts.remove(j)
-			case r.Algorithm == algorithms.Concurrency:
-				e.set(n, r.Algorithm, e.expires, e.ref) // still pinned
-			default:
-				// A GCRA TAT moved back matters less long; windowed
-				// counts keep their window, and so their expiry. Either
-				// way the expiry stays the one counts reads window by.
-				e.set(n, r.Algorithm, expiry(r, n), e.ref)
-			}
+		if r.TracksInFlight() {
+			s.endInFlight(h, algorithms.InFlightWindow(r.Algorithm, decisions[i], r.Rate), r.Cost)
+		}
+		if !r.Counted {
+			s.giveBack(h, r, decisions[i])
 		}
 		s.mu.Unlock()
 	}
 	c.released.signal()
+}
+
+// giveBack takes back the cost of r, allowed with d, from the counts of
+// the key with hash h.
+func (s *memoryShard) giveBack(h uint64, r Request, d algorithms.Decision) {
+	if r.Algorithm == algorithms.SlidingWindow {
+		s.rings.giveBack(h, r.Rate.Window.Milliseconds(), d, r.Cost)
+	} else if j, ok := s.counts.lookup(h); ok {
+		e := &s.counts.slots[j]
+		n := algorithms.GiveBack(r.Algorithm, e.counts(r.Rate.Window.Milliseconds()), d, r.Rate, r.Cost)
+		switch {
+		case r.Algorithm == algorithms.Concurrency && n.Current == 0:
+			s.counts.remove(j)
+		case r.Algorithm == algorithms.Concurrency:
+			e.set(n, r.Algorithm, e.expires, e.ref) // still pinned
+		default:
+			// A GCRA TAT moved back matters less long; windowed
+			// counts keep their window, and so their expiry. Either
+			// way the expiry stays the one counts reads window by.
+			e.set(n, r.Algorithm, expiry(r, n), e.ref)
+		}
+	}
 }
 
 // inspect returns the counts kept for zone and key as stored, not rolled
@@ -663,31 +731,34 @@ func (c *memoryCounters) banEnds(zone, key string, now time.Time) (int64, bool) 
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ends, ok := s.bans[h]
+	ends, ok := s.bans.ends(h)
 	return ends, ok && ends > now.UnixMilli()
 }
 
-// clear forgets every key's counts and bans.
+// clear forgets every key's counts and bans. The costs of requests still
+// in flight stay until their requests end, as they would have, and the
+// overrides stay until they expire or are removed.
 func (c *memoryCounters) clear() {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
 		s.counts.clear()
 		s.rings.clear()
-		s.bans = nil
+		s.bans.clear()
 		s.mu.Unlock()
 	}
 }
 
 // reset forgets the counts of zone and key and lifts its ban, and reports
-// whether anything was kept.
+// whether anything was kept. The costs of its requests still in flight
+// stay until those requests end: the counts hold none of them now, so
+// they keep the key's settled count from looking higher than it is.
 func (c *memoryCounters) reset(zone, key string) bool {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, banned := s.bans[h]
-	delete(s.bans, h)
+	banned := s.bans.remove(h)
 	counted := s.counts.forget(h)
 	ringed := s.rings.forget(h)
 	return counted || ringed || banned
@@ -716,21 +787,30 @@ func (c *memoryCounters) sweep() {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		s.sweep(now)
+		c.admin.overrides.Add(int64(-s.sweep(now)))
 		s.mu.Unlock()
 	}
 }
 
-// sweep removes the shard's entries and bans that expired by now (see
-// table.sweep).
-func (s *memoryShard) sweep(now uint32) {
+// sweep removes the shard's entries, bans and overrides that expired by
+// now (see table.sweep), and reports how many overrides it removed.
+// Bans expire from the top of their heap, touching only those that
+// ended; overrides are walked, but the store keeps at most MaxOverrides,
+// about 1,600 a shard, and most shards have none.
+func (s *memoryShard) sweep(now uint32) (overrides int) {
 	s.counts.sweep(now)
 	s.rings.sweep(now)
-	for h, ends := range s.bans {
-		if ends <= int64(now)*1000 {
-			delete(s.bans, h)
+	s.bans.expire(int64(now) * 1000)
+	for h, o := range s.overrides {
+		if !o.Expires.IsZero() && o.Expires.Unix() < int64(now) {
+			delete(s.overrides, h)
+			overrides++
 		}
 	}
+	if len(s.overrides) == 0 {
+		s.overrides = nil
+	}
+	return overrides
 }
 
 // Interface guards

@@ -179,6 +179,19 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
+	if err := registerEntries(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	// A server too old for the scripts refuses the config. One out of
+	// reach does not: Redis may be back before the first request, and a
+	// connection made then checks the version (see versionCheck).
+	var old *errOldServer
+	if err := r.client.checkServers(serverCheckTimeout); errors.As(err, &old) {
+		return fmt.Errorf("store redis: %w", err)
+	} else if err != nil {
+		r.logger.Warn("Redis out of reach at load; its version will be checked when the store reaches it",
+			zap.Error(err), zap.String("needs", minRedisText+" or later"))
+	}
 	// Announce this instance from now on, and read the fleet's size.
 	r.watcher()
 	if r.Lease {

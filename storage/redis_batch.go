@@ -252,15 +252,20 @@ func (c *redisClient) sendTakes(batch []*callPart) {
 // is a few numbers, however many requests it stands for.
 func (c *redisClient) call(ctx context.Context, clock int64, parts []*callPart) {
 	entries, zones := groupParts(parts)
-	// The command: EVALSHA, the script's hash, the keys, then the clock,
-	// the live instances and each entry's arguments, in one slice.
-	args := make([]any, 3, 3+zones+2+3*entries+zoneArgs*zones)
-	args[0], args[1], args[2] = "evalsha", takeScript.Hash(), zones
+	// The command: EVALSHA, the script's hash, the keys (a concurrency
+	// zone's counters followed by its holders), then the clock, the live
+	// instances and each entry's arguments, in one slice.
+	args := make([]any, 3, 3+2*zones+2+3*entries+zoneArgs*zones)
+	args[0], args[1] = "evalsha", takeScript.Hash()
 	for i := 0; i < len(parts); i += parts[i].same {
-		for _, k := range parts[i].keys {
+		for z, k := range parts[i].keys {
 			args = append(args, k)
+			if parts[i].reqs[z].Algorithm == algorithms.Concurrency {
+				args = append(args, holdersKey(k))
+			}
 		}
 	}
+	args[2] = len(args) - 3
 	if clock != 0 {
 		args = append(args, clock)
 	} else {
@@ -280,7 +285,7 @@ func (c *redisClient) call(ctx context.Context, clock int64, parts []*callPart) 
 			if t.asks != nil {
 				ask = t.asks[z]
 			}
-			args = append(args, scriptAlgorithm(q.Algorithm), q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost, scriptExtra(q), ask, q.Ban.Milliseconds())
+			args = append(args, scriptAlgorithm(q.Algorithm), q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost, scriptExtra(q), ask, q.Ban.Milliseconds(), scriptFlag(q.TracksInFlight()))
 		}
 	}
 	vals, err := evalInts(ctx, c.rdb, takeSource, args)
@@ -330,7 +335,7 @@ func groupParts(parts []*callPart) (entries, zones int) {
 }
 
 // sameAsk reports whether a and b ask the script the same: the same zones
-// and keys, with the same algorithm, rate, cost and ban. Concurrency requests
+// and keys, with the same algorithm, rate, cost, ban and give-backs. Concurrency requests
 // never do: each holds its units under a name of its own; nor does one
 // that asks for a lease, which only an entry of one request is granted.
 func sameAsk(a, b *callPart) bool {
@@ -340,7 +345,7 @@ func sameAsk(a, b *callPart) bool {
 	for i, qa := range a.reqs {
 		qb := b.reqs[i]
 		if a.keys[i] != b.keys[i] || qa.Algorithm != qb.Algorithm || qa.Rate != qb.Rate || qa.Cost != qb.Cost || qa.Ban != qb.Ban ||
-			qa.Algorithm == algorithms.Concurrency {
+			qa.GivesBack != qb.GivesBack || qa.Algorithm == algorithms.Concurrency {
 			return false
 		}
 	}
@@ -352,9 +357,11 @@ func sameAsk(a, b *callPart) bool {
 // answered it alone (see take.lua). The script answers the counters and
 // ban as they were before the entry, how many of its requests were
 // allowed (the first ones), and each zone's verdict on the first one
-// rejected; what each later request saw is the counters the allowed ones
-// before it left, computed by charging them one after the other as the
-// script did, and the ban the first rejected one began.
+// rejected, and whether that was a refusal only for costs in flight;
+// what each later request saw is the counters the allowed ones before it
+// left, computed by charging them one after the other as the script did,
+// and the ban the first rejected one began, if it began one (the ones
+// after it were refused for the same costs in flight, if it was).
 func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 	if len(parts) == 1 {
 		parts[0].vals = entry
@@ -386,11 +393,11 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 				}
 			}
 			if int64(i) < allowed {
-				v[zoneValues*z+3] = 1
+				v[zoneValues*z+3], v[zoneValues*z+7] = 1, 0
 				continue
 			}
-			v[zoneValues*z+3] = entry[zoneValues*z+3]
-			if int64(i) > allowed && q.Ban > 0 && v[zoneValues*z+3] == 0 && v[zoneValues*z+6] <= now {
+			v[zoneValues*z+3], v[zoneValues*z+7] = entry[zoneValues*z+3], entry[zoneValues*z+7]
+			if int64(i) > allowed && q.Ban > 0 && v[zoneValues*z+3] == 0 && v[zoneValues*z+6] <= now && v[zoneValues*z+7] == 0 {
 				// The first rejected request banned the key, as the script
 				// did: the ones after it find it banned.
 				v[zoneValues*z+6] = now + q.Ban.Milliseconds()
@@ -435,7 +442,16 @@ func scriptAlgorithm(a algorithms.Algorithm) any {
 	return "s"
 }
 
-// scriptExtra is the take script's last argument for a zone: gcra's
+// scriptFlag is a script's "1" or "0", as an argument that allocates
+// nothing.
+func scriptFlag(b bool) any {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// scriptExtra is the take script's argument for a zone after its cost: gcra's
 // burst, a sliding window's buckets, or the name a concurrency request
 // holds its units under.
 func scriptExtra(q Request) any {

@@ -58,7 +58,10 @@ func newRedisClient(opts *redis.UniversalOptions, logger *zap.Logger) *redisClie
 	if logger == nil {
 		logger = zap.NewNop()
 	}
-	c := &redisClient{rdb: redis.NewUniversalClient(opts), batchers: make([]slotQueue[*callPart], 1), refunds: make([]slotQueue[*refundPart], 1),
+	// Every connection checks its server's version first.
+	withCheck := *opts
+	withCheck.OnConnect = (&versionCheck{logger: logger}).onConnect
+	c := &redisClient{rdb: redis.NewUniversalClient(&withCheck), batchers: make([]slotQueue[*callPart], 1), refunds: make([]slotQueue[*refundPart], 1),
 		closed: make(chan struct{}), cluster: opts.IsClusterMode, logger: logger, now: time.Now}
 	if opts.IsClusterMode {
 		c.batchers = make([]slotQueue[*callPart], clusterSlots)

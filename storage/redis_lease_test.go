@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
@@ -64,14 +66,22 @@ func counted(t *testing.T, s *redistest.Server, r *Redis, zone, key string) int6
 
 // leasedUnits counts the units this store's client holds in leases.
 func leasedUnits(r *Redis) int64 {
-	t := &r.client.leases
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var n int64
-	for _, l := range t.m {
-		n += l.units
+	_, units := r.client.leases.count()
+	return units
+}
+
+// count counts the table's records and the units they hold.
+func (t *leaseTable) count() (records int, units int64) {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		records += len(s.m)
+		for _, l := range s.m {
+			units += l.units
+		}
+		s.mu.Unlock()
 	}
-	return n
+	return records, units
 }
 
 // TestRedisLeaseSpendsWithoutCalls: a key asked for again and again on one
@@ -360,4 +370,287 @@ func TestRedisNoLeaseBesideConcurrency(t *testing.T) {
 	if leasedUnits(r) != 0 || counted(t, s, r, "rate", "k") != 20 || takes-before < 20 {
 		t.Fatalf("%d units leased, %d counted, %d script calls; want none leased and 20 counted in 20 takes", leasedUnits(r), counted(t, s, r, "rate", "k"), takes-before)
 	}
+}
+
+// TestRedisLeaseKeySeenOnce: keys asked for once each, as a flood of
+// fresh keys sends them, leave no record in the lease table and are
+// decided by Redis; a key asked for again soon after gets a record and a
+// lease.
+func TestRedisLeaseKeySeenOnce(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := leaseStore(t, s, "once:", 0)
+	req := Request{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1}
+	for i := range 1000 {
+		req.Key = "fresh-" + strconv.Itoa(i)
+		if d := redisTake(t, r, time.Time{}, req)[0]; !d.Allowed || d.Remaining != 999 {
+			t.Fatalf("key %d: %+v, want allowed with 999 remaining", i, d)
+		}
+	}
+	if n := r.client.leases.records(); n != 0 {
+		t.Fatalf("%d lease records after 1000 keys asked for once each, want none", n)
+	}
+	req.Key = "again"
+	redisTake(t, r, time.Time{}, req)
+	redisTake(t, r, time.Time{}, req)
+	if n, units := r.client.leases.count(); n != 1 || units == 0 {
+		t.Fatalf("%d records holding %d units after a key asked for twice, want its record and a lease", n, units)
+	}
+}
+
+// TestLeaseTableFreshKeysAllocateNothing: asking for a key seen for the
+// first time allocates nothing that outlives the request.
+func TestLeaseTableFreshKeysAllocateNothing(t *testing.T) {
+	var table leaseTable
+	table.init()
+	keys, reqs := make([]string, 1), []Request{{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}}
+	fresh := make([]string, 1001)
+	for i := range fresh {
+		fresh[i] = "{k" + strconv.Itoa(i) + "}:z"
+	}
+	now, n := time.Now(), 0
+	allocs := testing.AllocsPerRun(1000, func() {
+		keys[0] = fresh[n]
+		n++
+		table.asks(keys, reqs, now)
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations a fresh key, want none", allocs)
+	}
+}
+
+// TestLeaseTableUnderFlood: a flood of a million distinct keys, each
+// asked for twice (so that each earns a record and a lease of a unit), at
+// ten million keys a minute with the sweep running, never takes the table
+// past maxLeaseRecords records; a hot key asked for among them keeps its
+// lease (at most one call for 20 of its requests); and no unit is lost
+// to the records forgotten to make room: every unit granted is spent,
+// given back or still held.
+func TestLeaseTableUnderFlood(t *testing.T) {
+	var table leaseTable
+	table.init()
+	q := Request{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}
+	hot, hotReqs := []string{"{hot}:z"}, []Request{q}
+	hotReqs[0].Rate.Units = 1 << 30
+	now := time.UnixMilli(1_700_000_000_000)
+	every := time.Minute / 10_000_000
+	next := now.Add(leaseSweep)
+	var granted, spent, returned int64
+	var hotRequests, hotCalls int
+	noSeries := func(string) *leaseSeries { return nil }
+	// call stands for a call to Redis that grants every lease asked for.
+	call := func(keys []string, reqs []Request, limit int64) {
+		asks := table.asks(keys, reqs, now)
+		if asks == nil {
+			return
+		}
+		window := now.UnixMilli() / q.Rate.Window.Milliseconds()
+		d := []algorithms.Decision{{Allowed: true, Limit: limit, Remaining: limit - 2, Reset: time.UnixMilli((window + 1) * q.Rate.Window.Milliseconds()), Window: window}}
+		table.granted(keys, reqs, &leaseAnswer{asks: asks, grants: asks, counts: []algorithms.Counts{{Window: window}}}, d, now, noSeries)
+		granted += asks[0]
+	}
+	reqs := []Request{q}
+	hotDecision := make([]algorithms.Decision, 1)
+	for i := range 1_000_000 {
+		now = now.Add(every)
+		keys := []string{"{k" + strconv.Itoa(i) + "}:z"}
+		call(keys, reqs, q.Rate.Units)
+		call(keys, reqs, q.Rate.Units)
+		if i%100 == 0 {
+			hotRequests++
+			if table.spend(hot, hotReqs, hotDecision, now) {
+				spent++
+			} else {
+				hotCalls++
+				call(hot, hotReqs, hotReqs[0].Rate.Units)
+			}
+		}
+		if !now.Before(next) {
+			for _, h := range table.due(now) {
+				returned += h.units
+			}
+			next = next.Add(leaseSweep)
+			if n := table.records(); n > maxLeaseRecords {
+				t.Fatalf("%d records after %d keys, want at most %d", n, i+1, maxLeaseRecords)
+			}
+		}
+	}
+	n, held := table.count()
+	t.Logf("%d records; %d units granted, %d spent, %d returned, %d held; the hot key called %d times in %d requests", n, granted, spent, returned, held, hotCalls, hotRequests)
+	if n > maxLeaseRecords || n < maxLeaseRecords/2 {
+		t.Fatalf("%d records at the end, want at most %d, and the flood's recent keys", n, maxLeaseRecords)
+	}
+	if hotCalls > hotRequests/20 {
+		t.Fatalf("the hot key called %d times in %d requests, want leases to decide most", hotCalls, hotRequests)
+	}
+	if granted < 1_000_000 || spent+returned+held != granted {
+		t.Fatalf("%d units granted, %d spent, %d returned and %d held: want every key leased, and every unit spent, given back or held", granted, spent, returned, held)
+	}
+}
+
+// TestRedisLeaseHotKeyUnderFlood: while a flood of fresh keys, some asked
+// for twice so that the lease table's shards fill up, runs through the
+// same store, a hot key is still decided from leases: at most one Redis
+// decision per 20 requests.
+func TestRedisLeaseHotKeyUnderFlood(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := leaseStore(t, s, "flood:", 0)
+	flood := Request{Zone: "flood", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1}
+	hot := Request{Zone: "hot-under-flood", Key: "hot", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			d := make([]algorithms.Decision, 1)
+			take := func(q Request) {
+				if err := r.Take(context.Background(), []Request{q}, d); err != nil {
+					t.Error(err)
+				}
+			}
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				once, twice := flood, flood
+				once.Key = "once-" + strconv.Itoa(g) + "-" + strconv.Itoa(i)
+				twice.Key = "twice-" + strconv.Itoa(g) + "-" + strconv.Itoa(i)
+				take(once)
+				take(twice)
+				take(twice)
+			}
+		})
+	}
+	defer wg.Wait()
+	defer close(stop)
+	shard := r.client.leases.shard(r.counterKey(hot.Zone, hot.Key))
+	waitUntil(t, "the flood to fill the hot key's shard", func() bool {
+		shard.mu.Lock()
+		defer shard.mu.Unlock()
+		return len(shard.m) >= leaseShardRecords
+	})
+	spent := func() float64 { return leaseUnitsOf(t, hot.Zone, "spent") }
+	before := spent()
+	const requests = 2000
+	for i := range requests {
+		if d := redisTake(t, r, time.Time{}, hot)[0]; !d.Allowed {
+			t.Fatalf("hot request %d rejected", i)
+		}
+	}
+	calls := requests - int(spent()-before)
+	t.Logf("%d of %d hot requests decided by Redis", calls, requests)
+	if calls > requests/20 {
+		t.Fatalf("%d of %d requests of a hot key decided by Redis during a flood, want leases to decide most", calls, requests)
+	}
+}
+
+// leaseUnitsOf reads lease_units_total{zone,outcome}.
+func leaseUnitsOf(t *testing.T, zone, outcome string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(metrics.leaseUnits); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["zone"] == zone && labels["outcome"] == outcome {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// BenchmarkLeaseSweep runs the lease table through a key-rotation flood on
+// a simulated clock: so many distinct keys a minute, each asked for once
+// (a fresh key per request) or twice (the second time taking a lease of
+// one unit, as when a flood repeats each key), with the sweep every
+// leaseSweep. The table first takes leaseForget's worth of the flood, so
+// it holds what the rules keep. An op is one key of the flood;
+// max-hold-ns is the longest the sweep held a lock that requests need, in
+// the CPU time of its thread (max-wall-ns in wall time, which on a shared
+// machine includes the time others had the CPU), p99-hold-ns the 99th
+// percentile of those holds, records how many keys the table held at the
+// end.
+func BenchmarkLeaseSweep(b *testing.B) {
+	for _, perMinute := range []int{1_000_000, 10_000_000} {
+		for _, times := range []int{1, 2} {
+			b.Run(strconv.Itoa(perMinute/1_000_000)+"M-keys-a-minute/asked-"+strconv.Itoa(times)+"x", func(b *testing.B) {
+				benchmarkLeaseSweep(b, perMinute, times)
+			})
+		}
+	}
+}
+
+func benchmarkLeaseSweep(b *testing.B, perMinute, times int) {
+	every := time.Minute / time.Duration(perMinute)
+	q := Request{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}
+	var t leaseTable
+	t.init()
+	now := time.UnixMilli(1_700_000_000_000)
+	noSeries := func(string) *leaseSeries { return nil }
+	flood := func(key string) {
+		keys, reqs := []string{key}, []Request{q}
+		t.asks(keys, reqs, now)
+		if times < 2 {
+			return
+		}
+		asks := t.asks(keys, reqs, now)
+		if asks == nil {
+			return
+		}
+		window := now.UnixMilli() / q.Rate.Window.Milliseconds()
+		d := []algorithms.Decision{{Allowed: true, Limit: 1000, Remaining: 998, Reset: time.UnixMilli((window + 1) * q.Rate.Window.Milliseconds()), Window: window}}
+		t.granted(keys, reqs, &leaseAnswer{asks: asks, grants: []int64{1}, counts: []algorithms.Counts{{Window: window}}}, d, now, noSeries)
+	}
+	key := func(n int) string { return "bench:{k" + strconv.Itoa(n) + "}:z" }
+	n := 0
+	for range int(leaseForget / every) {
+		now = now.Add(every)
+		flood(key(n))
+		n++
+	}
+	t.due(now)
+	keys := make([]string, b.N)
+	for i := range keys {
+		keys[i] = key(n + i)
+	}
+	// The sweep, as due runs it, timed shard by shard: each holds its
+	// shard's lock.
+	var holds []time.Duration
+	var maxWall time.Duration
+	sweep := func() {
+		var out []heldUnits
+		for i := range t.shards {
+			start, cpu := time.Now(), threadTime()
+			out = t.shards[i].due(now, out)
+			holds = append(holds, threadTime()-cpu)
+			maxWall = max(maxWall, time.Since(start))
+		}
+	}
+	next := now.Add(leaseSweep)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		now = now.Add(every)
+		flood(keys[i])
+		if !now.Before(next) {
+			sweep()
+			next = next.Add(leaseSweep)
+		}
+	}
+	sweep()
+	b.StopTimer()
+	reportHolds(b, holds, maxWall)
+	b.ReportMetric(float64(t.records()), "records")
 }

@@ -15,19 +15,43 @@ import (
 // script call per request for its give-backs alone, where its takes share
 // one.
 
-// appendRefundArgs appends to dst the refund script's five arguments that
-// take back the charge d of q: from the window d was decided in, in the
-// script's clock.
+// refundArgs is how many arguments the refund script reads for each key.
+const refundArgs = 7
+
+// appendRefundArgs appends to dst the refund script's seven arguments
+// that take back the charge d of q, from the window d was decided in, in
+// the script's clock, and end its time in flight if its zone keeps costs
+// in flight; or, for a q that is Counted, only that.
 func appendRefundArgs(dst []any, q Request, d algorithms.Decision) []any {
-	alg := scriptAlgorithm(q.Algorithm)
-	switch q.Algorithm {
-	case algorithms.GCRA:
-		ms, frac := algorithms.Interval(q.Cost, q.Rate.Window, d.Limit)
-		return append(dst, alg, ms, frac, "", d.Limit)
-	case algorithms.Concurrency:
-		return append(dst, alg, 0, q.Cost, holderName(q), 0)
+	var window any = ""
+	var cost int64
+	if q.TracksInFlight() {
+		window, cost = algorithms.InFlightWindow(q.Algorithm, d, q.Rate), q.Cost
 	}
-	return append(dst, alg, d.Window, q.Cost, "", 0)
+	alg := scriptAlgorithm(q.Algorithm)
+	switch {
+	case q.Counted:
+		return append(dst, "k", 0, 0, "", 0, window, cost)
+	case q.Algorithm == algorithms.GCRA:
+		ms, frac := algorithms.Interval(q.Cost, q.Rate.Window, d.Limit)
+		return append(dst, alg, ms, frac, "", d.Limit, window, cost)
+	case q.Algorithm == algorithms.Concurrency:
+		return append(dst, alg, 0, q.Cost, holderName(q), 0, window, cost)
+	}
+	return append(dst, alg, d.Window, q.Cost, "", 0, window, cost)
+}
+
+// appendRefundKeys appends to dst the refund script's keys for p: each
+// zone's counters, and a concurrency zone's holders after them, which the
+// script touches too (see scripts/refund.lua).
+func appendRefundKeys(dst []string, p *refundPart) []string {
+	for i, k := range p.keys {
+		dst = append(dst, k)
+		if p.args[refundArgs*i] == scriptAlgorithm(algorithms.Concurrency) {
+			dst = append(dst, holdersKey(k))
+		}
+	}
+	return dst
 }
 
 // slotParts puts keys, and the arguments appendArgs appends for key i,
@@ -45,7 +69,7 @@ func (c *redisClient) slotParts(keys []string, appendArgs func(dst []any, i int)
 	}
 	parts = make([]*refundPart, len(groups))
 	for k, g := range groups {
-		p := &refundPart{keys: make([]string, 0, len(g)), args: make([]any, 0, 5*len(g))}
+		p := &refundPart{keys: make([]string, 0, len(g)), args: make([]any, 0, refundArgs*len(g))}
 		for _, i := range g {
 			p.keys = append(p.keys, keys[i])
 			p.args = appendArgs(p.args, i)
@@ -59,7 +83,7 @@ func (c *redisClient) slotParts(keys []string, appendArgs func(dst []any, i int)
 // rejected cluster request, in one slot.
 type refundPart struct {
 	keys []string
-	args []any // five per key (see scripts/refund.lua)
+	args []any // refundArgs per key (see scripts/refund.lua)
 	// done is closed once err is set.
 	done chan struct{}
 	err  error
@@ -98,13 +122,16 @@ func (c *redisClient) refund(p *refundPart, timeout time.Duration) error {
 // sendRefunds gives back a batch of queued parts in one call, bounded by
 // timeout.
 func (c *redisClient) sendRefunds(batch []*refundPart, timeout time.Duration) {
-	keys, args := batch[0].keys, batch[0].args
+	var keys []string
+	args := batch[0].args
 	if len(batch) > 1 {
-		keys, args = nil, nil
+		args = nil
 		for _, p := range batch {
-			keys = append(keys, p.keys...)
 			args = append(args, p.args...)
 		}
+	}
+	for _, p := range batch {
+		keys = appendRefundKeys(keys, p)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	err := refundScript.Run(ctx, c.rdb, keys, args...).Err()

@@ -24,12 +24,19 @@ import (
 // <prefix>{<key>}:<zone>. The braces make the key its own cluster hash
 // tag, so the zones of one key share a slot and one script call decides
 // them all, even on a cluster. The hash holds the current and the previous
-// window together, so the counters a script touches are declared to it;
-// only a concurrency key's holder set is derived in the scripts, in the
-// declared key's slot: <prefix>{<key>}h:<zone> (see take.lua). BoundKey
-// has made sure the key holds no brace.
+// window together. BoundKey has made sure the key holds no brace.
 func (r *Redis) counterKey(zone, key string) string {
 	return r.KeyPrefix + "{" + key + "}:" + zone
+}
+
+// holdersKey names the sorted set of a concurrency key's holders, beside
+// its counter hash: <prefix>{<key>}h:<zone>, in the counter's slot by the
+// same tag, and a name no counter hash can have ("}:" follows every
+// counter's tag). The scripts are handed it in KEYS after the counters,
+// since a script must declare every key it touches.
+func holdersKey(counter string) string {
+	tag := strings.IndexByte(counter, '}')
+	return counter[:tag+1] + "h" + counter[tag+1:]
 }
 
 // Take implements Store.
@@ -224,7 +231,7 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 			continue
 		}
 		if !rejected {
-			args := make([]any, 0, 5*len(gReqs))
+			args := make([]any, 0, refundArgs*len(gReqs))
 			for j, q := range gReqs {
 				args = appendRefundArgs(args, q, gDec[j])
 			}
@@ -249,8 +256,8 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 // each zone of an entry, and how many values it answers for each (see
 // scripts/take.lua).
 const (
-	zoneArgs   = 7
-	zoneValues = 7
+	zoneArgs   = 8
+	zoneValues = 8
 )
 
 // runTake decides reqs, whose keys all lie in one slot, in one script call
@@ -289,7 +296,12 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 		// The script's verdict is what was written; it equals Decide's by
 		// construction (and by test), but the store must report what it did.
 		d.Allowed = v[3] == 1
-		if !d.Allowed && q.Ban > 0 && d.BanEnds.IsZero() {
+		switch {
+		case d.Allowed || q.Ban == 0 || !d.BanEnds.IsZero():
+		case v[7] == 1:
+			// Refused only for costs in flight: no ban.
+			d = d.RefusedInFlight(time.UnixMilli(serverNow))
+		default:
 			// This rejection banned the key, as the script did.
 			d = d.Ban(time.UnixMilli(serverNow+q.Ban.Milliseconds()), true)
 		}
@@ -386,7 +398,7 @@ func (r *Redis) Release(_ context.Context, reqs []Request, decisions []algorithm
 	now := r.now()
 	for i, q := range reqs {
 		key := r.counterKey(q.Zone, q.Key)
-		if r.Lease && c.leases.giveBack(key, q, decisions[i], now) {
+		if r.Lease && !q.Counted && c.leases.giveBack(key, q, decisions[i], now) {
 			continue
 		}
 		keys = append(keys, key)

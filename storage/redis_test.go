@@ -35,6 +35,12 @@ var redisPoolTimeout = redis.ErrPoolTimeout
 func newRedisStore(t testing.TB, r *Redis, addresses ...string) *Redis {
 	t.Helper()
 	r.Addresses = addresses
+	if r.Timeout == 0 {
+		// Generous: on a busy machine (the race detector, two suites at
+		// once) a script call can take longer than the default 50ms, and
+		// a test that is not about timeouts must not fail for that.
+		r.Timeout = caddy.Duration(5 * time.Second)
+	}
 	if r.KeyPrefix == "" {
 		r.KeyPrefix = "test:" + strconv.FormatInt(rand.Int64(), 36) + ":"
 	}
@@ -797,7 +803,10 @@ func TestRedisSentinel(t *testing.T) {
 
 func TestRedisCluster(t *testing.T) {
 	c := redistest.NewCluster(t, 3)
-	r := newRedisStore(t, &Redis{Cluster: true}, c.URLs()...)
+	// One subtest hangs a node for as long as this timeout: it stays well
+	// under the cluster's node timeout (2s), past which the cluster would
+	// take the node for failed and refuse every later subtest.
+	r := newRedisStore(t, &Redis{Cluster: true, Timeout: caddy.Duration(time.Second)}, c.URLs()...)
 
 	t.Run("vectors", func(t *testing.T) {
 		vectors.Run(t, vectorTake(r))
@@ -1084,9 +1093,9 @@ func TestRedisCluster(t *testing.T) {
 		for i := 0; len(nodes) < len(c.Nodes); i++ {
 			key := "banned-" + strconv.Itoa(i)
 			req := loginRequest(key)
-			redisTake(t, r, time.Time{}, req)
-			redisTake(t, r, time.Time{}, req)
-			d := redisTake(t, r, time.Time{}, req)[0]
+			failRedis(t, r, req)
+			failRedis(t, r, req)
+			d := failRedis(t, r, req)
 			if d.Allowed || !d.BanStarted || d.BanEnds.Before(time.Now().Add(59*time.Minute)) {
 				t.Fatalf("%s, third attempt: %+v, want a ban of an hour", key, d)
 			}
@@ -1507,7 +1516,7 @@ func TestRedisQueuedShareACall(t *testing.T) {
 // one or two zones, small limits so that entries run out part way, costs
 // of 0 to 3 (1 to 3 for gcra), counters stored before or not, per-key
 // overrides, decide-only requests, and requests of another cost or key in
-// the same call.
+// the same call, and zones that ban, some of them keeping costs in flight.
 func TestRedisCallGroupsSameRequests(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Redis), s.URL())
@@ -1547,7 +1556,9 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				ban = time.Duration(1+rng.Int64N(3600)) * time.Second
 			}
-			reqs = append(reqs, Request{Algorithm: alg, Rate: l, Cost: cost, Ban: ban})
+			// Half the zones that ban give costs back, and keep their
+			// costs in flight.
+			reqs = append(reqs, Request{Algorithm: alg, Rate: l, Cost: cost, Ban: ban, GivesBack: ban > 0 && rng.IntN(2) == 0})
 		}
 		// Two sets of keys in the same state: one decided by one call,
 		// the other by a call per request.
@@ -1590,6 +1601,11 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 			if rng.IntN(4) == 0 {
 				// A ban that has ended or has not.
 				fields = append(fields, "b", now-1000+rng.Int64N(2000))
+			}
+			if reqs[z].GivesBack && rng.IntN(2) == 0 {
+				// Costs in flight, taken in this window or up to two
+				// before.
+				fields = append(fields, "iw", now/w-rng.Int64N(3), "ic", rng.Int64N(reqs[z].Rate.Units+1), "ip", rng.Int64N(reqs[z].Rate.Units+1))
 			}
 			for _, k := range []string{one[z], each[z]} {
 				if err := rdb.HSet(ctx, k, fields...).Err(); err != nil {
@@ -1792,7 +1808,7 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	}
 	// It is decided after the one whose client went away, which was sent
 	// and so charged: it saw a count of 2.
-	if want := []int64{stays.vals[0], 2, 0, 1, 100, 0, 0}; !slices.Equal(stays.vals, want) {
+	if want := []int64{stays.vals[0], 2, 0, 1, 100, 0, 0, 0}; !slices.Equal(stays.vals, want) {
 		t.Errorf("the other request saw %v, want %v", stays.vals, want)
 	}
 	if c, err := s.Do("HGET", key, "c"); err != nil || c != "3" {

@@ -33,7 +33,8 @@ type Request struct {
 	// rejects it: until the ban ends, every request of the key in the
 	// zone is rejected, whatever its counts. Stores honour a ban only for
 	// requests that carry one, so a zone whose ban is removed (or a dry
-	// run) is never refused by one.
+	// run) is never refused by one. With GivesBack, only the key's
+	// settled count may begin a ban (see TracksInFlight).
 	Ban time.Duration
 	// GivesBack tells that the handler may give the cost back once the
 	// request is done (count_status): the key's counts can fall before
@@ -41,6 +42,21 @@ type Request struct {
 	// for the next (a remote store's cache of rejections), unless the key
 	// is banned.
 	GivesBack bool
+	// Counted, in a Release of a request that TracksInFlight, tells that
+	// its response was one the zone counts: its cost stays charged, and
+	// is only no longer in flight.
+	Counted bool
+}
+
+// TracksInFlight reports whether a store keeps q's cost, once allowed,
+// as in flight until its Release, which the handler then calls whatever
+// the response (with Counted if its cost stays). Only a zone that bans
+// and gives costs back needs to: a request it rejects begins a ban only
+// if the key's settled count, the costs kept after their responses,
+// leaves it no room (algorithms.Settled); one refused only for costs
+// still in flight is marked so (Decision.InFlight), and bans nothing.
+func (q Request) TracksInFlight() bool {
+	return q.GivesBack && q.Ban > 0 && q.Cost > 0
 }
 
 // Store keeps counters per zone and key.
@@ -58,11 +74,13 @@ type Store interface {
 	// concurrency request's units, once Caddy is done with it, and another
 	// request's cost when it is done and should not count (count_status),
 	// taken back from the window it was charged in (algorithms.GiveBack).
-	// It is called at most once per allowed request, when ctx, the
-	// request's, may be done (its client gone): a store gives back all
-	// the same, keeping ctx's values only. A shared store that
-	// cannot be reached keeps the units until their lease ends, and the
-	// costs until their window does: never more permissive.
+	// A request that TracksInFlight is released when it is done, whatever
+	// its response: its cost stops being in flight, and comes back unless
+	// it is Counted. Release is called at most once per allowed request,
+	// when ctx, the request's, may be done (its client gone): a store
+	// gives back all the same, keeping ctx's values only. A shared store
+	// that cannot be reached keeps the units until their lease ends, and
+	// the costs until their window does: never more permissive.
 	Release(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error
 
 	// Released returns a channel closed at this instance's next Release,

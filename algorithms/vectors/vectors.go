@@ -416,3 +416,214 @@ func Run(t *testing.T, take TakeFunc) {
 		})
 	}
 }
+
+// Outcome is what a BanStep's request should get.
+type Outcome int
+
+const (
+	// Allowed: the request is allowed, and its cost is in flight until
+	// a later step ends it.
+	Allowed Outcome = iota + 1
+	// RefusedInFlight: refused only for costs still in flight: the
+	// settled count had room. No ban; retry at once (Retry-After: 1).
+	RefusedInFlight
+	// BanBegins: refused, and the settled count left no room, so the key
+	// is banned from now for the case's ban.
+	BanBegins
+	// Banned: refused by the ban the last BanBegins began, with its
+	// end as the retry instant and the reset.
+	Banned
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Allowed:
+		return "allowed"
+	case RefusedInFlight:
+		return "refused for costs in flight"
+	case BanBegins:
+		return "refused, the ban begins"
+	case Banned:
+		return "banned"
+	}
+	return "unknown"
+}
+
+// BanStep is one event of a BanCase at At after Start: a request of Cost
+// taken, or, with Ends set, the end of the request that step number Ends
+// (counted from 1) took: its cost stays if its response counted (Kept),
+// and comes back if not.
+type BanStep struct {
+	At   time.Duration
+	Cost int64
+	Want Outcome
+	Ends int
+	Kept bool
+}
+
+// BanCase is a key's requests in a zone that counts only some statuses
+// (count_status) and bans for Ban: only its settled count, the costs kept
+// after their responses, may begin a ban.
+type BanCase struct {
+	Name      string
+	Algorithm algorithms.Algorithm
+	Rate      algorithms.Rate
+	Ban       time.Duration
+	Steps     []BanStep
+}
+
+// BanCases is the shared table of such keys.
+var BanCases = []BanCase{
+	{
+		Name:      "fixed_window/in_flight_then_settled",
+		Algorithm: algorithms.FixedWindow,
+		Rate:      algorithms.Rate{Units: 3, Window: time.Minute},
+		Ban:       time.Hour,
+		Steps: []BanStep{
+			{At: 0, Cost: 1, Want: Allowed},
+			{At: 0, Cost: 1, Want: Allowed},
+			{At: 0, Cost: 1, Want: Allowed},
+			// three in flight fill the limit: a wait, not a ban
+			{At: time.Second, Cost: 1, Want: RefusedInFlight},
+			{At: 2 * time.Second, Ends: 1},
+			{At: 2 * time.Second, Cost: 1, Want: Allowed},
+			{At: 3 * time.Second, Ends: 2, Kept: true},
+			{At: 3 * time.Second, Ends: 3, Kept: true},
+			// two settled, one in flight
+			{At: 4 * time.Second, Cost: 1, Want: RefusedInFlight},
+			{At: 5 * time.Second, Ends: 6, Kept: true},
+			{At: 6 * time.Second, Cost: 1, Want: BanBegins},
+			// the ban outlasts the window, whatever the cost
+			{At: 30 * time.Minute, Cost: 0, Want: Banned},
+			{At: 61 * time.Minute, Cost: 1, Want: Allowed},
+		},
+	},
+	{
+		// A request in flight for two windows: its cost has left the
+		// counts, and its end must not take another's off what is in
+		// flight now.
+		Name:      "fixed_window/in_flight_across_windows",
+		Algorithm: algorithms.FixedWindow,
+		Rate:      algorithms.Rate{Units: 1, Window: time.Second},
+		Ban:       time.Minute,
+		Steps: []BanStep{
+			{At: 0, Cost: 1, Want: Allowed},
+			{At: 2500 * time.Millisecond, Cost: 1, Want: Allowed},
+			{At: 2600 * time.Millisecond, Cost: 1, Want: RefusedInFlight},
+			{At: 2700 * time.Millisecond, Ends: 1, Kept: true},
+			{At: 2800 * time.Millisecond, Cost: 1, Want: RefusedInFlight},
+			{At: 2900 * time.Millisecond, Ends: 2, Kept: true},
+			{At: 2950 * time.Millisecond, Cost: 1, Want: BanBegins},
+		},
+	},
+	{
+		// Costs in flight taken in the previous window come off its
+		// weighted share.
+		Name:      "sliding_tail/in_flight_in_the_previous_window",
+		Algorithm: algorithms.SlidingTail,
+		Rate:      algorithms.Rate{Units: 4, Window: time.Minute},
+		Ban:       time.Hour,
+		Steps: []BanStep{
+			{At: 50 * time.Second, Cost: 1, Want: Allowed},
+			{At: 50 * time.Second, Cost: 1, Want: Allowed},
+			{At: 50 * time.Second, Cost: 1, Want: Allowed},
+			{At: 50 * time.Second, Cost: 1, Want: Allowed},
+			{At: 51 * time.Second, Ends: 1, Kept: true},
+			{At: 51 * time.Second, Ends: 2, Kept: true},
+			// floor(4*59/60) = 3, +1
+			{At: 61 * time.Second, Cost: 1, Want: Allowed},
+			// floor(4*58/60) = 3, +1 +1 = 5; settled: floor(2*58/60) = 1, +0 +1
+			{At: 62 * time.Second, Cost: 1, Want: RefusedInFlight},
+			{At: 63 * time.Second, Ends: 3, Kept: true},
+			{At: 63 * time.Second, Ends: 4, Kept: true},
+			// settled: floor(4*56/60) = 3, +0 +1 = 4
+			{At: 64 * time.Second, Cost: 1, Want: RefusedInFlight},
+			{At: 65 * time.Second, Ends: 7, Kept: true},
+			{At: 66 * time.Second, Cost: 1, Want: BanBegins},
+			{At: 67 * time.Second, Cost: 1, Want: Banned},
+		},
+	},
+	{
+		// T = 30 s: the costs in flight move the TAT back by 30 s each.
+		Name:      "gcra/in_flight",
+		Algorithm: algorithms.GCRA,
+		Rate:      algorithms.Rate{Units: 2, Window: time.Minute},
+		Ban:       time.Hour,
+		Steps: []BanStep{
+			{At: 0, Cost: 1, Want: Allowed},
+			{At: 0, Cost: 1, Want: Allowed},
+			{At: time.Second, Cost: 1, Want: RefusedInFlight},
+			{At: 2 * time.Second, Ends: 1},
+			{At: 3 * time.Second, Cost: 1, Want: Allowed},
+			{At: 4 * time.Second, Ends: 2, Kept: true},
+			// TAT 60 s, one in flight: settled 30 s, +30 s -4 s <= 60 s
+			{At: 4 * time.Second, Cost: 1, Want: RefusedInFlight},
+			{At: 5 * time.Second, Ends: 5, Kept: true},
+			{At: 6 * time.Second, Cost: 1, Want: BanBegins},
+		},
+	},
+	{
+		Name:      "sliding_window/in_flight",
+		Algorithm: algorithms.SlidingWindow,
+		Rate:      algorithms.Rate{Units: 2, Window: time.Minute, Buckets: 6},
+		Ban:       time.Hour,
+		Steps: []BanStep{
+			{At: 0, Cost: 1, Want: Allowed},
+			{At: 5 * time.Second, Cost: 1, Want: Allowed},
+			{At: 6 * time.Second, Cost: 1, Want: RefusedInFlight},
+			{At: 7 * time.Second, Ends: 1, Kept: true},
+			{At: 8 * time.Second, Cost: 1, Want: RefusedInFlight},
+			{At: 9 * time.Second, Ends: 2},
+			{At: 10 * time.Second, Cost: 1, Want: Allowed},
+			{At: 11 * time.Second, Ends: 7, Kept: true},
+			{At: 12 * time.Second, Cost: 1, Want: BanBegins},
+			{At: 80 * time.Second, Cost: 1, Want: Banned},
+		},
+	},
+}
+
+// BanTake takes a request of cost for key at now, in a zone of the
+// case's algorithm and rate that counts only some statuses and bans for
+// the case's ban, the way a store would.
+type BanTake func(t *testing.T, now time.Time, c BanCase, key string, cost int64) algorithms.Decision
+
+// BanEnd ends, at now, the request of cost for key that d allowed: its
+// cost stays if kept, and comes back if not.
+type BanEnd func(t *testing.T, now time.Time, c BanCase, key string, cost int64, d algorithms.Decision, kept bool)
+
+// RunBans plays every ban case through take and end. Keys are prefixed
+// with the case name, as Run's are.
+func RunBans(t *testing.T, take BanTake, end BanEnd) {
+	t.Helper()
+	for _, c := range BanCases {
+		t.Run(c.Name, func(t *testing.T) {
+			key := c.Name + "/k"
+			taken := make([]algorithms.Decision, len(c.Steps))
+			var banEnds time.Time
+			for i, s := range c.Steps {
+				now := Start.Add(s.At)
+				if s.Ends > 0 {
+					end(t, now, c, key, c.Steps[s.Ends-1].Cost, taken[s.Ends-1], s.Kept)
+					continue
+				}
+				d := take(t, now, c, key, s.Cost)
+				taken[i] = d
+				var ok bool
+				switch s.Want {
+				case Allowed:
+					ok = d.Allowed
+				case RefusedInFlight:
+					ok = !d.Allowed && d.InFlight && d.RetryAt.Equal(now) && d.BanEnds.IsZero()
+				case BanBegins:
+					banEnds = now.Add(c.Ban)
+					ok = !d.Allowed && !d.InFlight && d.BanStarted && d.BanEnds.Equal(banEnds) && d.RetryAt.Equal(banEnds) && d.Reset.Equal(banEnds)
+				case Banned:
+					ok = !d.Allowed && !d.InFlight && !d.BanStarted && d.BanEnds.Equal(banEnds) && d.RetryAt.Equal(banEnds) && d.Reset.Equal(banEnds)
+				}
+				if !ok {
+					t.Fatalf("step %d (+%s cost %d): %+v, want %s", i+1, s.At, s.Cost, d, s.Want)
+				}
+			}
+		})
+	}
+}

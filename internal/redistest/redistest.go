@@ -12,7 +12,8 @@
 //
 // Every way to start a server goes through Binaries, which does the
 // skipping: Standalone, NewCluster and NewSentinel call it, and Start,
-// StartCluster and StartSentinel take the binary it returned.
+// StartCluster and StartSentinel take the binary it returned. ServeOld,
+// a stand-in for a server too old to install, starts no process.
 package redistest
 
 import (

@@ -4,7 +4,9 @@
 -- KEYS[1]  the counter hash (see take.lua).
 -- ARGV[1]  the change:
 --          "reset"       forget the counts (w, c, p, t, r) and lift the ban
---                        (b), keep an override;
+--                        (b), keep an override and the costs in flight
+--                        (iw, ic, ip), which their requests' ends take
+--                        off;
 --          "override"    set the per-key limit ARGV[2] for ARGV[3] ms (0:
 --                        for good); the hash then lives as long as the
 --                        longer of the override and the counts;
@@ -18,7 +20,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 if op == 'reset' then
-  if redis.call('HEXISTS', key, 'o') == 1 then
+  if redis.call('HEXISTS', key, 'o') == 1 or redis.call('HEXISTS', key, 'iw') == 1 then
     redis.call('HDEL', key, 'w', 'c', 'p', 't', 'b', 'r')
   else
     redis.call('DEL', key)

@@ -3,7 +3,8 @@
 -- allows it. Each decision is algorithms.Decide (algorithms/algorithms.go)
 -- in Lua, bit for bit, and sees the charges of the requests before it.
 --
--- KEYS     the counters of each entry's zones, entry after entry: a
+-- KEYS     the counters of each entry's zones, entry after entry (a
+--          concurrency zone's followed by its holders' set, below): a
 --          hash per zone and key with fields w (window index), c (cost
 --          counted in window w), p (cost counted in window w-1) and t (the
 --          instant, in ms of the script's clock, the key was last set to
@@ -12,7 +13,9 @@
 --          override is in force it replaces the request's limit, and the
 --          key's expiry is the admin call's to set, not this script's.
 --          And b: when the key's ban ends (ms), once a zone with a ban
---          rejected it. A sliding window (below) keeps its ring in w (the
+--          rejected it; and, for a zone that bans and gives costs back,
+--          iw, ic and ip: the costs of its requests still in flight (see
+--          Bans). A sliding window (below) keeps its ring in w (the
 --          current sub-window's index) and r.
 -- ARGV[1]  "" to use the server clock (TIME), or a time in ms since the
 --          epoch; tests drive the shared test vectors with it.
@@ -27,13 +30,21 @@
 --          limit), a sliding window's buckets, concurrency's holder (see
 --          below), "" otherwise; the lease asked for: how
 --          many units beyond the cost the instance would like to spend
---          later on its own (0 for none); and the ban (ms; 0 for none).
+--          later on its own (0 for none); the ban (ms; 0 for none); and
+--          "1" if the zone keeps its costs in flight (it bans, and gives
+--          costs back: count_status), "0" if not.
 --
 -- Bans: a zone with a ban rejects every request while the key's ban has
 -- not ended, whatever its counts; and when it rejects a request of a key
 -- that is not banned, the key is banned from now for the zone's ban. The
 -- ban lives in the key's hash, beside its counts, which then live at
--- least as long.
+-- least as long. A zone that keeps its costs in flight bans only if the
+-- key's settled count alone leaves the request no room: as
+-- algorithms/inflight.go keeps them, iw, ic and ip are the costs taken in
+-- window iw (of the zone's window) and in window iw-1 whose requests are
+-- not done yet (refund.lua takes them off), which Settled takes off the
+-- counts before deciding again; a refusal only for costs in flight bans
+-- nothing.
 --
 -- Leases: when an entry of one request (m = 1) is allowed and charged, each
 -- zone that asked for a lease is charged up to that many more units, but
@@ -53,35 +64,40 @@
 -- GCRA keeps its theoretical arrival time TAT in the same fields: w its
 -- whole ms, c its fraction in units of 1/p ms (algorithms/gcra.go).
 -- Concurrency keeps the units held in c, and each holder in a sorted set
--- beside the hash (its name with "}h:" for the "}:" after the hash tag:
--- prefix{key}h:zone, which no counter hash can be named, in the same slot
--- by the same tag), scored by when its lease ends; a holder is named
--- "<instance>:<request>/<cost>". Holders whose lease ended (their instance
--- died without releasing) are removed, and their cost taken off c, before
--- the key is decided.
+-- beside the hash, scored by when its lease ends; a holder is named
+-- "<instance>:<request>/<cost>". The set comes in KEYS right after the
+-- hash, as every key a script touches must (Redis Cluster routes the call
+-- by them, and replicates its effects on them): the caller names it
+-- prefix{key}h:zone, which no counter hash can be named, in the hash's
+-- slot by the same tag. Holders whose lease ended (their instance died
+-- without releasing) are removed, and their cost taken off c, before the
+-- key is decided.
 --
 -- Returns {now, then for each entry: how many of its m requests were
 -- allowed (they are the first ones: once one is rejected, the rest are
 -- decided against the same counters), and for each zone: w, c, p as
 -- stored before the entry (0 when absent), whether the zone alone allows
 -- the entry's first request not allowed (1/0; 1 when all were), the limit
--- it was decided against, the units leased (0 when none), and b as stored
--- before the entry (0 when absent)}. The caller rebuilds what each of the
--- entry's requests saw by charging them one after the other, as
--- algorithms.Decide does, and banning as this script does. An entry for
--- many identical requests (one hot key under load) costs little more than
--- one for a single request: its arguments are read once and its answer is
--- seven numbers a zone.
+-- it was decided against, the units leased (0 when none), b as stored
+-- before the entry (0 when absent), and 1 if the zone keeps its costs in
+-- flight, rejected that request, and would have allowed it on the
+-- settled count alone (so it banned nothing), 0 otherwise}. The caller
+-- rebuilds what each of the entry's requests saw by charging them one
+-- after the other, as algorithms.Decide does, and banning as this script
+-- does. An entry for many identical requests (one hot key under load)
+-- costs little more than one for a single request: its arguments are
+-- read once and its answer is eight numbers a zone.
 --
 -- Each key is read once and written at most once per call, after all
 -- requests are decided, with the counts they left. Its expiry is set only
 -- when it must move later: within a window it is already right.
 --
 -- Lua numbers are doubles: integers are exact below 2^53, which every
--- count, limit, cost, window and time here stays under. Only the sliding
--- tail's products prev*(window-elapsed) and (room+1)*window can pass 2^53
--- (a limit near 2^31 times a window of days in ms), so they are compared
--- exactly in 24-bit limbs.
+-- count, limit, cost, window and time here stays under. Only products can
+-- pass 2^53 (a limit near 2^31 times a window of days in ms): the sliding
+-- tail's prev*(window-elapsed) and (room+1)*window are compared exactly
+-- in 24-bit limbs, and the products that muldiv divides (gcra's
+-- burst*window, a lease's room) are divided exactly in them.
 
 local B = 16777216 -- 2^24
 local EXACT = 9007199254740992 -- 2^53
@@ -109,33 +125,36 @@ local function mul(a, b)
 end
 
 -- muldiv returns floor(a*b/d) and a*b mod d, exactly, for 0 <= a, b <
--- 2^53 and 0 < d < 2^31 whose quotient is below 2^53: a product past 2^53
--- is divided limb by limb, 12 bits at a time, so that every partial
--- dividend stays below 2^43.
+-- 2^53 and 0 < d <= 2^44 whose quotient is below 2^53. d is a limit
+-- (below 2^31) or a window in ms, and no window reaches 2^44 ms: a
+-- window is a Go duration, which ends at 2^63 ns (292 years, 9.3e12 ms).
+--
+-- Why it is exact: for integers y and d with y + d <= 2^53, y/d in
+-- doubles rounds to q + 1 only if 1/d, the least it falls short of it,
+-- is at most half a unit in the last place of q + 1, which takes
+-- d*(q + 1) >= 2^53; but d*(q + 1) <= y + d - 1. So floor(y/d) is the
+-- true quotient, and y - q*d the true remainder. A product past 2^53 - d
+-- is divided limb by limb, a byte at a time: each partial dividend is
+-- below 256*d, and with d <= 2^44, 257*d <= 2^53 holds.
+local BYTES = {65536, 256, 1}
 local function muldiv(a, b, d)
   local x = a * b
-  local q, r
-  if x < EXACT then
-    q = math.floor(x / d)
-    r = x - q * d
-  else
-    local m = mul(a, b)
-    q, r = 0, 0
-    for i = 6, 1, -1 do
-      local hi = math.floor(m[i] / 4096)
-      for _, part in ipairs({hi, m[i] - hi * 4096}) do
-        local cur = r * 4096 + part
-        local qd = math.floor(cur / d)
-        r = cur - qd * d
-        q = q * 4096 + qd
-      end
-    end
+  if x <= EXACT - d then
+    local q = math.floor(x / d)
+    return q, x - q * d
   end
-  -- A quotient rounded the wrong way by the division is put right.
-  if r < 0 then
-    q, r = q - 1, r + d
-  elseif r >= d then
-    q, r = q + 1, r - d
+  local m = mul(a, b)
+  local q, r = 0, 0
+  for i = 6, 1, -1 do
+    local v = m[i]
+    for _, p in ipairs(BYTES) do
+      local part = math.floor(v / p)
+      v = v - part * p
+      local cur = r * 256 + part
+      local qd = math.floor(cur / d)
+      r = cur - qd * d
+      q = q * 256 + qd
+    end
   end
   return q, r
 end
@@ -164,22 +183,23 @@ local out = {now}
 local o = 1
 
 -- The counters of every key the call touches, as the requests so far left
--- them, nine slots per key from s[at[key]]: the key, w (false when Redis
+-- them, twelve slots per key from s[at[key]]: the key, w (false when Redis
 -- does not hold the key), c, p, t, what to write at the end (0 nothing, 1
 -- the counts, 2 the counts and a later expiry), the override in force
 -- (false if none), the holders' set of a concurrency key (false for
--- others), and b (0 when absent). Flat arrays keep the tables per call
--- few.
+-- others), b (0 when absent), and iw, ic, ip (0 when absent). Flat arrays
+-- keep the tables per call few.
 local at, s, ns = {}, {}, 0
 -- The rings of sliding-window keys, by where their counters are: the
 -- counts as a table (position k mod (n+1) at index k mod (n+1) + 1), as
 -- the requests so far left them.
 local rings = {}
--- The keys this call banned, by where their counters are.
-local banned = {}
--- The current entry's zones, eight slots per zone: where its key's
+-- The keys this call banned, and those whose costs in flight it changed,
+-- by where their counters are.
+local banned, flying = {}, {}
+-- The current entry's zones, nine slots per zone: where its key's
 -- counters are, algorithm, limit, window, cost, the zone's extra argument,
--- the lease asked for and the ban.
+-- the lease asked for, the ban, and whether it keeps its costs in flight.
 local zs = {}
 -- What charging the current request would write, six slots per zone:
 -- where its key's counters are, w, c, p and t, and the holder to add
@@ -241,6 +261,22 @@ local function ringOf(j, n, idx)
   return r, idx
 end
 
+-- tatOf reads a gcra key's TAT as its hash holds it (w, c, p: ms, and a
+-- fraction c/p of a ms) as (ms, fraction in 1/limit ms), limit being the
+-- rate it is decided at now: a fraction kept for another limit is
+-- rescaled, rounded down and kept below a whole ms.
+local function tatOf(sw, sc, sp, limit)
+  local ms, f = sw or 0, 0
+  if sp > 0 and sc > 0 then
+    if sp == limit then
+      f = sc
+    else
+      f = math.min(muldiv(sc, limit, sp), limit - 1)
+    end
+  end
+  return ms, f
+end
+
 -- decide decides one zone of a request against the counters at s[j], as
 -- the requests before it left them. It returns whether the zone allows
 -- the request, and the w, c, p and t that charging it would write, and
@@ -254,14 +290,7 @@ local function decide(j, alg, limit, w, cost, extra)
     if burst == 0 then
       burst = limit
     end
-    local tms, tf = sw or 0, 0
-    if sp > 0 and sc > 0 then
-      if sp == limit then
-        tf = sc
-      else
-        tf = math.min(muldiv(sc, limit, sp), limit - 1)
-      end
-    end
+    local tms, tf = tatOf(sw, sc, sp, limit)
     if tms < now then
       tms, tf = now, 0
     end
@@ -416,6 +445,90 @@ local function lease(j, alg, limit, w, extra, ask)
   return grant
 end
 
+-- inflight returns the costs in flight kept at s[j] that still count at
+-- now, for a window of w ms: those taken in this window or the one before
+-- (algorithms/inflight.go).
+local function inflight(j, w)
+  local iw, idx = s[j + 9], floordiv(now, w)
+  if iw < idx - 1 then
+    return 0
+  elseif iw == idx - 1 then
+    return s[j + 10]
+  end
+  return s[j + 10] + s[j + 11]
+end
+
+-- settledAllows reports whether the zone whose nine slots start at zs[z9
+-- + 1] would allow its request on the key's settled count: the counters
+-- at s[j], as the requests so far left them, less the costs in flight, as
+-- algorithms.Settled and SettledRing take them off: windowed costs off
+-- the windows they were taken in, a ring's off its newest sub-windows, a
+-- TAT moved back by their span.
+local function settledAllows(z9)
+  local j, alg, limit, w, cost, extra = zs[z9 + 1], zs[z9 + 2], zs[z9 + 3], zs[z9 + 4], zs[z9 + 5], zs[z9 + 6]
+  local sw, sc, sp, ring = s[j + 1], s[j + 2], s[j + 3], rings[j]
+  if alg == 'g' then
+    local units = inflight(j, w)
+    if units > 0 and ((sw or 0) ~= 0 or sc ~= 0 or sp ~= 0) then
+      -- The TAT's fraction in 1/limit ms, as decide reads it.
+      local ms, f = tatOf(sw, sc, sp, limit)
+      local q, r = muldiv(units, w, limit)
+      ms, f = ms - q, f - r
+      if f < 0 then
+        ms, f = ms - 1, f + limit
+      end
+      s[j + 1], s[j + 2], s[j + 3] = ms, f, limit
+    end
+  elseif alg == 'w' then
+    local units = inflight(j, w)
+    if units > 0 and #ring > 0 then
+      local r = {}
+      for i, c in ipairs(ring) do
+        r[i] = c
+      end
+      local k = sw
+      while units > 0 and k > sw - #r do
+        local at = k % #r + 1
+        local off = math.min(r[at], units)
+        r[at], units = r[at] - off, units - off
+        k = k - 1
+      end
+      rings[j] = r
+    end
+  elseif sw and s[j + 9] <= sw then
+    -- In the counts' windows: those taken in window sw come off c, those
+    -- of window sw-1 off p.
+    local pc, pp = 0, 0
+    if s[j + 9] == sw then
+      pc, pp = s[j + 10], s[j + 11]
+    elseif s[j + 9] == sw - 1 then
+      pp = s[j + 10]
+    end
+    s[j + 2], s[j + 3] = math.max(sc - pc, 0), math.max(sp - pp, 0)
+  end
+  local ok = decide(j, alg, limit, w, cost, extra)
+  s[j + 1], s[j + 2], s[j + 3], rings[j] = sw, sc, sp, ring
+  return ok
+end
+
+-- takeInflight adds cost, taken in window win, to the costs in flight at
+-- s[j], as algorithms.TakeInFlight does.
+local function takeInflight(j, win, cost)
+  local iw = s[j + 9]
+  if iw < win then
+    local prev = 0
+    if iw == win - 1 then
+      prev = s[j + 10]
+    end
+    s[j + 9], s[j + 10], s[j + 11] = win, cost, prev
+  elseif iw == win then
+    s[j + 10] = s[j + 10] + cost
+  elseif iw == win + 1 then
+    s[j + 11] = s[j + 11] + cost
+  end
+  flying[j] = true
+end
+
 local k, a = 0, 3
 while a <= #ARGV do
   local charge = ARGV[a] == '1'
@@ -430,11 +543,16 @@ while a <= #ARGV do
     local key = KEYS[k]
     local j = at[key]
     local alg = ARGV[a]
+    local holders = false
+    if alg == 'c' then
+      k = k + 1
+      holders = KEYS[k]
+    end
     if not j then
       j = ns + 1
-      ns = ns + 9
+      ns = ns + 12
       at[key] = j
-      local v = redis.call('HMGET', key, 'w', 'c', 'p', 't', 'o', 'ox', 'b')
+      local v = redis.call('HMGET', key, 'w', 'c', 'p', 't', 'o', 'ox', 'b', 'iw', 'ic', 'ip')
       local over = tonumber(v[5]) or false
       local ox = tonumber(v[6]) or 0
       if over and ox ~= 0 and ox <= now then
@@ -447,6 +565,7 @@ while a <= #ARGV do
       s[j], s[j + 1], s[j + 2], s[j + 3], s[j + 4], s[j + 5], s[j + 6], s[j + 7], s[j + 8] =
         key, tonumber(v[1]) or false, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0, 0, over, false,
         tonumber(v[7]) or 0
+      s[j + 9], s[j + 10], s[j + 11] = tonumber(v[8]) or 0, tonumber(v[9]) or 0, tonumber(v[10]) or 0
       if alg == 'w' then
         local r = {}
         for c in string.gmatch(redis.call('HGET', key, 'r') or '', '%d+') do
@@ -455,15 +574,14 @@ while a <= #ARGV do
         rings[j] = r
       end
       if alg == 'c' then
-        local hk = string.gsub(key, '}:', '}h:', 1)
-        s[j + 7] = hk
-        local ended = redis.call('ZRANGEBYSCORE', hk, '-inf', now)
+        s[j + 7] = holders
+        local ended = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
         if #ended > 0 then
           local gone = 0
           for _, mem in ipairs(ended) do
             gone = gone + (tonumber(string.match(mem, '/(%d+)$')) or 0)
           end
-          redis.call('ZREMRANGEBYSCORE', hk, '-inf', now)
+          redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
           -- Written back with at least a lease to live, so that a hash
           -- the reaping recreates does not outlive its holders.
           local lease = tonumber(ARGV[a + 2])
@@ -476,16 +594,18 @@ while a <= #ARGV do
         end
       end
     end
-    local z8 = 8 * z
+    local z9 = 9 * z
     local limit = s[j + 6] or tonumber(ARGV[a + 1])
-    zs[z8 + 1], zs[z8 + 2], zs[z8 + 3], zs[z8 + 4], zs[z8 + 5], zs[z8 + 6], zs[z8 + 7], zs[z8 + 8] =
-      j, alg, limit, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4], tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+    zs[z9 + 1], zs[z9 + 2], zs[z9 + 3], zs[z9 + 4], zs[z9 + 5], zs[z9 + 6], zs[z9 + 7], zs[z9 + 8], zs[z9 + 9] =
+      j, alg, limit, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), ARGV[a + 4], tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]),
+      ARGV[a + 7] == '1'
     -- The zone's counters and ban as stored before the entry, its limit,
-    -- and no lease yet; the verdict (o + 4) and the lease (o + 6) are set
-    -- below.
-    out[o + 1], out[o + 2], out[o + 3], out[o + 5], out[o + 6], out[o + 7] = s[j + 1] or 0, s[j + 2], s[j + 3], limit, 0, s[j + 8]
-    o = o + 7
-    a = a + 7
+    -- no lease yet, and no refusal for costs in flight; the verdict (o +
+    -- 4), the lease (o + 6) and that refusal (o + 8) are set below.
+    out[o + 1], out[o + 2], out[o + 3], out[o + 5], out[o + 6], out[o + 7], out[o + 8] =
+      s[j + 1] or 0, s[j + 2], s[j + 3], limit, 0, s[j + 8], 0
+    o = o + 8
+    a = a + 8
   end
 
   -- The entry's requests, one after the other. Each sees the charges of
@@ -495,23 +615,23 @@ while a <= #ARGV do
   for i = 1, m do
     local all = true
     for z = 0, n - 1 do
-      local z6, z8 = 6 * z, 8 * z
-      local j = zs[z8 + 1]
-      local ok, pw, pc, pp, pt, holder, retry = decide(j, zs[z8 + 2], zs[z8 + 3], zs[z8 + 4], zs[z8 + 5], zs[z8 + 6])
-      if zs[z8 + 2] == 'w' then
+      local z6, z9 = 6 * z, 9 * z
+      local j = zs[z9 + 1]
+      local ok, pw, pc, pp, pt, holder, retry = decide(j, zs[z9 + 2], zs[z9 + 3], zs[z9 + 4], zs[z9 + 5], zs[z9 + 6])
+      if zs[z9 + 2] == 'w' then
         -- A sliding window answers the sub-window, what the key used
         -- before the entry and the first rejection's retry instant.
         if i == 1 then
-          out[first + 7 * z + 1], out[first + 7 * z + 2], out[first + 7 * z + 3] = pw, pp, 0
+          out[first + 8 * z + 1], out[first + 8 * z + 2], out[first + 8 * z + 3] = pw, pp, 0
         end
         if not ok then
-          out[first + 7 * z + 3] = retry
+          out[first + 8 * z + 3] = retry
         end
       end
-      if zs[z8 + 8] > 0 and s[j + 8] > now then
+      if zs[z9 + 8] > 0 and s[j + 8] > now then
         ok = false -- banned
       end
-      out[first + 7 * z + 4] = ok and 1 or 0
+      out[first + 8 * z + 4] = ok and 1 or 0
       all = all and ok
       pend[z6 + 1], pend[z6 + 2], pend[z6 + 3], pend[z6 + 4], pend[z6 + 5], pend[z6 + 6] = j, pw, pc, pp, pt, holder
     end
@@ -524,7 +644,8 @@ while a <= #ARGV do
       break
     end
     allowed = allowed + 1
-    for z6 = 0, 6 * (n - 1), 6 do
+    for z = 0, n - 1 do
+      local z6, z9 = 6 * z, 9 * z
       local j = pend[z6 + 1]
       if rings[j] then
         s[j + 1], rings[j] = pend[z6 + 2], pend[z6 + 3]
@@ -539,34 +660,50 @@ while a <= #ARGV do
       if pend[z6 + 6] then
         redis.call('ZADD', s[j + 7], pend[z6 + 5], pend[z6 + 6])
       end
+      if zs[z9 + 9] then
+        -- The window (of the zone's window) the cost was taken in: a
+        -- sliding window's holds its sub-window; a gcra cost's is now's.
+        local win, alg = pend[z6 + 2], zs[z9 + 2]
+        if alg == 'w' then
+          win = floordiv(win, tonumber(zs[z9 + 6]))
+        elseif alg == 'g' then
+          win = floordiv(now, zs[z9 + 4])
+        end
+        takeInflight(j, win, zs[z9 + 5])
+      end
     end
   end
   out[first] = allowed
   if allowed < m then
     -- A request was rejected: each zone with a ban that rejected it bans
-    -- its key, unless the key is banned already.
+    -- its key, unless the key is banned already, or the zone keeps its
+    -- costs in flight and the settled count alone has room for it.
     for z = 0, n - 1 do
-      local z8 = 8 * z
-      local j, ban = zs[z8 + 1], zs[z8 + 8]
-      if ban > 0 and out[first + 7 * z + 4] == 0 and s[j + 8] <= now then
-        s[j + 8] = now + ban
-        banned[j] = true
-        if s[j + 8] > s[j + 4] then
-          s[j + 4], s[j + 5] = s[j + 8], 2
-        elseif s[j + 5] == 0 then
-          s[j + 5] = 1
+      local z9 = 9 * z
+      local j, ban = zs[z9 + 1], zs[z9 + 8]
+      if ban > 0 and out[first + 8 * z + 4] == 0 and s[j + 8] <= now then
+        if zs[z9 + 9] and settledAllows(z9) then
+          out[first + 8 * z + 8] = 1
+        else
+          s[j + 8] = now + ban
+          banned[j] = true
+          if s[j + 8] > s[j + 4] then
+            s[j + 4], s[j + 5] = s[j + 8], 2
+          elseif s[j + 5] == 0 then
+            s[j + 5] = 1
+          end
         end
       end
     end
   end
   if charge and m == 1 and allowed == 1 then
     for z = 0, n - 1 do
-      local z8 = 8 * z
-      if zs[z8 + 7] > 0 then
-        local j = zs[z8 + 1]
-        local grant = lease(j, zs[z8 + 2], zs[z8 + 3], zs[z8 + 4], zs[z8 + 6], zs[z8 + 7])
+      local z9 = 9 * z
+      if zs[z9 + 7] > 0 then
+        local j = zs[z9 + 1]
+        local grant = lease(j, zs[z9 + 2], zs[z9 + 3], zs[z9 + 4], zs[z9 + 6], zs[z9 + 7])
         if grant > 0 then
-          out[first + 7 * z + 6] = grant
+          out[first + 8 * z + 6] = grant
           if s[j + 5] == 0 then
             s[j + 5] = 1
           end
@@ -576,12 +713,15 @@ while a <= #ARGV do
   end
 end
 
-for j = 1, ns, 9 do
+for j = 1, ns, 12 do
   local write = s[j + 5]
   -- A key first seen by a rejection that banned it has no window yet.
   local w = s[j + 1] or 0
   if banned[j] then
     redis.call('HSET', s[j], 'b', s[j + 8])
+  end
+  if flying[j] then
+    redis.call('HSET', s[j], 'iw', s[j + 9], 'ic', s[j + 10], 'ip', s[j + 11])
   end
   if rings[j] and write ~= 0 then
     redis.call('HSET', s[j], 'r', table.concat(rings[j], ','))
