@@ -1,8 +1,6 @@
 package ratelimit
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,7 +29,8 @@ func init() {
 // zone-wide dials, and shows the running load shedders. Every change acts
 // on the zone's store, so with a shared store one call on any instance acts
 // on the whole fleet. The admin endpoint's own access rules apply (it
-// listens on localhost by default).
+// listens on localhost by default). The status page and the read-only
+// routes it reads are also served from a site, by rate_limit_status.
 type adminAPI struct {
 	logger *zap.Logger
 }
@@ -79,6 +78,51 @@ func unregisterZone(z *Zone) {
 	}
 }
 
+// changesOff holds what turns the admin API's changes off while its
+// config runs (admin_changes off): handlers and the rate_limit app, with
+// where each is, for the refusal to name. The admin API is one per
+// process, whatever the configs: while any one running says off, changes
+// are off, since a config that says on cannot know what the other meant.
+// During a reload both configs run for a moment, so turning them back on
+// takes effect once the old config is cleaned up.
+var changesOff = struct {
+	sync.Mutex
+	by map[any]string
+}{by: make(map[any]string)}
+
+// turnChangesOff turns the admin API's changes off until releaseChanges
+// is called with by, which is at where.
+func turnChangesOff(by any, where string) {
+	changesOff.Lock()
+	defer changesOff.Unlock()
+	changesOff.by[by] = where
+}
+
+// releaseChanges takes back by's turnChangesOff, if it made one.
+func releaseChanges(by any) {
+	changesOff.Lock()
+	defer changesOff.Unlock()
+	delete(changesOff.by, by)
+}
+
+// checkChangesAllowed refuses a change, with 403 and what turned changes
+// off, while any running config has admin_changes off.
+func checkChangesAllowed() error {
+	changesOff.Lock()
+	var where []string
+	for _, w := range changesOff.by {
+		where = append(where, w)
+	}
+	changesOff.Unlock()
+	if len(where) == 0 {
+		return nil
+	}
+	slices.Sort(where)
+	where = slices.Compact(where)
+	return apiError(http.StatusForbidden, fmt.Errorf("rate limit changes through the admin API are turned off by admin_changes off in the running config (%s); to turn them on, remove it and reload the config",
+		strings.Join(where, "; ")))
+}
+
 // runningZone returns the zone in force with that name.
 func runningZone(name string) *Zone {
 	running.Lock()
@@ -111,6 +155,10 @@ type zoneInfo struct {
 type keyInfo struct {
 	Zone string `json:"zone"`
 	Key  string `json:"key"`
+	// Hash is how the key is shown in logs, events and top keys, unless
+	// log_keys is on: so an operator can tell whether a hash seen there
+	// is this key.
+	Hash string `json:"hash,omitempty"`
 	// Used is what counts against the limit now: the current window's
 	// count plus, for a sliding tail, the previous window's weighted share;
 	// for a sliding window the counts of its n+1 sub-windows (Current the
@@ -129,7 +177,7 @@ type keyInfo struct {
 
 // serve routes one admin request:
 //
-//	GET    /rate_limit/                               the status page
+//	GET    /rate_limit/                               the status page (/rate_limit redirects there)
 //	GET    /rate_limit/zones
 //	GET    /rate_limit/zones/<zone>/keys/<key>
 //	DELETE /rate_limit/zones/<zone>/keys/<key>
@@ -140,41 +188,32 @@ type keyInfo struct {
 //	DELETE /rate_limit/zones/<zone>/dial
 //	GET    /rate_limit/shed
 //
-// Zone names and keys are path segments, URL-path-escaped.
+// Zone names and keys are path segments, URL-path-escaped. The routes
+// that only read answer HEAD as well.
 func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
-	var parts []string
-	for _, p := range strings.Split(strings.Trim(r.URL.EscapedPath(), "/"), "/") {
-		u, err := url.PathUnescape(p)
-		if err != nil {
-			return apiError(http.StatusBadRequest, fmt.Errorf("path segment %q: %w", p, err))
-		}
-		parts = append(parts, u)
+	parts, err := pathSegments(r.URL.EscapedPath())
+	if err != nil {
+		return err
 	}
 	if len(parts) == 1 && parts[0] == "rate_limit" {
-		return serveStatusPage(w, r)
+		return serveStatusPage(w, r, r.URL)
 	}
 	if len(parts) == 2 && parts[0] == "rate_limit" && parts[1] == "shed" {
-		if r.Method != http.MethodGet {
-			return methodNotAllowed(r)
-		}
-		return writeJSON(w, shed.List())
+		return serveShedders(w, r)
 	}
 	if len(parts) < 2 || parts[0] != "rate_limit" || parts[1] != "zones" {
 		return apiError(http.StatusNotFound, errors.New("not found; see GET /rate_limit/zones"))
 	}
 	if len(parts) == 2 {
-		return a.listZones(w, r)
+		return serveZones(w, r)
 	}
-	z := runningZone(parts[2])
-	if z == nil {
-		return apiError(http.StatusNotFound, fmt.Errorf("zone %q: no such zone in the running config", parts[2]))
-	}
-	if z.admin == nil {
-		return apiError(http.StatusNotImplemented, fmt.Errorf("zone %q: store %s has no admin API", z.Name, z.storeName))
+	z, err := adminZone(parts[2])
+	if err != nil {
+		return err
 	}
 	switch {
 	case len(parts) == 4 && parts[3] == "top":
-		return a.top(w, r, z)
+		return serveTop(w, r, z)
 	case len(parts) == 4 && parts[3] == "dial":
 		return a.dial(w, r, z)
 	case len(parts) == 5 && parts[3] == "keys":
@@ -185,9 +224,56 @@ func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	return apiError(http.StatusNotFound, errors.New("not found; see GET /rate_limit/zones"))
 }
 
-func (a *adminAPI) listZones(w http.ResponseWriter, r *http.Request) error {
-	if r.Method != http.MethodGet {
-		return methodNotAllowed(r)
+// pathSegments splits an escaped URL path at its slashes, after trimming
+// those at its ends, and unescapes each segment, so that a zone name or a
+// key may hold a slash (%2F).
+func pathSegments(escaped string) ([]string, error) {
+	var parts []string
+	for _, p := range strings.Split(strings.Trim(escaped, "/"), "/") {
+		u, err := url.PathUnescape(p)
+		if err != nil {
+			return nil, apiError(http.StatusBadRequest, fmt.Errorf("path segment %q: %w", p, err))
+		}
+		parts = append(parts, u)
+	}
+	return parts, nil
+}
+
+// adminZone returns the running zone named name, if its store has an
+// admin API to ask.
+func adminZone(name string) (*Zone, error) {
+	z := runningZone(name)
+	if z == nil {
+		return nil, apiError(http.StatusNotFound, fmt.Errorf("zone %q: no such zone in the running config", name))
+	}
+	if z.admin == nil {
+		return nil, apiError(http.StatusNotImplemented, fmt.Errorf("zone %q: store %s has no admin API", z.Name, z.storeName))
+	}
+	return z, nil
+}
+
+// readOnly refuses a request that is not a GET or a HEAD, for the routes
+// that only show something: the status page and the JSON it reads.
+func readOnly(w http.ResponseWriter, r *http.Request) error {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return nil
+	}
+	w.Header().Set("Allow", "GET, HEAD")
+	return methodNotAllowed(r)
+}
+
+// serveShedders answers GET /rate_limit/shed: the running load shedders.
+func serveShedders(w http.ResponseWriter, r *http.Request) error {
+	if err := readOnly(w, r); err != nil {
+		return err
+	}
+	return writeJSON(w, shed.List())
+}
+
+// serveZones answers GET /rate_limit/zones: the running zones.
+func serveZones(w http.ResponseWriter, r *http.Request) error {
+	if err := readOnly(w, r); err != nil {
+		return err
 	}
 	running.Lock()
 	names := make([]string, 0, len(running.zones))
@@ -235,9 +321,11 @@ type topInfo struct {
 // DefaultTopKeys is how many keys GET .../top shows without ?n.
 const DefaultTopKeys = 20
 
-func (a *adminAPI) top(w http.ResponseWriter, r *http.Request, z *Zone) error {
-	if r.Method != http.MethodGet {
-		return methodNotAllowed(r)
+// serveTop answers GET /rate_limit/zones/<zone>/top: the zone's
+// heaviest keys, as hashes where log_keys off hides keys.
+func serveTop(w http.ResponseWriter, r *http.Request, z *Zone) error {
+	if err := readOnly(w, r); err != nil {
+		return err
 	}
 	n := DefaultTopKeys
 	if v := r.URL.Query().Get("n"); v != "" {
@@ -247,20 +335,12 @@ func (a *adminAPI) top(w http.ResponseWriter, r *http.Request, z *Zone) error {
 		}
 	}
 	keys, bound := z.top.top(n)
-	if z.hideKeys {
+	if !z.showKeys {
 		for i := range keys {
 			keys[i].Key = hiddenKey(keys[i].Key)
 		}
 	}
 	return writeJSON(w, topInfo{Zone: z.Name, Keys: keys, Error: bound})
-}
-
-// hiddenKey is how a key is shown where log_keys off hides keys: "#" and
-// the first 16 hex digits of its SHA-256, enough to tell keys apart and
-// to follow one from call to call, not to read it.
-func hiddenKey(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return "#" + hex.EncodeToString(sum[:8])
 }
 
 func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z *Zone, raw string) error {
@@ -286,20 +366,23 @@ func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z *Zone, raw stri
 			rate.Buckets = z.Buckets
 			d, ring := algorithms.DecideRing(st.Ring, time.Now(), rate, 0)
 			current := ring.Counts[d.Window%int64(ring.Buckets+1)]
-			return writeJSON(w, keyInfo{Zone: z.Name, Key: key, Used: d.Used, Current: current, Previous: d.Used - current,
+			return writeJSON(w, keyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Current: current, Previous: d.Used - current,
 				Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds})
 		}
 		d, rolled := algorithms.Decide(z.Algorithm, st.Counts, time.Now(), rate, 0)
-		info := keyInfo{Zone: z.Name, Key: key, Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}
+		info := keyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}
 		if z.Algorithm.Windowed() {
 			info.Current, info.Previous, info.PreviousWeighted = rolled.Current, rolled.Previous, d.Used-rolled.Current
 		}
 		return writeJSON(w, info)
 	case http.MethodDelete:
+		if err := checkChangesAllowed(); err != nil {
+			return err
+		}
 		if err := z.admin.ResetKey(r.Context(), z.Name, key); err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
-		a.changed(r, "key reset", z, zap.String("key", key))
+		a.changed(r, "key reset", z, zap.String("key", shownKey(key, z.showKeys)))
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
@@ -308,6 +391,12 @@ func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z *Zone, raw stri
 
 func (a *adminAPI) override(w http.ResponseWriter, r *http.Request, z *Zone, raw string) error {
 	key := storage.BoundKey(raw)
+	if r.Method != http.MethodPut && r.Method != http.MethodDelete {
+		return methodNotAllowed(r)
+	}
+	if err := checkChangesAllowed(); err != nil {
+		return err
+	}
 	switch r.Method {
 	case http.MethodPut:
 		var body struct {
@@ -327,23 +416,30 @@ func (a *adminAPI) override(w http.ResponseWriter, r *http.Request, z *Zone, raw
 		if body.TTL > 0 {
 			o.Expires = time.Now().Add(time.Duration(body.TTL))
 		}
-		if err := z.admin.SetOverride(r.Context(), z.Name, key, o); err != nil {
+		if err := z.admin.SetOverride(r.Context(), z.Name, key, o); errors.Is(err, storage.ErrTooManyOverrides) {
+			return apiError(http.StatusInsufficientStorage, err)
+		} else if err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
-		a.changed(r, "key limit override set", z, zap.String("key", key), zap.Int64("limit", o.Limit), zap.Time("expires", o.Expires))
+		a.changed(r, "key limit override set", z, zap.String("key", shownKey(key, z.showKeys)), zap.Int64("limit", o.Limit), zap.Time("expires", o.Expires))
 		return writeJSON(w, o)
-	case http.MethodDelete:
+	default: // DELETE
 		if err := z.admin.DeleteOverride(r.Context(), z.Name, key); err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
-		a.changed(r, "key limit override removed", z, zap.String("key", key))
+		a.changed(r, "key limit override removed", z, zap.String("key", shownKey(key, z.showKeys)))
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
-	return methodNotAllowed(r)
 }
 
 func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z *Zone) error {
+	if r.Method != http.MethodPut && r.Method != http.MethodDelete {
+		return methodNotAllowed(r)
+	}
+	if err := checkChangesAllowed(); err != nil {
+		return err
+	}
 	switch r.Method {
 	case http.MethodPut:
 		var body struct {
@@ -377,7 +473,7 @@ func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z *Zone) error {
 		}
 		a.changed(r, "zone dial set", z, zap.String("mode", d.Mode), zap.Int64("limit", d.Limit), zap.Time("expires", d.Expires))
 		return writeJSON(w, d)
-	case http.MethodDelete:
+	default: // DELETE
 		if err := z.admin.DeleteZoneDial(r.Context(), z.Name); err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
@@ -385,7 +481,6 @@ func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z *Zone) error {
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
-	return methodNotAllowed(r)
 }
 
 // changed logs an admin change at info level, with who asked for it.

@@ -1,7 +1,9 @@
 package ratelimit_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -10,7 +12,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
+
+	ratelimit "github.com/d61b427a/caddy-rate-limit"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // TestAdminAPIMemory drives every admin route against the memory store
@@ -37,9 +43,45 @@ func TestAdminAPIMemory(t *testing.T) {
 		wantStatuses(t, statuses(t, 1, "kept"), 429) // the override's 4 are used
 	})
 
+	t.Run("overrides are bounded", func(t *testing.T) {
+		// Fill the store Caddy runs on (one per process) to its bound
+		// through the store itself: a hundred thousand admin calls would
+		// take minutes.
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		defer cancel()
+		m := new(storage.Memory)
+		if err := m.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer m.Cleanup()
+		// Other tests may have left overrides: fill until the store says
+		// it is full.
+		for i := range storage.MaxOverrides + 1 {
+			key := fmt.Sprint("fill-", i)
+			err := m.SetOverride(ctx, "admin_mem", key, storage.Override{Limit: 3})
+			if errors.Is(err, storage.ErrTooManyOverrides) {
+				break
+			}
+			if err != nil || i == storage.MaxOverrides {
+				t.Fatalf("override %d: %v, want the store full at %d", i, err, storage.MaxOverrides)
+			}
+			defer m.DeleteOverride(ctx, "admin_mem", key)
+		}
+		code, body := adminJSON(t, adminURL, http.MethodPut, "/rate_limit/zones/admin_mem/keys/one-more/limit", `{"limit": 4}`)
+		if code != http.StatusInsufficientStorage || !strings.Contains(body, fmt.Sprint("at most ", storage.MaxOverrides)) {
+			t.Fatalf("an override past the bound: %d %s, want 507 saying the bound", code, body)
+		}
+	})
+
 	t.Run("admin changes are logged", func(t *testing.T) {
 		for _, msg := range []string{"rate limit admin: key reset", "rate limit admin: key limit override set", "rate limit admin: zone dial set", "rate limit admin: zone dial removed"} {
 			waitForLog(t, logFile, 1, msg, `"zone":"admin_mem"`, `"remote_addr":"127.0.0.1:`, `"level":"info"`)
+		}
+		// The key the operator typed is logged as its hash, as keys are
+		// by default.
+		waitForLog(t, logFile, 1, "rate limit admin: key reset", `"key":"`+ratelimit.HiddenKey("a/b c")+`"`)
+		if lines := logLines(logFile, "rate limit admin", "a/b c"); len(lines) != 0 {
+			t.Fatalf("the key is in the admin change's log line: %s", lines)
 		}
 	})
 }
@@ -207,7 +249,7 @@ func shellWords(line string) []string {
 func TestDocumentedCurls(t *testing.T) {
 	// The zones the documents' curls name, and a key in each.
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone api {
 			key {header.X-Client}
@@ -260,10 +302,87 @@ func TestDocumentedCurls(t *testing.T) {
 // through a running Caddy.
 func TestAdminAPIRedis(t *testing.T) {
 	s := redistest.Standalone(t)
-	startCaddy(t, clientSite("admin_redis", 2, "store redis {\n\t\t\taddress "+s.URL()+"\n\t\t}"))
+	startCaddy(t, clientSite("admin_redis", 2, redisStore("address "+s.URL())))
 	testAdminAPI(t, adminURL, "admin_redis", "redis", func(client string, n int) []int { return statuses(t, n, client) })
 	// The override lives beside the key's counters, in the same slot.
 	if o, err := s.Do("HGET", "rl:{vip}:admin_redis", "o"); err != nil || o != "" {
 		t.Fatalf("override field after DELETE: %q %v", o, err)
 	}
+}
+
+// TestAdminChangesOff: with admin_changes off, in a rate_limit handler or
+// as the global rate_limit option, the admin API's changes (reset,
+// override, dial) answer 403 with a JSON error that says what turned them
+// off and how to turn them on, and change nothing, while its reads keep
+// working; a config without it (a reload) turns them on again, and a
+// refused config that has it leaves them on.
+func TestAdminChangesOff(t *testing.T) {
+	integration(t)
+	const zone = "admin_changes"
+	key := "/rate_limit/zones/" + zone + "/keys/k"
+	changes := []struct{ method, path, body string }{
+		{http.MethodDelete, key, ""},
+		{http.MethodPut, key + "/limit", `{"limit": 10}`},
+		{http.MethodDelete, key + "/limit", ""},
+		{http.MethodPut, "/rate_limit/zones/" + zone + "/dial", `{"mode": "off"}`},
+		{http.MethodDelete, "/rate_limit/zones/" + zone + "/dial", ""},
+	}
+	refused := func(t *testing.T, where string) {
+		t.Helper()
+		for _, c := range changes {
+			code, body := adminJSON(t, adminURL, c.method, c.path, c.body)
+			var e struct{ Error string }
+			if code != http.StatusForbidden || json.Unmarshal([]byte(body), &e) != nil ||
+				!strings.Contains(e.Error, "admin_changes off") || !strings.Contains(e.Error, where) || !strings.Contains(e.Error, "remove it and reload") {
+				t.Fatalf("%s %s with changes off: %d %s, want 403 naming admin_changes off in %s and how to turn changes on", c.method, c.path, code, body, where)
+			}
+		}
+		// Nothing changed: the key's count stands, and it is still
+		// refused. The reads answer.
+		if k := keyState(t, adminURL, zone, "k"); k.Used != 2 || k.Override != nil {
+			t.Fatalf("key after the refused changes: %+v, want 2 used and no override", k)
+		}
+		wantStatuses(t, statuses(t, 1, "k"), 429)
+		for _, path := range []string{"/rate_limit/zones", "/rate_limit/zones/" + zone + "/top", "/rate_limit/"} {
+			if code, body := adminJSON(t, adminURL, http.MethodGet, path, ""); code != http.StatusOK {
+				t.Fatalf("GET %s with changes off: %d %s", path, code, body)
+			}
+		}
+	}
+	allowed := func(t *testing.T) {
+		t.Helper()
+		if code, body := adminJSON(t, adminURL, http.MethodDelete, key, ""); code != http.StatusNoContent {
+			t.Fatalf("DELETE key with changes on: %d %s", code, body)
+		}
+		if k := keyState(t, adminURL, zone, "k"); k.Used != 0 {
+			t.Fatalf("key after its reset: %+v, want 0 used", k)
+		}
+	}
+
+	t.Run("handler", func(t *testing.T) {
+		startCaddy(t, clientSite(zone, 2, "admin_changes off"))
+		wantStatuses(t, statuses(t, 3, "k"), 200, 200, 429)
+		refused(t, `the rate_limit handler of zone "admin_changes"`)
+	})
+	t.Run("on again after a reload without it", func(t *testing.T) {
+		mustLoad(t, globalOptions+clientSite(zone, 2, ""))
+		allowed(t)
+	})
+	t.Run("global option", func(t *testing.T) {
+		mustLoad(t, withGlobals("rate_limit {\n\t\tadmin_changes off\n\t}")+clientSite(zone, 2, ""))
+		wantStatuses(t, statuses(t, 3, "k"), 200, 200, 429)
+		refused(t, "the global rate_limit option")
+		mustLoad(t, globalOptions+clientSite(zone, 2, ""))
+		allowed(t)
+	})
+	t.Run("a refused config leaves them on", func(t *testing.T) {
+		// Provisioned, then refused by its Validate: the limit 0.
+		bad := `{"admin": {"listen": "` + adminAddr + `"}, "apps": {"http": {"servers": {"s": {"listen": ["` + siteAddr + `"],
+			"routes": [{"handle": [{"handler": "rate_limit", "admin_changes": "off", "zones": [{"name": "` + zone + `", "limit": 0, "window": "1h"}]}]}]}}}}}`
+		if code, body := loadConfig(t, bad, "json"); code == http.StatusOK {
+			t.Fatalf("a zone with limit 0 was loaded: %s", body)
+		}
+		wantStatuses(t, statuses(t, 3, "k"), 200, 200, 429)
+		allowed(t)
+	})
 }

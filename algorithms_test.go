@@ -13,7 +13,7 @@ import (
 
 func concurrencySite(upstream, extra string) string {
 	return fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone expensive {
 			key {header.X-Client}
@@ -37,7 +37,7 @@ func TestConcurrencyThroughCaddy(t *testing.T) {
 	answers := sendAll(context.Background(), []string{siteURL}, "c1", 6)
 	g.waitArrivals(t, 2)
 	for range 4 {
-		r := <-answers
+		r := receive(t, "an answer", answers)
 		if r.err != nil || r.status != http.StatusTooManyRequests || r.retryAfter != "1" || r.limitHdr != "" {
 			t.Fatalf("rejection: %+v, want 429 with Retry-After 1 and no window headers", r)
 		}
@@ -112,7 +112,7 @@ func TestConcurrencyLeaksNothing(t *testing.T) {
 func TestGCRAThroughCaddy(t *testing.T) {
 	a := newApp(t)
 	startCaddy(t, fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone smooth {
 			key {header.X-Client}
@@ -156,7 +156,7 @@ func TestGCRAThroughCaddy(t *testing.T) {
 func TestConcurrencyEveryWayOutThroughCaddy(t *testing.T) {
 	accessLog := filepath.Join(t.TempDir(), "access.log")
 	startCaddy(t, fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	log {
 		output file %s
 		format json
@@ -254,7 +254,7 @@ func TestConcurrencyEveryWayOutThroughCaddy(t *testing.T) {
 // token comes back) and dry_run.
 func TestGCRAOptionsThroughCaddy(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		headers both
 		zone smooth_delay {
@@ -339,7 +339,7 @@ func TestGCRAOptionsThroughCaddy(t *testing.T) {
 // and through the admin API a per-key override and a zone's dial.
 func TestSlidingWindowOptionsThroughCaddy(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone sw_delay {
 			match {
@@ -423,7 +423,7 @@ func TestSlidingWindowOptionsThroughCaddy(t *testing.T) {
 func TestSlidingWindowThroughCaddy(t *testing.T) {
 	a := newApp(t)
 	startCaddy(t, fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone exact {
 			key {header.X-Client}

@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -24,34 +27,85 @@ import (
 // caddytest starts in this process: configs, requests, the app behind
 // Caddy, logs, metrics and the admin API.
 
-// The in-process Caddy serves its admin API on localhost:2999; sites in
-// test Caddyfiles listen on :9080.
-const (
-	adminURL = "http://localhost:2999"
-	siteURL  = "http://localhost:9080"
+// The in-process Caddy serves its admin API and the sites of test
+// Caddyfiles on ports that were free when the test binary started, so two
+// suites can run on one machine at once. Test Caddyfiles write their sites
+// as siteAddr (and site2Addr for a second site).
+var (
+	adminPort = freePort("127.0.0.1:0")
+	adminAddr = fmt.Sprintf("localhost:%d", adminPort)
+	sitePort  = freePort(":0")
+	siteAddr  = fmt.Sprintf(":%d", sitePort)
+	site2Addr = fmt.Sprintf(":%d", freePort(":0"))
+
+	adminURL     = "http://" + adminAddr
+	siteURL      = "http://localhost" + siteAddr
+	site2URL     = "http://localhost" + site2Addr
+	siteHostPort = "127.0.0.1" + siteAddr
+	httpsPort    = freePort(":0")
 )
 
+// caddyLog is where the in-process Caddy writes its log, unless a test
+// sends it elsewhere: a passing test prints nothing, and TestMain names the
+// file when a test failed.
+var caddyLog = filepath.Join(os.TempDir(), fmt.Sprintf("caddy-rate-limit-test-%d.log", os.Getpid()))
+
+// caddyStorage is the in-process Caddy's storage (certificates, locks):
+// a directory of this run's own, so two suites never share one. Nor do
+// they share an autosaved config: the test configs turn it off.
+var caddyStorage = func() string {
+	dir, err := os.MkdirTemp("", "caddy-rate-limit-test-storage-")
+	if err != nil {
+		panic(err)
+	}
+	return dir
+}()
+
+// quietStdLog sends the standard library's logger to caddyLog once Caddy
+// has started.
+var quietStdLog sync.Once
+
 // globalOptions precede every test Caddyfile.
-const globalOptions = `{
-	skip_install_trust
-	admin localhost:2999
-	http_port 9080
-	https_port 9443
-	grace_period 1ns
+var globalOptions = withGlobals("")
+
+// freePort returns a TCP port that is free on addr's host now.
+func freePort(addr string) int {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		panic(fmt.Sprintf("no free port: %v", err))
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
-`
 
 // withGlobals returns the global options block with extra options added.
+// An extra that sets Caddy's log itself (a test that reads the log) takes
+// the place of caddyLog.
 func withGlobals(extra string) string {
-	return strings.Replace(globalOptions, "grace_period 1ns\n", "grace_period 1ns\n"+extra+"\n", 1)
+	log := fmt.Sprintf("log {\n\t\toutput file %s\n\t}", caddyLog)
+	if strings.Contains(extra, "log {") {
+		log = ""
+	}
+	return fmt.Sprintf(`{
+	skip_install_trust
+	persist_config off
+	storage file_system %s
+	admin %s
+	http_port %d
+	https_port %d
+	grace_period 1ns
+	%s
+	%s
+}
+`, caddyStorage, adminAddr, sitePort, httpsPort, log, extra)
 }
 
-// clientSite is a site on :9080 that answers "ok" and limits each
+// clientSite is a site on siteAddr that answers "ok" and limits each
 // X-Client to limit requests per hour in zone, with options (a store
 // block, on_store_error, ...) in its rate_limit block.
 func clientSite(zone string, limit int, options string) string {
 	return fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		%s
 		zone %s {
@@ -78,16 +132,52 @@ func startCaddy(t *testing.T, sites string) {
 func startCaddyWith(t *testing.T, config, configType string) {
 	t.Helper()
 	integration(t)
-	tc := caddytest.NewTester(t)
+	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
 	// Start every test with fresh counters, whatever ran before it (also
 	// under -count): load a config without the rate limiter, and wait
 	// until the memory store the last config used has been torn down.
-	tc.InitServer(globalOptions+":9080 {\n\trespond \"between tests\"\n}\n", "caddyfile")
+	tc.InitServer(globalOptions+siteAddr+" {\n\trespond \"between tests\"\n}\n", "caddyfile")
 	waitFor(t, "the memory store of the last test to go", func() bool { return goroutines("storage.(*memoryCounters).sweepLoop") == 0 })
+	if configType == "json" {
+		config = ownJSON(t, config)
+	}
 	tc.InitServer(config, configType)
+	quietStdLog.Do(func() {
+		// Caddy points the standard library's logger at its first
+		// default logger, stderr, where caddytest times every load.
+		if f, err := os.OpenFile(caddyLog, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+			log.SetOutput(f)
+		}
+	})
 	if t.Failed() {
 		t.FailNow()
 	}
+}
+
+// ownJSON returns the JSON config with what withGlobals gives a Caddyfile:
+// Caddy's log sent to caddyLog (unless the config sets its own), its
+// storage in caddyStorage and no autosave. A config that is not JSON (one
+// a test expects refused) is returned as it is.
+func ownJSON(t *testing.T, config string) string {
+	t.Helper()
+	var cfg map[string]any
+	if json.Unmarshal([]byte(config), &cfg) != nil {
+		return config
+	}
+	if _, ok := cfg["logging"]; !ok {
+		cfg["logging"] = map[string]any{"logs": map[string]any{"default": map[string]any{
+			"writer": map[string]any{"output": "file", "filename": caddyLog},
+		}}}
+	}
+	cfg["storage"] = map[string]any{"module": "file_system", "root": caddyStorage}
+	if admin, ok := cfg["admin"].(map[string]any); ok {
+		admin["config"] = map[string]any{"persist": false}
+	}
+	out, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
 }
 
 // loadConfig posts a whole config of the given type ("caddyfile" or
@@ -98,6 +188,8 @@ func loadConfig(t *testing.T, config, configType string) (int, string) {
 	contentType := "application/json"
 	if configType == "caddyfile" {
 		contentType = "text/caddyfile"
+	} else {
+		config = ownJSON(t, config)
 	}
 	return adminDo(t, adminURL, http.MethodPost, "/load", contentType, config)
 }
@@ -273,6 +365,19 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
+	}
+}
+
+// receive waits for a value from ch, and fails the test if none comes
+// within waitFor's deadline.
+func receive[T any](t testing.TB, what string, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
 	}
 }
 

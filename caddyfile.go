@@ -29,17 +29,16 @@ func init() {
 
 // parseCaddyfile sets up a rate_limit handler as RegisterHandlerDirective
 // would (the matcher token, if any, becomes the route's matcher), and
-// hands the name of a named matcher to the one-line form, whose zone is
-// named after it. One-line zones that would share a name across the
-// Caddyfile but differ are refused.
+// names a one-liner's zone after its named matcher and its site, so that
+// each one-liner of the Caddyfile counts on its own (see oneLineNames).
 func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 	if !h.Next() {
 		return nil, h.ArgErr()
 	}
-	zone := DefaultZoneName
+	base := DefaultZoneName
 	if h.NextArg() {
 		if name, ok := strings.CutPrefix(h.Val(), "@"); ok {
-			zone = name
+			base = name
 		}
 	}
 	h.Reset()
@@ -49,26 +48,32 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 		return nil, err
 	}
 	rl := new(Handler)
-	oneLine, err := rl.unmarshal(h.Dispenser, zone)
+	oneLine, err := rl.unmarshal(h.Dispenser, base)
 	if err != nil {
 		return nil, err
 	}
-	if oneLine {
-		seen, _ := h.State[oneLineState].(map[string]*Zone)
-		if seen == nil {
-			seen = make(map[string]*Zone)
-			h.State[oneLineState] = seen
+	named := oneLineNamesOf(h.State)
+	if !oneLine {
+		for _, z := range rl.Zones {
+			if err := named.blockZone(z.Name); err != nil {
+				return nil, h.Errf("rate_limit: %v", err)
+			}
 		}
-		if err := oneLineClash(seen, rl.Zones[0]); err != nil {
-			return nil, h.Errf("rate_limit: %v", err)
-		}
+		return h.NewRoute(matcherSet, rl), nil
+	}
+	z := rl.Zones[0]
+	if z.Name, err = named.name(base, siteAddress(h)); err != nil {
+		return nil, h.Errf("rate_limit: %v", err)
+	}
+	if err := checkZoneName(z.Name); err != nil {
+		return nil, h.Errf("rate_limit: zone %q, from the matcher and the site's first address: %v", z.Name, err)
 	}
 	return h.NewRoute(matcherSet, rl), nil
 }
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens, in the
 // one-line form (see oneline.go; its zone is named DefaultZoneName here,
-// where no matcher is known)
+// where neither a named matcher nor a site is known)
 //
 //	rate_limit [<matcher>] <key> <rate> [<zone_size> [<reject_status>]]
 //
@@ -80,6 +85,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 //		headers x-ratelimit|ietf|both|off
 //		on_store_error allow|deny
 //		log_keys on|off
+//		admin_changes on|off
 //		shed [<name>] {
 //			priority <template>
 //			classes <class> [<class>...]
@@ -192,8 +198,16 @@ func (h *Handler) unmarshalBlock(d *caddyfile.Dispenser) error {
 			if !d.AllArgs(&h.LogKeys) {
 				return d.ArgErr()
 			}
-			if err := checkLogKeys(h.LogKeys); err != nil {
+			if err := checkOnOff(h.LogKeys); err != nil {
 				return d.Errf("log_keys: %v", err)
+			}
+
+		case "admin_changes":
+			if !d.AllArgs(&h.AdminChanges) {
+				return d.ArgErr()
+			}
+			if err := checkOnOff(h.AdminChanges); err != nil {
+				return d.Errf("admin_changes: %v", err)
 			}
 
 		case "on_store_error":
@@ -210,8 +224,12 @@ func (h *Handler) unmarshalBlock(d *caddyfile.Dispenser) error {
 			}
 
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q (want zone, shed, store, jwt, headers, on_store_error, log_keys, jitter, sweep_interval, log_key or disable_metrics)", d.Val())
+			return d.Errf("rate_limit: unknown subdirective %q (want zone, shed, store, jwt, headers, on_store_error, log_keys, admin_changes, jitter, sweep_interval, log_key or disable_metrics)", d.Val())
 		}
+	}
+	if len(given) == 0 && len(h.Zones) == 0 && h.Shed == nil {
+		return d.Err("rate_limit: want the one-line form rate_limit [<matcher>] <key> <rate> (such as rate_limit {remote.ip} 10r/s), " +
+			"or a block with at least one zone or a shed block")
 	}
 	if len(h.Zones) == 0 && h.Shed == nil {
 		return d.Err(errNoZone.Error())

@@ -55,6 +55,8 @@ var badCaddyfiles = []struct {
 	{"on_store_error locally", `on_store_error locally; zone z { limit 1; window 1s }`, "on_store_error", "allow, deny or local"},
 	{"bad log_keys", `log_keys maybe; zone z { limit 1; window 1s }`, "log_keys", "maybe"},
 	{"repeated log_keys", `log_keys on; log_keys off; zone z { limit 1; window 1s }`, "log_keys", "repeated"},
+	{"bad admin_changes", `admin_changes never; zone z { limit 1; window 1s }`, "admin_changes", "never"},
+	{"repeated admin_changes", `admin_changes off; admin_changes on; zone z { limit 1; window 1s }`, "admin_changes", "repeated"},
 	{"bad prefix", `zone z { limit 1; window 1s; ipv4_prefix 33 }`, "ipv4_prefix", "33"},
 	{"bad max_delay", `zone z { limit 1; window 1s; max_delay forever }`, "max_delay", "forever"},
 	{"unknown store", `store etcd; zone z { limit 1; window 1s }`, "store", "etcd"},
@@ -201,7 +203,7 @@ func FuzzCaddyfile(f *testing.F) {
 }
 
 // TestCaddyfileExampleIsValid adapts and provisions Caddyfile.example the
-// way `caddy run` does, so the README's `go run ./cmd/caddy run --config Caddyfile.example`
+// way `caddy run` does, so the README's `./caddy run --config Caddyfile.example`
 // keeps working.
 func TestCaddyfileExampleIsValid(t *testing.T) {
 	src, err := os.ReadFile("Caddyfile.example")
@@ -247,7 +249,14 @@ func TestStoreBlockParses(t *testing.T) {
 // the order Caddy runs them.
 func adaptSite(t *testing.T, directives string) ([]map[string]any, error) {
 	t.Helper()
-	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(":9080 {\n"+directives+"\n\trespond \"ok\"\n}\n"), nil)
+	return adaptHandlers(t, ":9080 {\n"+directives+"\n\trespond \"ok\"\n}\n")
+}
+
+// adaptHandlers adapts a Caddyfile and returns the rate_limit handlers of
+// the adapted config, site by site, in the order Caddy runs them.
+func adaptHandlers(t *testing.T, src string) ([]map[string]any, error) {
+	t.Helper()
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -276,8 +285,26 @@ func adaptSite(t *testing.T, directives string) ([]map[string]any, error) {
 	return handlers, nil
 }
 
+// adaptedZones adapts a Caddyfile and returns the names of the zones of its
+// rate_limit handlers, sorted.
+func adaptedZones(t *testing.T, src string) ([]string, error) {
+	t.Helper()
+	handlers, err := adaptHandlers(t, src)
+	if err != nil {
+		return nil, err
+	}
+	var zones []string
+	for _, h := range handlers {
+		for _, z := range h["zones"].([]any) {
+			zones = append(zones, z.(map[string]any)["name"].(string))
+		}
+	}
+	slices.Sort(zones)
+	return zones, nil
+}
+
 // TestOneLineForm: each one-line rate_limit adapts to one zone, named after
-// its named matcher or default, with the key the shorthand means, the
+// its named matcher or default and its site's address, with the key the shorthand means, the
 // rate's limit and window, zone_size as the memory store's max_keys and
 // reject_status as the zone's status.
 func TestOneLineForm(t *testing.T) {
@@ -286,21 +313,21 @@ func TestOneLineForm(t *testing.T) {
 		want string // the handler, as adapted JSON
 	}{
 		{`rate_limit {remote.ip} 10r/s`,
-			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}"],"limit":["10"],"name":"default","window":1000000000}]}`},
+			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}"],"limit":["10"],"name":"default@:9080","window":1000000000}]}`},
 		{"@auth path /login*\n\trate_limit @auth {remote.ip} 5r/m",
-			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}"],"limit":["5"],"name":"auth","window":60000000000}]}`},
+			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}"],"limit":["5"],"name":"auth@:9080","window":60000000000}]}`},
 		{`rate_limit {remote.host} 100r/h`,
-			`{"handler":"rate_limit","zones":[{"key":["{http.request.remote.host}"],"limit":["100"],"name":"default","window":3600000000000}]}`},
+			`{"handler":"rate_limit","zones":[{"key":["{http.request.remote.host}"],"limit":["100"],"name":"default@:9080","window":3600000000000}]}`},
 		{`rate_limit {header.X-Api-Key} 1000r/d 50000 503`,
-			`{"handler":"rate_limit","store":{"backend":"memory","max_keys":50000},"zones":[{"key":["{http.request.header.X-Api-Key}"],"limit":["1000"],"name":"default","status":503,"window":86400000000000}]}`},
+			`{"handler":"rate_limit","store":{"backend":"memory","max_keys":50000},"zones":[{"key":["{http.request.header.X-Api-Key}"],"limit":["1000"],"name":"default@:9080","status":503,"window":86400000000000}]}`},
 		{`rate_limit {remote.ip_prefix.24} 30r/m`,
-			`{"handler":"rate_limit","zones":[{"ipv4_prefix":24,"key":["{http.vars.client_ip}"],"limit":["30"],"name":"default","window":60000000000}]}`},
+			`{"handler":"rate_limit","zones":[{"ipv4_prefix":24,"key":["{http.vars.client_ip}"],"limit":["30"],"name":"default@:9080","window":60000000000}]}`},
 		{`rate_limit {remote.host_prefix.16} 30r/m 100`,
-			`{"handler":"rate_limit","store":{"backend":"memory","max_keys":100},"zones":[{"ipv4_prefix":16,"key":["{http.request.remote.host}"],"limit":["30"],"name":"default","window":60000000000}]}`},
+			`{"handler":"rate_limit","store":{"backend":"memory","max_keys":100},"zones":[{"ipv4_prefix":16,"key":["{http.request.remote.host}"],"limit":["30"],"name":"default@:9080","window":60000000000}]}`},
 		{`rate_limit {query.id} 2r/m`,
-			`{"handler":"rate_limit","zones":[{"key":["{http.request.uri.query.id}"],"limit":["2"],"name":"default","window":60000000000}]}`},
+			`{"handler":"rate_limit","zones":[{"key":["{http.request.uri.query.id}"],"limit":["2"],"name":"default@:9080","window":60000000000}]}`},
 		{`rate_limit {remote.ip}:{remote.port} 2r/s`,
-			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}:{http.request.remote.port}"],"limit":["2"],"name":"default","window":1000000000}]}`},
+			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}:{http.request.remote.port}"],"limit":["2"],"name":"default@:9080","window":1000000000}]}`},
 	} {
 		t.Run(c.line, func(t *testing.T) {
 			handlers, err := adaptSite(t, "\t"+c.line)
@@ -316,8 +343,8 @@ func TestOneLineForm(t *testing.T) {
 }
 
 // TestOneLinersSideBySide: a site may hold several one-line rate_limits,
-// each its own handler and zone; identical ones share a zone, as any zone
-// used twice does; and the block form still takes a matcher on its line.
+// each its own handler and zone, identical ones too (numbered in the order
+// they are written); and the block form still takes a matcher on its line.
 func TestOneLinersSideBySide(t *testing.T) {
 	handlers, err := adaptSite(t, `	@login path /login
 	@api path /api/*
@@ -326,6 +353,9 @@ func TestOneLinersSideBySide(t *testing.T) {
 	rate_limit {remote.ip} 10r/s
 	route /again {
 		rate_limit {remote.ip} 10r/s
+	}
+	handle /other {
+		rate_limit /x/* {remote.ip} 1r/m
 	}
 	rate_limit @api {
 		zone block_form {
@@ -343,8 +373,86 @@ func TestOneLinersSideBySide(t *testing.T) {
 		}
 	}
 	slices.Sort(zones)
-	if fmt.Sprint(zones) != "[api block_form default default login]" {
-		t.Fatalf("zones %v, want api, block_form, default twice and login", zones)
+	if got, want := fmt.Sprint(zones), "[api@:9080 block_form default@:9080 default@:9080~2 default@:9080~3 login@:9080]"; got != want {
+		t.Fatalf("zones %v, want %v", got, want)
+	}
+}
+
+// TestOneLinerNames: each one-liner's zone is named after its named
+// matcher (or default) and its site's first address, so that one-liners
+// in different sites never share a counter, identical or not; a name
+// depends on its line and its site only.
+func TestOneLinerNames(t *testing.T) {
+	const a = `example.com, www.example.com {
+	@auth path /login
+	rate_limit @auth {remote.ip} 5r/m
+	rate_limit {remote.ip} 10r/s
+	respond "a"
+}
+`
+	const b = `:8080 {
+	@auth path /login
+	rate_limit @auth {remote.ip} 5r/m
+	rate_limit {remote.ip} 10r/s
+	respond "b"
+}
+`
+	for _, c := range []struct{ name, src, want string }{
+		{"one site", a, "[auth@example.com default@example.com]"},
+		{"two sites with identical lines", a + b, "[auth@:8080 auth@example.com default@:8080 default@example.com]"},
+		{"the other site first", b + a, "[auth@:8080 auth@example.com default@:8080 default@example.com]"},
+		{"two sites with other rates", a + strings.ReplaceAll(b, "10r/s", "99r/m"), "[auth@:8080 auth@example.com default@:8080 default@example.com]"},
+		{"a site before it with one-liners of its own", ":9090 {\n\trate_limit {remote.ip} 1r/s\n\trate_limit {remote.ip} 2r/s\n}\n" + a,
+			"[auth@example.com default@:9090 default@:9090~2 default@example.com]"},
+		{"the other site's lines changed and numbered", a + strings.ReplaceAll(b, "rate_limit @auth", "rate_limit"),
+			"[auth@example.com default@:8080 default@:8080~2 default@example.com]"},
+		{"a block zone of the same base name", a + ":9090 {\n\trate_limit {\n\t\tzone default {\n\t\t\tlimit 1\n\t\t\twindow 1s\n\t\t}\n\t}\n}\n",
+			"[auth@example.com default default@example.com]"},
+		{"a named route and a site of its name", "&(lim) {\n\trate_limit {remote.ip} 10r/s\n}\n:8080 {\n\tinvoke lim\n}\nlim {\n\trate_limit {remote.ip} 10r/s\n}\n",
+			"[default@&(lim) default@lim]"},
+		{"an address that is not ASCII", "münchen.de {\n\trate_limit {remote.ip} 10r/s\n}\n", "[default@m%C3%BCnchen.de]"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			zones, err := adaptedZones(t, c.src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fmt.Sprint(zones); got != c.want {
+				t.Fatalf("zones %s, want %s", got, c.want)
+			}
+		})
+	}
+}
+
+// TestOneLinerNameOfABlockZoneRefused: a block-form zone named as a
+// one-liner's zone would share its counter, whichever comes first.
+func TestOneLinerNameOfABlockZoneRefused(t *testing.T) {
+	const oneLiner = ":8080 {\n\trate_limit {remote.ip} 10r/s\n}\n"
+	const block = ":9090 {\n\trate_limit {\n\t\tzone default@:8080 {\n\t\t\tlimit 1\n\t\t\twindow 1s\n\t\t}\n\t}\n}\n"
+	for name, src := range map[string]string{"one-liner first": oneLiner + block, "block first": block + oneLiner} {
+		t.Run(name, func(t *testing.T) {
+			_, err := adaptedZones(t, src)
+			if err == nil || !strings.Contains(err.Error(), `zone "default@:8080"`) || !strings.Contains(err.Error(), "share one counter") {
+				t.Fatalf("adapted with %v; want a refusal naming the zone", err)
+			}
+		})
+	}
+}
+
+// TestOneLineNameWithoutSite: where the adapter does not show the site,
+// one-liners are still named apart, across the whole Caddyfile.
+func TestOneLineNameWithoutSite(t *testing.T) {
+	named := oneLineNamesOf(make(map[string]any))
+	var got []string
+	for _, base := range []string{"default", "auth", "default", "default"} {
+		name, err := named.name(base, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, name)
+	}
+	if fmt.Sprint(got) != "[default auth default~2 default~3]" {
+		t.Fatalf("names %v", got)
 	}
 }
 
@@ -356,7 +464,8 @@ func TestOneLineRefused(t *testing.T) {
 		want       []string
 	}{
 		{`rate_limit {remote.ip} 10/s`, []string{`rate: want <n>r/s, <n>r/m, <n>r/h or <n>r/d, such as 10r/s, got "10/s"`}},
-		{`rate_limit {remote.ip} 0r/s`, []string{`rate: want a number of requests from 1 to 2147483647`, `"0r/s"`}},
+		{`rate_limit {remote.ip} 0r/s`, []string{`rate: want a positive number of requests, from 1 to 2147483647`, `"0r/s"`}},
+		{`rate_limit {remote.ip} -5r/s`, []string{`rate: want a positive number of requests`, `"-5r/s"`}},
 		{`rate_limit {remote.ip} 10r/w`, []string{`"10r/w"`, "<n>r/d"}},
 		{`rate_limit {remote.ip} 3000000000r/s`, []string{`"3000000000r/s"`}},
 		{`rate_limit {body.user} 10r/s`, []string{"{body.user}", "not supported", "{header.X-Api-Key}", "{query.id}", "{cookie.session}"}},
@@ -365,12 +474,10 @@ func TestOneLineRefused(t *testing.T) {
 		{`rate_limit {remote.ip} 10r/s lots`, []string{"zone_size", `"lots"`}},
 		{`rate_limit {remote.ip} 10r/s 100 302`, []string{"reject_status", "302"}},
 		{`rate_limit {remote.ip} 10r/s 100 429 extra`, []string{"5 arguments", "rate_limit [<matcher>] <key> <rate>"}},
-		{`rate_limit {remote.ip}`, []string{"1 arguments", "rate_limit [<matcher>] <key> <rate>"}},
+		{`rate_limit {remote.ip}`, []string{`got 1 argument ["{remote.ip}"]`, "rate_limit [<matcher>] <key> <rate>"}},
+		{`rate_limit`, []string{"one-line form rate_limit [<matcher>] <key> <rate>", "rate_limit {remote.ip} 10r/s", "zone", "shed"}},
+		{"rate_limit {\n\t}", []string{"one-line form rate_limit [<matcher>] <key> <rate>", "zone", "shed"}},
 		{"rate_limit {remote.ip} 10r/s {\n\t\tzone z {\n\t\t\tlimit 1\n\t\t\twindow 1s\n\t\t}\n\t}", []string{"takes no block"}},
-		// Two one-liners that would share the name default, with other
-		// rates (a path matcher is not a name).
-		{"rate_limit {remote.ip} 10r/s\n\trate_limit /api/* {remote.ip} 100r/m", []string{`zone "default"`, "differ in key or rate", "named matcher", "block form"}},
-		{"@a path /a\n\t@b path /b\n\troute @a {\n\t\trate_limit @b {remote.ip} 1r/s\n\t}\n\trate_limit @b {header.X} 1r/s", []string{`zone "b"`, "differ in key or rate"}},
 	} {
 		t.Run(c.directives, func(t *testing.T) {
 			_, err := adaptSite(t, "\t"+c.directives)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -68,21 +69,21 @@ func TestCLIRefusesBadConfig(t *testing.T) {
 }
 
 // TestCaddyfileExampleRuns runs Caddyfile.example with the built Caddy,
-// as the README says to (on a free port instead of 8080), and
-// tries what its comments suggest: per-key limits, a POST that costs 5,
-// the JSON 429 from handle_errors and a customer-wide limit across keys.
+// as the README says to (on a free port, given as PORT, instead of 8080),
+// and tries what its comments suggest: per-key limits, a POST that costs
+// 5, the JSON 429 from handle_errors and a customer-wide limit across keys.
 func TestCaddyfileExampleRuns(t *testing.T) {
 	src, err := os.ReadFile("Caddyfile.example")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := freeLoopbackPort(t)
-	site := fmt.Sprintf("localhost:%d", port)
-	if !strings.Contains(string(src), "http://localhost:8080 {") {
-		t.Fatal("Caddyfile.example no longer serves http://localhost:8080")
+	if !strings.Contains(string(src), "http://localhost:{$PORT:8080} {") {
+		t.Fatal("Caddyfile.example no longer serves http://localhost:{$PORT:8080}")
 	}
+	port := freeLoopbackPort(t)
+	t.Setenv("PORT", strconv.Itoa(port))
+	site := fmt.Sprintf("localhost:%d", port)
 	config := strings.Replace(string(src), "{\n\tauto_https off\n}", fmt.Sprintf("{\n\tauto_https off\n\tadmin 127.0.0.1:%d\n\tpersist_config off\n}", freeLoopbackPort(t)), 1)
-	config = strings.ReplaceAll(config, "localhost:8080", site)
 	startProcess(t, config, "http://"+site+"/")
 
 	get := func(method, path string, headers ...string) (int, string) {

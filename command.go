@@ -344,7 +344,13 @@ func showTop(w io.Writer, answer []byte) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "\nRequests over about the last minute; each count is at most %d over the truth.\n", top.Error)
+	// A bound of 0 means no key was ever dropped from the summary: the
+	// counts are exact.
+	accuracy := "the counts are exact"
+	if top.Error > 0 {
+		accuracy = fmt.Sprintf("each count is at most %d over the truth", top.Error)
+	}
+	_, err := fmt.Fprintf(w, "\nRequests over about the last minute; %s.\n", accuracy)
 	return err
 }
 
@@ -356,6 +362,9 @@ func showKey(w io.Writer, answer []byte) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintf(tw, "zone\t%s\n", k.Zone)
 	fmt.Fprintf(tw, "key\t%s\n", k.Key)
+	if k.Hash != "" {
+		fmt.Fprintf(tw, "hash\t%s\n", k.Hash)
+	}
 	fmt.Fprintf(tw, "used\t%d\n", k.Used)
 	fmt.Fprintf(tw, "current\t%d\n", k.Current)
 	fmt.Fprintf(tw, "previous\t%d\n", k.Previous)

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -68,6 +69,8 @@ func TestRateLimitCommandRequests(t *testing.T) {
 		{[]string{"zones"}, "GET", "/rate_limit/zones", ""},
 		{[]string{"top", "api"}, "GET", "/rate_limit/zones/api/top?n=20", ""},
 		{[]string{"top", "a/b", "--n", "3"}, "GET", "/rate_limit/zones/a%2Fb/top?n=3", ""},
+		{[]string{"top", "default@:8080~2"}, "GET", "/rate_limit/zones/default@:8080~2/top?n=20", ""},
+		{[]string{"key", "default@m%C3%BCnchen.de", "k"}, "GET", "/rate_limit/zones/default@m%25C3%25BCnchen.de/keys/k", ""},
 		{[]string{"key", "api", "bot 7/%"}, "GET", "/rate_limit/zones/api/keys/bot%207%2F%25", ""},
 		{[]string{"reset", "api", "k"}, "DELETE", "/rate_limit/zones/api/keys/k", ""},
 		{[]string{"override", "api", "k", "5000", "--ttl", "24h"}, "PUT", "/rate_limit/zones/api/keys/k/limit", `{"limit":5000,"ttl":"24h"}`},
@@ -91,6 +94,26 @@ func TestRateLimitCommandRequests(t *testing.T) {
 		}
 		if out != s.answer {
 			t.Errorf("%q printed %q, want the answer as it is", c.args, out)
+		}
+	}
+}
+
+// TestRateLimitTopFooter: the top table ends with how far its counts may
+// be from the truth, or that they are exact when no key was ever dropped
+// from the summary.
+func TestRateLimitTopFooter(t *testing.T) {
+	s := newStandIn(t)
+	for bound, want := range map[int]string{
+		0: "Requests over about the last minute; the counts are exact.\n",
+		3: "Requests over about the last minute; each count is at most 3 over the truth.\n",
+	} {
+		s.answer = fmt.Sprintf(`{"zone":"api","keys":[{"key":"k","requests":9,"rejected":2}],"error":%d}`, bound)
+		out, err := rateLimit("top", "api", "--address", s.address)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasSuffix(out, "\n"+want) || !strings.Contains(out, "k  ") {
+			t.Errorf("error bound %d: printed\n%s\nwant the table and %q", bound, out, want)
 		}
 	}
 }

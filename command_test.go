@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -28,6 +29,9 @@ func rateLimitCLI(t *testing.T, args ...string) (string, string, error) {
 	t.Logf("$ caddy rate-limit %s\n%s%s", strings.Join(args, " "), stdout.String(), stderr.String())
 	return stdout.String(), stderr.String(), err
 }
+
+// hashForm is how a key is shown when log_keys is not on.
+var hashForm = regexp.MustCompile(`^#[0-9a-f]{16}$`)
 
 // tableRow returns the fields of the row of table (tabwriter output)
 // whose first field is first, or nil.
@@ -65,16 +69,27 @@ func loggedError(stderr string) string {
 
 // TestRateLimitCommandThroughCaddy runs caddy rate-limit, as an operator
 // would, against a running Caddy whose zone a client hammers: the zones
-// table lists the zone, top names the hammering client first, key shows
-// its counts, an override and a dial show where they are set and are
-// gone when removed, and reset clears the counts. An unknown zone exits
-// 1 with the endpoint's message, and so does an admin address nothing
-// listens on; --config finds the address in a Caddyfile.
+// table lists the zone, top names the hammering client first (by its
+// key's hash, the same in every answer and in the log of the admin
+// changes, and never the key; by the key itself in a zone with log_keys
+// on), key shows its counts, an override and a dial show where they are
+// set and are gone when removed, and reset clears the counts. An unknown
+// zone exits 1 with the endpoint's message, and so does an admin address
+// nothing listens on; --config finds the address in a Caddyfile.
 func TestRateLimitCommandThroughCaddy(t *testing.T) {
+	// cli_shown sees the requests cli lets through.
 	in := startInstance(t, `	rate_limit {
 		zone cli {
 			key {header.X-Client}
 			limit 5
+			window 1h
+		}
+	}
+	rate_limit {
+		log_keys on
+		zone cli_shown {
+			key {header.X-Client}
+			limit 100
 			window 1h
 		}
 	}
@@ -109,11 +124,16 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 	}
 
 	top := cli("top", "cli")
-	if rows := topRows(top); len(rows) < 4 || !slices.Equal(rows[0], []string{bot, "12", "7"}) {
-		t.Fatalf("top:\n%s\nwant the 4 clients, %s first with 12 requests, 7 rejected", top, bot)
+	rows := topRows(top)
+	if len(rows) < 4 || !hashForm.MatchString(rows[0][0]) || !slices.Equal(rows[0][1:], []string{"12", "7"}) {
+		t.Fatalf("top:\n%s\nwant the 4 clients, %s's hash first with 12 requests, 7 rejected", top, bot)
 	}
-	if !strings.Contains(top, "each count is at most 0 over the truth") {
-		t.Fatalf("top:\n%s\nwant the error bound", top)
+	hash := rows[0][0]
+	if strings.Contains(top, bot) {
+		t.Fatalf("top:\n%s\nshows the key %s", top, bot)
+	}
+	if !strings.Contains(top, "the counts are exact") {
+		t.Fatalf("top:\n%s\nwant the counts said to be exact", top)
 	}
 	if rows := topRows(cli("top", "cli", "--n", "2")); len(rows) != 2 {
 		t.Fatalf("top --n 2 showed %d keys", len(rows))
@@ -125,8 +145,11 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 			Requests, Rejected int64
 		}
 	}
-	if err := json.Unmarshal([]byte(cli("top", "cli", "--json")), &answer); err != nil || answer.Zone != "cli" || len(answer.Keys) < 4 || answer.Keys[0].Key != bot {
-		t.Fatalf("top --json: %+v, %v; want zone cli, the 4 clients, %s first", answer, err, bot)
+	if err := json.Unmarshal([]byte(cli("top", "cli", "--json")), &answer); err != nil || answer.Zone != "cli" || len(answer.Keys) < 4 || answer.Keys[0].Key != hash {
+		t.Fatalf("top --json: %+v, %v; want zone cli, the 4 clients, %s first", answer, err, hash)
+	}
+	if rows := topRows(cli("top", "cli_shown")); len(rows) < 4 || !slices.Equal(rows[0], []string{bot, "5", "0"}) {
+		t.Fatalf("top of cli_shown (log_keys on):\n%s\nwant %s first with 5 requests", cli("top", "cli_shown"), bot)
 	}
 
 	key := func() map[string]string {
@@ -137,8 +160,8 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 		}
 		return fields
 	}
-	if k := key(); k["zone"] != "cli" || k["key"] != bot || k["used"] != "5" || k["current"] != "5" || k["override"] != "-" {
-		t.Fatalf("key: %v, want %s with 5 used, no override", k, bot)
+	if k := key(); k["zone"] != "cli" || k["key"] != bot || k["hash"] != hash || k["used"] != "5" || k["current"] != "5" || k["override"] != "-" {
+		t.Fatalf("key: %v, want %s, the hash top shows, 5 used, no override", k, bot)
 	}
 
 	if out := cli("override", "cli", bot, "10", "--ttl", "1h"); !strings.HasPrefix(out, fmt.Sprintf("zone %q: key %q: override 10 until ", "cli", bot)) {
@@ -164,6 +187,13 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 	cli("reset", "cli", bot)
 	if k := key(); k["used"] != "0" || k["current"] != "0" {
 		t.Fatalf("key after reset: %v, want 0 used", k)
+	}
+	// The admin changes are logged with the key's hash, the one top shows.
+	waitFor(t, "the reset's log line", func() bool {
+		return len(logLines(in.log, "rate limit admin: key reset", `"key":"`+hash+`"`)) == 1
+	})
+	if lines := logLines(in.log, "rate limit admin", bot); len(lines) != 0 {
+		t.Fatalf("the key is in the admin changes' log lines:\n%s", strings.Join(lines, ""))
 	}
 
 	var exit *exec.ExitError

@@ -1,6 +1,7 @@
 package ratelimit_test
 
 import (
+	"fmt"
 	ratelimit "github.com/d61b427a/caddy-rate-limit"
 
 	"net/http"
@@ -12,7 +13,7 @@ import (
 // all.
 func TestBadConfigRefusedAtLoadKeepsOldConfig(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone good {
 			limit 2
@@ -42,9 +43,9 @@ func TestBadConfigRefusedAtLoadKeepsOldConfig(t *testing.T) {
 
 func TestJSONConfig(t *testing.T) {
 	startCaddyWith(t, `{
-	"admin": {"listen": "localhost:2999"},
-	"apps": {"http": {"http_port": 9080, "servers": {"srv": {
-		"listen": [":9080"],
+	"admin": {"listen": "`+adminAddr+`"},
+	"apps": {"http": {"http_port": `+fmt.Sprint(sitePort)+`, "servers": {"srv": {
+		"listen": ["`+siteAddr+`"],
 		"routes": [{"handle": [
 			{
 				"handler": "rate_limit",

@@ -1,12 +1,15 @@
 package ratelimit
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
@@ -132,5 +135,33 @@ func TestMigrationDocQuotesTheRefusal(t *testing.T) {
 	want = want[:strings.LastIndex(want, ", at Caddyfile:")]
 	if !strings.Contains(err.Error(), want) {
 		t.Fatalf("caddy adapt says\n%v\nthe document quotes\n%s", err, want)
+	}
+}
+
+// TestRemoteAdminDocIsCaddysJSON: the remote admin endpoint that
+// docs/operating.md shows for a read-only operator is Caddy's admin
+// config, field for field, and allows GET on /rate_limit/ only.
+func TestRemoteAdminDocIsCaddysJSON(t *testing.T) {
+	var block string
+	for _, b := range fencedBlocks(docSection(t, "docs/operating.md", "Who sees keys, who changes limits"), "json") {
+		if strings.Contains(b, `"remote"`) {
+			block = b
+		}
+	}
+	if block == "" {
+		t.Fatal(`docs/operating.md shows no "remote" admin config`)
+	}
+	var cfg caddy.Config
+	dec := json.NewDecoder(strings.NewReader(block))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cfg); err != nil {
+		t.Fatalf("not Caddy's config: %v\n%s", err, block)
+	}
+	if cfg.Admin == nil || cfg.Admin.Identity == nil || cfg.Admin.Remote == nil || len(cfg.Admin.Remote.AccessControl) != 1 {
+		t.Fatalf("want an identity and a remote endpoint with one access control:\n%s", block)
+	}
+	perms := cfg.Admin.Remote.AccessControl[0].Permissions
+	if len(perms) != 1 || !slices.Equal(perms[0].Paths, []string{"/rate_limit/"}) || !slices.Equal(perms[0].Methods, []string{"GET"}) {
+		t.Fatalf("permissions %+v, want GET on /rate_limit/ only", perms)
 	}
 }

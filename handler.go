@@ -197,14 +197,20 @@ func anyCountsStatus(checks []zoneCheck) bool {
 	return false
 }
 
-// banned counts, and logs, the bans that a rejection of checks began.
+// banned counts the bans that a rejection of checks began, and logs them,
+// a line a second at most for each zone: the line names the ban that got
+// it and counts the others since the last.
 func (h *Handler) banned(checks []zoneCheck) {
 	for i := range checks {
 		c := &checks[i]
-		if c.decision.BanStarted {
-			c.zone.bans.Inc()
+		if !c.decision.BanStarted {
+			continue
+		}
+		c.zone.bans.Inc()
+		if n, ok := c.zone.banLog.allow(h.now()); ok {
 			h.logger.Info("rate limit ban",
-				zap.String("zone", c.zone.Name), h.keyField(c.req.Key), zap.Time("until", c.decision.BanEnds))
+				zap.String("zone", c.zone.Name), h.keyField(c.req.Key), zap.Time("until", c.decision.BanEnds),
+				zap.Int64("bans_since_last_log", n))
 		}
 	}
 }
@@ -242,18 +248,28 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 // release gives back, once Caddy is done with the request, what checks
 // took and should not keep: the units of concurrency zones, and the cost
 // of zones that count only some statuses when the response's status, as
-// rec recorded it, is not one of them. The client may be gone, so the
-// request's context may be done: stores release regardless (Store). A
-// release that fails is a store error; a shared store then keeps what it
-// counted until its lease or window ends.
+// rec recorded it, is not one of them. A zone that also bans is told of
+// a counted response too, so that its store no longer holds the cost as
+// in flight (storage.Request.TracksInFlight). The client may be gone, so
+// the request's context may be done: stores release regardless (Store).
+// A release that fails is a store error; a shared store then keeps what
+// it counted until its lease or window ends.
 func (h *Handler) release(ctx context.Context, q *question, checks []zoneCheck, rec *statusRecorder) {
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
 	for i := range checks {
 		c := &checks[i]
-		if c.holds() || rec != nil && c.givesBack(rec.final()) {
-			q.reqs = append(q.reqs, c.req)
-			q.decisions = append(q.decisions, c.decision)
+		req := c.req
+		switch {
+		case c.holds() || rec != nil && c.givesBack(rec.final()):
+			// Units, or a cost, to give back.
+		case !c.dryRunExceeded && req.TracksInFlight():
+			// A cost the response's status keeps, no longer in flight.
+			req.Counted = true
+		default:
+			continue
 		}
+		q.reqs = append(q.reqs, req)
+		q.decisions = append(q.decisions, c.decision)
 	}
 	if len(q.reqs) == 0 {
 		return
@@ -350,7 +366,7 @@ func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *question) (
 		// Asked for before the store is, so that no release between the
 		// store's answer and the wait goes unseen.
 		var released <-chan struct{}
-		if h.delays && hasConcurrencyZone(checks) {
+		if h.delays && waitsForReleases(checks) {
 			released = q.store.Released()
 		}
 		err := q.ask(ctx, h.storeLatency, checks)
@@ -374,9 +390,11 @@ func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *question) (
 			c.Write(zap.String("zone", rejected.zone.Name), h.keyField(rejected.req.Key), zap.Time("until", deadline))
 		}
 		q.waited = true
-		if rejected.req.Algorithm == algorithms.Concurrency {
-			// Every rejecting zone is a concurrency zone (the others
-			// free up later): wait for units to come back.
+		if rejected.req.Algorithm == algorithms.Concurrency || rejected.decision.InFlight {
+			// The rejection that frees up last frees up when requests
+			// in flight end: a concurrency zone's units, or the costs
+			// that filled a count_status zone's limit. Wait for them
+			// to come back.
 			deadline = waitingLimit(checks, start)
 			err = waitForRelease(ctx, released, deadline)
 		} else {
@@ -486,8 +504,10 @@ func (h *Handler) rejection(checks []zoneCheck) (rejected *zoneCheck, dryRunSaid
 		if c.dryRun {
 			c.dryRunExceeded = true
 			dryRunSaidNo = true
-			h.logger.Info("rate limit would be exceeded (dry run)",
-				zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
+			if n, ok := c.zone.dryRunLog.allow(h.now()); ok {
+				h.logger.Info("rate limit would be exceeded (dry run)",
+					zap.String("zone", c.zone.Name), h.keyField(c.req.Key), zap.Int64("since_last_log", n))
+			}
 			continue
 		}
 		if rejected == nil || c.decision.RetryAt.After(rejected.decision.RetryAt) {
@@ -497,11 +517,12 @@ func (h *Handler) rejection(checks []zoneCheck) (rejected *zoneCheck, dryRunSaid
 	return rejected, dryRunSaidNo
 }
 
-// hasConcurrencyZone reports whether checks include a concurrency zone,
-// whose rejection max_delay waits out by watching releases.
-func hasConcurrencyZone(checks []zoneCheck) bool {
+// waitsForReleases reports whether checks include a zone whose rejection
+// max_delay may wait out by watching releases: a concurrency zone, or
+// one whose store keeps costs in flight, whose limit those can fill.
+func waitsForReleases(checks []zoneCheck) bool {
 	for _, c := range checks {
-		if c.req.Algorithm == algorithms.Concurrency {
+		if c.req.Algorithm == algorithms.Concurrency || c.req.TracksInFlight() {
 			return true
 		}
 	}
@@ -581,7 +602,9 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 // storeError counts and logs (at most once a second) a store error.
 func (h *Handler) storeError(err error) {
 	h.storeErrorCount.Inc()
-	h.storeErrorLog.log(h.logger, err, h.now())
+	if n, ok := h.storeErrorLog.allow(h.now()); ok {
+		h.logger.Warn("rate limit store error", zap.Error(err), zap.Int64("errors_since_last_log", n))
+	}
 }
 
 // errorStatus answers with an error status: a zone's rejection (429 or its
@@ -619,34 +642,23 @@ func anyDryRunExceeded(checks []zoneCheck) bool {
 	return false
 }
 
-// keyField is the key as a log field, or a field saying it is hidden when
-// log_keys is off: keys can be credentials (an API key, a session cookie).
-func (h *Handler) keyField(key string) zap.Field {
-	if h.LogKeys == "off" {
-		return zap.String("key", "(hidden: log_keys off)")
-	}
-	return zap.String("key", key)
+// logEvery lets a kind of log line through at most once a second, and
+// counts the lines it held back meanwhile, so that traffic (a flood of
+// fresh keys banned, a dry run over its limit, a store outage) cannot
+// flood the log. It takes no lock: one of the requests that ask at once
+// past the second gets the line.
+type logEvery struct {
+	next     atomic.Int64 // Unix ns before which lines are held back
+	heldBack atomic.Int64
 }
 
-// errorLog logs store errors at most once per second, with the number of
-// errors since the last line, so an outage does not flood the log.
-type errorLog struct {
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
-}
-
-// log logs err, which happened at now, unless a line was logged less than
-// a second before.
-func (e *errorLog) log(logger *zap.Logger, err error, now time.Time) {
-	e.mu.Lock()
-	if now.Sub(e.last) < time.Second {
-		e.suppressed++
-		e.mu.Unlock()
-		return
+// allow reports whether a line may be logged at now, and if so how many
+// lines it stands for: itself and those held back since the last.
+func (l *logEvery) allow(now time.Time) (int64, bool) {
+	t, next := now.UnixNano(), l.next.Load()
+	if t < next || !l.next.CompareAndSwap(next, t+int64(time.Second)) {
+		l.heldBack.Add(1)
+		return 0, false
 	}
-	count := e.suppressed + 1
-	e.last, e.suppressed = now, 0
-	e.mu.Unlock()
-	logger.Warn("rate limit store error", zap.Error(err), zap.Int("errors_since_last_log", count))
+	return l.heldBack.Swap(0) + 1, true
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -21,30 +22,37 @@ var nextOK = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) 
 // server) and fresh variables. The requests are made in batches outside
 // the timed loop, so only the handler's own work is measured.
 func BenchmarkHandler(b *testing.B) {
-	cases := []struct{ name, config string }{
+	cases := []struct {
+		name, config string
+		// rotate gives every request an API key of its own, never seen
+		// before: a flood of fresh keys.
+		rotate bool
+	}{
 		// The floor: the zone does not match, so nothing is decided.
-		{"no_match", `{"zones":[{"name":"bench_no_match","match":[{"path":["/elsewhere"]}],"limit":[1],"window":"1m"}]}`},
-		{"allowed", `{"zones":[{"name":"bench_allowed","limit":[2000000000],"window":"1m"}]}`},
-		{"rejected", `{"zones":[{"name":"bench_rejected","limit":[1],"window":"1h"}]}`},
-		{"gcra_allowed", `{"zones":[{"name":"bench_gcra","limit":[2000000000],"window":"1m","algorithm":"gcra"}]}`},
+		{"no_match", `{"zones":[{"name":"bench_no_match","match":[{"path":["/elsewhere"]}],"limit":[1],"window":"1m"}]}`, false},
+		{"allowed", `{"zones":[{"name":"bench_allowed","limit":[2000000000],"window":"1m"}]}`, false},
+		{"rejected", `{"zones":[{"name":"bench_rejected","limit":[1],"window":"1h"}]}`, false},
+		// allowed, each request with a key never seen before.
+		{"allowed_rotating", `{"zones":[{"name":"bench_rotating","key":["{http.request.header.X-Api-Key}"],"limit":[2000000000],"window":"1m"}]}`, true},
+		{"gcra_allowed", `{"zones":[{"name":"bench_gcra","limit":[2000000000],"window":"1m","algorithm":"gcra"}]}`, false},
 		// allowed, and given back after the response: its status, 200,
 		// is not one the zone counts.
-		{"count_status_allowed", `{"zones":[{"name":"bench_count_status","limit":[2000000000],"window":"1m","count_status":["401"]}]}`},
+		{"count_status_allowed", `{"zones":[{"name":"bench_count_status","limit":[2000000000],"window":"1m","count_status":["401"]}]}`, false},
 		// Taken and released on every request: the key's slot is made
 		// and forgotten each time.
-		{"concurrency_allowed", `{"zones":[{"name":"bench_conc","limit":[1000],"algorithm":"concurrency"}]}`},
+		{"concurrency_allowed", `{"zones":[{"name":"bench_conc","limit":[1000],"algorithm":"concurrency"}]}`, false},
 		{"two_zones_api_key", `{"zones":[
 			{"name":"bench_ip","limit":[2000000000],"window":"1m"},
-			{"name":"bench_key","key":["key:{http.request.header.X-Api-Key}","{http.vars.client_ip}"],"limit":[2000000000],"window":"1s","cost":{"POST":5}}]}`},
+			{"name":"bench_key","key":["key:{http.request.header.X-Api-Key}","{http.vars.client_ip}"],"limit":[2000000000],"window":"1s","cost":{"POST":5}}]}`, false},
 		// allowed behind a load shedder that is not shedding: one atomic
 		// read before the zone, one add and one subtract around next.
 		{"allowed_idle_shed", `{"shed":{"name":"bench_idle","classes":["critical","low"],"capacity":4},
-			"zones":[{"name":"bench_allowed_shed","limit":[2000000000],"window":"1m"}]}`},
+			"zones":[{"name":"bench_allowed_shed","limit":[2000000000],"window":"1m"}]}`, false},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			h := provisionHandler(b, c.config)
-			benchmarkRequests(b, func(req *http.Request, w http.ResponseWriter) {
+			benchmarkRequests(b, c.rotate, func(req *http.Request, w http.ResponseWriter) {
 				_ = h.ServeHTTP(w, req, nextOK)
 			})
 		})
@@ -52,14 +60,20 @@ func BenchmarkHandler(b *testing.B) {
 }
 
 // benchmarkRequests calls serve once per iteration, each time with a
-// request of its own, made outside the timed loop.
-func benchmarkRequests(b *testing.B, serve func(*http.Request, http.ResponseWriter)) {
+// request of its own, made outside the timed loop. With rotate, each
+// request's X-Api-Key is one no request had before.
+func benchmarkRequests(b *testing.B, rotate bool, serve func(*http.Request, http.ResponseWriter)) {
 	const batch = 64
 	reqs := make([]*http.Request, batch)
 	target := &url.URL{Path: "/"}
 	apiKey := []string{"k-123"}
+	fresh := 0
 	fill := func() {
 		for i := range reqs {
+			if rotate {
+				fresh++
+				apiKey = []string{"k-" + strconv.Itoa(fresh)}
+			}
 			// Made by hand, not by httptest.NewRequest, whose 4 KiB
 			// read buffer would make the garbage collector, and so the
 			// timed loop, busy with the benchmark's own garbage.

@@ -20,7 +20,7 @@ import (
 func TestRejectsOverLimitBeforeTheApp(t *testing.T) {
 	a := newApp(t)
 	startCaddy(t, fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone per_ip {
 			limit 2
@@ -53,7 +53,7 @@ func TestRejectsOverLimitBeforeTheApp(t *testing.T) {
 func TestRejectedBodyIsNeverRead(t *testing.T) {
 	a := newApp(t)
 	startCaddy(t, fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone uploads {
 			limit 1
@@ -70,7 +70,7 @@ func TestRejectedBodyIsNeverRead(t *testing.T) {
 	// would wait until the deadline, so an answer proves the body was
 	// never read.
 	resp = send(t, func() (*http.Response, error) {
-		conn, err := net.Dial("tcp", "127.0.0.1:9080")
+		conn, err := net.Dial("tcp", siteHostPort)
 		if err != nil {
 			return nil, err
 		}
@@ -89,7 +89,7 @@ func TestRejectedBodyIsNeverRead(t *testing.T) {
 
 func TestHandleErrorsShapesTheRejection(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone z {
 			limit 1
@@ -116,7 +116,7 @@ func TestHandleErrorsShapesTheRejection(t *testing.T) {
 
 func TestCostPerMethod(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone api {
 			limit 10
@@ -151,7 +151,7 @@ func TestCostPerMethod(t *testing.T) {
 
 func TestKeysAlternativesAndMatchers(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone by_api_key {
 			match {
@@ -195,7 +195,7 @@ func TestKeysAlternativesAndMatchers(t *testing.T) {
 
 func TestHugeKeyIsHashed(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone z {
 			key {header.X-Api-Key}
@@ -218,7 +218,7 @@ func TestHugeKeyIsHashed(t *testing.T) {
 
 func TestIPPrefixGroupsANetwork(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone nets {
 			key {header.X-Client}
@@ -249,7 +249,7 @@ func TestIPPrefixGroupsANetwork(t *testing.T) {
 
 func TestLimitAlternatives(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone quota {
 			key {header.X-User}
@@ -283,7 +283,7 @@ func TestLimitAlternatives(t *testing.T) {
 func TestMultipleZones(t *testing.T) {
 	a := newApp(t)
 	startCaddy(t, fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone wide {
 			limit 10
@@ -322,7 +322,7 @@ func TestMultipleZones(t *testing.T) {
 
 func TestZonesWithTheSameNameShareCounters(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	route /a {
 		rate_limit {
 			zone shared {
@@ -355,7 +355,7 @@ func TestHeaders(t *testing.T) {
 	for _, mode := range []string{"x-ratelimit", "ietf", "both", "off"} {
 		t.Run(mode, func(t *testing.T) {
 			startCaddy(t, fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		headers %s
 		zone z_%s {
@@ -405,7 +405,7 @@ func TestHeaders(t *testing.T) {
 	// and the reset, which a client may wait for, is never early.
 	t.Run("sub-second windows round up", func(t *testing.T) {
 		startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		headers both
 		zone z_fraction {
@@ -437,7 +437,7 @@ func TestHeaders(t *testing.T) {
 
 func TestPlaceholders(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone z {
 			key user:{header.X-User}
@@ -468,7 +468,7 @@ func TestDryRunNeverRejects(t *testing.T) {
 		output file %s
 		level INFO
 	}`, logFile))+fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone trial {
 			limit 2
@@ -492,7 +492,18 @@ func TestDryRunNeverRejects(t *testing.T) {
 	if a.hits.Load() != 4 {
 		t.Fatalf("app saw %d of 4", a.hits.Load())
 	}
-	waitForLog(t, logFile, 2, "would be exceeded (dry run)", `"zone":"trial"`)
+	// Would-be rejections are logged at info, a line a second at most,
+	// each counting those since the last: 50 more make no more than a
+	// line for each second they took.
+	start := time.Now()
+	for range 50 {
+		do(t, http.MethodGet, siteURL+"/")
+	}
+	most := 2 + int(time.Since(start).Seconds())
+	waitForLog(t, logFile, 1, "would be exceeded (dry run)", `"zone":"trial"`)
+	if n := len(logLines(logFile, "would be exceeded (dry run)")); n > most {
+		t.Fatalf("%d dry-run lines for 52 would-be rejections, want at most %d (one a second)", n, most)
+	}
 }
 
 // TestClientIPHonoursTrustedProxies: behind a trusted proxy the default key
@@ -502,7 +513,7 @@ func TestClientIPHonoursTrustedProxies(t *testing.T) {
 	startCaddyWith(t, withGlobals(`servers {
 		trusted_proxies static 127.0.0.0/8 ::1
 	}`)+`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone behind_proxy {
 			limit 1
@@ -527,7 +538,7 @@ func TestClientIPHonoursTrustedProxies(t *testing.T) {
 // (match, key, events, window) works as written.
 func TestMholtZoneRunsUnchanged(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone dynamic_example {
 			match {
@@ -581,9 +592,9 @@ func TestRateLimitHeadersAreStructuredFields(t *testing.T) {
 		})
 	}
 	config, err := json.Marshal(map[string]any{
-		"admin": map[string]any{"listen": "localhost:2999"},
-		"apps": map[string]any{"http": map[string]any{"http_port": 9080, "servers": map[string]any{
-			"srv": map[string]any{"listen": []string{":9080"}, "routes": routes},
+		"admin": map[string]any{"listen": adminAddr},
+		"apps": map[string]any{"http": map[string]any{"http_port": sitePort, "servers": map[string]any{
+			"srv": map[string]any{"listen": []string{siteAddr}, "routes": routes},
 		}}},
 	})
 	if err != nil {
@@ -602,7 +613,7 @@ func TestRateLimitHeadersAreStructuredFields(t *testing.T) {
 	// The same names from a Caddyfile (quotes escaped as the Caddyfile
 	// lexer wants, backslashes as they are).
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		headers ietf
 		zone "with \"space\" and \ " {
@@ -671,7 +682,7 @@ func TestJitterSpreadsRetryAfter(t *testing.T) {
 			}
 			zone := fmt.Sprintf("jitter_%d", int(jitter*10))
 			startCaddy(t, fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		%s
 		zone %s {
@@ -748,7 +759,7 @@ func TestJitterSpreadsRetryAfter(t *testing.T) {
 func TestZoneStatus(t *testing.T) {
 	a := newApp(t)
 	startCaddy(t, fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit /fixed* {
 		zone status_fixed {
 			key {header.X-Client}

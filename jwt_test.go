@@ -79,13 +79,13 @@ func jwtGet(t *testing.T, url string, headers ...string) jwtResult {
 	return jwtResult{status: resp.StatusCode, key: key, limit: resp.Header.Get("X-RateLimit-Limit"), used: used, body: body}
 }
 
-// jwtSite is a site on :9080 whose zone limits each verified user,
+// jwtSite is a site on siteAddr whose zone limits each verified user,
 // falling back to the client IP, to limit (its limit alternatives) an
 // hour: jwt holds the jwt block's lines, and the response is the key,
 // "|" and then body.
 func jwtSite(jwt, zone, limit, body string) string {
 	return fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		jwt {
 			%s
@@ -286,7 +286,7 @@ func TestJWTClaimsForLaterHandlers(t *testing.T) {
 	}))
 	t.Cleanup(backend.Close)
 	startJWTCaddy(t, "", fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		jwt {
 			secret {env.%s}
@@ -395,8 +395,8 @@ func TestJWTQuotaClaim(t *testing.T) {
 	}
 }
 
-const jwtTierSite = `
-:9080 {
+var jwtTierSite = `
+` + siteAddr + ` {
 	map {jwt.tier} {tier_limit} {
 		free 100
 		pro 1000
@@ -483,7 +483,7 @@ func handlerOrder(t *testing.T, config []byte) []string {
 // at the customer limit; another customer is unaffected.
 func TestJWTCustomerWideLimit(t *testing.T) {
 	startJWTCaddy(t, "", fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		jwt {
 			secret {env.%s}
@@ -566,7 +566,7 @@ func TestJWTConfigRefusedAtLoad(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing.pem")
 	site := func(jwtBlock string) string {
 		return fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		jwt {
 			%s
@@ -593,7 +593,7 @@ func TestJWTConfigRefusedAtLoad(t *testing.T) {
 		{"unknown subdirective", "secret x\n kid 1", `unknown subdirective \"kid\"`},
 	}
 	// The refusals go to a running Caddy's /load, as an operator's would.
-	startCaddy(t, ":9080 {\n\trespond \"before\"\n}\n")
+	startCaddy(t, siteAddr+" {\n\trespond \"before\"\n}\n")
 	for _, tt := range tests {
 		code, body := reload(t, site(tt.block))
 		if code == http.StatusOK || !strings.Contains(body, tt.want) {
@@ -610,9 +610,9 @@ func TestJWTJSONConfig(t *testing.T) {
 	t.Setenv(jwtSecretEnv, jwtSecret)
 	zone := jwtZone("jwt_json")
 	startCaddyWith(t, fmt.Sprintf(`{
-	"admin": {"listen": "localhost:2999"},
-	"apps": {"http": {"http_port": 9080, "servers": {"srv": {
-		"listen": [":9080"],
+	"admin": {"listen": "`+adminAddr+`"},
+	"apps": {"http": {"http_port": `+fmt.Sprint(sitePort)+`, "servers": {"srv": {
+		"listen": ["`+siteAddr+`"],
 		"routes": [{"handle": [
 			{
 				"handler": "rate_limit",
@@ -679,7 +679,7 @@ func TestJWTReloadDropsOldKey(t *testing.T) {
 func TestJWTFirstHandlerAnswers(t *testing.T) {
 	t.Setenv("RL_TEST_JWT_SECOND_SECRET", "the second handler's secret, 32B")
 	startJWTCaddy(t, "", fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	route {
 		rate_limit {
 			jwt {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,13 +31,18 @@ const loginZone = `zone login {
 			}`
 
 // startLogins starts n Caddy processes that guard /app with basic_auth
-// (user alice, password "right") behind rate_limit with the store lines
-// given (none: memory) and zone.
-func startLogins(t *testing.T, n int, store, zone string) []instance {
+// (user alice, password "right") behind rate_limit with the handler lines
+// given (the store; none: memory) and zone, in front of app (host:port),
+// or of Caddy's own "welcome" if app is "".
+func startLogins(t *testing.T, n int, lines, zone, app string) []instance {
 	t.Helper()
 	hash, err := bcrypt.GenerateFromPassword([]byte("right"), bcrypt.MinCost)
 	if err != nil {
 		t.Fatal(err)
+	}
+	serve := `respond "welcome"`
+	if app != "" {
+		serve = "reverse_proxy " + app
 	}
 	var fleet []instance
 	for range n {
@@ -48,9 +54,9 @@ func startLogins(t *testing.T, n int, store, zone string) []instance {
 		basic_auth {
 			alice %s
 		}
-		respond "welcome"
+		%s
 	}
-`, store, zone, hash), "/app"))
+`, lines, zone, hash, serve), "/app"))
 	}
 	return fleet
 }
@@ -58,6 +64,14 @@ func startLogins(t *testing.T, n int, store, zone string) []instance {
 // attempt logs in to url as alice with password and returns the status
 // and Retry-After.
 func attempt(t *testing.T, url, password string) (int, string) {
+	t.Helper()
+	resp := login(t, url, password)
+	return resp.StatusCode, resp.Header.Get("Retry-After")
+}
+
+// login logs in to url as alice with password and returns the response,
+// its body read.
+func login(t *testing.T, url, password string) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, url, nil)
 	req.SetBasicAuth("alice", password)
@@ -67,7 +81,7 @@ func attempt(t *testing.T, url, password string) (int, string) {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode, resp.Header.Get("Retry-After")
+	return resp
 }
 
 // wantBanned checks that an attempt is refused with a Retry-After of
@@ -161,9 +175,16 @@ const quickZone = `zone quick {
 // key is still refused everywhere, by the ban alone.
 func testBanOutlastsTheWindow(t *testing.T, fleet []instance) {
 	const key = "127.0.0.1"
-	for i := range 3 {
-		attempt(t, fleet[i%len(fleet)].url, "wrong")
-	}
+	// Wrong passwords until one is refused with the ban: three in a row
+	// do it, but on a busy machine they may not fall within one 1s
+	// window.
+	i := 0
+	waitFor(t, "a wrong password to be banned", func() bool {
+		code, retryAfter := attempt(t, fleet[i%len(fleet)].url, "wrong")
+		i++
+		secs, _ := strconv.Atoi(retryAfter)
+		return code == http.StatusTooManyRequests && secs > 60
+	})
 	waitUsed(t, fleet[0].admin, "quick", key, 0) // the window, and the one after it, are over
 	for _, in := range fleet {
 		code, retryAfter := attempt(t, in.url, "right")
@@ -172,17 +193,229 @@ func testBanOutlastsTheWindow(t *testing.T, fleet []instance) {
 }
 
 func TestLoginsMemory(t *testing.T) {
-	testLogins(t, startLogins(t, 1, "", loginZone))
-	testBanOutlastsTheWindow(t, startLogins(t, 1, "", quickZone))
+	testLogins(t, startLogins(t, 1, "", loginZone, ""))
+	testBanOutlastsTheWindow(t, startLogins(t, 1, "", quickZone, ""))
+}
+
+// redisLines are the handler lines of instances that share the Redis
+// server s, with extra lines in the store block.
+func redisLines(s *redistest.Server, extra string) string {
+	return "store redis {\n\t\t\t\taddress " + s.URL() + "\n\t\t\t\ttimeout 5s\n\t\t\t\t" + extra + "\n\t\t\t}\n\t\t\ton_store_error deny"
 }
 
 // TestLoginsRedisFleet: three instances on one Redis share the counts and
 // the ban.
 func TestLoginsRedisFleet(t *testing.T) {
 	s := redistest.Standalone(t)
-	store := "store redis {\n\t\t\t\taddress " + s.URL() + "\n\t\t\t\ttimeout 5s\n\t\t\t}\n\t\t\ton_store_error deny"
-	testLogins(t, startLogins(t, 3, store, loginZone))
-	testBanOutlastsTheWindow(t, startLogins(t, 3, store, quickZone))
+	testLogins(t, startLogins(t, 3, redisLines(s, ""), loginZone, ""))
+	testBanOutlastsTheWindow(t, startLogins(t, 3, redisLines(s, ""), quickZone, ""))
+}
+
+// heldApp is an app that holds every request it gets until release is
+// called, and tells each one's arrival on arrived: so a test knows which
+// requests are in flight.
+type heldApp struct {
+	addr    string
+	arrived chan struct{}
+	release func()
+}
+
+func startHeldApp(t *testing.T) *heldApp {
+	t.Helper()
+	open := make(chan struct{})
+	a := &heldApp{arrived: make(chan struct{}, 1000)}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.arrived <- struct{}{}
+		select {
+		case <-open:
+		case <-r.Context().Done():
+		}
+		_, _ = io.WriteString(w, "welcome")
+	}))
+	var once sync.Once
+	a.release = func() { once.Do(func() { close(open) }) }
+	t.Cleanup(func() {
+		a.release()
+		srv.Close()
+	})
+	a.addr = strings.TrimPrefix(srv.URL, "http://")
+	return a
+}
+
+// waitArrivals waits until n requests have reached the app.
+func (a *heldApp) waitArrivals(t *testing.T, n int) {
+	t.Helper()
+	for i := range n {
+		select {
+		case <-a.arrived:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of %d requests reached the app", i, n)
+		}
+	}
+}
+
+// loginsAtOnce sends n logins with password at once, spread over fleet,
+// and returns a channel that gets each one's response (status 0, with the
+// error in Status, if there was none).
+func loginsAtOnce(fleet []instance, password string, n int) <-chan *http.Response {
+	out := make(chan *http.Response, n)
+	for i := range n {
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, fleet[i%len(fleet)].url, nil)
+			req.SetBasicAuth("alice", password)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				out <- &http.Response{Status: err.Error(), Header: http.Header{}}
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			out <- resp
+		}()
+	}
+	return out
+}
+
+// testInFlightIsNoBan: a browser loads eight assets at once with the right
+// password from a key with a limit of five failures. The five admitted
+// fill the limit while the app holds them; the other three are refused
+// with Retry-After: 1, for costs in flight, and ban nothing: once the
+// five are done, their costs come back and the right password passes.
+func testInFlightIsNoBan(t *testing.T, fleet []instance, app *heldApp) {
+	const key = "127.0.0.1"
+	answers := loginsAtOnce(fleet, "right", 8)
+	app.waitArrivals(t, 5)
+	for range 3 {
+		resp := receive(t, "an answer", answers)
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" {
+			t.Fatalf("a request past the five in flight: %d %s, Retry-After %q; want 429 and 1", resp.StatusCode, resp.Status, resp.Header.Get("Retry-After"))
+		}
+	}
+	app.release()
+	for range 5 {
+		if resp := <-answers; resp.StatusCode != http.StatusOK {
+			t.Fatalf("a request in flight: %d %s, want 200", resp.StatusCode, resp.Status)
+		}
+	}
+	if info := keyState(t, fleet[0].admin, "login", key); !info.BanEnds.IsZero() {
+		t.Fatalf("the admin API shows a ban until %s after a page load with the right password", info.BanEnds)
+	}
+	waitUsed(t, fleet[0].admin, "login", key, 0)
+	for _, in := range fleet {
+		if code, retryAfter := attempt(t, in.url, "right"); code != http.StatusOK {
+			t.Fatalf("the right password after the page load, at %s: %d, Retry-After %q; want 200", in.url, code, retryAfter)
+		}
+	}
+}
+
+func TestLoginsInFlightMemory(t *testing.T) {
+	app := startHeldApp(t)
+	testInFlightIsNoBan(t, startLogins(t, 1, "", loginZone, app.addr), app)
+}
+
+func TestLoginsInFlightRedisFleet(t *testing.T) {
+	s := redistest.Standalone(t)
+	app := startHeldApp(t)
+	testInFlightIsNoBan(t, startLogins(t, 3, redisLines(s, ""), loginZone, app.addr), app)
+}
+
+// readmeLoginZone is the zone of the README's basic_auth example, which
+// docs/brute-force.md shows too.
+func readmeLoginZone(t *testing.T) string {
+	t.Helper()
+	zone := func(file, section string) string {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, text, _ := strings.Cut(string(b), "\n## "+section+"\n")
+		_, block, _ := strings.Cut(text, "```caddyfile\n")
+		start := strings.Index(block, "zone login {")
+		end := strings.Index(block[max(start, 0):], "\n\t\t}")
+		if start < 0 || end < 0 {
+			t.Fatalf("%s: no zone login in the first Caddyfile block of %q", file, section)
+		}
+		return block[start : start+end+4]
+	}
+	readme := zone("README.md", "Stop password guessing")
+	if doc := zone("docs/brute-force.md", "basic_auth"); doc != readme {
+		t.Fatalf("docs/brute-force.md's basic_auth zone\n%s\nis not the README's\n%s", doc, readme)
+	}
+	return readme
+}
+
+// testPageLoad plays the README's basic_auth zone: a page load of 20
+// requests at once with the right password all pass, the first five
+// holding the limit while the app holds them and the others waiting for
+// them, and so does the next request, with no ban; six wrong passwords
+// in a row still ban, and then the right password is refused for the
+// hour. Meanwhile X-RateLimit-Reset and the RateLimit header's reset tell
+// the ban's end, as Retry-After does.
+func testPageLoad(t *testing.T, fleet []instance, app *heldApp) {
+	const key = "127.0.0.1"
+	answers := loginsAtOnce(fleet, "right", 20)
+	app.waitArrivals(t, 5)
+	app.release()
+	for range 20 {
+		if resp := <-answers; resp.StatusCode != http.StatusOK {
+			t.Fatalf("a page load of 20 with the right password: %d %s, Retry-After %q; want every one 200", resp.StatusCode, resp.Status, resp.Header.Get("Retry-After"))
+		}
+	}
+	if code, retryAfter := attempt(t, fleet[len(fleet)-1].url, "right"); code != http.StatusOK {
+		t.Fatalf("the right password after the page load: %d, Retry-After %q; want 200", code, retryAfter)
+	}
+	if info := keyState(t, fleet[0].admin, "login", key); !info.BanEnds.IsZero() {
+		t.Fatalf("the admin API shows a ban until %s after a page load with the right password", info.BanEnds)
+	}
+	banned := 0
+	for i := 1; i <= 7 && banned == 0; i++ {
+		resp := login(t, fleet[i%len(fleet)].url, "wrong")
+		switch {
+		case resp.StatusCode == http.StatusTooManyRequests && i >= 6:
+			wantBanned(t, fmt.Sprintf("wrong password %d", i), resp.StatusCode, resp.Header.Get("Retry-After"))
+			wantBanHeaders(t, fmt.Sprintf("wrong password %d", i), resp)
+			banned = i
+		case resp.StatusCode != http.StatusUnauthorized:
+			t.Fatalf("wrong password %d: %d, Retry-After %q; want 401", i, resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+	}
+	if banned == 0 {
+		t.Fatal("seven wrong passwords in a row began no ban")
+	}
+	for _, in := range fleet {
+		resp := login(t, in.url, "right")
+		wantBanned(t, "the right password after the ban, at "+in.url, resp.StatusCode, resp.Header.Get("Retry-After"))
+		wantBanHeaders(t, "the right password after the ban, at "+in.url, resp)
+	}
+}
+
+// wantBanHeaders checks that a refusal by a ban of about an hour says its
+// end in X-RateLimit-Reset (Unix seconds) and in the RateLimit header's t
+// (seconds from now), as Retry-After does.
+func wantBanHeaders(t *testing.T, what string, resp *http.Response) {
+	t.Helper()
+	retryAfter, _ := strconv.ParseInt(resp.Header.Get("Retry-After"), 10, 64)
+	reset, _ := strconv.ParseInt(resp.Header.Get("X-RateLimit-Reset"), 10, 64)
+	if now := time.Now().Unix(); reset < now+retryAfter-5 || reset > now+retryAfter+5 {
+		t.Errorf("%s: X-RateLimit-Reset %d is %ds from now, want the ban's end, as Retry-After %d says", what, reset, reset-now, retryAfter)
+	}
+	_, tail, _ := strings.Cut(resp.Header.Get("RateLimit"), ";t=")
+	if secs, _ := strconv.ParseInt(tail, 10, 64); secs < retryAfter-5 || secs > retryAfter {
+		t.Errorf("%s: RateLimit %q, want t the ban's end, as Retry-After %d says", what, resp.Header.Get("RateLimit"), retryAfter)
+	}
+}
+
+func TestLoginsPageLoadMemory(t *testing.T) {
+	app := startHeldApp(t)
+	testPageLoad(t, startLogins(t, 1, "headers both", readmeLoginZone(t), app.addr), app)
+}
+
+// TestLoginsPageLoadRedisFleet: the same on three instances sharing Redis
+// with leases on (which a zone that bans does not take).
+func TestLoginsPageLoadRedisFleet(t *testing.T) {
+	s := redistest.Standalone(t)
+	app := startHeldApp(t)
+	testPageLoad(t, startLogins(t, 3, redisLines(s, "lease on")+"\n\t\t\theaders both", readmeLoginZone(t), app.addr), app)
 }
 
 // TestRedisFleetCountStatusLeases: three instances with lease on and a

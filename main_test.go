@@ -7,15 +7,24 @@
 package ratelimit_test
 
 import (
+	"fmt"
 	"os"
 	"testing"
 )
 
-// TestMain removes the built Caddy (about 90 MB) when the tests are done.
+// TestMain removes the in-process Caddy's storage and the built Caddy
+// (about 90 MB) when the tests are done, and the in-process Caddy's log
+// unless a test failed.
 func TestMain(m *testing.M) {
 	code := m.Run()
+	os.RemoveAll(caddyStorage)
 	if binaryDir != "" {
 		os.RemoveAll(binaryDir)
+	}
+	if code == 0 {
+		os.Remove(caddyLog)
+	} else if _, err := os.Stat(caddyLog); err == nil {
+		fmt.Fprintf(os.Stderr, "the in-process Caddy's log: %s\n", caddyLog)
 	}
 	os.Exit(code)
 }

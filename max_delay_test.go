@@ -19,8 +19,10 @@ func TestMaxDelay(t *testing.T) {
 		format json
 		level DEBUG
 	}`, logFile))+fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
+		# The log lines are told apart by their keys.
+		log_keys on
 		zone throttle {
 			match {
 				not path /bounded /strict /pair /costly

@@ -363,7 +363,7 @@ func TestMholtReadmeExamples(t *testing.T) {
 	for _, ex := range mholtExamples {
 		t.Run(ex.name, func(t *testing.T) {
 			globals := withGlobals(ex.globals)
-			caddyfile := globals + ":9080 {\n" + ex.site + "}\n"
+			caddyfile := globals + siteAddr + " {\n" + ex.site + "}\n"
 			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
 			if ex.check == nil {
 				if err == nil {
@@ -442,7 +442,7 @@ func TestBehindForwardAuth(t *testing.T) {
 		respond "{http.rate_limit.key} {http.rate_limit.limit}"`
 
 	t.Run("route", func(t *testing.T) {
-		startCaddy(t, ":9080 {\n\troute {"+auth+zone+respond+"\n\t}\n}\n")
+		startCaddy(t, siteAddr+" {\n\troute {"+auth+zone+respond+"\n\t}\n}\n")
 		// A client that forges the headers gets its own address as key
 		// and the default limit.
 		forged := []string{"X-Limit: 1000", "X-Limit-Key: customer-gold"}
@@ -468,7 +468,7 @@ func TestBehindForwardAuth(t *testing.T) {
 	})
 
 	t.Run("without route, the client chooses", func(t *testing.T) {
-		startCaddy(t, ":9080 {"+auth+zone+respond+"\n}\n")
+		startCaddy(t, siteAddr+" {"+auth+zone+respond+"\n}\n")
 		resp, body := do(t, http.MethodGet, siteURL+"/", "X-Limit: 1000")
 		status(t, resp, http.StatusOK)
 		if body != "127.0.0.1 1000" {

@@ -61,10 +61,18 @@ type Handler struct {
 	// answers, all three are the same.
 	OnStoreError string `json:"on_store_error,omitempty"`
 
-	// Whether log lines about a request (rejections and delays at debug
-	// level, dry-run rejections at info) show its key: "on" (default) or
-	// "off". Keys can be credentials, such as an API key or a session
-	// cookie.
+	// Whether keys are shown as they are where others than the request's
+	// own handlers see them: log lines (rejections and delays at debug
+	// level, dry-run rejections and bans at info, admin changes), the
+	// rate_limit_exceeded event, and the zones' top keys on the admin API,
+	// its status page and the caddy rate-limit command. "off" (default)
+	// shows each key as "#" and 16 hex digits of a keyed hash
+	// (HMAC-SHA256 under a key drawn at random when Caddy starts): a key
+	// shows the same hash until Caddy restarts, so it can be followed,
+	// but cannot be read, nor found by hashing guesses. "on" shows keys
+	// as they are. Keys are often credentials: API keys, session cookies,
+	// tokens. The placeholder {http.rate_limit.key} holds the key as it
+	// is either way.
 	LogKeys string `json:"log_keys,omitempty"`
 
 	// Verifies a JSON Web Token in each request and makes its claims
@@ -96,8 +104,16 @@ type Handler struct {
 	// config asks for applies. Default: 10s. Memory store only.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
-	// Log the key of rejected requests: the same as "log_keys": "on",
-	// which is the default here. Not allowed together with log_keys.
+	// "off" turns off the admin API's routes that change state, for the
+	// whole Caddy process while this config runs: a key's reset, per-key
+	// limit overrides and zone dials answer 403 Forbidden; the routes that
+	// read keep working. Default: "on". The admin API is one per process,
+	// so one handler (or the global rate_limit option) with "off" is
+	// enough; "on" cannot overrule it.
+	AdminChanges string `json:"admin_changes,omitempty"`
+
+	// Show keys as they are: the same as "log_keys": "on" (by default
+	// keys are shown as hashes). Not allowed together with log_keys.
 	LogKey bool `json:"log_key,omitempty"`
 
 	// This handler records no rate-limit metrics: its zones and its store
@@ -117,6 +133,9 @@ type Handler struct {
 
 	store  storage.Store
 	logger *zap.Logger
+	// showKeys is log_keys on (or log_key): keys are shown as they are,
+	// not as hashes.
+	showKeys bool
 	// Which headers report sets, from Headers.
 	xRateLimitHeaders, ietfHeaders bool
 	// delays tells whether any zone has a max_delay, so that a request
@@ -128,7 +147,7 @@ type Handler struct {
 	storeErrorCount prometheus.Counter
 	storeLatency    prometheus.Observer
 	// storeErrorLog rate-limits the log line for store errors.
-	storeErrorLog *errorLog
+	storeErrorLog *logEvery
 	// shedder is Shed, as the handler asks it about requests; nil without
 	// a shed block.
 	shedder loadShedder
@@ -226,9 +245,14 @@ type Zone struct {
 
 	// The first time the zone rejects a key, the key is banned for this
 	// long: every request of the key that the zone matches is rejected,
-	// with Retry-After the ban's end, whatever its counts. With a shared
-	// store the ban holds on every instance. At least 1s; default: no
-	// ban. Not for concurrency zones.
+	// with Retry-After (and the reset headers) the ban's end, whatever
+	// its counts. With count_status, only the key's settled count, the
+	// costs kept after their responses, may begin a ban: a request
+	// refused while the settled count alone had room for it was refused
+	// for costs of requests still in flight, which ban nothing; it is
+	// answered with Retry-After: 1, or held by max_delay until those
+	// costs come back. With a shared store the ban holds on every
+	// instance. At least 1s; default: no ban. Not for concurrency zones.
 	Ban caddy.Duration `json:"ban,omitempty"`
 
 	matchers caddyhttp.MatcherSets
@@ -241,11 +265,15 @@ type Zone struct {
 	usage prometheus.Observer
 	bans  prometheus.Counter
 	// top is the zone's heaviest keys, shared by the zones of its name;
-	// hideKeys (log_keys off) shows them as hashes.
+	// showKeys (log_keys on) shows them, and the keys of admin changes,
+	// as they are rather than as hashes.
 	top      *topKeys
-	hideKeys bool
+	showKeys bool
 	// events remembers which keys had their event in this window.
 	events exceededKeys
+	// banLog and dryRunLog hold the zone's ban and dry-run lines to one a
+	// second.
+	banLog, dryRunLog logEvery
 	// counted is CountStatus as a set; countsStatus tells it was given.
 	counted      statusSet
 	countsStatus bool
@@ -290,8 +318,9 @@ const maxLimit = math.MaxInt32
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.ctx = ctx
-	// Events go through the events app only when a config has one: then
-	// something subscribes to them.
+	// Events go through Caddy's events app, which the http app loads into
+	// every config it runs in; emitExceeded asks it whether anything (a
+	// subscribed handler, the events log at debug level) takes an event.
 	switch events, err := ctx.AppIfConfigured("events"); {
 	case err == nil:
 		h.events = events.(*caddyevents.App)
@@ -299,7 +328,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("loading the events app: %w", err)
 	}
 	h.now = time.Now
-	h.storeErrorLog = new(errorLog)
+	h.storeErrorLog = new(logEvery)
+	h.showKeys = h.LogKeys == "on" || h.LogKey
+	if h.AdminChanges == "off" {
+		turnChangesOff(h, h.description())
+	}
 	if h.JWT != nil {
 		if err := h.JWT.Provision(h.logger); err != nil {
 			return fmt.Errorf("jwt: %w", err)
@@ -345,7 +378,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.delays = h.delays || z.MaxDelay > 0
 		z.admin, _ = store.(storage.Admin)
 		z.storeName = h.storeName
-		z.top, z.hideKeys = topKeysFor(z.Name), h.LogKeys == "off"
+		z.top, z.showKeys = topKeysFor(z.Name), h.showKeys
 		registerZone(z)
 	}
 	if h.Shed != nil {
@@ -428,9 +461,31 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	return nil
 }
 
-// Cleanup takes the handler's zones out of the admin API's view and lets
-// go of its shedder.
+// description names the handler by its zones (or its shedder), for
+// messages about the whole process, such as what turned admin changes
+// off.
+func (h *Handler) description() string {
+	var names []string
+	for _, z := range h.Zones {
+		if z != nil {
+			names = append(names, strconv.Quote(z.Name))
+		}
+	}
+	switch {
+	case len(names) == 1:
+		return "the rate_limit handler of zone " + names[0]
+	case len(names) > 1:
+		return "the rate_limit handler of zones " + strings.Join(names, ", ")
+	case h.Shed != nil:
+		return "the rate_limit handler of shed " + strconv.Quote(h.Shed.DisplayName())
+	}
+	return "a rate_limit handler"
+}
+
+// Cleanup takes the handler's zones out of the admin API's view, gives
+// back its say on the admin API's changes, and lets go of its shedder.
 func (h *Handler) Cleanup() error {
+	releaseChanges(h)
 	for _, z := range h.Zones {
 		if z != nil && z.storeName != "" {
 			unregisterZone(z)
@@ -452,8 +507,11 @@ func (h *Handler) Validate() error {
 	if err := checkOnStoreError(h.OnStoreError); err != nil {
 		return fmt.Errorf("on_store_error: %w", err)
 	}
-	if err := checkLogKeys(h.LogKeys); err != nil {
+	if err := checkOnOff(h.LogKeys); err != nil {
 		return fmt.Errorf("log_keys: %w", err)
+	}
+	if err := checkOnOff(h.AdminChanges); err != nil {
+		return fmt.Errorf("admin_changes: %w", err)
 	}
 	if err := h.validateOptions(); err != nil {
 		return err
@@ -633,7 +691,8 @@ func checkOnStoreError(v string) error {
 	return fmt.Errorf("want allow, deny or local, got %q", v)
 }
 
-func checkLogKeys(v string) error {
+// checkOnOff accepts a switch: on, off, or "" for its default.
+func checkOnOff(v string) error {
 	switch v {
 	case "", "on", "off":
 		return nil

@@ -50,6 +50,7 @@ func TestBadJSONRefused(t *testing.T) {
 		{"jitter", `{"jitter":2,"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "jitter", "2"},
 		{"sweep_interval", `{"sweep_interval":"-1s","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "sweep_interval", "-1s"},
 		{"log_key and log_keys", `{"log_key":true,"log_keys":"on","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "log_key", "log_keys"},
+		{"admin_changes", `{"admin_changes":"never","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "admin_changes", "never"},
 		{"zone name", `{"zones":[{"name":"z\u00f6ne","limit":[1],"window":"1s"}]}`, "name", "0xc3"},
 	}
 	for _, c := range cases {

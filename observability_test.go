@@ -1,6 +1,7 @@
 package ratelimit_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	ratelimit "github.com/d61b427a/caddy-rate-limit"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
 
@@ -20,7 +22,7 @@ func TestLogKeyPutsTheKeyInTheRejectionLog(t *testing.T) {
 		output file %s
 		level DEBUG
 	}`, logFile))+`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		log_key
 		zone log_key_zone {
@@ -45,7 +47,7 @@ func TestLogKeyPutsTheKeyInTheRejectionLog(t *testing.T) {
 // counted as usual.
 func TestDisableMetricsLeavesNoSeries(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	route /quiet {
 		rate_limit {
 			disable_metrics
@@ -121,7 +123,7 @@ func grepLines(s, part string) string {
 func TestMetrics(t *testing.T) {
 	site := func(limit int) string {
 		return fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		zone metrics_enforce {
 			key {header.X-Client}
@@ -191,13 +193,13 @@ func TestPeriodUsage(t *testing.T) {
 	t.Run("memory", func(t *testing.T) { testPeriodUsage(t, "usage_memory", "") })
 	t.Run("redis", func(t *testing.T) {
 		s := redistest.Standalone(t)
-		testPeriodUsage(t, "usage_redis", "store redis {\n\t\t\taddress "+s.URL()+"\n\t\t}")
+		testPeriodUsage(t, "usage_redis", redisStore("address "+s.URL()))
 	})
 }
 
 func testPeriodUsage(t *testing.T, zone, store string) {
 	startCaddy(t, fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		%s
 		zone %s {
@@ -239,5 +241,90 @@ func testPeriodUsage(t *testing.T, zone, store string) {
 	fmt.Sscan(metricValue(t, sum), &sumAfter)
 	if n, share := metricCount(t, count)-before, sumAfter-sumBefore; n != 1 || math.Abs(share-float64(used)/100) > 1e-9 {
 		t.Fatalf("%d observations adding %v, want one of %v (%d of 100)", n, share, float64(used)/100, used)
+	}
+}
+
+// TestKeysHiddenByDefault: keys are often credentials. By default the
+// rejection, dry-run and ban log lines, the rate_limit_exceeded event and
+// the zone's top keys show a key as its hash, and the key is nowhere in
+// Caddy's log; with log_keys on they show the key itself.
+func TestKeysHiddenByDefault(t *testing.T) {
+	const secret, shown = "sk_live_4f9a2c71", "sk_live_shown"
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	startCaddyfileWithEvents(t, withGlobals(jsonLog(logFile, "DEBUG"))+`
+`+siteAddr+` {
+	rate_limit {
+		zone keys_hidden {
+			key {header.X-Api-Key}
+			limit 1
+			window 1h
+			ban 1h
+		}
+		zone keys_hidden_dry {
+			key {header.X-Api-Key}
+			limit 1
+			window 1h
+			dry_run
+		}
+	}
+	respond "ok"
+}
+`+site2Addr+` {
+	rate_limit {
+		log_keys on
+		zone keys_shown {
+			key {header.X-Api-Key}
+			limit 1
+			window 1h
+			ban 1h
+		}
+	}
+	respond "ok"
+}
+`)
+	for _, c := range []struct{ url, key string }{{siteURL + "/", secret}, {site2URL + "/", shown}} {
+		resp, _ := do(t, http.MethodGet, c.url, "X-Api-Key: "+c.key)
+		status(t, resp, http.StatusOK)
+		resp, _ = do(t, http.MethodGet, c.url, "X-Api-Key: "+c.key)
+		status(t, resp, http.StatusTooManyRequests)
+	}
+
+	hash := ratelimit.HiddenKey(secret)
+	for _, c := range []struct{ msg, zone, key string }{
+		{"rate limit exceeded", "keys_hidden", hash},
+		{"rate limit ban", "keys_hidden", hash},
+		{"rate limit would be exceeded (dry run)", "keys_hidden_dry", hash},
+		{"rate limit exceeded", "keys_shown", shown},
+		{"rate limit ban", "keys_shown", shown},
+	} {
+		waitForLog(t, logFile, 1, c.msg, `"zone":"`+c.zone+`"`, `"key":"`+c.key+`"`)
+	}
+	if lines := logLines(logFile, secret); len(lines) != 0 {
+		t.Fatalf("the key is in the log:\n%s", strings.Join(lines, ""))
+	}
+
+	events := map[string]any{}
+	for _, e := range recordedEvents() {
+		events[e.Data["zone"].(string)] = e.Data["key"]
+	}
+	if events["keys_hidden"] != hash || events["keys_shown"] != shown {
+		t.Fatalf("the events' keys by zone: %v, want keys_hidden's as the hash %s and keys_shown's as %s", events, hash, shown)
+	}
+
+	for _, c := range []struct{ zone, key string }{{"keys_hidden", hash}, {"keys_shown", shown}} {
+		code, body := adminJSON(t, adminURL, http.MethodGet, "/rate_limit/zones/"+c.zone+"/top", "")
+		if code != http.StatusOK || !strings.Contains(body, `"key":"`+c.key+`"`) || strings.Contains(body, secret) {
+			t.Fatalf("top keys of %s: %d %s, want the key shown as %s", c.zone, code, body, c.key)
+		}
+	}
+
+	// The key the operator asks about is echoed, with the hash that
+	// stands for it elsewhere.
+	for _, c := range []struct{ zone, key, hash string }{{"keys_hidden", secret, hash}, {"keys_shown", shown, ""}} {
+		var k struct{ Key, Hash string }
+		code, body := adminJSON(t, adminURL, http.MethodGet, "/rate_limit/zones/"+c.zone+"/keys/"+c.key, "")
+		if err := json.Unmarshal([]byte(body), &k); code != http.StatusOK || err != nil || k.Key != c.key || k.Hash != c.hash {
+			t.Fatalf("GET key %s of %s: %d %s, want the key and the hash %q", c.key, c.zone, code, body, c.hash)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 )
 
 // This file reads the one-line form that many published Caddyfiles use,
@@ -20,20 +22,125 @@ import (
 // It is one zone with the default algorithm: key <key>, `limit n` and a
 // window of 1s, 1m, 1h or 24h from <rate> (<n>r/s, r/m, r/h or r/d),
 // <reject_status> as its status and <zone_size> as the memory store's
-// max_keys. The zone is named after the directive's named matcher (@auth:
-// auth), or DefaultZoneName without one.
+// max_keys. As in that plugin, where every directive is its own limiter,
+// each one-liner counts on its own: its zone's name (see oneLineNames) is
+// its own in the config, so no two share a counter.
 
-// DefaultZoneName names the zone of a one-line rate_limit without a named
-// matcher.
+// DefaultZoneName is the name a one-line rate_limit without a named matcher
+// starts from.
 const DefaultZoneName = "default"
 
-// oneLineState keys, in the Caddyfile adapter's state, the one-line zones
-// already read, by name, so that two that would share a name but differ
-// are refused.
+// oneLineState keys, in the Caddyfile adapter's state, the *oneLineNames
+// of the Caddyfile being adapted.
 const oneLineState = "rate_limit.one_line_zones"
 
+// oneLineNames gives each one-line rate_limit of a Caddyfile a zone name of
+// its own: its named matcher's (@auth: auth) or DefaultZoneName, then "@"
+// and the first address of its site (default@example.com, auth@:8080), so
+// that one-liners in different sites never share a counter. A second
+// one-liner of the same site that would take the same name gets "~2", a
+// third "~3", in the order they are written in the site. A name thus
+// depends on its line and its site only: an unchanged line in an
+// unchanged site keeps its name, and its counters, across reloads, whatever
+// other sites come and go. The site's address is in every one-liner's
+// name, not only in those that would clash: the adapter reads a site's
+// directives before it has seen the next site, so a clash with a later
+// site cannot be known, and a suffix that came and went with other sites
+// would reset counters on a reload.
+//
+// Block-form zones share a counter space by name, deliberately; a block
+// zone named as a one-liner's zone would silently share its counter, so
+// that is refused.
+type oneLineNames struct {
+	oneLine map[string]bool // names given to one-liners
+	block   map[string]bool // names of block-form zones
+}
+
+// oneLineNamesOf returns the naming state kept in the adapter's state,
+// creating it for the first rate_limit of the Caddyfile.
+func oneLineNamesOf(state map[string]any) *oneLineNames {
+	n, _ := state[oneLineState].(*oneLineNames)
+	if n == nil {
+		n = &oneLineNames{oneLine: make(map[string]bool), block: make(map[string]bool)}
+		state[oneLineState] = n
+	}
+	return n
+}
+
+// name returns the zone name of a one-liner of site named after base, and
+// records it. site is the site's first address, or "" where the adapter
+// does not show it (then the name is base, ~2 and so on across the
+// Caddyfile).
+func (n *oneLineNames) name(base, site string) (string, error) {
+	first := base
+	if site != "" {
+		first += "@" + siteLabel(site)
+	}
+	name := first
+	for i := 2; n.oneLine[name]; i++ {
+		name = first + "~" + strconv.Itoa(i)
+	}
+	if n.block[name] {
+		return "", fmt.Errorf("zone %q: the name of a one-line rate_limit and of a block-form zone; they would share one counter (want another name for the block-form zone)", name)
+	}
+	n.oneLine[name] = true
+	return name, nil
+}
+
+// blockZone records the name of a block-form zone, refusing the name of a
+// one-liner's zone.
+func (n *oneLineNames) blockZone(name string) error {
+	if n.oneLine[name] {
+		return fmt.Errorf("zone %q: the name of a one-line rate_limit's zone; they would share one counter (want another name)", name)
+	}
+	n.block[name] = true
+	return nil
+}
+
+// siteLabel is a site address as a zone name may show it: a byte that is
+// not printable ASCII (an internationalized domain name) is written as
+// %XX.
+func siteLabel(site string) string {
+	var b strings.Builder
+	for i := 0; i < len(site); i++ {
+		if c := site[i]; c < 0x20 || c > 0x7e {
+			fmt.Fprintf(&b, "%%%02X", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// siteAddress returns the first address of the site block h is reading
+// (&(name) for a named route), or "" if it cannot be read. httpcaddyfile.Helper keeps the block in an
+// unexported field and has no method that returns its addresses, so they
+// are read through reflection; a Caddy that renamed the field would give
+// "", and names made unique across the Caddyfile instead of per site.
+func siteAddress(h httpcaddyfile.Helper) string {
+	block := reflect.ValueOf(h).FieldByName("parentBlock")
+	if block.Kind() != reflect.Struct {
+		return ""
+	}
+	keys := block.FieldByName("Keys")
+	if keys.Kind() != reflect.Slice || keys.Len() == 0 || keys.Index(0).Kind() != reflect.Struct {
+		return ""
+	}
+	text := keys.Index(0).FieldByName("Text")
+	if text.Kind() != reflect.String || text.String() == "" {
+		return ""
+	}
+	if h.IsNamedRoute() {
+		// As written, so that a named route never takes a site's name.
+		return "&(" + text.String() + ")"
+	}
+	return text.String()
+}
+
 // rateForm is a one-line rate: n requests per second, minute, hour or day.
-var rateForm = regexp.MustCompile(`^([0-9]+)r/([smhd])$`)
+// It takes a sign, so that a negative count is refused as not positive
+// rather than as not a rate.
+var rateForm = regexp.MustCompile(`^(-?[0-9]+)r/([smhd])$`)
 
 var rateWindows = map[string]time.Duration{"s": time.Second, "m": time.Minute, "h": time.Hour, "d": 24 * time.Hour}
 
@@ -45,7 +152,7 @@ func parseRate(s string) (int64, time.Duration, error) {
 	}
 	n, err := strconv.ParseInt(m[1], 10, 64)
 	if err != nil || n < 1 || n > maxLimit {
-		return 0, 0, fmt.Errorf("want a number of requests from 1 to %d in <n>r/s, <n>r/m, <n>r/h or <n>r/d, got %q", maxLimit, s)
+		return 0, 0, fmt.Errorf("want a positive number of requests, from 1 to %d, in <n>r/s, <n>r/m, <n>r/h or <n>r/d, got %q", maxLimit, s)
 	}
 	return n, rateWindows[m[2]], nil
 }
@@ -119,8 +226,12 @@ func oneLineKey(key string) (string, int, error) {
 // zone_size, reject_status) into h, naming its zone zone.
 func (h *Handler) unmarshalOneLine(d *caddyfile.Dispenser, args []string, zone string) error {
 	if len(args) < 2 || len(args) > 4 {
+		noun := "arguments"
+		if len(args) == 1 {
+			noun = "argument"
+		}
 		return d.Errf("rate_limit: want rate_limit [<matcher>] <key> <rate> [<zone_size> [<reject_status>]] "+
-			"(such as rate_limit {remote.ip} 10r/s), or a block; got %d arguments %q", len(args), args)
+			"(such as rate_limit {remote.ip} 10r/s), or a block; got %d %s %q", len(args), noun, args)
 	}
 	if d.NextBlock(0) {
 		return d.Errf("rate_limit %s %s: the one-line form takes no block (want either the one line, or the block form with zones)", args[0], args[1])
@@ -168,26 +279,4 @@ func (h *Handler) unmarshalOneLine(d *caddyfile.Dispenser, args []string, zone s
 	}
 	h.Zones = []*Zone{z}
 	return nil
-}
-
-// oneLineClash refuses a one-line zone that another one-line rate_limit of
-// the same Caddyfile already names with another key or rate: both would
-// share one counter space while meaning different limits. seen holds the
-// one-line zones read so far (the adapter's state); identical ones share
-// their counter, as any zone used twice does.
-func oneLineClash(seen map[string]*Zone, z *Zone) error {
-	prev, ok := seen[z.Name]
-	if !ok {
-		seen[z.Name] = z
-		return nil
-	}
-	if prev.KeyAlternatives[0] == z.KeyAlternatives[0] && prev.LimitAlternatives[0] == z.LimitAlternatives[0] &&
-		prev.Window == z.Window && prev.IPv4Prefix == z.IPv4Prefix {
-		return nil
-	}
-	name := "@" + z.Name
-	if z.Name == DefaultZoneName {
-		name = "no named matcher"
-	}
-	return fmt.Errorf("zone %q: two one-line rate_limits with %s differ in key or rate, and would share one counter (want a named matcher for each, such as rate_limit @login {remote.ip} 5r/m, or the block form with a zone of its own name)", z.Name, name)
 }

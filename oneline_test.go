@@ -6,8 +6,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 )
@@ -65,14 +65,14 @@ func TestGuidesOneLiners(t *testing.T) {
 		check      func(t *testing.T)
 	}{
 		{"a self-hosted app behind Caddy: 10 requests a second per client", `
-:9080 {
+` + siteAddr + ` {
 	rate_limit {remote.ip} 10r/s
 	respond "ok"
 }`, func(t *testing.T) {
 			burstThenRefused(t, siteURL+"/", 10, http.StatusTooManyRequests)
 		}},
 		{"a hardening checklist: 100 requests a minute per client", `
-:9080 {
+` + siteAddr + ` {
 	rate_limit {remote.ip} 100r/m
 	respond "ok"
 }`, func(t *testing.T) {
@@ -80,7 +80,7 @@ func TestGuidesOneLiners(t *testing.T) {
 			burstThenRefused(t, siteURL+"/", 100, http.StatusTooManyRequests)
 		}},
 		{"a login form: 5 attempts a minute, the rest of the site free", `
-:9080 {
+` + siteAddr + ` {
 	@auth path /login /api/auth/*
 	rate_limit @auth {remote.ip} 5r/m
 	respond "ok"
@@ -92,12 +92,12 @@ func TestGuidesOneLiners(t *testing.T) {
 					t.Fatalf("the rest of the site: %d", resp.StatusCode)
 				}
 			}
-			if names := zoneNames(t); fmt.Sprint(names) != "[auth]" {
-				t.Fatalf("zones %v, want the one named after @auth", names)
+			if names, want := fmt.Sprint(zoneNames(t)), "[auth@"+siteAddr+"]"; names != want {
+				t.Fatalf("zones %v, want %s, named after @auth and the site", names, want)
 			}
 		}},
 		{"an API gateway: 60 requests an hour per API key", `
-:9080 {
+` + siteAddr + ` {
 	rate_limit {header.X-Api-Key} 60r/h
 	respond "ok"
 }`, func(t *testing.T) {
@@ -107,7 +107,7 @@ func TestGuidesOneLiners(t *testing.T) {
 			}
 		}},
 		{"a zone size and a reject status: 503 for 30 requests an hour", `
-:9080 {
+` + siteAddr + ` {
 	rate_limit {remote.ip} 30r/h 10000 503
 	respond "ok"
 }`, func(t *testing.T) {
@@ -117,7 +117,7 @@ func TestGuidesOneLiners(t *testing.T) {
 			}
 		}},
 		{"a whole /24 network shares 20 requests an hour", `
-:9080 {
+` + siteAddr + ` {
 	rate_limit {remote.ip_prefix.24} 20r/h
 	respond "{http.rate_limit.key}"
 }`, func(t *testing.T) {
@@ -140,7 +140,7 @@ func TestGuidesOneLiners(t *testing.T) {
 // README: 2 requests a minute per id on /foo; another id is not limited.
 func TestCaddyExtReadmeExample(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	route /foo {
 		rate_limit {query.id} 2r/m
 
@@ -164,8 +164,8 @@ func TestCaddyExtReadmeExample(t *testing.T) {
 // its own X-Forwarded-For, a new address each time, still has one counter;
 // behind a trusted proxy, the addresses it forwards are the clients.
 func TestRemoteIPIsTheClientIP(t *testing.T) {
-	const site = `
-:9080 {
+	var site = `
+` + siteAddr + ` {
 	rate_limit {remote.ip} 2r/h
 	respond "{http.rate_limit.key}"
 }
@@ -200,7 +200,7 @@ func TestRemoteIPIsTheClientIP(t *testing.T) {
 // against both the login zone and the site-wide one.
 func TestOneLinersThroughCaddy(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	@login path /login
 	rate_limit @login {remote.ip} 2r/h
 	rate_limit {remote.ip} 5r/h
@@ -219,30 +219,72 @@ func TestOneLinersThroughCaddy(t *testing.T) {
 			t.Fatalf("site request %d: %d, want %d", i+1, resp.StatusCode, want)
 		}
 	}
-	if names := zoneNames(t); fmt.Sprint(names) != "[default login]" {
-		t.Fatalf("zones %v, want default and login", names)
+	if names, want := fmt.Sprint(zoneNames(t)), "[default@"+siteAddr+" login@"+siteAddr+"]"; names != want {
+		t.Fatalf("zones %v, want %s", names, want)
 	}
 }
 
-// TestOneLineClashRefusedAtLoad: two one-liners that would share a name
-// with other rates are refused by /load, and the running config stays.
-func TestOneLineClashRefusedAtLoad(t *testing.T) {
-	startCaddy(t, ":9080 {\n\trate_limit {remote.ip} 1r/h\n\trespond \"ok\"\n}\n")
-	get(t, "x")
-	code, body := reload(t, `
-:9080 {
-	rate_limit {remote.ip} 10r/s
-	route /api/* {
-		rate_limit {remote.ip} 100r/m
-	}
-	respond "ok"
+// oneLineSite is a site at addr that answers "ok" and holds line.
+func oneLineSite(addr, line string) string {
+	return addr + " {\n\t" + line + "\n\trespond \"ok\"\n}\n"
 }
-`)
-	if code == http.StatusOK || !strings.Contains(body, "named matcher") {
-		t.Fatalf("/load answered %d %s; want a refusal asking for a named matcher", code, body)
+
+// TestOneLinersInTwoSitesCountApart: the one-liners of two sites each
+// count on their own, whether their lines differ or are identical: a
+// client that has used up site A still has all of site B. Neither is
+// refused for resembling the other.
+func TestOneLinersInTwoSitesCountApart(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		lineB  string
+		limitB int
+	}{
+		{"other rates", "rate_limit {header.X-Client} 3r/h", 3},
+		{"identical lines", "rate_limit {header.X-Client} 2r/h", 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			startCaddy(t, oneLineSite(siteAddr, "rate_limit {header.X-Client} 2r/h")+oneLineSite(site2Addr, c.lineB))
+			wantStatuses(t, []int{getURL(t, siteURL+"/", "c"), getURL(t, siteURL+"/", "c"), getURL(t, siteURL+"/", "c")}, 200, 200, 429)
+			for i := range c.limitB {
+				if got := getURL(t, site2URL+"/", "c"); got != http.StatusOK {
+					t.Fatalf("site B, request %d after site A refused: %d, want 200", i+1, got)
+				}
+			}
+			if got := getURL(t, site2URL+"/", "c"); got != http.StatusTooManyRequests {
+				t.Fatalf("site B, request %d: %d, want 429", c.limitB+1, got)
+			}
+			want := []string{"default@" + siteAddr, "default@" + site2Addr}
+			slices.Sort(want)
+			if names := zoneNames(t); !slices.Equal(names, want) {
+				t.Fatalf("zones %s, want %s", names, want)
+			}
+		})
 	}
-	if got := get(t, "x"); got != http.StatusTooManyRequests {
-		t.Fatalf("after the refused load: %d, want the running config's 429", got)
+}
+
+// TestOneLinerKeepsItsCountsAcrossReloads: an unchanged line in an
+// unchanged site keeps its zone, and so its counts, when the same
+// Caddyfile is loaded again and when another site, written before it,
+// changes or loses its one-liner.
+func TestOneLinerKeepsItsCountsAcrossReloads(t *testing.T) {
+	siteA := oneLineSite(siteAddr, "rate_limit {header.X-Client} 2r/h")
+	startCaddy(t, oneLineSite(site2Addr, "rate_limit {header.X-Client} 5r/h")+siteA)
+	zoneA := "default@" + siteAddr
+	wantStatuses(t, []int{getURL(t, siteURL+"/", "c"), getURL(t, siteURL+"/", "c"), getURL(t, siteURL+"/", "c")}, 200, 200, 429)
+	for _, c := range []struct{ name, lineB string }{
+		{"the same Caddyfile", "rate_limit {header.X-Client} 5r/h"},
+		{"the other site changed", "rate_limit {header.X-Client} 7r/m"},
+		{"the other site's one-liner gone", "header X-Site b"},
+	} {
+		if code, body := reload(t, oneLineSite(site2Addr, c.lineB)+siteA); code != http.StatusOK {
+			t.Fatalf("%s: reload refused: %d %s", c.name, code, body)
+		}
+		if got := getURL(t, siteURL+"/", "c"); got != http.StatusTooManyRequests {
+			t.Fatalf("%s: site A after the reload: %d, want 429", c.name, got)
+		}
+		if used := keyState(t, adminURL, zoneA, "c").Used; used != 2 {
+			t.Fatalf("%s: zone %s key c used %d after the reload, want 2", c.name, zoneA, used)
+		}
 	}
 }
 

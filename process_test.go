@@ -442,7 +442,7 @@ func startLoad(t *testing.T, workers int, client string) *load {
 					return
 				default:
 				}
-				req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1:9080/", nil)
+				req, _ := http.NewRequest(http.MethodGet, siteURL+"/", nil)
 				req.Header.Set("X-Client", client)
 				resp, err := hc.Do(req)
 				l.mu.Lock()

@@ -13,7 +13,7 @@ import (
 
 func TestReloadKeepsCounters(t *testing.T) {
 	site := `
-:9080 {
+` + siteAddr + ` {
 	rate_limit {
 		zone reload {
 			limit 3
@@ -45,7 +45,7 @@ func TestReloadKeepsCounters(t *testing.T) {
 // once a reload leaves no config using it.
 func TestMemoryStoreStopsWhenUnused(t *testing.T) {
 	limited := `
-:9080 {
+` + siteAddr + ` {
 	rate_limit {
 		zone sweeper {
 			limit 5
@@ -66,7 +66,7 @@ func TestMemoryStoreStopsWhenUnused(t *testing.T) {
 	if !memorySweeperRunning() {
 		t.Fatal("sweeper stopped across a reload that still uses the store")
 	}
-	if code, body := reload(t, ":9080 {\n\trespond \"plain\"\n}\n"); code != http.StatusOK {
+	if code, body := reload(t, siteAddr+" {\n\trespond \"plain\"\n}\n"); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}
 	waitFor(t, "the sweeper to stop with no config using the memory store", func() bool { return !memorySweeperRunning() })
@@ -187,7 +187,7 @@ func TestRedisReloads(t *testing.T) {
 	get(t, "moved")
 	waitFor(t, "the Redis connections to settle", func() bool { return clients(s) == 0 && clients(other) >= 1 })
 	if code, body := reload(t, `
-:9080 {
+`+siteAddr+` {
 	respond "ok"
 }
 `); code != 200 {
@@ -204,7 +204,7 @@ func TestRedisReloads(t *testing.T) {
 func TestReloadLongerWindow(t *testing.T) {
 	integration(t)
 	site := `
-:9080 {
+` + siteAddr + ` {
 	rate_limit {
 		zone longer {
 			algorithm %s

@@ -127,7 +127,7 @@ func TestShedThroughCaddy(t *testing.T) {
 		format json
 		level INFO
 	}`, logFile))+fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	map {path} {priority} {
 		/hold          critical
 		~^/critical(/|$) critical
@@ -311,7 +311,7 @@ func TestShedSurvivesReload(t *testing.T) {
 	a := newSlowApp(t)
 	site := func(body string) string {
 		return fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		shed kept {
 			classes critical low
@@ -349,11 +349,11 @@ func TestShedSurvivesReload(t *testing.T) {
 	}
 	a.releaseAll()
 	for range 4 {
-		<-held
+		receive(t, "a held request to end", held)
 	}
 	waitFor(t, "the requests to count down", func() bool { s, _ := shedState(t, "kept"); return s.InFlight == 0 })
 
-	if code, body := reload(t, ":9080 {\n\trespond \"plain\"\n}\n"); code != http.StatusOK {
+	if code, body := reload(t, siteAddr+" {\n\trespond \"plain\"\n}\n"); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}
 	waitFor(t, "the sampler to stop", func() bool { return goroutines("shed.(*shedder).run") == 0 })
@@ -366,7 +366,7 @@ func TestShedSurvivesReload(t *testing.T) {
 // zone; the admin API refuses other methods on /rate_limit/shed.
 func TestShedOnlyHandler(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
 		shed {
 			classes critical low
@@ -403,7 +403,7 @@ func TestShedSharedAcrossHandlers(t *testing.T) {
 			full 4s
 		}`
 	startCaddy(t, fmt.Sprintf(`
-:9080 {
+`+siteAddr+` {
 	@a header X-Side a
 	@b header X-Side b
 	rate_limit @a {%s
@@ -423,10 +423,10 @@ func TestShedSharedAcrossHandlers(t *testing.T) {
 	}
 	a.releaseAll()
 	for range 2 {
-		<-heldA
+		receive(t, "a held request of site A to end", heldA)
 	}
 	for range 3 {
-		<-heldB
+		receive(t, "a held request of site B to end", heldB)
 	}
 	waitFor(t, "the requests to count down", func() bool { s, _ := shedState(t, "shared"); return s.InFlight == 0 })
 }

@@ -1,8 +1,10 @@
 package ratelimit_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -32,6 +34,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 	siteURL := fmt.Sprintf("http://127.0.0.1:%d/", site)
 	startProcess(t, globals+fmt.Sprintf(`http://127.0.0.1:%d {
 	rate_limit {
+		# Keys as they are, so that the page shows a key that is HTML.
+		log_keys on
 		shed backend {
 			classes critical normal
 			capacity 8
@@ -85,6 +89,149 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 }
 
+// TestStatusPageOnASiteInBrowser opens the status page in headless
+// Chromium as a person types its address: from the site, behind
+// basic_auth with the credentials in the address, and at /ops without
+// its trailing slash, with the admin endpoint as Caddy sets it up. Once
+// its script has fetched the JSON routes, the page shows both zones, the
+// dial, the heaviest key and the load shedder.
+func TestStatusPageOnASiteInBrowser(t *testing.T) {
+	integration(t)
+	browser := chromium(t)
+	s := startStatusSite(t)
+	for _, address := range []string{strings.Replace(s.site, "http://", "http://ops:secret@", 1) + "/limits/", s.site + "/ops"} {
+		dom := headless(t, browser, address, "--virtual-time-budget=3000", "--dump-dom")
+		_, status, _ := strings.Cut(dom, `id="status"`)
+		if status, _, _ = strings.Cut(status, "</p>"); !strings.Contains(status, "Updated") {
+			t.Fatalf("%s: the page's status line: %s, want Updated\n%s", address, status, dom)
+		}
+		for _, want := range []string{"<h3>api</h3>", "<h3>login</h3>", "<dd>dry_run, until ", "<h3>backend</h3>", `<summary title="` + longIPv6 + `">`, `<summary title="` + longAPIKey + `">`} {
+			if !strings.Contains(dom, want) {
+				t.Errorf("%s: the rendered page lacks %q", address, want)
+			}
+		}
+		if _, rows, _ := strings.Cut(dom, `class="key">`); !strings.HasPrefix(rows, `<details><summary title="`+longIPv6+`">`) {
+			t.Errorf("%s: the first key row is not %s's", address, longIPv6)
+		}
+		if t.Failed() {
+			t.Fatalf("rendered page:\n%s", dom)
+		}
+	}
+}
+
+// TestStatusPageOnAPhone opens the page from the site in Chromium as a
+// phone 360 px wide shows it, with the IPv6 address and the API key
+// among the top keys and the shedder shedding. The page does not scroll
+// sideways, nor does any table in it; each long key is cut in the
+// middle, its head cut short yet showing at least as much as its tail,
+// its tail whole, and the whole key is its title. A tap opens the key
+// whole, without sideways scrolling, and it stays open when the page
+// refreshes.
+//
+// With STATUS_PAGE_SCREENSHOT set to a file, the test also saves the
+// page as a phone 390 px wide shows it there: that is how
+// docs/status-page.png is made.
+func TestStatusPageOnAPhone(t *testing.T) {
+	integration(t)
+	browser := chromium(t)
+	s := startStatusSite(t)
+	s.saturate(t)
+	page := openDevTools(t, browser, strings.Replace(s.site, "http://", "http://ops:secret@", 1)+"/limits/", 360)
+	waitFor(t, "the page to show the shedder shedding", func() bool {
+		var shown bool
+		// Until the page loads, the tab shows about:blank.
+		page.eval(`(document.getElementById("status")?.textContent ?? "").startsWith("Updated") && document.querySelector("#shedders .shedding") !== null`, &shown)
+		return shown
+	})
+
+	// layout measures what scrolls sideways and how the long keys show: a
+	// part of a key is cut if its text is wider than the box that shows it.
+	const layout = `(() => {
+		const doc = document.documentElement;
+		const text = document.createRange();
+		const width = e => e.getBoundingClientRect().width;
+		const cut = e => { text.selectNodeContents(e); return width(text) > width(e) + 1; };
+		return {
+			viewport: doc.clientWidth,
+			page: doc.scrollWidth,
+			tables: [...document.querySelectorAll(".scroll")].map(e => [e.scrollWidth, e.clientWidth]),
+			keys: [...document.querySelectorAll("td.key summary")].map(s => {
+				const [head, tail] = s.children;
+				return {title: s.title, open: s.parentElement.open, headCut: cut(head), tailCut: cut(tail), headShown: width(head), tailShown: width(tail)};
+			}),
+		};
+	})()`
+	type keyLayout struct {
+		Title                  string
+		Open, HeadCut, TailCut bool
+		HeadShown, TailShown   float64
+	}
+	var got struct {
+		Viewport, Page int
+		Tables         [][2]int
+		Keys           []keyLayout
+	}
+	noSidewaysScroll := func(when string) {
+		t.Helper()
+		if got.Viewport != 360 || got.Page > got.Viewport {
+			t.Errorf("%s: the page is %d px wide in a viewport of %d, want it within 360", when, got.Page, got.Viewport)
+		}
+		for _, tw := range got.Tables {
+			if tw[0] > tw[1] {
+				t.Errorf("%s: a table is %d px wide in a box of %d: it scrolls sideways", when, tw[0], tw[1])
+			}
+		}
+	}
+	keyOf := func(title string) keyLayout {
+		t.Helper()
+		for _, k := range got.Keys {
+			if k.Title == title {
+				return k
+			}
+		}
+		t.Fatalf("no shortened key %s among %+v", title, got.Keys)
+		return keyLayout{}
+	}
+
+	page.eval(layout, &got)
+	noSidewaysScroll("at 360 px")
+	for _, key := range []string{longIPv6, longAPIKey} {
+		if k := keyOf(key); k.Open || !k.HeadCut || k.TailCut || k.HeadShown < k.TailShown {
+			t.Errorf("%s shows as %+v; want its head cut, showing at least as much as its whole tail", key, k)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// A tap on the IPv6 address; then a refresh, which rebuilds the
+	// tables: the cards the tap saw are gone.
+	page.eval(`(() => {
+		document.querySelector('td.key summary[title="`+longIPv6+`"]').click();
+		document.getElementById("zones").firstElementChild.dataset.seen = "before the refresh";
+		return true;
+	})()`, new(bool))
+	waitFor(t, "the page to refresh", func() bool {
+		var refreshed bool
+		page.eval(`document.querySelector("#zones [data-seen]") === null`, &refreshed)
+		return refreshed
+	})
+	page.eval(layout, &got)
+	noSidewaysScroll("with a key opened")
+	if k := keyOf(longIPv6); !k.Open || k.HeadCut || k.TailCut {
+		t.Errorf("%s after a tap and a refresh: %+v, want it open and whole", longIPv6, k)
+	}
+	if k := keyOf(longAPIKey); k.Open {
+		t.Errorf("%s opened with no tap on it", longAPIKey)
+	}
+
+	if file := os.Getenv("STATUS_PAGE_SCREENSHOT"); file != "" && !t.Failed() {
+		page.eval(`(() => { document.querySelector("details[open] summary").click(); return true; })()`, new(bool))
+		page.screenshot(t, file, 390)
+		t.Logf("saved the page at 390 px wide in %s", file)
+	}
+}
+
 // chromium returns the path of a Chromium (or Chrome) binary. Without one
 // it skips t, or fails it under CI=true: CI must install one.
 func chromium(t *testing.T) string {
@@ -123,4 +270,145 @@ func headless(t *testing.T, browser, url string, args ...string) string {
 		t.Fatalf("%s: %v\n%s", browser, err, stderr.String())
 	}
 	return string(out)
+}
+
+// devTools is a page in a headless Chromium driven over the DevTools
+// protocol on a pipe (--remote-debugging-pipe): commands go to the
+// browser's fd 3, answers and events come from its fd 4, each a JSON
+// message ended by a NUL byte. It needs no port and no WebSocket.
+type devTools struct {
+	t       *testing.T
+	send    *os.File
+	recv    *bufio.Reader
+	id      int
+	session string // the page's, once attached
+}
+
+// openDevTools starts the browser, opens a page as a phone width px wide
+// shows it, and loads url in it, as typed in the address bar. The browser
+// is stopped when t ends.
+func openDevTools(t *testing.T, browser, url string, width int) *devTools {
+	t.Helper()
+	browserIn, send, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv, browserOut, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	cmd := exec.CommandContext(ctx, browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir="+t.TempDir(), "--remote-debugging-pipe")
+	cmd.ExtraFiles = []*os.File{browserIn, browserOut} // its fds 3 and 4
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	browserIn.Close()
+	browserOut.Close()
+	t.Cleanup(func() {
+		send.Close() // the browser exits when its pipe closes
+		if err := cmd.Wait(); err != nil && t.Failed() {
+			t.Logf("%s: %v\n%s", browser, err, stderr.String())
+		}
+		cancel()
+		recv.Close()
+	})
+	d := &devTools{t: t, send: send, recv: bufio.NewReader(recv)}
+	var target struct{ TargetID string }
+	d.call("Target.createTarget", map[string]any{"url": "about:blank"}, &target)
+	var attached struct{ SessionID string }
+	d.call("Target.attachToTarget", map[string]any{"targetId": target.TargetID, "flatten": true}, &attached)
+	d.session = attached.SessionID
+	d.resize(width, 800)
+	d.call("Page.navigate", map[string]any{"url": url}, nil)
+	return d
+}
+
+// call sends a command and decodes its answer's result into result
+// (unless nil), skipping the events that come before it.
+func (d *devTools) call(method string, params any, result any) {
+	d.t.Helper()
+	d.id++
+	msg := map[string]any{"id": d.id, "method": method, "params": params}
+	if d.session != "" {
+		msg["sessionId"] = d.session
+	}
+	b, err := json.Marshal(msg)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if _, err := d.send.Write(append(b, 0)); err != nil {
+		d.t.Fatalf("%s: %v", method, err)
+	}
+	for {
+		b, err := d.recv.ReadBytes(0)
+		if err != nil {
+			d.t.Fatalf("%s: reading the browser's answer: %v", method, err)
+		}
+		var answer struct {
+			ID     int
+			Result json.RawMessage
+			Error  *struct{ Message string }
+		}
+		if err := json.Unmarshal(b[:len(b)-1], &answer); err != nil {
+			d.t.Fatalf("%s: %v: %s", method, err, b)
+		}
+		if answer.ID != d.id {
+			continue
+		}
+		if answer.Error != nil {
+			d.t.Fatalf("%s: %s", method, answer.Error.Message)
+		}
+		if result != nil {
+			if err := json.Unmarshal(answer.Result, result); err != nil {
+				d.t.Fatalf("%s: %v: %s", method, err, answer.Result)
+			}
+		}
+		return
+	}
+}
+
+// eval evaluates a JavaScript expression in the page and decodes its
+// value into v.
+func (d *devTools) eval(expr string, v any) {
+	d.t.Helper()
+	var out struct {
+		Result           struct{ Value json.RawMessage }
+		ExceptionDetails *struct {
+			Exception struct{ Description string }
+		}
+	}
+	d.call("Runtime.evaluate", map[string]any{"expression": expr, "returnByValue": true}, &out)
+	if out.ExceptionDetails != nil {
+		d.t.Fatalf("%s: %s", expr, out.ExceptionDetails.Exception.Description)
+	}
+	if err := json.Unmarshal(out.Result.Value, v); err != nil {
+		d.t.Fatalf("%s: %v: %s", expr, err, out.Result.Value)
+	}
+}
+
+// resize makes the page a phone's screen of width by height px.
+func (d *devTools) resize(width, height int) {
+	d.t.Helper()
+	d.call("Emulation.setDeviceMetricsOverride", map[string]any{"width": width, "height": height, "deviceScaleFactor": 1, "mobile": true}, nil)
+}
+
+// screenshot saves the whole page, as a phone width px wide shows it, as
+// a PNG file.
+func (d *devTools) screenshot(t *testing.T, file string, width int) {
+	t.Helper()
+	d.resize(width, 800)
+	var height int
+	d.eval(`document.documentElement.scrollHeight`, &height)
+	d.resize(width, height)
+	var shot struct{ Data []byte }
+	d.call("Page.captureScreenshot", map[string]any{"format": "png"}, &shot)
+	if err := os.WriteFile(file, shot.Data, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	ratelimit "github.com/d61b427a/caddy-rate-limit"
 )
 
 // topAnswer is GET /rate_limit/zones/<zone>/top's answer.
@@ -31,12 +33,13 @@ func topKeys(t *testing.T, zone, query string) topAnswer {
 
 // TestTopKeysThroughCaddy: after traffic from many clients and a hammering
 // one, the admin API names the hammering client first, with its requests
-// and rejections; ?n bounds the answer and a bad n is refused; with
-// log_keys off the keys are hashes.
+// and rejections; ?n bounds the answer and a bad n is refused; by
+// default the keys are their hashes, never the keys.
 func TestTopKeysThroughCaddy(t *testing.T) {
 	startCaddy(t, `
-:9080 {
+`+siteAddr+` {
 	rate_limit {
+		log_keys on
 		zone top_open {
 			key {header.X-Client}
 			limit 5
@@ -45,9 +48,8 @@ func TestTopKeysThroughCaddy(t *testing.T) {
 	}
 	respond "ok"
 }
-:9081 {
+`+site2Addr+` {
 	rate_limit {
-		log_keys off
 		zone top_hidden {
 			key {header.X-Client}
 			limit 5
@@ -74,10 +76,13 @@ func TestTopKeysThroughCaddy(t *testing.T) {
 		t.Fatalf("n=0: %d %s, want 400 naming n", code, body)
 	}
 	for range 7 {
-		getURL(t, "http://localhost:9081/", "runaway")
+		getURL(t, site2URL+"/", "runaway")
 	}
 	h := topKeys(t, "top_hidden", "")
-	if len(h.Keys) != 1 || h.Keys[0].Key == "runaway" || !strings.HasPrefix(h.Keys[0].Key, "#") || h.Keys[0].Rejected != 2 {
-		t.Fatalf("log_keys off: %+v, want the key as a hash, 2 rejected", h)
+	if len(h.Keys) != 1 || h.Keys[0].Key != ratelimit.HiddenKey("runaway") || h.Keys[0].Rejected != 2 {
+		t.Fatalf("by default: %+v, want the key as its hash %s, 2 rejected", h, ratelimit.HiddenKey("runaway"))
+	}
+	if _, body := adminJSON(t, adminURL, http.MethodGet, "/rate_limit/zones/top_hidden/top", ""); strings.Contains(body, "runaway") {
+		t.Fatalf("by default, top keys show the key: %s", body)
 	}
 }

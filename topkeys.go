@@ -2,45 +2,100 @@ package ratelimit
 
 import (
 	"cmp"
+	"hash/maphash"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // topKeys finds a zone's heaviest keys over about the last minute, in
-// memory that does not grow with the number of keys: a Space-Saving
-// summary (Metwally, Agrawal and El Abbadi, 2005) of at most topTracked
-// keys. A key seen and not tracked takes the place of the tracked key with
-// the fewest requests, and inherits its count as its error: every count
-// is then at most error more than the truth, and a key with more requests
-// than error is certain to be tracked.
+// memory that does not grow with the number of keys: Space-Saving
+// summaries (Metwally, Agrawal and El Abbadi, 2005) of at most topTracked
+// keys in all. A key seen and not tracked takes the place of the tracked
+// key with the fewest requests, and inherits its count as its error:
+// every count is then at most error more than the truth, and a key with
+// more requests than error is certain to be tracked.
+//
+// A zone's requests come from every CPU at once, so the summary is split
+// by a keyed hash of the key into topShards shards, each with its own
+// lock and a topPerShard-key summary: requests of different keys rarely
+// wait for each other, and the requests of one key wait for each other
+// no more than they do in the memory store, which locks the key's shard
+// too. A key always goes to the same shard, so the shards track disjoint
+// keys and their answers are merged by adding them up; a count is
+// overstated by at most its shard's error, so by at most the largest.
 //
 // Two summaries take turns, each topPeriod long: the answer is the sum of
 // the current one and the one before it, so it covers between one and two
-// periods.
+// periods. A timer turns them, not the requests: a request reads no
+// clock. The timer runs only while the zone has traffic: a turn that
+// finds nothing counted in the period it ends stops it, and the next
+// request starts it again.
 type topKeys struct {
-	mu       sync.Mutex
-	now      func() time.Time
-	started  time.Time
-	current  topSummary
-	previous topSummary
+	shards [topShards]topShard
+	// period is how long each summary counts: topPeriod, shorter in
+	// tests.
+	period time.Duration
+	// turning tells that a timer will turn the summaries: read by every
+	// request, written only when the timer starts or stops.
+	turning atomic.Bool
 }
 
-// topTracked bounds the keys a summary tracks.
+// topTracked bounds the keys a zone's summary tracks, in all its shards.
 const topTracked = 128
 
 // topPeriod is how long each of the two summaries counts.
 const topPeriod = 30 * time.Second
 
+// topShards is how many shards a summary is split in, and topPerShard how
+// many keys each tracks. With fewer keys a shard, a key that makes room
+// inherits a count of about the same share of the shard's requests as in
+// one summary of topTracked keys: hashing spreads the requests evenly.
+const (
+	topShards   = 8
+	topPerShard = topTracked / topShards
+	// topIndexSlots is the size of a summary's index: twice its keys, so
+	// that it is at most half full, and a probe seldom passes a slot.
+	topIndexSlots = 2 * topPerShard
+	topIndexShift = 64 - 5 // a hash's top 5 bits pick its slot in the index
+)
+
+// topSeed keys the hash that picks a key's shard and index slot, so that
+// no client can choose keys that pile up in one shard. A summary tells
+// keys apart by this hash: two keys that hashed alike would share an
+// entry, with odds too small to matter (about 1 in 2^64 a pair), and no
+// one can aim at it without the seed, which never leaves the process.
+var topSeed = maphash.MakeSeed()
+
+// topShard is one shard of a zone's summary, under its own lock.
+type topShard struct {
+	mu       sync.Mutex
+	current  topSummary
+	previous topSummary
+}
+
+// topSummary is a Space-Saving summary of at most topPerShard keys, with
+// the key of fewest requests always at hand: entries are kept in a
+// min-heap by requests, so counting a request, or making room for a new
+// key, moves an entry a few places at most and scans nothing. An index
+// by hash finds a key's entry. Entry numbers are a byte, and 0 in the
+// index marks an empty slot, so it holds entry numbers plus one.
 type topSummary struct {
-	index   map[string]int
-	entries []topEntry
+	entries [topPerShard]topEntry
+	n       uint8 // entries in use
+	// heap holds entry numbers, each one's requests at most its
+	// children's; at is where each entry is in heap.
+	heap  [topPerShard]uint8
+	at    [topPerShard]uint8
+	index [topIndexSlots]uint8
 }
 
 // topEntry is a tracked key and its counts: requests (Space-Saving's
 // count), of them rejected, and err, the most requests may be overstated.
 type topEntry struct {
+	hash                    uint64
 	key                     string
 	requests, rejected, err int64
 }
@@ -59,65 +114,176 @@ func topKeysFor(zone string) *topKeys {
 	defer summaries.Unlock()
 	t := summaries.m[zone]
 	if t == nil {
-		t = &topKeys{now: time.Now}
+		t = newTopKeys(topPeriod)
 		summaries.m[zone] = t
 	}
 	return t
 }
 
-// add counts a request of key, rejected or not.
-func (t *topKeys) add(key string, rejected bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.turn()
-	t.current.add(key, rejected)
+// newTopKeys returns an empty summary whose two summaries take turns
+// every period.
+func newTopKeys(period time.Duration) *topKeys {
+	return &topKeys{period: period}
 }
 
-// turn starts a new period if the current one is over; the caller holds
-// mu.
-func (t *topKeys) turn() {
-	now := t.now()
-	if elapsed := now.Sub(t.started); elapsed >= topPeriod {
-		if elapsed >= 2*topPeriod {
-			t.previous = topSummary{}
-		} else {
-			t.previous = t.current
-		}
-		t.current = topSummary{}
-		t.started = now
+// add counts a request of key, rejected or not.
+func (t *topKeys) add(key string, rejected bool) {
+	h := maphash.String(topSeed, key)
+	s := &t.shards[h%topShards]
+	s.mu.Lock()
+	s.current.add(h, key, rejected)
+	s.mu.Unlock()
+	// After the count, so that a turn that stops the timer either sees
+	// the count or is seen to have stopped it.
+	if !t.turning.Load() && t.turning.CompareAndSwap(false, true) {
+		time.AfterFunc(t.period, t.turnLater)
 	}
 }
 
-func (s *topSummary) add(key string, rejected bool) {
+// turnLater turns the summaries, and again a period later unless the
+// zone went idle.
+func (t *topKeys) turnLater() {
+	if !t.turn() {
+		time.AfterFunc(t.period, t.turnLater)
+	}
+}
+
+// turn starts a new period: the current summaries become the previous
+// ones, the previous ones are forgotten. It reports whether nothing was
+// counted in the period that ended; then the summaries are all empty, and
+// the timer stops until the next request.
+func (t *topKeys) turn() (idle bool) {
+	// Every shard at once, so that no request counts between the check
+	// that all are empty and the timer's stop.
+	for i := range t.shards {
+		t.shards[i].mu.Lock()
+	}
+	idle = true
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.previous, s.current = s.current, topSummary{}
+		idle = idle && s.previous.n == 0
+	}
+	if idle {
+		t.turning.Store(false)
+	}
+	for i := range t.shards {
+		t.shards[i].mu.Unlock()
+	}
+	return idle
+}
+
+// add counts a request of key, whose hash is h.
+func (s *topSummary) add(h uint64, key string, rejected bool) {
 	var r int64
 	if rejected {
 		r = 1
 	}
-	if i, ok := s.index[key]; ok {
-		s.entries[i].requests++
-		s.entries[i].rejected += r
+	slot, found := s.find(h)
+	if found {
+		e := s.index[slot] - 1
+		s.entries[e].requests++
+		s.entries[e].rejected += r
+		s.down(int(s.at[e]))
 		return
 	}
-	if s.index == nil {
-		s.index = make(map[string]int, topTracked)
-		s.entries = make([]topEntry, 0, topTracked)
-	}
-	if len(s.entries) < topTracked {
-		s.index[key] = len(s.entries)
-		s.entries = append(s.entries, topEntry{key: key, requests: 1, rejected: r})
+	if s.n < topPerShard {
+		e := s.n
+		s.n++
+		s.entries[e] = topEntry{hash: h, key: key, requests: 1, rejected: r}
+		s.index[slot] = e + 1
+		s.heap[e], s.at[e] = e, e
+		s.up(int(e))
 		return
 	}
-	// Full: the key takes the place of the one with the fewest requests.
-	least := 0
-	for i, e := range s.entries {
-		if e.requests < s.entries[least].requests {
-			least = i
+	// Full: the key takes the place of the one with the fewest requests,
+	// at the heap's top.
+	e := s.heap[0]
+	old := s.entries[e]
+	s.unindex(old.hash)
+	slot, _ = s.find(h)
+	s.index[slot] = e + 1
+	s.entries[e] = topEntry{hash: h, key: key, requests: old.requests + 1, rejected: r, err: old.requests}
+	s.down(0)
+}
+
+// find returns the index slot holding the entry of hash h and true, or
+// the empty slot where it would go and false. The index is never full, so
+// probing ends.
+func (s *topSummary) find(h uint64) (int, bool) {
+	for i := int(h >> topIndexShift); ; i = (i + 1) % topIndexSlots {
+		e := s.index[i]
+		if e == 0 {
+			return i, false
+		}
+		if s.entries[e-1].hash == h {
+			return i, true
 		}
 	}
-	old := s.entries[least]
-	delete(s.index, old.key)
-	s.index[key] = least
-	s.entries[least] = topEntry{key: key, requests: old.requests + 1, rejected: r, err: old.requests}
+}
+
+// unindex removes hash h, which the index holds, shifting the slots after
+// it back so that no probe stops short at the hole.
+func (s *topSummary) unindex(h uint64) {
+	hole, _ := s.find(h)
+	for i := (hole + 1) % topIndexSlots; s.index[i] != 0; i = (i + 1) % topIndexSlots {
+		home := int(s.entries[s.index[i]-1].hash >> topIndexShift)
+		// The entry at i may fill the hole unless its home slot lies
+		// after the hole, up to i (cyclically): then the hole is before
+		// where a probe for it starts.
+		if hole < i && hole < home && home <= i || i < hole && (hole < home || home <= i) {
+			continue
+		}
+		s.index[hole] = s.index[i]
+		hole = i
+	}
+	s.index[hole] = 0
+}
+
+// less reports whether the entry at heap position i has fewer requests
+// than the one at j.
+func (s *topSummary) less(i, j int) bool {
+	return s.entries[s.heap[i]].requests < s.entries[s.heap[j]].requests
+}
+
+func (s *topSummary) swap(i, j int) {
+	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
+	s.at[s.heap[i]], s.at[s.heap[j]] = uint8(i), uint8(j)
+}
+
+// up moves the entry at heap position i towards the top while it has
+// fewer requests than its parent.
+func (s *topSummary) up(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !s.less(i, parent) {
+			return
+		}
+		s.swap(i, parent)
+		i = parent
+	}
+}
+
+// down moves the entry at heap position i away from the top while a child
+// has fewer requests. A key counted again only gains requests, so this is
+// all it needs; the heaviest keys sit at the bottom, where it costs
+// nothing.
+func (s *topSummary) down(i int) {
+	n := int(s.n)
+	for {
+		least := i
+		if l := 2*i + 1; l < n && s.less(l, least) {
+			least = l
+		}
+		if r := 2*i + 2; r < n && s.less(r, least) {
+			least = r
+		}
+		if least == i {
+			return
+		}
+		s.swap(i, least)
+		i = least
+	}
 }
 
 // topKey is a key as GET /rate_limit/zones/<zone>/top shows it.
@@ -128,27 +294,29 @@ type topKey struct {
 }
 
 // top returns the n heaviest keys, sorted by rejected, then requests,
-// then key, and the most any count may be overstated.
+// then key, and the most any count may be overstated: in each period, a
+// key's count is overstated by at most the largest error of its shard's
+// summary, so by at most the largest of all the shards'.
 func (t *topKeys) top(n int) ([]topKey, int64) {
-	t.mu.Lock()
-	t.turn()
 	merged := map[string]*topKey{}
-	var bound int64
-	for _, s := range []*topSummary{&t.previous, &t.current} {
-		var most int64
-		for _, e := range s.entries {
-			most = max(most, e.err)
-			k := merged[e.key]
-			if k == nil {
-				k = &topKey{Key: e.key}
-				merged[e.key] = k
+	var most [2]int64 // the largest error of each period's summaries
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		for p, sum := range []*topSummary{&s.previous, &s.current} {
+			for _, e := range sum.entries[:sum.n] {
+				most[p] = max(most[p], e.err)
+				k := merged[e.key]
+				if k == nil {
+					k = &topKey{Key: e.key}
+					merged[e.key] = k
+				}
+				k.Requests += e.requests
+				k.Rejected += e.rejected
 			}
-			k.Requests += e.requests
-			k.Rejected += e.rejected
 		}
-		bound += most
+		s.mu.Unlock()
 	}
-	t.mu.Unlock()
 	out := make([]topKey, 0, len(merged))
 	for _, k := range merged {
 		out = append(out, *k)
@@ -165,5 +333,5 @@ func (t *topKeys) top(n int) ([]topKey, int64) {
 	if len(out) > n {
 		out = out[:n]
 	}
-	return out, bound
+	return out, most[0] + most[1]
 }

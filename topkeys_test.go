@@ -2,11 +2,11 @@ package ratelimit
 
 import (
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 )
 
 // TestTopKeysFindsHeavyHitters: among 100,000 keys seen once or twice,
@@ -14,8 +14,7 @@ import (
 // most the error the summary reports and never understated, in at most
 // topTracked entries.
 func TestTopKeysFindsHeavyHitters(t *testing.T) {
-	clock := clocktest.New(time.Unix(1_800_000_000, 0))
-	tk := &topKeys{now: clock.Now}
+	tk := newTopKeys(time.Hour)
 	rng := rand.New(rand.NewPCG(29, 1))
 	truth := map[string][2]int64{}
 	heavy := map[string]int{"ci-runner": 5000, "scraper": 3000, "script-50-workers": 2000}
@@ -42,7 +41,7 @@ func TestTopKeysFindsHeavyHitters(t *testing.T) {
 		}
 		truth[k] = c
 	}
-	if n := len(tk.current.entries); n > topTracked {
+	if n := tk.tracked(); n > topTracked {
 		t.Fatalf("%d keys tracked, want at most %d", n, topTracked)
 	}
 	keys, bound := tk.top(3)
@@ -58,46 +57,176 @@ func TestTopKeysFindsHeavyHitters(t *testing.T) {
 	t.Logf("top 3 of %d requests over %d keys: %+v, error bound %d", len(stream), len(truth), keys, bound)
 }
 
+// tracked counts the keys the current summaries track.
+func (t *topKeys) tracked() int {
+	n := 0
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		n += int(s.current.n)
+		s.mu.Unlock()
+	}
+	return n
+}
+
 // TestTopKeysForgetsOldPeriods: a key not seen for two periods is gone;
 // one seen in the period before still counts.
 func TestTopKeysForgetsOldPeriods(t *testing.T) {
-	clock := clocktest.New(time.Unix(1_800_000_000, 0))
-	tk := &topKeys{now: clock.Now}
+	tk := newTopKeys(time.Hour)
 	tk.add("old", true)
-	clock.Add(topPeriod)
+	tk.turn()
 	tk.add("recent", false)
 	if keys, _ := tk.top(10); len(keys) != 2 || keys[0].Key != "old" {
 		t.Fatalf("one period on: %+v, want old (rejected) then recent", keys)
 	}
-	clock.Add(topPeriod)
+	tk.turn()
 	if keys, _ := tk.top(10); len(keys) != 1 || keys[0].Key != "recent" {
 		t.Fatalf("two periods on: %+v, want recent alone", keys)
 	}
-	clock.Add(2 * topPeriod)
+	tk.turn()
 	if keys, _ := tk.top(10); len(keys) != 0 {
 		t.Fatalf("long after: %+v, want none", keys)
 	}
 }
 
+// TestTopKeysTimerTurns: a timer turns the periods while the zone has
+// traffic, and stops once a whole period went by without a request; the
+// next request starts it again.
+func TestTopKeysTimerTurns(t *testing.T) {
+	tk := newTopKeys(10 * time.Millisecond)
+	for round := range 2 {
+		tk.add("k", false)
+		if !tk.turning.Load() {
+			t.Fatalf("round %d: no timer after a request", round)
+		}
+		eventually(t, "the key to be forgotten", func() bool {
+			keys, _ := tk.top(10)
+			return len(keys) == 0
+		})
+		eventually(t, "the timer to stop", func() bool { return !tk.turning.Load() })
+	}
+}
+
+// eventually waits until cond holds, failing the test after 30 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// TestTopKeysSummaryInvariants: through a skewed stream of keys, each
+// shard's summary keeps Space-Saving's promises, checked against the true
+// counts after every request: each tracked key's count is at least its
+// true count and at most err more; a key not tracked by a full summary
+// has at most as many requests as the least count tracked (the one the
+// heap keeps at its top); the counts add up to the shard's requests; and
+// the index finds every tracked key.
+func TestTopKeysSummaryInvariants(t *testing.T) {
+	tk := newTopKeys(time.Hour)
+	rng := rand.New(rand.NewPCG(7, 11))
+	zipf := rand.NewZipf(rng, 1.1, 2, 999)
+	truth := map[string]int64{}
+	var perShard [topShards]int64
+	for step := range 20_000 {
+		k := fmt.Sprint("key-", zipf.Uint64())
+		tk.add(k, rng.IntN(4) == 0)
+		truth[k]++
+		h := maphash.String(topSeed, k)
+		perShard[h%topShards]++
+		if step%97 != 0 && step < 19_000 {
+			continue
+		}
+		for i := range tk.shards {
+			checkSummary(t, &tk.shards[i].current, perShard[i], truth, i)
+		}
+	}
+}
+
+// checkSummary checks the promises TestTopKeysSummaryInvariants names for
+// the summary s of shard, which counted requests in all.
+func checkSummary(t *testing.T, s *topSummary, requests int64, truth map[string]int64, shard int) {
+	t.Helper()
+	var sum int64
+	least := int64(-1)
+	tracked := map[string]bool{}
+	for i, e := range s.entries[:s.n] {
+		sum += e.requests
+		tracked[e.key] = true
+		if slot, ok := s.find(e.hash); !ok || s.index[slot]-1 != uint8(i) {
+			t.Fatalf("shard %d: entry %d (%s) not found by the index", shard, i, e.key)
+		}
+		if e.requests < truth[e.key] || e.requests-e.err > truth[e.key] {
+			t.Fatalf("shard %d: %s counted %d with error %d, true %d", shard, e.key, e.requests, e.err, truth[e.key])
+		}
+		if e.rejected > e.requests {
+			t.Fatalf("shard %d: %s has more rejections than requests", shard, e.key)
+		}
+		if least < 0 || e.requests < least {
+			least = e.requests
+		}
+	}
+	if sum != requests {
+		t.Fatalf("shard %d: counts add up to %d, %d requests", shard, sum, requests)
+	}
+	if s.n == 0 {
+		return
+	}
+	if got := s.entries[s.heap[0]].requests; got != least {
+		t.Fatalf("shard %d: the heap's top has %d requests, the least is %d", shard, got, least)
+	}
+	if s.n < topPerShard {
+		return
+	}
+	for k, n := range truth {
+		if !tracked[k] && maphash.String(topSeed, k)%topShards == uint64(shard) && n > least {
+			t.Fatalf("shard %d: %s not tracked with %d requests, more than the least tracked, %d", shard, k, n, least)
+		}
+	}
+}
+
 // BenchmarkTopKeysAdd: what a request costs the summary, for a key it
-// tracks and for keys it must make room for.
+// tracks and for keys it must make room for, one request at a time and
+// from every CPU at once (_parallel), as a zone's requests come.
 func BenchmarkTopKeysAdd(b *testing.B) {
+	keys := make([]string, 1<<20)
+	for i := range keys {
+		keys[i] = fmt.Sprint("key-", i)
+	}
 	b.Run("tracked", func(b *testing.B) {
-		tk := &topKeys{now: time.Now}
+		tk := newTopKeys(time.Hour)
 		for b.Loop() {
 			tk.add("203.0.113.9", false)
 		}
 	})
 	b.Run("100k_keys", func(b *testing.B) {
-		tk := &topKeys{now: time.Now}
-		keys := make([]string, 100_000)
-		for i := range keys {
-			keys[i] = fmt.Sprint("key-", i)
-		}
+		tk := newTopKeys(time.Hour)
 		i := 0
 		for b.Loop() {
-			tk.add(keys[i%len(keys)], false)
+			tk.add(keys[i%100_000], false)
 			i++
 		}
+	})
+	b.Run("tracked_parallel", func(b *testing.B) {
+		tk := newTopKeys(time.Hour)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				tk.add("203.0.113.9", false)
+			}
+		})
+	})
+	b.Run("rotating_parallel", func(b *testing.B) {
+		tk := newTopKeys(time.Hour)
+		var next atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			// Each goroutine its own run of the keys, each key new.
+			i := int(next.Add(1)) * 7919
+			for pb.Next() {
+				tk.add(keys[i%len(keys)], false)
+				i++
+			}
+		})
 	})
 }

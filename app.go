@@ -1,0 +1,120 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+	httpcaddyfile.RegisterGlobalOption("rate_limit", parseGlobalOption)
+}
+
+// App holds the rate limiter's settings for the whole Caddy process, as
+// opposed to one handler's: the admin API (admin.api.rate_limit) is one
+// per process, whatever the configs' handlers. In a Caddyfile it is the
+// global option
+//
+//	{
+//		rate_limit {
+//			admin_changes off
+//		}
+//	}
+type App struct {
+	// "off" turns off the admin API's routes that change state: a key's
+	// reset, per-key limit overrides and zone dials answer 403 Forbidden;
+	// the routes that read keep working. Default: "on". A rate_limit
+	// handler's admin_changes off does the same.
+	AdminChanges string `json:"admin_changes,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "rate_limit",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// Provision turns the admin API's changes off, if the app says so, while
+// its config runs.
+func (a *App) Provision(caddy.Context) error {
+	if a.AdminChanges == "off" {
+		turnChangesOff(a, "the global rate_limit option")
+	}
+	return nil
+}
+
+// Validate refuses an admin_changes other than on or off.
+func (a *App) Validate() error {
+	if err := checkOnOff(a.AdminChanges); err != nil {
+		return fmt.Errorf("rate_limit: admin_changes: %w", err)
+	}
+	return nil
+}
+
+// Start does nothing: the app only holds settings.
+func (*App) Start() error { return nil }
+
+// Stop does nothing: the app only holds settings.
+func (*App) Stop() error { return nil }
+
+// Cleanup gives back the app's say on the admin API's changes.
+func (a *App) Cleanup() error {
+	releaseChanges(a)
+	return nil
+}
+
+// parseGlobalOption reads the global option
+//
+//	rate_limit {
+//		admin_changes on|off
+//	}
+//
+// into the rate_limit app.
+func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	if existing != nil {
+		return nil, d.Err("rate_limit: repeated global option (want one rate_limit block)")
+	}
+	d.Next() // option name
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	app := new(App)
+	given := make(map[string]bool)
+	for d.NextBlock(0) {
+		dir := d.Val()
+		if given[dir] {
+			return nil, d.Errf("rate_limit: %s: repeated (want it once)", dir)
+		}
+		given[dir] = true
+		switch dir {
+		case "admin_changes":
+			if !d.AllArgs(&app.AdminChanges) {
+				return nil, d.ArgErr()
+			}
+			if err := checkOnOff(app.AdminChanges); err != nil {
+				return nil, d.Errf("rate_limit: admin_changes: %v", err)
+			}
+		default:
+			return nil, d.Errf("rate_limit: unknown global subdirective %q (want admin_changes)", dir)
+		}
+	}
+	raw, err := json.Marshal(app)
+	if err != nil {
+		return nil, err
+	}
+	return httpcaddyfile.App{Name: "rate_limit", Value: raw}, nil
+}
+
+// Interface guards
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.Validator    = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+)

@@ -1,0 +1,45 @@
+package ratelimit
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+)
+
+// TestGlobalOption: the global option rate_limit { admin_changes off }
+// becomes the rate_limit app; a bad value, an unknown subdirective and a
+// second rate_limit block are refused, naming what is wrong.
+func TestGlobalOption(t *testing.T) {
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	site := ":9080 {\n\trespond \"ok\"\n}\n"
+	out, _, err := adapter.Adapt([]byte("{\n\trate_limit {\n\t\tadmin_changes off\n\t}\n}\n"+site), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Apps struct {
+			RateLimit *App `json:"rate_limit"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(out, &cfg); err != nil || cfg.Apps.RateLimit == nil || cfg.Apps.RateLimit.AdminChanges != "off" {
+		t.Fatalf("adapted to %s, want apps.rate_limit.admin_changes off", out)
+	}
+	for _, c := range []struct{ name, global, directive, value string }{
+		{"bad value", "rate_limit {\n\t\tadmin_changes never\n\t}", "admin_changes", "never"},
+		{"unknown", "rate_limit {\n\t\tlog_keys on\n\t}", "rate_limit", "log_keys"},
+		{"repeated", "rate_limit {\n\t\tadmin_changes off\n\t\tadmin_changes on\n\t}", "admin_changes", "repeated"},
+		{"twice", "rate_limit {\n\t\tadmin_changes off\n\t}\n\trate_limit {\n\t\tadmin_changes off\n\t}", "rate_limit", "repeated"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, _, err := adapter.Adapt([]byte("{\n\t"+c.global+"\n}\n"+site), nil)
+			if err == nil {
+				t.Fatal("adapted without error")
+			}
+			assertNames(t, err.Error(), c.directive, c.value)
+		})
+	}
+	if err := (&App{AdminChanges: "never"}).Validate(); err == nil {
+		t.Fatal(`JSON admin_changes "never" accepted`)
+	}
+}

@@ -1,0 +1,222 @@
+package ratelimit_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	ratelimit "github.com/d61b427a/caddy-rate-limit"
+	"github.com/d61b427a/caddy-rate-limit/internal/race"
+	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+)
+
+// TestMillionKeysStayBounded floods a real Caddy with a million distinct
+// keys through every per-key structure on the request path, and shows by
+// their counts that none grows with the keys:
+//
+//   - /mem: each key is charged in a memory zone (the store's keys, bound
+//     by max_keys), then refused and banned by a second zone (the bans,
+//     the rate_limit_exceeded events' dedup), with three overrides in
+//     force; both zones count the key in their top keys.
+//   - /redis: each key asks a Redis zone with lease on (a key seen once
+//     leaves no lease record) and a zone with room for one request. The
+//     last 100,000 keys come twice: the second request makes a lease
+//     record (at most 16,384) and is refused by the second zone, which the
+//     deny cache remembers (at most 65,536 entries).
+//
+// The counts come from caddy_http_rate_limit_store_entries, what an
+// operator sees, and the top-keys summaries.
+func TestMillionKeysStayBounded(t *testing.T) {
+	integration(t)
+	if race.Enabled {
+		t.Skip("a million requests take too long under the race detector; the structures' own tests run under it")
+	}
+	const (
+		keys    = 1_000_000
+		twice   = 100_000
+		maxKeys = 100_000
+		// The memory store's 64 shards each hold their share of
+		// max_keys, rounded up.
+		storeBound = (maxKeys + 63) / 64 * 64
+	)
+	s := redistest.Standalone(t)
+	store := "store memory {\n\t\t\t\tmax_keys " + fmt.Sprint(maxKeys) + "\n\t\t\t}"
+	startCaddyWithEvents(t, fmt.Sprintf(`
+`+siteAddr+` {
+	route /mem {
+		rate_limit {
+			%[1]s
+			zone flood_keys {
+				key {header.X-Key}
+				limit 1000
+				window 1h
+			}
+		}
+		rate_limit {
+			%[1]s
+			zone flood_bans {
+				key {header.X-Key}
+				limit 1
+				window 1h
+				cost GET 2
+				ban 1h
+			}
+		}
+		respond "ok"
+	}
+	route /redis {
+		rate_limit {
+			%[2]s
+			zone flood_leases {
+				key {header.X-Key}
+				limit 1000
+				window 1h
+			}
+			zone flood_denials {
+				key {header.X-Key}
+				limit 1
+				window 1h
+			}
+		}
+		respond "ok"
+	}
+}
+`, store, redisStore("address "+s.URL()+"\nlease on")))
+	for i := range 3 {
+		if code, body := adminJSON(t, adminURL, http.MethodPut, fmt.Sprintf("/rate_limit/zones/flood_keys/keys/vip-%d/limit", i), `{"limit": 5000, "ttl": "1h"}`); code != http.StatusOK {
+			t.Fatalf("override: %d %s", code, body)
+		}
+	}
+
+	// The top keys turn every 30 s, and forget a zone's keys a minute
+	// after its last request: each zone is counted right after its flood.
+	topKeys := func(zones ...string) {
+		for _, zone := range zones {
+			n := ratelimit.TopKeysTracked(zone)
+			t.Logf("zone %s: top keys track %d keys", zone, n)
+			if n < 1 || n > 2*128 {
+				t.Errorf("zone %s's top keys track %d keys, want 1 to 256 (128 in each of the two turns)", zone, n)
+			}
+		}
+	}
+	mem := flood(t, "/mem", keys, func(i int) int { return 1 })
+	if mem[http.StatusTooManyRequests] != keys {
+		t.Fatalf("/mem answered %v, want %d refusals (every key banned at its first request)", mem, keys)
+	}
+	topKeys("flood_keys", "flood_bans")
+	// The keys that come twice come last, so that their records are
+	// still there to count: a record unused for 10 s is forgotten.
+	redis := flood(t, "/redis", keys, func(i int) int {
+		if i >= keys-twice {
+			return 2
+		}
+		return 1
+	})
+	if redis[http.StatusOK] != keys || redis[http.StatusTooManyRequests] != twice {
+		t.Fatalf("/redis answered %v, want %d allowed and %d refused (the second request of a key)", redis, keys, twice)
+	}
+	topKeys("flood_leases", "flood_denials")
+
+	entries := func(store, kind string) int {
+		return metricCount(t, fmt.Sprintf(`caddy_http_rate_limit_store_entries{kind=%q,store=%q}`, kind, store))
+	}
+	for _, c := range []struct {
+		store, kind string
+		least, most int
+	}{
+		// Every key was charged in flood_keys; the store keeps its bound.
+		{"memory", "keys", 1, storeBound},
+		// Bans are kept up to the store's bound too, the first to end
+		// going first.
+		{"memory", "bans", 1, storeBound},
+		{"memory", "overrides", 3, 3},
+		// The lease table: records only for keys asked for twice, at most
+		// 16,384 (docs/redis.md).
+		{"redis", "leases", 1, 16_384},
+		{"redis", "denials", 1, 65_536},
+	} {
+		n := entries(c.store, c.kind)
+		t.Logf("%s %s: %d entries after %d keys", c.store, c.kind, n, keys)
+		if n < c.least || n > c.most {
+			t.Errorf("%s %s: %d entries, want %d to %d", c.store, c.kind, n, c.least, c.most)
+		}
+	}
+	// One event per key and window: as many events as keys refused (each
+	// key here is refused once), whatever the dedup table can hold.
+	recorded.Lock()
+	events := recorded.total
+	recorded.Unlock()
+	t.Logf("%d rate_limit_exceeded events for %d keys refused", events, keys+twice)
+	if events != keys+twice {
+		t.Errorf("%d events for %d keys refused once each, want one each", events, keys+twice)
+	}
+}
+
+// flood sends GET path with keys distinct X-Key values, key i repeat(i)
+// times in a row, over pipelined connections (a few hundred requests in
+// flight at once, as HTTP/1.1 allows, so that Redis calls are shared), and counts the answers by status.
+func flood(t *testing.T, path string, keys int, repeat func(i int) int) map[int]int {
+	t.Helper()
+	const conns = 256
+	var (
+		mu       sync.Mutex
+		byStatus = map[int]int{}
+		wg       sync.WaitGroup
+		errs     = make(chan error, conns)
+	)
+	for c := range conns {
+		wg.Go(func() {
+			conn, err := net.Dial("tcp", siteHostPort)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close()
+			sent := 0
+			go func() {
+				w := bufio.NewWriterSize(conn, 64<<10)
+				for i := c; i < keys; i += conns {
+					for range repeat(i) {
+						fmt.Fprintf(w, "GET %s HTTP/1.1\r\nHost: localhost\r\nX-Key: flood-%d\r\n\r\n", path, i)
+					}
+				}
+				w.Flush()
+			}()
+			for i := c; i < keys; i += conns {
+				sent += repeat(i)
+			}
+			r := bufio.NewReaderSize(conn, 64<<10)
+			local := map[int]int{}
+			for range sent {
+				resp, err := http.ReadResponse(r, nil)
+				if err != nil {
+					errs <- fmt.Errorf("connection %d: %w", c, err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				local[resp.StatusCode]++
+			}
+			mu.Lock()
+			for k, v := range local {
+				byStatus[k] += v
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	close(errs)
+	var all []string
+	for err := range errs {
+		all = append(all, err.Error())
+	}
+	if len(all) > 0 {
+		t.Fatalf("flooding %s: %s", path, strings.Join(all, "; "))
+	}
+	return byStatus
+}
