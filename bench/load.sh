@@ -52,7 +52,21 @@
 #                     random, all allowed
 #   redis_many_keys_lease  redis_many_keys with lease on
 #   redis_rejected    rate_limit, Redis store, every request answered 429
+#   memory_rotating   memory_allowed keyed by X-Key, a fresh key for every
+#                     request (compare its CPU per request with memory_allowed)
+#   flood_memory      a key-rotation flood: CONNECTIONS-4 connections send a
+#                     fresh X-Key with every request while 4 more send one hot
+#                     key, side by side, to a zone of 1,000 a minute; prints
+#                     the flood's and the hot key's requests/s and the hot
+#                     key's p99 latency
+#   flood_redis       flood_memory on the Redis store
+#   flood_redis_lease flood_redis with lease on (compare the two)
 #   CASE@REV          CASE on this Caddy as built at git revision REV
+#
+# SOAK=1 then runs 60 s (SOAK_DURATION) of key rotation at full speed
+# against a Redis store with lease on, with top keys counting, a key
+# banned in a second zone and an override set through the admin API, and
+# prints Caddy's RSS every 10 s: the per-key structures must keep it flat.
 #
 # After the rounds it measures the memory store's bytes per key: the RSS
 # growth of a Caddy between 20,000 and 200,000 distinct keys, for each
@@ -74,6 +88,8 @@ CASES=${CASES:-"plain floor memory_allowed memory_shed_idle memory_gcra memory_c
 # The other plugin's source, for when the module proxy does not serve it.
 PEER_SOURCE=${PEER_SOURCE:-../shared/peers/mholt-caddy-ratelimit.tar.gz}
 BYTES=${BYTES:-1}
+SOAK=${SOAK:-0}
+SOAK_DURATION=${SOAK_DURATION:-60}
 BYTES_ALGORITHMS=${BYTES_ALGORITHMS:-"sliding_tail fixed_window sliding_window gcra"}
 source bench/common.sh
 
@@ -114,7 +130,7 @@ GO
 fi
 
 REDIS_PORT=""
-if [[ " $CASES " == *" redis_"* ]]; then
+if [[ " $CASES " == *" redis_"* || " $CASES " == *"_redis"* || $SOAK == 1 ]]; then
 	start_redis
 fi
 
@@ -128,11 +144,12 @@ caddyfile() {
 	case $1 in
 	*_rejected) limit=1 window=24h ;;
 	bytes_*) limit=100 window=1h ;;
+	flood_*) limit=1000 ;;
 	esac
 	local lease=""
 	[[ $1 == *_lease* ]] && lease="lease on"
 	case $1 in
-	redis_*) store="store redis {
+	redis_* | flood_redis*) store="store redis {
 			address redis://127.0.0.1:$REDIS_PORT/0
 			$lease
 		}" ;;
@@ -146,7 +163,7 @@ caddyfile() {
 	*_count_status) algorithm="count_status 5xx" ;;
 	esac
 	local key="{client_ip}"
-	[[ $1 == *_many_keys* || $1 == bytes_* ]] && key="{header.X-Key}"
+	[[ $1 == *_many_keys* || $1 == bytes_* || $1 == flood_* || $1 == memory_rotating ]] && key="{header.X-Key}"
 	local order=""
 	[[ $1 == peer_* ]] && order="order rate_limit before basic_auth"
 	local headers=""
@@ -206,60 +223,103 @@ CADDY
 CADDY
 }
 
+# start_case NAME starts a Caddy for case NAME (CASE or CASE@REV) on a free
+# port and waits until it answers as the case expects, setting PID and PORT
+# and FILE (the case's name for files in $OUT).
+start_case() {
+	local name=$1 kase=${1%@*} bin
+	FILE=${name//\//_}
+	PORT=$(free_port)
+	bin="$OUT/caddy-rl"
+	[[ $kase == plain || $kase == floor ]] && bin="$OUT/caddy-plain"
+	[[ $kase == peer_* ]] && bin="$OUT/caddy-peer"
+	[[ $name == *@* ]] && bin="$OUT/caddy-at-${FILE#*@}"
+	caddyfile "$kase" "$PORT" >"$OUT/$FILE.Caddyfile"
+	"$bin" run --adapter caddyfile --config "$OUT/$FILE.Caddyfile" >"$OUT/$FILE.log" 2>&1 &
+	PID=$!
+	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break; sleep 0.05; done
+	# One request first, so that on the reject path every measured one is a 429.
+	curl -s -o /dev/null "http://127.0.0.1:$PORT/"
+	local expect=200
+	[[ $kase == *_rejected ]] && expect=429
+	local got
+	got=$(curl -s -o /dev/null -w '%{http_code}' -H 'X-Key: check' "http://127.0.0.1:$PORT/")
+	if [[ $got != "$expect" ]]; then
+		echo "case $name: expected $expect, got $got" >&2
+		kill "$PID"; wait "$PID" 2>/dev/null || true
+		return 1
+	fi
+}
+
+# stop_case NAME stops the case's Caddy, failing if it exited or panicked
+# during the run.
+stop_case() {
+	if ! kill -0 "$PID" 2>/dev/null; then
+		echo "case $1: Caddy exited during the run; see $OUT/$FILE.log" >&2
+		return 1
+	fi
+	kill "$PID" 2>/dev/null || true
+	wait "$PID" 2>/dev/null || true
+	# A panic as wrk closes its connections ends Caddy after the numbers
+	# were read; it is a failure all the same.
+	if grep -q '^panic:' "$OUT/$FILE.log"; then
+		echo "case $1: Caddy panicked; see $OUT/$FILE.log" >&2
+		return 1
+	fi
+}
+
 # run CASE prints the requests/s wrk measured for one case, then the CPU
 # time Caddy spent per request in µs, then Redis's (0 without Redis), then
 # how many requests a take script call decided on average (0 without Redis).
 # CASE@REV runs CASE on this Caddy as built at git revision REV.
 run() {
-	local name=$1 kase=${1%@*} port bin
-	local file=${name//\//_}
-	port=$(free_port)
-	bin="$OUT/caddy-rl"
-	[[ $kase == plain || $kase == floor ]] && bin="$OUT/caddy-plain"
-	[[ $kase == peer_* ]] && bin="$OUT/caddy-peer"
-	[[ $name == *@* ]] && bin="$OUT/caddy-at-${file#*@}"
-	caddyfile "$kase" "$port" >"$OUT/$file.Caddyfile"
-	"$bin" run --adapter caddyfile --config "$OUT/$file.Caddyfile" >"$OUT/$file.log" 2>&1 &
-	local pid=$!
-	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
-	# One request first, so that on the reject path every measured one is a 429.
-	curl -s -o /dev/null "http://127.0.0.1:$port/"
-	local expect=200
-	[[ $kase == *_rejected ]] && expect=429
-	local got
-	got=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/")
-	if [[ $got != "$expect" ]]; then
-		echo "case $name: expected $expect, got $got" >&2
-		kill "$pid"; wait "$pid" 2>/dev/null || true
-		return 1
-	fi
+	local name=$1 kase=${1%@*}
+	start_case "$name" || return 1
 	local script=()
 	[[ $kase == memory_many_keys || $kase == peer_many_keys ]] && script=(-s "$OUT/many_keys.lua")
 	[[ $kase == redis_many_keys* ]] && script=(-s "$OUT/redis_keys.lua")
+	[[ $kase == memory_rotating ]] && script=(-s "$OUT/rotate.lua")
 	local redis_pid=""
 	[[ $kase == redis_* ]] && redis_pid=$REDIS_PID
 	local cpu0 rcpu0=0 cpu1 rcpu1=0 calls0=0 calls1=0
-	cpu0=$(cpu_ticks "$pid")
+	cpu0=$(cpu_ticks "$PID")
 	[[ -n $redis_pid ]] && rcpu0=$(cpu_ticks "$redis_pid") calls0=$(script_calls)
-	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "${script[@]}" "http://127.0.0.1:$port/" >"$OUT/$file.wrk" 2>&1
-	if ! kill -0 "$pid" 2>/dev/null; then
-		echo "case $name: Caddy exited during the run; see $OUT/$file.log" >&2
-		return 1
-	fi
-	cpu1=$(cpu_ticks "$pid")
+	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "${script[@]}" "http://127.0.0.1:$PORT/" >"$OUT/$FILE.wrk" 2>&1
+	cpu1=$(cpu_ticks "$PID")
 	[[ -n $redis_pid ]] && rcpu1=$(cpu_ticks "$redis_pid") calls1=$(script_calls)
-	kill "$pid" 2>/dev/null || true
-	wait "$pid" 2>/dev/null || true
-	# A panic as wrk closes its connections ends Caddy after the numbers
-	# were read; it is a failure all the same.
-	if grep -q '^panic:' "$OUT/$file.log"; then
-		echo "case $name: Caddy panicked; see $OUT/$file.log" >&2
-		return 1
-	fi
+	stop_case "$name" || return 1
 	awk -v c="$((cpu1 - cpu0))" -v r="$((rcpu1 - rcpu0))" -v calls="$((calls1 - calls0))" -v hz="$(getconf CLK_TCK)" '
 		/^Requests\/sec:/ {rps = $2}
 		/requests in/ {n = $1}
-		END {printf "%s %.1f %.1f %.1f\n", rps, c / hz / n * 1e6, r / hz / n * 1e6, calls ? n / calls : 0}' "$OUT/$file.wrk"
+		END {printf "%s %.1f %.1f %.1f\n", rps, c / hz / n * 1e6, r / hz / n * 1e6, calls ? n / calls : 0}' "$OUT/$FILE.wrk"
+}
+
+# run_flood CASE runs a key-rotation flood: CONNECTIONS-4 connections send
+# a fresh key with every request while 4 more send one hot key, at once.
+# It prints the flood's requests/s, the hot key's requests/s, the hot key's
+# p99 latency in ms, and the CPU time Caddy spent per request (both kinds)
+# in µs.
+run_flood() {
+	local name=$1
+	start_case "$name" || return 1
+	local cpu0 cpu1 flood
+	cpu0=$(cpu_ticks "$PID")
+	wrk -t1 -c"$((CONNECTIONS - 4))" -d"$DURATION" -s "$OUT/rotate.lua" "http://127.0.0.1:$PORT/" >"$OUT/$FILE.flood.wrk" 2>&1 &
+	flood=$!
+	wrk -t1 -c4 -d"$DURATION" --latency -H 'X-Key: hot' "http://127.0.0.1:$PORT/" >"$OUT/$FILE.hot.wrk" 2>&1
+	wait "$flood"
+	cpu1=$(cpu_ticks "$PID")
+	stop_case "$name" || return 1
+	awk -v c="$((cpu1 - cpu0))" -v hz="$(getconf CLK_TCK)" '
+		FNR == 1 {f++}
+		/^Requests\/sec:/ {rps[f] = $2}
+		/requests in/ {n += $1}
+		f == 2 && $1 == "99%" {
+			v = $2 + 0
+			if ($2 ~ /us$/) v /= 1000; else if ($2 ~ /[^m]s$/) v *= 1000
+			p99 = v
+		}
+		END {printf "%s %s %.2f %.1f\n", rps[1], rps[2], p99, c / hz / n * 1e6}' "$OUT/$FILE.flood.wrk" "$OUT/$FILE.hot.wrk"
 }
 
 # script_calls prints how many EVALSHA and EVAL calls the Redis server has
@@ -297,14 +357,38 @@ end
 LUA
 done
 
+# A fresh key for every request: a random prefix for each run, then a
+# count.
+cat >"$OUT/rotate.lua" <<'LUA'
+local n = 0
+local prefix
+init = function(args)
+	math.randomseed(os.time() + math.floor(os.clock() * 1e6))
+	prefix = string.format("r%d-", math.random(1, 2 ^ 30))
+end
+request = function()
+	n = n + 1
+	return wrk.format("GET", "/", {["X-Key"] = prefix .. n})
+end
+LUA
+
 # Each round starts one case later than the one before, so that no case
 # always runs first or always follows the same one: on a shared VM, where a
 # case runs in the round showed in its figure.
-declare -A RESULTS CPU RCPU PERCALL
+declare -A RESULTS CPU RCPU PERCALL HOT HOTP99
 read -ra ORDER <<<"$CASES"
 for round in $(seq "$ROUNDS"); do
 	shift=$(((round - 1) % ${#ORDER[@]}))
 	for c in "${ORDER[@]:shift}" "${ORDER[@]:0:shift}"; do
+		if [[ ${c%@*} == flood_* ]]; then
+			read -r rps hot p99 cpu < <(run_flood "$c")
+			echo "round $round  $c  flood $rps req/s  hot key $hot req/s, p99 $p99 ms  Caddy $cpu µs/request" >&2
+			RESULTS[$c]+="$rps "
+			HOT[$c]+="$hot "
+			HOTP99[$c]+="$p99 "
+			CPU[$c]+="$cpu "
+			continue
+		fi
 		read -r rps cpu rcpu percall < <(run "$c")
 		echo "round $round  $c  $rps req/s  Caddy $cpu µs/request  Redis $rcpu µs/request  $percall requests/call" >&2
 		RESULTS[$c]+="$rps "
@@ -326,6 +410,7 @@ fi
 # Caddy's CPU per request over the case's (above 1 is cheaper than plain).
 printf '\n%-22s %12s %9s %12s %9s %12s %9s   %s\n' case "median req/s" "vs plain" "Caddy µs/req" "vs plain" "Redis µs/req" "req/call" "runs (req/s)"
 for c in $CASES; do
+	[[ ${c%@*} == flood_* ]] && continue
 	m=$(echo "${RESULTS[$c]}" | median)
 	cpu=$(echo "${CPU[$c]}" | median)
 	rcpu=$(echo "${RCPU[$c]}" | median)
@@ -340,9 +425,91 @@ for c in $CASES; do
 	[[ $percall == 0 || $percall == 0.0* ]] && percall="-"
 	printf '%-22s %12s %9s %12s %9s %12s %9s   %s\n' "$c" "$m" "$ratio" "$cpu" "$cpu_ratio" "$rcpu" "$percall" "${RESULTS[$c]}"
 done
+if [[ " $CASES " == *" flood_"* ]]; then
+	printf '\n%-22s %12s %12s %12s %12s   %s\n' "flood case" "flood req/s" "hot req/s" "hot p99 ms" "Caddy µs/req" "runs (hot p99 ms)"
+	for c in $CASES; do
+		[[ ${c%@*} == flood_* ]] || continue
+		printf '%-22s %12s %12s %12s %12s   %s\n' "$c" "$(echo "${RESULTS[$c]}" | median)" "$(echo "${HOT[$c]}" | median)" \
+			"$(echo "${HOTP99[$c]}" | median)" "$(echo "${CPU[$c]}" | median)" "${HOTP99[$c]}"
+	done
+	if [[ -n ${RESULTS[flood_redis]:-} && -n ${RESULTS[flood_redis_lease]:-} ]]; then
+		ratio() { awk -v a="$(echo "$1" | median)" -v b="$(echo "$2" | median)" 'BEGIN {printf "%.3f", a/b}'; }
+		printf 'lease on / lease off under the flood: hot p99 %s, flood req/s %s, hot req/s %s\n' \
+			"$(ratio "${HOTP99[flood_redis_lease]}" "${HOTP99[flood_redis]}")" \
+			"$(ratio "${RESULTS[flood_redis_lease]}" "${RESULTS[flood_redis]}")" \
+			"$(ratio "${HOT[flood_redis_lease]}" "${HOT[flood_redis]}")"
+	fi
+fi
+if [[ -n ${RESULTS[memory_allowed]:-} && -n ${RESULTS[memory_rotating]:-} && -n $plain_cpu ]]; then
+	printf '\nmemory store, CPU per request vs plain: one key %s, a fresh key each request %s\n' \
+		"$(awk -v a="$(echo "${CPU[memory_allowed]}" | median)" -v b="$plain_cpu" 'BEGIN {printf "%.3f", b/a}')" \
+		"$(awk -v a="$(echo "${CPU[memory_rotating]}" | median)" -v b="$plain_cpu" 'BEGIN {printf "%.3f", b/a}')"
+fi
 if [[ -n ${RESULTS[memory_allowed]:-} && -n ${RESULTS[memory_shed_idle]:-} ]]; then
 	printf '\nidle shed block: memory_shed_idle / memory_allowed = %s\n' \
 		"$(awk -v a="$(echo "${RESULTS[memory_shed_idle]}" | median)" -v b="$(echo "${RESULTS[memory_allowed]}" | median)" 'BEGIN {printf "%.3f", a/b}')"
+fi
+
+# soak: SOAK_DURATION seconds of key rotation at full speed, Redis store
+# with lease on, a banned key in a second zone and an override in force;
+# Caddy's RSS every 10 s.
+if [[ $SOAK == 1 ]]; then
+	port=$(free_port) admin=$(free_port)
+	cat >"$OUT/soak.Caddyfile" <<CADDY
+{
+	admin 127.0.0.1:$admin
+	auto_https off
+	persist_config off
+}
+http://127.0.0.1:$port {
+	rate_limit {
+		store redis {
+			address redis://127.0.0.1:$REDIS_PORT/0
+			lease on
+		}
+		zone soak {
+			key {header.X-Key}
+			limit 1000
+			window 1m
+		}
+		zone soak_login {
+			match {
+				path /login
+			}
+			key {header.X-Key}
+			limit 2
+			window 1h
+			ban 1h
+		}
+	}
+	respond "ok"
+}
+CADDY
+	"$OUT/caddy-rl" run --adapter caddyfile --config "$OUT/soak.Caddyfile" >"$OUT/soak.log" 2>&1 &
+	pid=$!
+	PIDS+=("$pid")
+	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.05; done
+	for _ in 1 2 3; do curl -s -o /dev/null -H 'X-Key: attacker' "http://127.0.0.1:$port/login"; done
+	banned=$(curl -s -o /dev/null -w '%{http_code} %header{retry-after}' -H 'X-Key: attacker' "http://127.0.0.1:$port/login")
+	curl -s -o /dev/null -X PUT -H 'Content-Type: application/json' -d '{"limit": 5000, "ttl": "1h"}' \
+		"http://127.0.0.1:$admin/rate_limit/zones/soak/keys/vip/limit"
+	override=$(curl -s -o /dev/null -w '%header{x-ratelimit-limit}' -H 'X-Key: vip' "http://127.0.0.1:$port/")
+	echo
+	echo "soak: banned key answers $banned (status, Retry-After); override key's limit $override"
+	wrk -t"$THREADS" -c"$CONNECTIONS" -d"${SOAK_DURATION}s" -s "$OUT/rotate.lua" "http://127.0.0.1:$port/" >"$OUT/soak.wrk" 2>&1 &
+	soak=$!
+	rss() { awk '/^VmRSS:/ {print $2 * 1024}' "/proc/$pid/status"; }
+	samples=()
+	for t in $(seq 10 10 "$SOAK_DURATION"); do
+		sleep 10
+		samples+=("$(rss)")
+		printf 'soak: %3d s, RSS %d MiB\n' "$t" $(($(rss) >> 20))
+	done
+	wait "$soak"
+	grep -E '^Requests/sec|requests in' "$OUT/soak.wrk" | sed 's/^/soak: /'
+	printf 'soak: RSS at the end / at 10 s = %s\n' "$(awk -v a="${samples[-1]}" -v b="${samples[0]}" 'BEGIN {printf "%.3f", a/b}')"
+	kill "$pid"
+	wait "$pid" 2>/dev/null || true
 fi
 
 # bytes_per_key: RSS growth of the memory store between 20,000 and 200,000

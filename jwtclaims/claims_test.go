@@ -3,6 +3,7 @@ package jwtclaims
 import (
 	"encoding/base64"
 	"encoding/json"
+	"github.com/d61b427a/caddy-rate-limit/internal/race"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -375,7 +376,7 @@ func TestBadInputIsCheap(t *testing.T) {
 				t.Errorf("a token of %d bytes went to the parser; want it refused before", len(strings.TrimPrefix(auth, "Bearer ")))
 			}
 			allocs := testing.AllocsPerRun(10, func() { cfg.Claims(r) })
-			if allocs > maxAllocs {
+			if allocs > maxAllocs && !race.Enabled {
 				t.Errorf("%.0f allocations, want at most %d", allocs, maxAllocs)
 			}
 			t.Logf("went to the parser: %v; %.0f allocations", parsed, allocs)
