@@ -52,12 +52,16 @@ func (a *slowApp) releaseAll() { a.once.Do(func() { close(a.release) }) }
 
 // hold sends n requests to /hold, each on its own connection, and waits
 // until the app holds them all. The returned channel gets each one's
-// status, or 0 for a failure, once the app lets it go.
+// status, or 0 for a failure, once the app lets it go. A request that
+// ends before the app holds it fails the test at once, saying how it
+// ended, rather than leaving the wait to run out.
 func (a *slowApp) hold(t *testing.T, n int, headers ...string) <-chan int {
 	t.Helper()
 	before := a.held.Load()
 	done := make(chan int, n)
-	for range n {
+	var early sync.Map // request number → how it ended before being held
+	var ended atomic.Int64
+	for i := range n {
 		go func() {
 			req, _ := http.NewRequest(http.MethodGet, siteURL+"/hold", nil)
 			req.Close = true
@@ -67,15 +71,29 @@ func (a *slowApp) hold(t *testing.T, n int, headers ...string) <-chan int {
 			}
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
+				early.Store(i, err.Error())
+				ended.Add(1)
 				done <- 0
 				return
 			}
-			_, _ = io.Copy(io.Discard, resp.Body)
+			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
+			early.Store(i, fmt.Sprintf("%d %q", resp.StatusCode, body))
+			ended.Add(1)
 			done <- resp.StatusCode
 		}()
 	}
-	waitFor(t, "the app to hold the requests", func() bool { return a.held.Load() == before+int64(n) })
+	waitFor(t, "the app to hold the requests", func() bool {
+		if a.held.Load() == before+int64(n) {
+			return true
+		}
+		if ended.Load() > 0 {
+			var how []string
+			early.Range(func(_, v any) bool { how = append(how, v.(string)); return true })
+			t.Fatalf("a request to /hold ended before the app held %d: %v (the app holds %d)", n, how, a.held.Load()-before)
+		}
+		return false
+	})
 	return done
 }
 
