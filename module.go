@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/d61b427a/caddy-rate-limit/admin"
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/internal/names"
 	"github.com/d61b427a/caddy-rate-limit/jwtclaims"
@@ -331,7 +332,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.storeErrorLog = new(logEvery)
 	h.showKeys = h.LogKeys == "on" || h.LogKey
 	if h.AdminChanges == "off" {
-		turnChangesOff(h, h.description())
+		admin.TurnChangesOff(h, h.description())
 	}
 	if h.JWT != nil {
 		if err := h.JWT.Provision(h.logger); err != nil {
@@ -379,7 +380,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		z.admin, _ = store.(storage.Admin)
 		z.storeName = h.storeName
 		z.top, z.showKeys = topKeysFor(z.Name), h.showKeys
-		registerZone(z)
+		admin.RegisterZone(z)
 	}
 	if h.Shed != nil {
 		if err := h.Shed.Provision(ctx, h.logger); err != nil {
@@ -485,10 +486,10 @@ func (h *Handler) description() string {
 // Cleanup takes the handler's zones out of the admin API's view, gives
 // back its say on the admin API's changes, and lets go of its shedder.
 func (h *Handler) Cleanup() error {
-	releaseChanges(h)
+	admin.ReleaseChanges(h)
 	for _, z := range h.Zones {
 		if z != nil && z.storeName != "" {
-			unregisterZone(z)
+			admin.UnregisterZone(z)
 		}
 	}
 	if h.Shed != nil {

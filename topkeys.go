@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/admin"
 )
 
 // topKeys finds a zone's heaviest keys over about the last minute, in
@@ -43,8 +45,9 @@ type topKeys struct {
 	turning atomic.Bool
 }
 
-// topTracked bounds the keys a zone's summary tracks, in all its shards.
-const topTracked = 128
+// topTracked bounds the keys a zone's summary tracks, in all its shards:
+// as many as the admin API shows at most.
+const topTracked = admin.MaxTopKeys
 
 // topPeriod is how long each of the two summaries counts.
 const topPeriod = 30 * time.Second
@@ -286,19 +289,12 @@ func (s *topSummary) down(i int) {
 	}
 }
 
-// topKey is a key as GET /rate_limit/zones/<zone>/top shows it.
-type topKey struct {
-	Key      string `json:"key"`
-	Requests int64  `json:"requests"`
-	Rejected int64  `json:"rejected"`
-}
-
 // top returns the n heaviest keys, sorted by rejected, then requests,
 // then key, and the most any count may be overstated: in each period, a
 // key's count is overstated by at most the largest error of its shard's
 // summary, so by at most the largest of all the shards'.
-func (t *topKeys) top(n int) ([]topKey, int64) {
-	merged := map[string]*topKey{}
+func (t *topKeys) top(n int) ([]admin.TopKey, int64) {
+	merged := map[string]*admin.TopKey{}
 	var most [2]int64 // the largest error of each period's summaries
 	for i := range t.shards {
 		s := &t.shards[i]
@@ -308,7 +304,7 @@ func (t *topKeys) top(n int) ([]topKey, int64) {
 				most[p] = max(most[p], e.err)
 				k := merged[e.key]
 				if k == nil {
-					k = &topKey{Key: e.key}
+					k = &admin.TopKey{Key: e.key}
 					merged[e.key] = k
 				}
 				k.Requests += e.requests
@@ -317,11 +313,11 @@ func (t *topKeys) top(n int) ([]topKey, int64) {
 		}
 		s.mu.Unlock()
 	}
-	out := make([]topKey, 0, len(merged))
+	out := make([]admin.TopKey, 0, len(merged))
 	for _, k := range merged {
 		out = append(out, *k)
 	}
-	slices.SortFunc(out, func(a, b topKey) int {
+	slices.SortFunc(out, func(a, b admin.TopKey) int {
 		if c := cmp.Compare(b.Rejected, a.Rejected); c != 0 {
 			return c
 		}

@@ -1,9 +1,17 @@
-package ratelimit
+// Package admin is the rate limiter's admin side: the admin endpoint's
+// /rate_limit/ routes, the status page (also served from a site, by the
+// rate_limit_status handler), the caddy rate-limit command that calls the
+// routes, and the rate_limit app, the global option that turns their
+// changes off. The rate_limit handler registers its zones here while its
+// config runs; this package knows them only as Zone.
+package admin
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -54,27 +62,55 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.serve)}}
 }
 
-// running knows the zones of the loaded configs by name. During a reload
-// two configs run at once; the zone provisioned last is the one in force.
-var running = struct {
-	sync.Mutex
-	zones map[string][]*Zone
-}{zones: make(map[string][]*Zone)}
-
-func registerZone(z *Zone) {
-	running.Lock()
-	defer running.Unlock()
-	running.zones[z.Name] = append(running.zones[z.Name], z)
+// Zone is a running zone as the routes see it: what they show of it and
+// ask of it. The rate_limit handler's zones are Zones.
+type Zone interface {
+	// Info is the zone's config as GET /rate_limit/zones shows it,
+	// without the dial in force and the instances, which the routes ask
+	// its store for.
+	Info() ZoneInfo
+	// Admin is the admin side of the zone's store, nil if the store has
+	// none.
+	Admin() storage.Admin
+	// KeyInfo reads key's state from the store and tells what it counts
+	// now under the zone's algorithm.
+	KeyInfo(ctx context.Context, key string) (KeyInfo, error)
+	// Top returns the zone's n heaviest keys on this instance, as they
+	// are, and the most any count may be overstated.
+	Top(n int) ([]TopKey, int64)
+	// ShownKey is key as the zone shows it outside the request's own
+	// handlers: itself under log_keys on, else its hash, since keys are
+	// often credentials.
+	ShownKey(key string) string
 }
 
-func unregisterZone(z *Zone) {
+// running knows the zones of the loaded configs by name. During a reload
+// two configs run at once; the zone registered last is the one in force.
+var running = struct {
+	sync.Mutex
+	zones map[string][]Zone
+}{zones: make(map[string][]Zone)}
+
+// RegisterZone puts z in the routes' view, under its name, until
+// UnregisterZone. A handler registers its zones as it is provisioned.
+func RegisterZone(z Zone) {
+	name := z.Info().Name
 	running.Lock()
 	defer running.Unlock()
-	zs := slices.DeleteFunc(running.zones[z.Name], func(o *Zone) bool { return o == z })
+	running.zones[name] = append(running.zones[name], z)
+}
+
+// UnregisterZone takes z, registered by RegisterZone, out of the routes'
+// view. A handler unregisters its zones as it is cleaned up.
+func UnregisterZone(z Zone) {
+	name := z.Info().Name
+	running.Lock()
+	defer running.Unlock()
+	zs := slices.DeleteFunc(running.zones[name], func(o Zone) bool { return o == z })
 	if len(zs) == 0 {
-		delete(running.zones, z.Name)
+		delete(running.zones, name)
 	} else {
-		running.zones[z.Name] = zs
+		running.zones[name] = zs
 	}
 }
 
@@ -90,16 +126,17 @@ var changesOff = struct {
 	by map[any]string
 }{by: make(map[any]string)}
 
-// turnChangesOff turns the admin API's changes off until releaseChanges
-// is called with by, which is at where.
-func turnChangesOff(by any, where string) {
+// TurnChangesOff turns the admin API's changes off until ReleaseChanges
+// is called with by, which is at where. A handler with admin_changes off
+// calls it as it is provisioned.
+func TurnChangesOff(by any, where string) {
 	changesOff.Lock()
 	defer changesOff.Unlock()
 	changesOff.by[by] = where
 }
 
-// releaseChanges takes back by's turnChangesOff, if it made one.
-func releaseChanges(by any) {
+// ReleaseChanges takes back by's TurnChangesOff, if it made one.
+func ReleaseChanges(by any) {
 	changesOff.Lock()
 	defer changesOff.Unlock()
 	delete(changesOff.by, by)
@@ -124,7 +161,7 @@ func checkChangesAllowed() error {
 }
 
 // runningZone returns the zone in force with that name.
-func runningZone(name string) *Zone {
+func runningZone(name string) Zone {
 	running.Lock()
 	defer running.Unlock()
 	zs := running.zones[name]
@@ -134,15 +171,15 @@ func runningZone(name string) *Zone {
 	return zs[len(zs)-1]
 }
 
-// zoneInfo is a zone as GET /rate_limit/zones shows it.
-type zoneInfo struct {
+// ZoneInfo is a zone as GET /rate_limit/zones shows it.
+type ZoneInfo struct {
 	Name      string               `json:"name"`
 	Algorithm algorithms.Algorithm `json:"algorithm"`
 	Window    string               `json:"window,omitempty"`
 	Burst     int64                `json:"burst,omitempty"`
 	Buckets   int                  `json:"buckets,omitempty"`
 	Lease     string               `json:"lease,omitempty"`
-	Limit     Alternatives         `json:"limit"`
+	Limit     []string             `json:"limit"`
 	Store     string               `json:"store"`
 	DryRun    bool                 `json:"dry_run,omitempty"`
 	Dial      *storage.ZoneDial    `json:"dial,omitempty"`
@@ -151,8 +188,8 @@ type zoneInfo struct {
 	Instances int `json:"instances,omitempty"`
 }
 
-// keyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
-type keyInfo struct {
+// KeyInfo is a key as GET /rate_limit/zones/<zone>/keys/<key> shows it.
+type KeyInfo struct {
 	Zone string `json:"zone"`
 	Key  string `json:"key"`
 	// Hash is how the key is shown in logs, events and top keys, unless
@@ -239,17 +276,26 @@ func pathSegments(escaped string) ([]string, error) {
 	return parts, nil
 }
 
+// target is the zone a request acts on, with its config and the admin
+// side of its store, read once for the request.
+type target struct {
+	Zone
+	info  ZoneInfo
+	store storage.Admin
+}
+
 // adminZone returns the running zone named name, if its store has an
 // admin API to ask.
-func adminZone(name string) (*Zone, error) {
+func adminZone(name string) (target, error) {
 	z := runningZone(name)
 	if z == nil {
-		return nil, apiError(http.StatusNotFound, fmt.Errorf("zone %q: no such zone in the running config", name))
+		return target{}, apiError(http.StatusNotFound, fmt.Errorf("zone %q: no such zone in the running config", name))
 	}
-	if z.admin == nil {
-		return nil, apiError(http.StatusNotImplemented, fmt.Errorf("zone %q: store %s has no admin API", z.Name, z.storeName))
+	t := target{Zone: z, info: z.Info(), store: z.Admin()}
+	if t.store == nil {
+		return target{}, apiError(http.StatusNotImplemented, fmt.Errorf("zone %q: store %s has no admin API", t.info.Name, t.info.Store))
 	}
-	return z, nil
+	return t, nil
 }
 
 // readOnly refuses a request that is not a GET or a HEAD, for the routes
@@ -282,26 +328,21 @@ func serveZones(w http.ResponseWriter, r *http.Request) error {
 	}
 	running.Unlock()
 	slices.Sort(names)
-	out := []zoneInfo{}
+	out := []ZoneInfo{}
 	now := time.Now()
 	for _, name := range names {
 		z := runningZone(name)
 		if z == nil {
 			continue
 		}
-		info := zoneInfo{Name: z.Name, Algorithm: z.Algorithm, Burst: z.Burst, Buckets: z.Buckets,
-			Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun}
-		if z.Algorithm == algorithms.Concurrency {
-			info.Lease = time.Duration(z.Lease).String()
-		} else {
-			info.Window = time.Duration(z.Window).String()
-		}
-		if z.admin != nil {
-			if d, ok := z.admin.ZoneDial(z.Name); ok && d.Active(now) {
+		info := z.Info()
+		store := z.Admin()
+		if store != nil {
+			if d, ok := store.ZoneDial(info.Name); ok && d.Active(now) {
 				info.Dial = &d
 			}
 		}
-		if f, ok := z.admin.(storage.Fleet); ok {
+		if f, ok := store.(storage.Fleet); ok {
 			info.Instances = f.Instances()
 		}
 		out = append(out, info)
@@ -309,87 +350,77 @@ func serveZones(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, out)
 }
 
-// topInfo is GET /rate_limit/zones/<zone>/top's answer: this instance's
+// TopInfo is GET /rate_limit/zones/<zone>/top's answer: this instance's
 // heaviest keys in the zone over about the last minute, and the most any
 // count may be overstated.
-type topInfo struct {
+type TopInfo struct {
 	Zone  string   `json:"zone"`
-	Keys  []topKey `json:"keys"`
+	Keys  []TopKey `json:"keys"`
 	Error int64    `json:"error"`
 }
 
-// DefaultTopKeys is how many keys GET .../top shows without ?n.
-const DefaultTopKeys = 20
+// TopKey is a key as GET /rate_limit/zones/<zone>/top shows it.
+type TopKey struct {
+	Key      string `json:"key"`
+	Requests int64  `json:"requests"`
+	Rejected int64  `json:"rejected"`
+}
+
+// DefaultTopKeys is how many keys GET .../top shows without ?n, and
+// MaxTopKeys the most it shows: as many as a zone tracks.
+const (
+	DefaultTopKeys = 20
+	MaxTopKeys     = 128
+)
 
 // serveTop answers GET /rate_limit/zones/<zone>/top: the zone's
 // heaviest keys, as hashes where log_keys off hides keys.
-func serveTop(w http.ResponseWriter, r *http.Request, z *Zone) error {
+func serveTop(w http.ResponseWriter, r *http.Request, z target) error {
 	if err := readOnly(w, r); err != nil {
 		return err
 	}
 	n := DefaultTopKeys
 	if v := r.URL.Query().Get("n"); v != "" {
 		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1 || n > topTracked {
-			return apiError(http.StatusBadRequest, fmt.Errorf("n: want a number of keys from 1 to %d, got %q", topTracked, v))
+		if n, err = strconv.Atoi(v); err != nil || n < 1 || n > MaxTopKeys {
+			return apiError(http.StatusBadRequest, fmt.Errorf("n: want a number of keys from 1 to %d, got %q", MaxTopKeys, v))
 		}
 	}
-	keys, bound := z.top.top(n)
-	if !z.showKeys {
-		for i := range keys {
-			keys[i].Key = hiddenKey(keys[i].Key)
-		}
+	keys, bound := z.Top(n)
+	for i := range keys {
+		keys[i].Key = z.ShownKey(keys[i].Key)
 	}
-	return writeJSON(w, topInfo{Zone: z.Name, Keys: keys, Error: bound})
+	return writeJSON(w, TopInfo{Zone: z.info.Name, Keys: keys, Error: bound})
 }
 
-func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z *Zone, raw string) error {
+// maxLimit is the largest limit an override or a dial may set: the
+// largest a zone's limit may be.
+const maxLimit = math.MaxInt32
+
+func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z target, raw string) error {
 	key := storage.BoundKey(raw)
 	switch r.Method {
 	case http.MethodGet:
-		st, err := z.admin.KeyState(r.Context(), z.Name, key, z.period)
+		info, err := z.KeyInfo(r.Context(), key)
 		if err != nil {
 			return apiError(http.StatusBadGateway, err)
-		}
-		// Decide for a request of no cost against no limit reports what
-		// counts now, without charging anything. A GCRA bucket is measured
-		// against the limit the key was last charged with, kept with its
-		// TAT: Used is then the units its bucket lacks, Reset when it is
-		// full. A concurrency key's Used is the units in flight.
-		rate := algorithms.Rate{Units: maxLimit, Window: z.period}
-		if z.Algorithm == algorithms.GCRA {
-			rate = algorithms.Rate{Units: max(st.Counts.Previous, 1), Window: z.period, Burst: z.Burst}
-		}
-		if z.Algorithm == algorithms.SlidingWindow {
-			// Used is the sum of the ring's sub-windows; Current the
-			// current sub-window's count, Previous the other n's.
-			rate.Buckets = z.Buckets
-			d, ring := algorithms.DecideRing(st.Ring, time.Now(), rate, 0)
-			current := ring.Counts[d.Window%int64(ring.Buckets+1)]
-			return writeJSON(w, keyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Current: current, Previous: d.Used - current,
-				Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds})
-		}
-		d, rolled := algorithms.Decide(z.Algorithm, st.Counts, time.Now(), rate, 0)
-		info := keyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}
-		if z.Algorithm.Windowed() {
-			info.Current, info.Previous, info.PreviousWeighted = rolled.Current, rolled.Previous, d.Used-rolled.Current
 		}
 		return writeJSON(w, info)
 	case http.MethodDelete:
 		if err := checkChangesAllowed(); err != nil {
 			return err
 		}
-		if err := z.admin.ResetKey(r.Context(), z.Name, key); err != nil {
+		if err := z.store.ResetKey(r.Context(), z.info.Name, key); err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
-		a.changed(r, "key reset", z, zap.String("key", shownKey(key, z.showKeys)))
+		a.changed(r, "key reset", z, zap.String("key", z.ShownKey(key)))
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
 	return methodNotAllowed(r)
 }
 
-func (a *adminAPI) override(w http.ResponseWriter, r *http.Request, z *Zone, raw string) error {
+func (a *adminAPI) override(w http.ResponseWriter, r *http.Request, z target, raw string) error {
 	key := storage.BoundKey(raw)
 	if r.Method != http.MethodPut && r.Method != http.MethodDelete {
 		return methodNotAllowed(r)
@@ -416,24 +447,24 @@ func (a *adminAPI) override(w http.ResponseWriter, r *http.Request, z *Zone, raw
 		if body.TTL > 0 {
 			o.Expires = time.Now().Add(time.Duration(body.TTL))
 		}
-		if err := z.admin.SetOverride(r.Context(), z.Name, key, o); errors.Is(err, storage.ErrTooManyOverrides) {
+		if err := z.store.SetOverride(r.Context(), z.info.Name, key, o); errors.Is(err, storage.ErrTooManyOverrides) {
 			return apiError(http.StatusInsufficientStorage, err)
 		} else if err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
-		a.changed(r, "key limit override set", z, zap.String("key", shownKey(key, z.showKeys)), zap.Int64("limit", o.Limit), zap.Time("expires", o.Expires))
+		a.changed(r, "key limit override set", z, zap.String("key", z.ShownKey(key)), zap.Int64("limit", o.Limit), zap.Time("expires", o.Expires))
 		return writeJSON(w, o)
 	default: // DELETE
-		if err := z.admin.DeleteOverride(r.Context(), z.Name, key); err != nil {
+		if err := z.store.DeleteOverride(r.Context(), z.info.Name, key); err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
-		a.changed(r, "key limit override removed", z, zap.String("key", shownKey(key, z.showKeys)))
+		a.changed(r, "key limit override removed", z, zap.String("key", z.ShownKey(key)))
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
 }
 
-func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z *Zone) error {
+func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z target) error {
 	if r.Method != http.MethodPut && r.Method != http.MethodDelete {
 		return methodNotAllowed(r)
 	}
@@ -468,13 +499,13 @@ func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z *Zone) error {
 		if body.TTL > 0 {
 			d.Expires = time.Now().Add(time.Duration(body.TTL))
 		}
-		if err := z.admin.SetZoneDial(r.Context(), z.Name, d); err != nil {
+		if err := z.store.SetZoneDial(r.Context(), z.info.Name, d); err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
 		a.changed(r, "zone dial set", z, zap.String("mode", d.Mode), zap.Int64("limit", d.Limit), zap.Time("expires", d.Expires))
 		return writeJSON(w, d)
 	default: // DELETE
-		if err := z.admin.DeleteZoneDial(r.Context(), z.Name); err != nil {
+		if err := z.store.DeleteZoneDial(r.Context(), z.info.Name); err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
 		a.changed(r, "zone dial removed", z)
@@ -484,8 +515,8 @@ func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z *Zone) error {
 }
 
 // changed logs an admin change at info level, with who asked for it.
-func (a *adminAPI) changed(r *http.Request, what string, z *Zone, fields ...zap.Field) {
-	fields = append([]zap.Field{zap.String("zone", z.Name), zap.String("store", z.storeName), zap.String("remote_addr", r.RemoteAddr)}, fields...)
+func (a *adminAPI) changed(r *http.Request, what string, z target, fields ...zap.Field) {
+	fields = append([]zap.Field{zap.String("zone", z.info.Name), zap.String("store", z.info.Store), zap.String("remote_addr", r.RemoteAddr)}, fields...)
 	a.logger.Info("rate limit admin: "+what, fields...)
 }
 

@@ -1,4 +1,4 @@
-package ratelimit
+package admin
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 // These tests run caddy rate-limit in this process against a stand-in
 // for the admin endpoint, so that they run under -short: the requests
 // each subcommand sends, and the arguments it refuses before sending
-// any. The command against a running Caddy is tested in command_test.go.
+// any. The integration tests run it against a running Caddy.
 
 // rateLimit runs caddy rate-limit with args and returns what it printed.
 func rateLimit(args ...string) (string, error) {

@@ -1,4 +1,4 @@
-package ratelimit
+package admin
 
 import (
 	"bytes"
@@ -310,7 +310,7 @@ func dialRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 }
 
 func showZones(w io.Writer, answer []byte) error {
-	var zones []zoneInfo
+	var zones []ZoneInfo
 	if err := json.Unmarshal(answer, &zones); err != nil {
 		return err
 	}
@@ -332,7 +332,7 @@ func showZones(w io.Writer, answer []byte) error {
 }
 
 func showTop(w io.Writer, answer []byte) error {
-	var top topInfo
+	var top TopInfo
 	if err := json.Unmarshal(answer, &top); err != nil {
 		return err
 	}
@@ -355,7 +355,7 @@ func showTop(w io.Writer, answer []byte) error {
 }
 
 func showKey(w io.Writer, answer []byte) error {
-	var k keyInfo
+	var k KeyInfo
 	if err := json.Unmarshal(answer, &k); err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package ratelimit
+package admin
 
 import (
 	"encoding/json"
@@ -44,7 +44,7 @@ func (App) CaddyModule() caddy.ModuleInfo {
 // its config runs.
 func (a *App) Provision(caddy.Context) error {
 	if a.AdminChanges == "off" {
-		turnChangesOff(a, "the global rate_limit option")
+		TurnChangesOff(a, "the global rate_limit option")
 	}
 	return nil
 }
@@ -65,7 +65,7 @@ func (*App) Stop() error { return nil }
 
 // Cleanup gives back the app's say on the admin API's changes.
 func (a *App) Cleanup() error {
-	releaseChanges(a)
+	ReleaseChanges(a)
 	return nil
 }
 
@@ -109,6 +109,15 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 		return nil, err
 	}
 	return httpcaddyfile.App{Name: "rate_limit", Value: raw}, nil
+}
+
+// checkOnOff accepts a switch: on, off, or "" for its default.
+func checkOnOff(v string) error {
+	switch v {
+	case "", "on", "off":
+		return nil
+	}
+	return fmt.Errorf("want on or off, got %q", v)
 }
 
 // Interface guards

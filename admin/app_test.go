@@ -1,7 +1,9 @@
-package ratelimit
+package admin
 
 import (
 	"encoding/json"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -41,5 +43,20 @@ func TestGlobalOption(t *testing.T) {
 	}
 	if err := (&App{AdminChanges: "never"}).Validate(); err == nil {
 		t.Fatal(`JSON admin_changes "never" accepted`)
+	}
+}
+
+// assertNames fails unless err names the directive, once, and the value
+// at fault, and says what was wanted.
+func assertNames(t *testing.T, err string, directive, value string) {
+	t.Helper()
+	if !strings.Contains(err, directive) || !strings.Contains(err, value) {
+		t.Fatalf("error does not name %q and %q:\n%s", directive, value, err)
+	}
+	if n := len(regexp.MustCompile(`(^|[^a-z_.])`+regexp.QuoteMeta(directive)+`:`).FindAllString(err, -1)); n > 1 {
+		t.Fatalf("error names %q %d times:\n%s", directive, n, err)
+	}
+	if !strings.Contains(err, "want") {
+		t.Fatalf("error does not say what was expected:\n%s", err)
 	}
 }

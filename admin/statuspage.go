@@ -1,4 +1,4 @@
-package ratelimit
+package admin
 
 import (
 	_ "embed"

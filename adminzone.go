@@ -1,0 +1,80 @@
+package ratelimit
+
+import (
+	"context"
+	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/admin"
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+)
+
+// A zone is registered with the admin package while its handler runs,
+// which shows it and acts on it through these methods: the admin API's
+// routes, the status page and the caddy rate-limit command.
+
+// Info is the zone's config as the admin API's zone list shows it.
+func (z *Zone) Info() admin.ZoneInfo {
+	info := admin.ZoneInfo{Name: z.Name, Algorithm: z.Algorithm, Burst: z.Burst, Buckets: z.Buckets,
+		Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun}
+	if z.Algorithm == algorithms.Concurrency {
+		info.Lease = time.Duration(z.Lease).String()
+	} else {
+		info.Window = time.Duration(z.Window).String()
+	}
+	return info
+}
+
+// Admin is the admin side of the zone's store (dials, overrides), nil if
+// the store has none.
+func (z *Zone) Admin() storage.Admin {
+	return z.admin
+}
+
+// KeyInfo reads key's state from the zone's store, which has an admin
+// side, and tells what counts against the limit now.
+func (z *Zone) KeyInfo(ctx context.Context, key string) (admin.KeyInfo, error) {
+	st, err := z.admin.KeyState(ctx, z.Name, key, z.period)
+	if err != nil {
+		return admin.KeyInfo{}, err
+	}
+	// Decide for a request of no cost against no limit reports what
+	// counts now, without charging anything. A GCRA bucket is measured
+	// against the limit the key was last charged with, kept with its
+	// TAT: Used is then the units its bucket lacks, Reset when it is
+	// full. A concurrency key's Used is the units in flight.
+	rate := algorithms.Rate{Units: maxLimit, Window: z.period}
+	if z.Algorithm == algorithms.GCRA {
+		rate = algorithms.Rate{Units: max(st.Counts.Previous, 1), Window: z.period, Burst: z.Burst}
+	}
+	if z.Algorithm == algorithms.SlidingWindow {
+		// Used is the sum of the ring's sub-windows; Current the
+		// current sub-window's count, Previous the other n's.
+		rate.Buckets = z.Buckets
+		d, ring := algorithms.DecideRing(st.Ring, time.Now(), rate, 0)
+		current := ring.Counts[d.Window%int64(ring.Buckets+1)]
+		return admin.KeyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Current: current, Previous: d.Used - current,
+			Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}, nil
+	}
+	d, rolled := algorithms.Decide(z.Algorithm, st.Counts, time.Now(), rate, 0)
+	info := admin.KeyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}
+	if z.Algorithm.Windowed() {
+		info.Current, info.Previous, info.PreviousWeighted = rolled.Current, rolled.Previous, d.Used-rolled.Current
+	}
+	return info, nil
+}
+
+// Top returns the zone's n heaviest keys over about the last minute, as
+// they are, and the most any count may be overstated.
+func (z *Zone) Top(n int) ([]admin.TopKey, int64) {
+	return z.top.top(n)
+}
+
+// ShownKey is key as the zone shows it: itself under log_keys on, else
+// its hash.
+func (z *Zone) ShownKey(key string) string {
+	return shownKey(key, z.showKeys)
+}
+
+// Interface guard
+var _ admin.Zone = (*Zone)(nil)

@@ -1,0 +1,85 @@
+package ratelimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/d61b427a/caddy-rate-limit/admin"
+)
+
+// statusJSON asks a rate_limit_status handler for one of its JSON routes
+// and decodes the answer into v, as a status page would read it.
+func statusJSON(t *testing.T, path string, v any) int {
+	t.Helper()
+	w := httptest.NewRecorder()
+	err := admin.StatusPage{}.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil), caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+		t.Fatalf("GET %s: the handler called the next one", path)
+		return nil
+	}))
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) {
+		return he.StatusCode
+	} else if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), v); v != nil && err != nil {
+		t.Fatalf("GET %s: %s: %v", path, w.Body, err)
+	}
+	return w.Code
+}
+
+// TestZoneInAdminView: while its handler runs, a zone is in the admin
+// routes' view: its config in the zone list, a key's counts, its heaviest
+// keys, shown as they are under log_keys on and as their hashes by
+// default; once the handler is cleaned up, it is gone.
+func TestZoneInAdminView(t *testing.T) {
+	shown := provisionHandler(t, `{"log_keys":"on","zones":[{"name":"view_shown","limit":[2],"window":"1h"}]}`)
+	hidden := provisionHandler(t, `{"zones":[{"name":"view_hidden","limit":[2],"window":"1h"}]}`)
+	const ip = "2001:db8::7"
+	ok := func(http.ResponseWriter, *http.Request) error { return nil }
+	for range 3 {
+		_, _ = serveWith(shown, context.Background(), ip, ok)
+		_, _ = serveWith(hidden, context.Background(), ip, ok)
+	}
+
+	var zones []admin.ZoneInfo
+	statusJSON(t, "/zones", &zones)
+	i := slices.IndexFunc(zones, func(z admin.ZoneInfo) bool { return z.Name == "view_shown" })
+	if i < 0 || zones[i].Algorithm != "sliding_tail" || zones[i].Window != "1h0m0s" || !slices.Equal(zones[i].Limit, []string{"2"}) || zones[i].Store != "memory" {
+		t.Fatalf("zones %+v, want view_shown: sliding_tail, 1h0m0s, limit 2, memory", zones)
+	}
+
+	for _, c := range []struct {
+		h    *Handler
+		zone string
+		key  string // as shown
+		hash string
+	}{
+		{shown, "view_shown", ip, ""},
+		{hidden, "view_hidden", hiddenKey(ip), hiddenKey(ip)},
+	} {
+		var top admin.TopInfo
+		statusJSON(t, "/zones/"+c.zone+"/top", &top)
+		if len(top.Keys) != 1 || top.Keys[0] != (admin.TopKey{Key: c.key, Requests: 3, Rejected: 1}) {
+			t.Errorf("top of %s: %+v, want %s with 3 requests, 1 rejected", c.zone, top.Keys, c.key)
+		}
+		info, err := c.h.Zones[0].KeyInfo(context.Background(), ip)
+		if err != nil || info.Zone != c.zone || info.Key != ip || info.Hash != c.hash || info.Used != 2 || info.Current != 2 {
+			t.Errorf("key of %s: %+v (%v), want %s used 2 of its current window, hash %q", c.zone, info, err, ip, c.hash)
+		}
+	}
+
+	if err := hidden.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if code := statusJSON(t, "/zones/view_hidden/top", nil); code != http.StatusNotFound {
+		t.Fatalf("top of a cleaned-up zone: %d, want 404", code)
+	}
+}
