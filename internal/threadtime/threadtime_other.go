@@ -1,11 +1,10 @@
 //go:build !linux
 
-package storage
+package threadtime
 
 import "time"
 
-// threadTime is, where the thread's CPU clock is not at hand, the wall
-// clock.
-func threadTime() time.Duration {
+// Now is, where the thread's CPU clock is not at hand, the wall clock.
+func Now() time.Duration {
 	return time.Duration(time.Now().UnixNano())
 }
