@@ -1,4 +1,4 @@
-package storage
+package memory
 
 import (
 	"context"
@@ -6,15 +6,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// memoryAdmin holds the memory store's zone dials, and counts its per-key
+// admin holds the memory store's zone dials, and counts its per-key
 // overrides, which the shards hold beside the counts of their keys (see
-// memoryShard). It lives in the shared counters, so both outlive config
+// shard). It lives in the shared counters, so both outlive config
 // reloads; they are local to this Caddy instance, as the counters are.
-type memoryAdmin struct {
+type admin struct {
 	mu    sync.Mutex
-	dials dialTable
+	dials storage.DialTable
 	// overrides counts the overrides the shards hold, expired ones
 	// included until the sweep removes them, against MaxOverrides.
 	overrides atomic.Int64
@@ -25,12 +27,8 @@ type memoryAdmin struct {
 // takes memory until it is removed or its ttl ends.
 const MaxOverrides = 100_000
 
-// ErrTooManyOverrides is the memory store's answer to a new override when
-// it keeps MaxOverrides already.
-var ErrTooManyOverrides = fmt.Errorf("the memory store keeps at most %d per-key limit overrides; remove some, or give them a ttl", MaxOverrides)
-
 // override returns the override in force for key in zone at now.
-func (c *memoryCounters) override(zone, key string, now time.Time) (Override, bool) {
+func (c *counters) override(zone, key string, now time.Time) (storage.Override, bool) {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
@@ -39,10 +37,10 @@ func (c *memoryCounters) override(zone, key string, now time.Time) (Override, bo
 	return o, ok && o.Active(now)
 }
 
-// KeyState implements Admin.
-func (m *Memory) KeyState(_ context.Context, zone, key string, window time.Duration) (KeyState, error) {
+// KeyState implements storage.Admin.
+func (m *Store) KeyState(_ context.Context, zone, key string, window time.Duration) (storage.KeyState, error) {
 	now := m.counters.now()
-	var st KeyState
+	var st storage.KeyState
 	var ok bool
 	if st.Counts, ok = m.counters.inspect(zone, key, window.Milliseconds()); !ok {
 		st.Ring, _ = m.counters.inspectRing(zone, key, window.Milliseconds())
@@ -56,17 +54,17 @@ func (m *Memory) KeyState(_ context.Context, zone, key string, window time.Durat
 	return st, nil
 }
 
-// ResetKey implements Admin: it forgets the key's counts and lifts its
+// ResetKey implements storage.Admin: it forgets the key's counts and lifts its
 // ban.
-func (m *Memory) ResetKey(_ context.Context, zone, key string) error {
+func (m *Store) ResetKey(_ context.Context, zone, key string) error {
 	m.counters.reset(zone, key)
 	return nil
 }
 
-// SetOverride implements Admin. A new override is refused with
-// ErrTooManyOverrides when the store keeps MaxOverrides already; one that
-// replaces a key's override always takes its place.
-func (m *Memory) SetOverride(_ context.Context, zone, key string, o Override) error {
+// SetOverride implements storage.Admin. A new override is refused with
+// storage.ErrTooManyOverrides when the store keeps MaxOverrides already;
+// one that replaces a key's override always takes its place.
+func (m *Store) SetOverride(_ context.Context, zone, key string, o storage.Override) error {
 	c := m.counters
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
@@ -77,18 +75,18 @@ func (m *Memory) SetOverride(_ context.Context, zone, key string, o Override) er
 		// other shards cannot all pass the bound.
 		if c.admin.overrides.Add(1) > MaxOverrides {
 			c.admin.overrides.Add(-1)
-			return fmt.Errorf("zone %q: %w", zone, ErrTooManyOverrides)
+			return fmt.Errorf("zone %q: %w: the memory store keeps at most %d; remove some, or give them a ttl", zone, storage.ErrTooManyOverrides, MaxOverrides)
 		}
 		if s.overrides == nil {
-			s.overrides = make(map[uint64]Override)
+			s.overrides = make(map[uint64]storage.Override)
 		}
 	}
 	s.overrides[h] = o
 	return nil
 }
 
-// DeleteOverride implements Admin.
-func (m *Memory) DeleteOverride(_ context.Context, zone, key string) error {
+// DeleteOverride implements storage.Admin.
+func (m *Store) DeleteOverride(_ context.Context, zone, key string) error {
 	c := m.counters
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
@@ -104,27 +102,27 @@ func (m *Memory) DeleteOverride(_ context.Context, zone, key string) error {
 	return nil
 }
 
-// SetZoneDial implements Admin.
-func (m *Memory) SetZoneDial(_ context.Context, zone string, d ZoneDial) error {
+// SetZoneDial implements storage.Admin.
+func (m *Store) SetZoneDial(_ context.Context, zone string, d storage.ZoneDial) error {
 	a := &m.counters.admin
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.dials.set(zone, d)
+	a.dials.Set(zone, d)
 	return nil
 }
 
-// DeleteZoneDial implements Admin.
-func (m *Memory) DeleteZoneDial(_ context.Context, zone string) error {
+// DeleteZoneDial implements storage.Admin.
+func (m *Store) DeleteZoneDial(_ context.Context, zone string) error {
 	a := &m.counters.admin
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.dials.remove(zone)
+	a.dials.Remove(zone)
 	return nil
 }
 
-// ZoneDial implements Admin.
-func (m *Memory) ZoneDial(zone string) (ZoneDial, bool) {
-	return m.counters.admin.dials.get(zone)
+// ZoneDial implements storage.Admin.
+func (m *Store) ZoneDial(zone string) (storage.ZoneDial, bool) {
+	return m.counters.admin.dials.Get(zone)
 }
 
-var _ Admin = (*Memory)(nil)
+var _ storage.Admin = (*Store)(nil)

@@ -1,4 +1,4 @@
-package storage
+package memory
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // TestMemoryOverrideSwept: an override decides its key's limit while in
@@ -16,16 +17,16 @@ import (
 // the store holds none and counts none.
 func TestMemoryOverrideSwept(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
-	m := &Memory{counters: c}
+	m := &Store{counters: c}
 	ctx := context.Background()
-	if err := m.SetOverride(ctx, "z", "short", Override{Limit: 7, Expires: clock.Now().Add(2 * time.Second)}); err != nil {
+	if err := m.SetOverride(ctx, "z", "short", storage.Override{Limit: 7, Expires: clock.Now().Add(2 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.SetOverride(ctx, "z", "forever", Override{Limit: 9}); err != nil {
+	if err := m.SetOverride(ctx, "z", "forever", storage.Override{Limit: 9}); err != nil {
 		t.Fatal(err)
 	}
-	req := func(key string) Request {
-		return Request{Zone: "z", Key: key, Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 1}
+	req := func(key string) storage.Request {
+		return storage.Request{Zone: "z", Key: key, Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 1}
 	}
 	if d := take1(c, req("short")); d.Limit != 7 {
 		t.Fatalf("under the override: limit %d, want 7", d.Limit)
@@ -66,23 +67,23 @@ func TestMemoryOverrideSwept(t *testing.T) {
 // override can still be replaced, and removing one makes room.
 func TestMemoryOverridesBounded(t *testing.T) {
 	c, _ := newTestCounters(t, DefaultMaxKeys)
-	m := &Memory{counters: c}
+	m := &Store{counters: c}
 	ctx := context.Background()
 	for i := range MaxOverrides {
-		if err := m.SetOverride(ctx, "z", strconv.Itoa(i), Override{Limit: 5}); err != nil {
+		if err := m.SetOverride(ctx, "z", strconv.Itoa(i), storage.Override{Limit: 5}); err != nil {
 			t.Fatalf("override %d: %v", i, err)
 		}
 	}
-	if err := m.SetOverride(ctx, "z", "one more", Override{Limit: 5}); !errors.Is(err, ErrTooManyOverrides) {
-		t.Fatalf("one past the bound: %v, want ErrTooManyOverrides", err)
+	if err := m.SetOverride(ctx, "z", "one more", storage.Override{Limit: 5}); !errors.Is(err, storage.ErrTooManyOverrides) {
+		t.Fatalf("one past the bound: %v, want storage.ErrTooManyOverrides", err)
 	}
-	if err := m.SetOverride(ctx, "z", "0", Override{Limit: 6}); err != nil {
+	if err := m.SetOverride(ctx, "z", "0", storage.Override{Limit: 6}); err != nil {
 		t.Fatalf("replacing an override: %v", err)
 	}
 	if err := m.DeleteOverride(ctx, "z", "1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.SetOverride(ctx, "z", "one more", Override{Limit: 5}); err != nil {
+	if err := m.SetOverride(ctx, "z", "one more", storage.Override{Limit: 5}); err != nil {
 		t.Fatalf("after one was removed: %v", err)
 	}
 	if n := c.entries().overrides; n != MaxOverrides {
@@ -101,12 +102,12 @@ func BenchmarkMemoryTakeOverrides(b *testing.B) {
 			name = "1000_in_force"
 		}
 		b.Run(name, func(b *testing.B) {
-			c := newMemoryCounters(DefaultMaxKeys, time.Now)
+			c := newCounters(DefaultMaxKeys, time.Now)
 			defer c.Destruct()
-			m := &Memory{counters: c}
+			m := &Store{counters: c}
 			if overrides {
 				for i := range 1000 {
-					if err := m.SetOverride(context.Background(), "z", "client-"+strconv.Itoa(i), Override{Limit: 1 << 30}); err != nil {
+					if err := m.SetOverride(context.Background(), "z", "client-"+strconv.Itoa(i), storage.Override{Limit: 1 << 30}); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -114,7 +115,7 @@ func BenchmarkMemoryTakeOverrides(b *testing.B) {
 			b.ReportAllocs()
 			var n atomic.Int64
 			b.RunParallel(func(pb *testing.PB) {
-				reqs := []Request{{Zone: "z", Key: "client-" + strconv.Itoa(int(n.Add(1))), Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}
+				reqs := []storage.Request{{Zone: "z", Key: "client-" + strconv.Itoa(int(n.Add(1))), Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}
 				d := make([]algorithms.Decision, 1)
 				for pb.Next() {
 					c.take(reqs, d)

@@ -1,4 +1,4 @@
-package storage
+package memory
 
 // banQueue holds a shard's bans: when each banned key's ban ends, in ms,
 // by key hash, with the bans in order of their ends (a min-heap), so that

@@ -1,54 +1,40 @@
-package storage
+package memory
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/promreg"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// entries reports how many entries each per-key structure of this
-// process's stores holds, as caddy_http_rate_limit_store_entries{store,
-// kind}: the memory store's keys, bans, overrides and keys with costs in
-// flight; the Redis store's lease records and cached denials. Each is
-// bounded whatever the number of distinct keys clients send, and this is
-// where an operator (and the test that floods a Caddy with a million
-// keys) sees it. The counts are read when the metrics are scraped, one
-// shard lock at a time, so scraping costs requests no more than a take.
+// entries reports how many entries the memory store's per-key structures
+// hold, as caddy_http_rate_limit_store_entries{store="memory", kind}: its
+// keys, bans, overrides and keys with costs in flight (see
+// storage.EntriesDesc). The counts are read when the metrics are scraped,
+// one shard lock at a time, so scraping costs requests no more than a
+// take. They are the counters Caddy's configs share; a store of its own
+// (New) is no config's, and is not counted.
 type entries struct{ desc *prometheus.Desc }
 
-var entriesCollector = &entries{desc: prometheus.NewDesc(
-	prometheus.BuildFQName(promreg.Namespace, promreg.Subsystem, "store_entries"),
-	"Entries this instance's stores hold, by store and kind: memory keys, bans, overrides and keys with costs in flight (in_flight); Redis lease records (leases) and cached denials (denials). Each is bounded whatever the number of distinct keys.",
-	[]string{"store", "kind"}, nil,
-)}
+var entriesCollector = &entries{desc: storage.EntriesDesc("memory")}
 
 func (e *entries) Describe(ch chan<- *prometheus.Desc) { ch <- e.desc }
 
 func (e *entries) Collect(ch chan<- prometheus.Metric) {
-	var mem memoryEntries
-	var leases, denials int
-	memoryPool.Range(func(_, v any) bool {
-		e := v.(*memoryCounters).entries()
-		mem.keys += e.keys
-		mem.bans += e.bans
-		mem.overrides += e.overrides
-		mem.inFlight += e.inFlight
-		return true
-	})
-	redisClients.Range(func(_, v any) bool {
-		c := v.(*redisClient)
-		leases += c.leases.records()
-		denials += int(c.denies.size.Load())
+	var n entryCounts
+	pool.Range(func(_, v any) bool {
+		e := v.(*counters).entries()
+		n.keys += e.keys
+		n.bans += e.bans
+		n.overrides += e.overrides
+		n.inFlight += e.inFlight
 		return true
 	})
 	for _, m := range []struct {
-		store, kind string
-		n           int
-	}{
-		{"memory", "keys", mem.keys}, {"memory", "bans", mem.bans}, {"memory", "overrides", mem.overrides}, {"memory", "in_flight", mem.inFlight},
-		{"redis", "leases", leases}, {"redis", "denials", denials},
-	} {
-		ch <- prometheus.MustNewConstMetric(e.desc, prometheus.GaugeValue, float64(m.n), m.store, m.kind)
+		kind string
+		n    int
+	}{{"keys", n.keys}, {"bans", n.bans}, {"overrides", n.overrides}, {"in_flight", n.inFlight}} {
+		ch <- prometheus.MustNewConstMetric(e.desc, prometheus.GaugeValue, float64(m.n), m.kind)
 	}
 }
 

@@ -1,4 +1,7 @@
-package storage
+// Package memory is the rate_limit store that keeps counters in this
+// Caddy process (module http.handlers.rate_limit.stores.memory), the
+// default store.
+package memory
 
 import (
 	"context"
@@ -15,16 +18,17 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 func init() {
-	caddy.RegisterModule(Memory{})
+	caddy.RegisterModule(Store{})
 }
 
 // DefaultMaxKeys bounds the memory store when max_keys is not set.
 const DefaultMaxKeys = 1_000_000
 
-// Memory keeps counters in this Caddy process. It is the default store.
+// Store keeps counters in this Caddy process. It is the default store.
 //
 // Every config that uses it shares one set of counters, which outlives
 // config reloads, so a reload through the admin API loses no counts. The
@@ -38,14 +42,14 @@ const DefaultMaxKeys = 1_000_000
 //
 // A key's slot and key take 28 bytes in a table between 7/16 and 7/8 full
 // (see table), a sliding window's too for the default 10 buckets of
-// counts under 256 (see memory_ring.go), whatever the length of the key,
+// counts under 256 (see ring.go), whatever the length of the key,
 // because the store keeps not the zone and key but a 64-bit hash of them,
 // keyed with a seed drawn at random when the process starts. Two keys
 // that hashed alike would share a counter, but that is not a risk in
 // practice: without the seed, which never leaves the process, no one can
 // choose keys that collide, and the odds of an accidental collision among
 // a million keys are about n²/2⁶⁵ = 2.7e-8.
-type Memory struct {
+type Store struct {
 	// The most keys (zone and key pairs) kept at once. Default (and 0):
 	// 1,000,000.
 	// All configs and handlers share one store: the value of the most
@@ -54,62 +58,73 @@ type Memory struct {
 	// that does not set it leaves another's in force.
 	MaxKeys int `json:"max_keys,omitempty"`
 
-	counters *memoryCounters
+	counters *counters
 	// sweepInterval is the interval this config asks for (0: none); see
 	// SetSweepInterval.
 	sweepInterval time.Duration
-	// own tells that counters are this store's alone (NewMemory), not
+	// own tells that counters are this store's alone (New), not
 	// the ones Caddy's configs share.
 	own bool
 }
 
-// NewMemory returns a memory store with counters of its own, apart from
-// the ones Caddy's configs share, that reads the time from now: for a
-// handler used, or tested, without Caddy, whose caller sets the clock.
+// New returns a memory store with counters of its own, apart from the
+// ones Caddy's configs share, bounded to maxKeys (0: DefaultMaxKeys),
+// that reads the time from now: for a handler used, or tested, without
+// Caddy, whose caller sets the clock, and for another store that decides
+// in this process while it cannot (the Redis store's local fallback).
 // Cleanup stops its sweeper.
-func NewMemory(maxKeys int, now func() time.Time) *Memory {
+func New(maxKeys int, now func() time.Time) *Store {
 	if maxKeys <= 0 {
 		maxKeys = DefaultMaxKeys
 	}
-	return &Memory{MaxKeys: maxKeys, counters: newMemoryCounters(maxKeys, now), own: true}
+	return &Store{MaxKeys: maxKeys, counters: newCounters(maxKeys, now), own: true}
+}
+
+// Clear forgets every key's counts and bans, for a store of its own
+// (New) whose counts no longer stand: the Redis store's local fallback,
+// once Redis answers again. The costs of requests still in flight stay
+// until their requests end, and the overrides and dials stay: they were
+// set, not counted.
+func (m *Store) Clear() {
+	m.counters.clear()
 }
 
 // CaddyModule returns the Caddy module information.
-func (Memory) CaddyModule() caddy.ModuleInfo {
+func (Store) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
-		ID:  Namespace + ".memory",
-		New: func() caddy.Module { return new(Memory) },
+		ID:  storage.Namespace + ".memory",
+		New: func() caddy.Module { return new(Store) },
 	}
 }
 
-// memoryPool holds the one process-wide set of counters while any config
+// pool holds the one process-wide set of counters while any config
 // uses it.
-var memoryPool = caddy.NewUsagePool()
+var pool = caddy.NewUsagePool()
 
-const memoryPoolKey = "memory"
+const poolKey = "memory"
 
 // Provision attaches the shared counters. It refuses a negative bound
 // itself, since Caddy validates only after provisioning.
-func (m *Memory) Provision(ctx caddy.Context) error {
+func (m *Store) Provision(ctx caddy.Context) error {
 	if err := m.Validate(); err != nil {
 		return err
 	}
 	if err := registerEntries(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
-	val, _, err := memoryPool.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
-		return newMemoryCounters(DefaultMaxKeys, time.Now), nil
+	val, _, err := pool.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
+		return newCounters(DefaultMaxKeys, time.Now), nil
 	})
 	if err != nil {
 		return err
 	}
-	m.counters = val.(*memoryCounters)
+	m.counters = val.(*counters)
 	m.counters.addUser(m)
 	return nil
 }
 
 // Validate refuses a negative bound (0 means the default).
-func (m *Memory) Validate() error {
+func (m *Store) Validate() error {
 	if err := checkMaxKeys(m.MaxKeys); err != nil {
 		return fmt.Errorf("store memory: max_keys: %w", err)
 	}
@@ -124,7 +139,7 @@ func checkMaxKeys(n int) error {
 }
 
 // Cleanup lets go of the shared counters; the last user stops the sweeper.
-func (m *Memory) Cleanup() error {
+func (m *Store) Cleanup() error {
 	if m.counters == nil {
 		return nil
 	}
@@ -132,18 +147,13 @@ func (m *Memory) Cleanup() error {
 		return m.counters.Destruct()
 	}
 	m.counters.removeUser(m)
-	_, err := memoryPool.Delete(memoryPoolKey)
+	_, err := pool.Delete(poolKey)
 	return err
 }
 
-// Take implements Store.
-func (m *Memory) Take(_ context.Context, reqs []Request, decisions []algorithms.Decision) error {
-	return takeMemory(m.counters, reqs, decisions)
-}
-
-// takeMemory decides reqs with the counters c, refusing limits and costs
-// they cannot hold.
-func takeMemory(c *memoryCounters, reqs []Request, decisions []algorithms.Decision) error {
+// Take implements storage.Store, refusing limits and costs the counters
+// cannot hold.
+func (m *Store) Take(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	for _, r := range reqs {
 		if r.Rate.Units > maxCount || r.Cost < 0 || r.Cost > maxCount {
 			return fmt.Errorf("zone %q: limit or cost too large for the memory store (at most %d)", r.Zone, maxCount)
@@ -152,21 +162,21 @@ func takeMemory(c *memoryCounters, reqs []Request, decisions []algorithms.Decisi
 			return fmt.Errorf("zone %q: %w", r.Zone, err)
 		}
 	}
-	c.take(reqs, decisions)
+	m.counters.take(reqs, decisions)
 	return nil
 }
 
-// Release implements Store: it gives back what Take charged reqs, and
-// wakes requests waiting for concurrency units.
-func (m *Memory) Release(_ context.Context, reqs []Request, decisions []algorithms.Decision) error {
+// Release implements storage.Store: it gives back what Take charged
+// reqs, and wakes requests waiting for concurrency units.
+func (m *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	m.counters.release(reqs, decisions)
 	return nil
 }
 
-// Released implements Store: the channel is closed at the next Release,
-// the moment units come back.
-func (m *Memory) Released() <-chan struct{} {
-	return m.counters.released.wait()
+// Released implements storage.Store: the channel is closed at the next
+// Release, the moment units come back.
+func (m *Store) Released() <-chan struct{} {
+	return m.counters.released.Wait()
 }
 
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens:
@@ -174,7 +184,7 @@ func (m *Memory) Released() <-chan struct{} {
 //	store memory {
 //		max_keys <n>
 //	}
-func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (m *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store name
 	if d.NextArg() {
 		return d.ArgErr()
@@ -208,11 +218,11 @@ func (m *Memory) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-const memoryShards = 64
+const shardCount = 64
 
 // DefaultSweepInterval is how often expired keys are removed in the
 // background when no config asks for another interval (see
-// Memory.SetSweepInterval).
+// Store.SetSweepInterval).
 const DefaultSweepInterval = 10 * time.Second
 
 // maxCount bounds limits and costs the memory store accepts. Decide adds a
@@ -221,11 +231,11 @@ const DefaultSweepInterval = 10 * time.Second
 // more (its limits and costs are at most math.MaxInt32 too).
 const maxCount = math.MaxInt32
 
-// memorySlot is one key's counters in a shard's table, beside its key
-// (the keyed hash of zone and key; see Memory and table). It holds no
+// slot is one key's counters in a shard's table, beside its key
+// (the keyed hash of zone and key; see Store and table). It holds no
 // pointers, so the collector never scans a table, and it is 20 bytes:
 // 28 with its key.
-type memorySlot struct {
+type slot struct {
 	// window, current and previous are algorithms.Counts; the counts fit
 	// in 32 bits since they never exceed maxCount. window keeps the low
 	// 32 bits of Counts.Window (a window index, or a GCRA key's TAT in
@@ -262,8 +272,8 @@ func slotKind(a algorithms.Algorithm) uint8 {
 }
 
 // set stores counts decided by alg, which matter until expires.
-func (e *memorySlot) set(c algorithms.Counts, alg algorithms.Algorithm, expires uint32, ref bool) {
-	*e = memorySlot{window: uint32(c.Window), current: uint32(c.Current), previous: uint32(c.Previous),
+func (e *slot) set(c algorithms.Counts, alg algorithms.Algorithm, expires uint32, ref bool) {
+	*e = slot{window: uint32(c.Window), current: uint32(c.Current), previous: uint32(c.Previous),
 		expires: expires, ref: ref, kind: slotKind(alg)}
 }
 
@@ -276,7 +286,7 @@ func (e *memorySlot) set(c algorithms.Counts, alg algorithms.Algorithm, expires 
 // window than they were kept for, after a reload changed it, come out
 // with an index far from the clock's, all but surely, and Decide starts
 // them afresh. A concurrency key's Window is always 0.)
-func (e *memorySlot) counts(w int64) algorithms.Counts {
+func (e *slot) counts(w int64) algorithms.Counts {
 	c := algorithms.Counts{Current: int64(e.current), Previous: int64(e.previous)}
 	switch e.kind {
 	case slotGCRA:
@@ -293,12 +303,12 @@ func nearest(low uint32, near int64) int64 {
 	return near + int64(int32(low-uint32(near)))
 }
 
-// memoryShard holds a 64th of the keys, each in the table for its kind
+// shard holds a 64th of the keys, each in the table for its kind
 // of counts, under one lock. The tables are bounded together: the shard
 // holds at most its share of max_keys in all.
-type memoryShard struct {
+type shard struct {
 	mu     sync.Mutex
-	counts table[memorySlot, *memorySlot]
+	counts table[slot, *slot]
 	rings  ringTables
 	// bans holds the banned keys' bans (see banQueue).
 	bans banQueue
@@ -307,7 +317,7 @@ type memoryShard struct {
 	// that a take reads no more than that for them. They are changed
 	// under the shard's lock, which a take of the key holds anyway: no
 	// lock of their own for requests to wait on.
-	overrides map[uint64]Override
+	overrides map[uint64]storage.Override
 	// inFlight holds, by key hash, the costs in flight of keys of zones
 	// that bans and give costs back (see algorithms.Settled): only while
 	// such requests are in flight, so apart from the slots, which it
@@ -319,15 +329,15 @@ type memoryShard struct {
 }
 
 // keys returns how many keys the shard holds.
-func (s *memoryShard) keys() int { return s.counts.n + s.rings.keys() }
+func (s *shard) keys() int { return s.counts.n + s.rings.keys() }
 
-// memoryEntries are what the store's shards hold, counted one shard lock
+// entryCounts are what the store's shards hold, counted one shard lock
 // at a time (see entries, the gauge that reports them).
-type memoryEntries struct{ keys, bans, overrides, inFlight int }
+type entryCounts struct{ keys, bans, overrides, inFlight int }
 
 // entries counts what the shards hold now, expired or not.
-func (c *memoryCounters) entries() memoryEntries {
-	var e memoryEntries
+func (c *counters) entries() entryCounts {
+	var e entryCounts
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
@@ -344,7 +354,7 @@ func (c *memoryCounters) entries() memoryEntries {
 // table a new key goes in first (evictFirst), then from the others.
 // Eviction stops early if every key is pinned: the shard then holds more
 // than its bound until units are released.
-func (s *memoryShard) makeRoom(bound int, now uint32, evictFirst func(uint32) bool) {
+func (s *shard) makeRoom(bound int, now uint32, evictFirst func(uint32) bool) {
 	for s.keys() >= bound {
 		if !evictFirst(now) && !s.counts.evict(now) && !s.rings.evict(now) {
 			return
@@ -352,10 +362,10 @@ func (s *memoryShard) makeRoom(bound int, now uint32, evictFirst func(uint32) bo
 	}
 }
 
-type memoryCounters struct {
+type counters struct {
 	seed   maphash.Seed
 	now    func() time.Time
-	shards [memoryShards]memoryShard
+	shards [shardCount]shard
 
 	// maxPerShard bounds each shard; read on every charge, so atomic
 	// rather than behind one lock that all shards would share.
@@ -364,15 +374,15 @@ type memoryCounters struct {
 	// users are the configs using the counters, oldest first; the newest
 	// sets the bound.
 	usersMu sync.Mutex
-	users   []*Memory
+	users   []*Store
 
 	// admin holds the dials set through the admin API, and counts the
 	// overrides the shards hold.
-	admin memoryAdmin
+	admin admin
 
 	// released wakes the requests that max_delay holds for concurrency
 	// units.
-	released releaseSignal
+	released storage.ReleaseSignal
 
 	// sweepEvery is the sweep interval in force, in nanoseconds, and
 	// resweep tells the sweeper that it changed (see updateSweepInterval).
@@ -383,8 +393,8 @@ type memoryCounters struct {
 	done chan struct{}
 }
 
-func newMemoryCounters(maxKeys int, now func() time.Time) *memoryCounters {
-	c := &memoryCounters{
+func newCounters(maxKeys int, now func() time.Time) *counters {
+	c := &counters{
 		seed:    maphash.MakeSeed(),
 		now:     now,
 		stop:    make(chan struct{}),
@@ -399,7 +409,7 @@ func newMemoryCounters(maxKeys int, now func() time.Time) *memoryCounters {
 
 // addUser adds m as the newest user of the counters: its max_keys, if set,
 // is the bound.
-func (c *memoryCounters) addUser(m *Memory) {
+func (c *counters) addUser(m *Store) {
 	c.usersMu.Lock()
 	defer c.usersMu.Unlock()
 	c.users = append(c.users, m)
@@ -408,17 +418,17 @@ func (c *memoryCounters) addUser(m *Memory) {
 
 // removeUser forgets m: the bound is the newest remaining user's that sets
 // one.
-func (c *memoryCounters) removeUser(m *Memory) {
+func (c *counters) removeUser(m *Store) {
 	c.usersMu.Lock()
 	defer c.usersMu.Unlock()
-	c.users = slices.DeleteFunc(c.users, func(u *Memory) bool { return u == m })
+	c.users = slices.DeleteFunc(c.users, func(u *Store) bool { return u == m })
 	c.updateMaxKeys()
 	c.updateSweepInterval()
 }
 
 // updateMaxKeys puts in force the max_keys of the newest user that sets
 // one, or DefaultMaxKeys. The caller holds usersMu.
-func (c *memoryCounters) updateMaxKeys() {
+func (c *counters) updateMaxKeys() {
 	for _, u := range slices.Backward(c.users) {
 		if u.MaxKeys > 0 {
 			c.setMaxKeys(u.MaxKeys)
@@ -429,13 +439,13 @@ func (c *memoryCounters) updateMaxKeys() {
 }
 
 // setMaxKeys bounds each shard to its share of n keys, rounded up.
-func (c *memoryCounters) setMaxKeys(n int) {
-	c.maxPerShard.Store(int64(max(1, (n-1)/memoryShards+1)))
+func (c *counters) setMaxKeys(n int) {
+	c.maxPerShard.Store(int64(max(1, (n-1)/shardCount+1)))
 }
 
 // Destruct stops the sweeper; the UsagePool calls it when the last config
 // using the memory store is cleaned up.
-func (c *memoryCounters) Destruct() error {
+func (c *counters) Destruct() error {
 	close(c.stop)
 	<-c.done
 	return nil
@@ -447,18 +457,18 @@ func (c *memoryCounters) Destruct() error {
 // ("a", "bc") are different inputs whatever bytes names hold. It is never
 // 0, which marks an empty slot. Its low bits pick the shard and its top
 // bits the home slot in the shard's table.
-func (c *memoryCounters) keyHash(zone, key string) uint64 {
-	return max(maphash.Comparable(c.seed, memoryKey{zone, key}), 1)
+func (c *counters) keyHash(zone, key string) uint64 {
+	return max(maphash.Comparable(c.seed, zoneKey{zone, key}), 1)
 }
 
-type memoryKey struct{ zone, key string }
+type zoneKey struct{ zone, key string }
 
-func shardOf(h uint64) int { return int(h % memoryShards) }
+func shardOf(h uint64) int { return int(h % shardCount) }
 
 // take decides and, if all are allowed, charges reqs atomically: the shards
 // of all keys are locked together, in index order so that concurrent takes
 // cannot deadlock. Limits and costs must be within maxCount.
-func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
+func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision) {
 	var hashBuf [4]uint64
 	hashes := hashBuf[:0]
 	var lockBuf [4]int
@@ -577,7 +587,7 @@ func (c *memoryCounters) take(reqs []Request, decisions []algorithms.Decision) {
 
 // takeInFlight adds cost, taken in window, to the costs in flight of the
 // key with hash h.
-func (s *memoryShard) takeInFlight(h uint64, window, cost int64) {
+func (s *shard) takeInFlight(h uint64, window, cost int64) {
 	if s.inFlight == nil {
 		s.inFlight = make(map[uint64]algorithms.Counts)
 	}
@@ -586,7 +596,7 @@ func (s *memoryShard) takeInFlight(h uint64, window, cost int64) {
 
 // endInFlight takes cost, taken in window, off the costs in flight of the
 // key with hash h, forgetting them once none is left.
-func (s *memoryShard) endInFlight(h uint64, window, cost int64) {
+func (s *shard) endInFlight(h uint64, window, cost int64) {
 	p, ok := s.inFlight[h]
 	if !ok {
 		return
@@ -615,7 +625,7 @@ type pendingRing struct {
 // when its bucket is full again, as if it had never been seen. Units held
 // by a concurrency key matter until they are released: such a slot is
 // pinned.
-func expiry(r Request, c algorithms.Counts) uint32 {
+func expiry(r storage.Request, c algorithms.Counts) uint32 {
 	switch r.Algorithm {
 	case algorithms.GCRA:
 		return unixSeconds(c.Window + 1 + 999)
@@ -642,7 +652,7 @@ func unixSeconds(ms int64) uint32 {
 // own keys before those of clients that keep coming back, and a shard in
 // which every key is referenced, where CLOCK would take whichever key the
 // hand reaches first however recently used, stays rare.
-func (s *memoryShard) store(h uint64, counts algorithms.Counts, alg algorithms.Algorithm, expires uint32, bound int, now uint32) {
+func (s *shard) store(h uint64, counts algorithms.Counts, alg algorithms.Algorithm, expires uint32, bound int, now uint32) {
 	i, ok := slotFor(s, &s.counts, h, bound, now)
 	s.counts.slots[i].set(counts, alg, expires, ok) // and take has set ref when ok
 }
@@ -650,7 +660,7 @@ func (s *memoryShard) store(h uint64, counts algorithms.Counts, alg algorithms.A
 // slotFor returns the index of h's slot in t, one of s's tables, and
 // whether h was there; a new key first makes room in s, evicting from t
 // first, while s holds bound keys.
-func slotFor[S any, P slotPtr[S]](s *memoryShard, t *table[S, P], h uint64, bound int, now uint32) (int, bool) {
+func slotFor[S any, P slotPtr[S]](s *shard, t *table[S, P], h uint64, bound int, now uint32) (int, bool) {
 	if i, ok := t.lookup(h); ok {
 		return i, true
 	}
@@ -663,7 +673,7 @@ func slotFor[S any, P slotPtr[S]](s *memoryShard, t *table[S, P], h uint64, boun
 // ends the costs in flight of those whose store keeps them, whether their
 // cost comes back or, counted, stays. A concurrency key whose units are
 // all back is forgotten; other keys keep their expiry.
-func (c *memoryCounters) release(reqs []Request, decisions []algorithms.Decision) {
+func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decision) {
 	for i, r := range reqs {
 		h := c.keyHash(r.Zone, r.Key)
 		s := &c.shards[shardOf(h)]
@@ -676,12 +686,12 @@ func (c *memoryCounters) release(reqs []Request, decisions []algorithms.Decision
 		}
 		s.mu.Unlock()
 	}
-	c.released.signal()
+	c.released.Signal()
 }
 
 // giveBack takes back the cost of r, allowed with d, from the counts of
 // the key with hash h.
-func (s *memoryShard) giveBack(h uint64, r Request, d algorithms.Decision) {
+func (s *shard) giveBack(h uint64, r storage.Request, d algorithms.Decision) {
 	if r.Algorithm == algorithms.SlidingWindow {
 		s.rings.giveBack(h, r.Rate.Window.Milliseconds(), d, r.Cost)
 	} else if j, ok := s.counts.lookup(h); ok {
@@ -705,7 +715,7 @@ func (s *memoryShard) giveBack(h uint64, r Request, d algorithms.Decision) {
 // forward to now (algorithms.Roll does that), and whether any are kept;
 // inspectRing returns a sliding_window key's ring. Both read them for a
 // window of w ms. Looking does not count as use for eviction.
-func (c *memoryCounters) inspect(zone, key string, w int64) (algorithms.Counts, bool) {
+func (c *counters) inspect(zone, key string, w int64) (algorithms.Counts, bool) {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
@@ -716,7 +726,7 @@ func (c *memoryCounters) inspect(zone, key string, w int64) (algorithms.Counts, 
 	return algorithms.Counts{}, false
 }
 
-func (c *memoryCounters) inspectRing(zone, key string, w int64) (algorithms.Ring, bool) {
+func (c *counters) inspectRing(zone, key string, w int64) (algorithms.Ring, bool) {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
@@ -726,7 +736,7 @@ func (c *memoryCounters) inspectRing(zone, key string, w int64) (algorithms.Ring
 
 // banEnds returns when the ban of zone and key ends, in ms, if it is
 // banned at now.
-func (c *memoryCounters) banEnds(zone, key string, now time.Time) (int64, bool) {
+func (c *counters) banEnds(zone, key string, now time.Time) (int64, bool) {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
@@ -738,7 +748,7 @@ func (c *memoryCounters) banEnds(zone, key string, now time.Time) (int64, bool) 
 // clear forgets every key's counts and bans. The costs of requests still
 // in flight stay until their requests end, as they would have, and the
 // overrides stay until they expire or are removed.
-func (c *memoryCounters) clear() {
+func (c *counters) clear() {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
@@ -753,7 +763,7 @@ func (c *memoryCounters) clear() {
 // whether anything was kept. The costs of its requests still in flight
 // stay until those requests end: the counts hold none of them now, so
 // they keep the key's settled count from looking higher than it is.
-func (c *memoryCounters) reset(zone, key string) bool {
+func (c *counters) reset(zone, key string) bool {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
@@ -764,7 +774,7 @@ func (c *memoryCounters) reset(zone, key string) bool {
 	return counted || ringed || banned
 }
 
-func (c *memoryCounters) sweepLoop() {
+func (c *counters) sweepLoop() {
 	defer close(c.done)
 	t := time.NewTicker(time.Duration(c.sweepEvery.Load()))
 	defer t.Stop()
@@ -782,7 +792,7 @@ func (c *memoryCounters) sweepLoop() {
 
 // sweep removes entries whose windows have passed, one shard at a time so
 // that requests wait at most for one shard's sweep.
-func (c *memoryCounters) sweep() {
+func (c *counters) sweep() {
 	now := unixSeconds(c.now().UnixMilli())
 	for i := range c.shards {
 		s := &c.shards[i]
@@ -797,7 +807,7 @@ func (c *memoryCounters) sweep() {
 // Bans expire from the top of their heap, touching only those that
 // ended; overrides are walked, but the store keeps at most MaxOverrides,
 // about 1,600 a shard, and most shards have none.
-func (s *memoryShard) sweep(now uint32) (overrides int) {
+func (s *shard) sweep(now uint32) (overrides int) {
 	s.counts.sweep(now)
 	s.rings.sweep(now)
 	s.bans.expire(int64(now) * 1000)
@@ -815,9 +825,9 @@ func (s *memoryShard) sweep(now uint32) (overrides int) {
 
 // Interface guards
 var (
-	_ Store                 = (*Memory)(nil)
-	_ caddy.Provisioner     = (*Memory)(nil)
-	_ caddy.Validator       = (*Memory)(nil)
-	_ caddy.CleanerUpper    = (*Memory)(nil)
-	_ caddyfile.Unmarshaler = (*Memory)(nil)
+	_ storage.Store         = (*Store)(nil)
+	_ caddy.Provisioner     = (*Store)(nil)
+	_ caddy.Validator       = (*Store)(nil)
+	_ caddy.CleanerUpper    = (*Store)(nil)
+	_ caddyfile.Unmarshaler = (*Store)(nil)
 )

@@ -1,10 +1,9 @@
-package storage
+package memory
 
 import (
 	"bufio"
 	"context"
 	"fmt"
-	"github.com/d61b427a/caddy-rate-limit/internal/race"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,100 +21,92 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
 	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
+	"github.com/d61b427a/caddy-rate-limit/internal/race"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+	"github.com/d61b427a/caddy-rate-limit/storage/storetest"
 )
 
-func newTestCounters(t *testing.T, maxKeys int) (*memoryCounters, *clocktest.Clock) {
+func newTestCounters(t *testing.T, maxKeys int) (*counters, *clocktest.Clock) {
 	t.Helper()
 	clock := clocktest.New(vectors.Start)
-	c := newMemoryCounters(maxKeys, clock.Now)
+	c := newCounters(maxKeys, clock.Now)
 	t.Cleanup(func() { _ = c.Destruct() })
 	return c, clock
 }
 
-func take1(c *memoryCounters, r Request) algorithms.Decision {
+func take1(c *counters, r storage.Request) algorithms.Decision {
 	d := make([]algorithms.Decision, 1)
-	c.take([]Request{r}, d)
+	c.take([]storage.Request{r}, d)
 	return d[0]
 }
 
-func TestMemoryVectors(t *testing.T) {
-	c, clock := newTestCounters(t, DefaultMaxKeys)
-	vectors.Run(t, func(t *testing.T, now time.Time, vc vectors.Case, key string, cost int64) algorithms.Decision {
-		clock.Set(now)
-		return take1(c, Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost})
+// TestStore runs the suite every store passes on memory stores of their
+// own, each on the suite's clock.
+func TestStore(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, now func() time.Time) storage.Store {
+		s := New(0, now)
+		t.Cleanup(func() { _ = s.Cleanup() })
+		return s
 	})
 }
 
-func TestMemoryAllOrNothing(t *testing.T) {
-	c, _ := newTestCounters(t, DefaultMaxKeys)
-	minute := time.Minute
-	wide := Request{Zone: "wide", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 10, Window: minute}, Cost: 1}
-	narrow := Request{Zone: "narrow", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: minute}, Cost: 1}
-	d := make([]algorithms.Decision, 2)
-
-	c.take([]Request{wide, narrow}, d)
-	if !d[0].Allowed || !d[1].Allowed {
-		t.Fatalf("first: %+v", d)
-	}
-	// narrow is now full: the batch is rejected and wide must not be charged
-	for i := 0; i < 5; i++ {
-		c.take([]Request{wide, narrow}, d)
-		if d[1].Allowed || !d[0].Allowed {
-			t.Fatalf("attempt %d: %+v", i, d)
+// waitUntil polls cond until it holds: tests wait for events, not for a
+// sleep to be long enough. The 20 s deadline is no bound on how long the
+// event may take, only a failure for one that never comes.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
 		}
-	}
-	if got := take1(c, wide); got.Used != 2 {
-		t.Fatalf("wide zone used %d after rejected batches, want 2 (1 + this one)", got.Used)
 	}
 }
 
-func TestMemoryConcurrentExact(t *testing.T) {
+// TestMemoryReleasedKeyForgotten: a concurrency key whose units all came
+// back is forgotten, not kept at zero.
+func TestMemoryReleasedKeyForgotten(t *testing.T) {
 	c, _ := newTestCounters(t, DefaultMaxKeys)
-	const limit, workers, perWorker = 500, 16, 100
-	req := Request{Zone: "z", Key: "hot", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: limit, Window: time.Hour}, Cost: 1}
-	other := Request{Zone: "z2", Key: "hot", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
-	var allowed atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			d := make([]algorithms.Decision, 2)
-			for i := 0; i < perWorker; i++ {
-				// alternate the order of zones so lock ordering is exercised
-				if i%2 == 0 {
-					c.take([]Request{req, other}, d)
-					if d[0].Allowed && d[1].Allowed {
-						allowed.Add(1)
-					}
-				} else {
-					c.take([]Request{other, req}, d)
-					if d[0].Allowed && d[1].Allowed {
-						allowed.Add(1)
-					}
-				}
-			}
-		}()
+	req := storage.Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 2, Holder: 1}
+	d := take1(c, req)
+	if got, ok := c.inspect("conc", "k", time.Minute.Milliseconds()); !ok || got.Current != 2 {
+		t.Fatalf("held %+v (%v), want 2", got, ok)
 	}
-	wg.Wait()
-	if got := allowed.Load(); got != limit {
-		t.Fatalf("allowed %d of %d, want exactly %d", got, workers*perWorker, limit)
+	c.release([]storage.Request{req}, []algorithms.Decision{d})
+	if _, ok := c.inspect("conc", "k", time.Minute.Milliseconds()); ok {
+		t.Fatal("a key with nothing held is still kept")
+	}
+}
+
+// TestMemoryHeldKeysAreNotEvicted: a flood of other keys past max_keys
+// does not make the store forget units in flight.
+func TestMemoryHeldKeysAreNotEvicted(t *testing.T) {
+	c, _ := newTestCounters(t, shardCount) // one key per shard
+	held := storage.Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 1, Window: time.Minute}, Cost: 1}
+	if d := take1(c, held); !d.Allowed {
+		t.Fatal(d)
+	}
+	for i := range 5000 {
+		take1(c, storage.Request{Zone: "flood", Key: string(rune('a'+i%26)) + time.Duration(i).String(), Algorithm: algorithms.FixedWindow,
+			Rate: algorithms.Rate{Units: 1, Window: time.Minute}, Cost: 1})
+	}
+	if d := take1(c, held); d.Allowed {
+		t.Fatal("a held unit was evicted: a second request got in")
 	}
 }
 
 func TestMemoryEvictsUnusedKeys(t *testing.T) {
-	c, _ := newTestCounters(t, memoryShards) // one key per shard
+	c, _ := newTestCounters(t, shardCount) // one key per shard
 	l := algorithms.Rate{Units: 1, Window: time.Hour}
 	// Fill far beyond the bound; the store must stay bounded.
-	for i := 0; i < 10*memoryShards; i++ {
-		take1(c, Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1})
+	for i := 0; i < 10*shardCount; i++ {
+		take1(c, storage.Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1})
 	}
-	if n := c.len(); n > memoryShards {
-		t.Fatalf("%d keys kept, bound is %d", n, memoryShards)
+	if n := c.len(); n > shardCount {
+		t.Fatalf("%d keys kept, bound is %d", n, shardCount)
 	}
 	// The most recent key in each shard survives: the last key taken is
 	// still counted, so a second request for it is rejected.
-	last := Request{Zone: "z", Key: fmt.Sprint(10*memoryShards - 1), Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}
+	last := storage.Request{Zone: "z", Key: fmt.Sprint(10*shardCount - 1), Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}
 	if take1(c, last).Allowed {
 		t.Fatal("most recently used key was evicted")
 	}
@@ -127,11 +117,11 @@ func TestMemoryEvictsUnusedKeys(t *testing.T) {
 // (CLOCK gives them a second chance each time the hand passes) and that
 // the bound holds throughout.
 func TestMemoryClockKeepsUsedKeys(t *testing.T) {
-	const bound = 100 * memoryShards
+	const bound = 100 * shardCount
 	c, _ := newTestCounters(t, bound)
 	l := algorithms.Rate{Units: 1 << 20, Window: time.Hour}
-	req := func(k string) Request {
-		return Request{Zone: "z", Key: k, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}
+	req := func(k string) storage.Request {
+		return storage.Request{Zone: "z", Key: k, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}
 	}
 	hot := make([]string, 0, 50)
 	for i := range cap(hot) {
@@ -162,35 +152,10 @@ func TestMemoryClockKeepsUsedKeys(t *testing.T) {
 	}
 }
 
-// TestMemoryKeysNeverShare: the same key text in different zones, and
-// different splits of the same bytes into zone and key, count apart.
-func TestMemoryKeysNeverShare(t *testing.T) {
-	c, _ := newTestCounters(t, DefaultMaxKeys)
-	l := algorithms.Rate{Units: 1, Window: time.Hour}
-	pairs := [][2]string{
-		{"a", "k"}, {"b", "k"}, {"ab", "c"}, {"a", "bc"}, {"abc", ""}, {"", "abc"},
-		{"a\x00b", "c"}, {"a", "b\x00c"}, {"a\x00", "bc"},
-		{"\x01\x00\x00\x00\x00\x00\x00\x00a", "b"}, {"", "\x01\x00\x00\x00\x00\x00\x00\x00ab"},
-	}
-	for _, p := range pairs {
-		if d := take1(c, Request{Zone: p[0], Key: p[1], Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}); !d.Allowed {
-			t.Fatalf("zone %q key %q shares a counter with an earlier pair", p[0], p[1])
-		}
-	}
-	for _, p := range pairs {
-		if got, ok := c.inspect(p[0], p[1], l.Window.Milliseconds()); !ok || got.Current != 1 {
-			t.Fatalf("zone %q key %q: %+v %v, want 1", p[0], p[1], got, ok)
-		}
-	}
-	if n := c.len(); n != len(pairs) {
-		t.Fatalf("%d keys held, want %d", n, len(pairs))
-	}
-}
-
 func TestMemoryInspectAndReset(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
 	l := algorithms.Rate{Units: 3, Window: time.Minute}
-	r := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 2}
+	r := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 2}
 	if _, ok := c.inspect("z", "k", l.Window.Milliseconds()); ok {
 		t.Fatal("inspect found a key never taken")
 	}
@@ -199,7 +164,7 @@ func TestMemoryInspectAndReset(t *testing.T) {
 	}
 	take1(c, r)
 	clock.Set(vectors.Start.Add(time.Minute))
-	take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
+	take1(c, storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
 	idx := algorithms.WindowIndex(vectors.Start.Add(time.Minute).UnixMilli(), time.Minute.Milliseconds())
 	want := algorithms.Counts{Window: idx, Current: 1, Previous: 2}
 	if got, ok := c.inspect("z", "k", l.Window.Milliseconds()); !ok || got != want {
@@ -214,7 +179,7 @@ func TestMemoryInspectAndReset(t *testing.T) {
 	if _, ok := c.inspect("z", "k", l.Window.Milliseconds()); ok || c.len() != 0 {
 		t.Fatalf("key still held after reset (%d keys)", c.len())
 	}
-	if d := take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 3}); !d.Allowed {
+	if d := take1(c, storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 3}); !d.Allowed {
 		t.Fatalf("full budget refused after reset: %+v", d)
 	}
 }
@@ -225,7 +190,7 @@ func TestMemoryInspectAndReset(t *testing.T) {
 // checks it against a map after every step.
 func TestMemoryShardTable(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	var s memoryShard
+	var s shard
 	model := map[uint64]uint32{} // hash -> expires
 	check := func(step int) {
 		t.Helper()
@@ -308,9 +273,9 @@ func TestMemoryShardTable(t *testing.T) {
 func TestMemorySweepRemovesExpired(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
 	for i := 0; i < 100; i++ {
-		take1(c, Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Second}, Cost: 1})
+		take1(c, storage.Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Second}, Cost: 1})
 	}
-	take1(c, Request{Zone: "z", Key: "long", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Hour}, Cost: 1})
+	take1(c, storage.Request{Zone: "z", Key: "long", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Hour}, Cost: 1})
 	// One window later a sliding tail still needs its counts.
 	clock.Set(vectors.Start.Add(1500 * time.Millisecond))
 	c.sweep()
@@ -328,23 +293,23 @@ func TestMemorySweepRemovesExpired(t *testing.T) {
 // back.
 func TestMemorySweepShrinks(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
-	for i := range 100 * memoryShards {
-		take1(c, Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Second}, Cost: 1})
+	for i := range 100 * shardCount {
+		take1(c, storage.Request{Zone: "z", Key: fmt.Sprint(i), Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Second}, Cost: 1})
 	}
-	for i := range 2 * memoryShards {
-		take1(c, Request{Zone: "z", Key: fmt.Sprint("long-", i), Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Hour}, Cost: 1})
+	for i := range 2 * shardCount {
+		take1(c, storage.Request{Zone: "z", Key: fmt.Sprint("long-", i), Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Hour}, Cost: 1})
 	}
 	clock.Set(vectors.Start.Add(2 * time.Second)) // counts live until the next window ends
 	c.sweep()
-	if n := c.len(); n != 2*memoryShards {
-		t.Fatalf("%d keys after the sweep, want %d", n, 2*memoryShards)
+	if n := c.len(); n != 2*shardCount {
+		t.Fatalf("%d keys after the sweep, want %d", n, 2*shardCount)
 	}
 	for i := range c.shards {
 		if s := &c.shards[i]; len(s.counts.slots) > minSlots && s.counts.n*4 < len(s.counts.slots) {
 			t.Fatalf("shard %d: %d keys in %d slots after the sweep", i, s.counts.n, len(s.counts.slots))
 		}
 	}
-	for i := range 2 * memoryShards {
+	for i := range 2 * shardCount {
 		if _, ok := c.inspect("z", fmt.Sprint("long-", i), time.Hour.Milliseconds()); !ok {
 			t.Fatalf("long-%d lost when its shard shrank", i)
 		}
@@ -354,8 +319,8 @@ func TestMemorySweepShrinks(t *testing.T) {
 // TestMemorySlotSize: 20 bytes of counts, 28 with the key, as the
 // layout intends.
 func TestMemorySlotSize(t *testing.T) {
-	if n := unsafe.Sizeof(memorySlot{}); n != 20 {
-		t.Fatalf("memorySlot is %d bytes, want 20", n)
+	if n := unsafe.Sizeof(slot{}); n != 20 {
+		t.Fatalf("slot is %d bytes, want 20", n)
 	}
 }
 
@@ -363,29 +328,29 @@ func TestMemorySlotSize(t *testing.T) {
 // limits and costs beyond maxCount rather than miscount them, and counts
 // the largest ones exactly.
 func TestMemoryTakeRange(t *testing.T) {
-	m := new(Memory)
+	m := new(Store)
 	if err := m.Provision(caddy.Context{}); err != nil {
 		t.Fatal(err)
 	}
 	defer m.Cleanup()
 	d := make([]algorithms.Decision, 1)
 	rate := algorithms.Rate{Units: maxCount, Window: time.Hour}
-	for _, r := range []Request{
+	for _, r := range []storage.Request{
 		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: maxCount + 1, Window: time.Hour}, Cost: 1},
 		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: rate, Cost: maxCount + 1},
 		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: rate, Cost: -1},
 		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1}, Cost: 1},
 	} {
-		if err := m.Take(context.Background(), []Request{r}, d); err == nil {
+		if err := m.Take(context.Background(), []storage.Request{r}, d); err == nil {
 			t.Fatalf("%+v accepted", r)
 		}
 	}
-	r := Request{Zone: "range", Key: "k", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: maxCount}
-	if err := m.Take(context.Background(), []Request{r}, d); err != nil || !d[0].Allowed || d[0].Used != maxCount {
+	r := storage.Request{Zone: "range", Key: "k", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: maxCount}
+	if err := m.Take(context.Background(), []storage.Request{r}, d); err != nil || !d[0].Allowed || d[0].Used != maxCount {
 		t.Fatalf("largest cost: %v %+v", err, d[0])
 	}
 	r.Cost = 1
-	if err := m.Take(context.Background(), []Request{r}, d); err != nil || d[0].Allowed || d[0].Used != maxCount {
+	if err := m.Take(context.Background(), []storage.Request{r}, d); err != nil || d[0].Allowed || d[0].Used != maxCount {
 		t.Fatalf("after the largest cost: %v %+v", err, d[0])
 	}
 }
@@ -395,8 +360,8 @@ func TestMemoryTakeRange(t *testing.T) {
 // (cleaned up without ever running) or refused for a negative bound leaves
 // the running config's bound in place; a huge bound does not overflow.
 func TestMemoryBoundFollowsRunningConfigs(t *testing.T) {
-	provision := func(maxKeys int) (*Memory, error) {
-		m := &Memory{MaxKeys: maxKeys}
+	provision := func(maxKeys int) (*Store, error) {
+		m := &Store{MaxKeys: maxKeys}
 		return m, m.Provision(caddy.Context{})
 	}
 	running, err := provision(6400)
@@ -429,13 +394,13 @@ func TestMemoryBoundFollowsRunningConfigs(t *testing.T) {
 		t.Fatalf("per shard %d (%v) beside a config without max_keys, want 100", perShard(), err)
 	}
 	running.Cleanup()
-	if want := int64((DefaultMaxKeys-1)/memoryShards + 1); perShard() != want {
+	if want := int64((DefaultMaxKeys-1)/shardCount + 1); perShard() != want {
 		t.Fatalf("per shard %d with only a config without max_keys left, want the default's %d", perShard(), want)
 	}
 	defer unset.Cleanup()
 
 	huge, err := provision(math.MaxInt)
-	if err != nil || perShard() < math.MaxInt/memoryShards {
+	if err != nil || perShard() < math.MaxInt/shardCount {
 		t.Fatalf("max_keys MaxInt: %v, per shard %d", err, perShard())
 	}
 	huge.Cleanup()
@@ -448,11 +413,11 @@ func TestMemoryBoundFollowsRunningConfigs(t *testing.T) {
 func TestMemorySharedAcrossProvisions(t *testing.T) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
-	old, next := new(Memory), new(Memory)
+	old, next := new(Store), new(Store)
 	if err := old.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r := []Request{{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: time.Hour}, Cost: 1}}
+	r := []storage.Request{{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: time.Hour}, Cost: 1}}
 	d := make([]algorithms.Decision, 1)
 	if err := old.Take(ctx, r, d); err != nil || !d[0].Allowed {
 		t.Fatalf("first take: %v %+v", err, d[0])
@@ -486,12 +451,12 @@ func TestMemorySharedAcrossProvisions(t *testing.T) {
 }
 
 func BenchmarkMemoryTake(b *testing.B) {
-	c := newMemoryCounters(DefaultMaxKeys, time.Now)
+	c := newCounters(DefaultMaxKeys, time.Now)
 	defer c.Destruct()
 	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
 		b.Run(string(alg), func(b *testing.B) {
 			b.ReportAllocs()
-			reqs := []Request{{Zone: "z", Key: "203.0.113.7", Algorithm: alg, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Minute}, Cost: 1}}
+			reqs := []storage.Request{{Zone: "z", Key: "203.0.113.7", Algorithm: alg, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Minute}, Cost: 1}}
 			d := make([]algorithms.Decision, 1)
 			for b.Loop() {
 				c.take(reqs, d)
@@ -502,7 +467,7 @@ func BenchmarkMemoryTake(b *testing.B) {
 		b.ReportAllocs()
 		var n atomic.Int64
 		b.RunParallel(func(pb *testing.PB) {
-			reqs := []Request{{Zone: "z", Key: fmt.Sprint("client-", n.Add(1)), Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Minute}, Cost: 1}}
+			reqs := []storage.Request{{Zone: "z", Key: fmt.Sprint("client-", n.Add(1)), Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Minute}, Cost: 1}}
 			d := make([]algorithms.Decision, 1)
 			for pb.Next() {
 				c.take(reqs, d)
@@ -520,15 +485,15 @@ func BenchmarkMemoryTakeDistinct(b *testing.B) {
 		keys[i] = ipKey(i)
 	}
 	rate := algorithms.Rate{Units: 1 << 30, Window: time.Minute}
-	c := newMemoryCounters(DefaultMaxKeys, time.Now)
+	c := newCounters(DefaultMaxKeys, time.Now)
 	defer c.Destruct()
 	d := make([]algorithms.Decision, 1)
 	for _, k := range keys {
-		c.take([]Request{{Zone: "z", Key: k, Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}, d)
+		c.take([]storage.Request{{Zone: "z", Key: k, Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}, d)
 	}
 	b.Run("100k_keys", func(b *testing.B) {
 		b.ReportAllocs()
-		reqs := []Request{{Zone: "z", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}
+		reqs := []storage.Request{{Zone: "z", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}
 		i := 0
 		for b.Loop() {
 			reqs[0].Key = keys[i]
@@ -542,7 +507,7 @@ func BenchmarkMemoryTakeDistinct(b *testing.B) {
 		b.ReportAllocs()
 		var next atomic.Int64
 		b.RunParallel(func(pb *testing.PB) {
-			reqs := []Request{{Zone: "z", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}
+			reqs := []storage.Request{{Zone: "z", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}
 			d := make([]algorithms.Decision, 1)
 			i := int(next.Add(7919)) % n // start each goroutine elsewhere
 			for pb.Next() {
@@ -601,13 +566,13 @@ func TestMemoryBytesPerKeyChild(t *testing.T) {
 	if os.Getenv(bytesPerKeyChild) == "" {
 		t.Skip("run by BenchmarkMemoryBytesPerKey")
 	}
-	c := newMemoryCounters(DefaultMaxKeys, time.Now)
+	c := newCounters(DefaultMaxKeys, time.Now)
 	defer c.Destruct()
 	rate := algorithms.Rate{Units: 1 << 30, Window: time.Hour}
 	d := make([]algorithms.Decision, 1)
 	fill := func(from, to int) {
 		for i := from; i < to; i++ {
-			c.take([]Request{{Zone: "z", Key: ipKey(i), Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}, d)
+			c.take([]storage.Request{{Zone: "z", Key: ipKey(i), Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}}, d)
 		}
 	}
 	measure := func() (rss, heap uint64) {
@@ -638,7 +603,7 @@ func TestMemoryBytesPerKeyChild(t *testing.T) {
 }
 
 // len counts the keys held, for tests.
-func (c *memoryCounters) len() int {
+func (c *counters) len() int {
 	n := 0
 	for i := range c.shards {
 		c.shards[i].mu.Lock()
@@ -649,8 +614,8 @@ func (c *memoryCounters) len() int {
 }
 
 func TestMemoryShardSize(t *testing.T) {
-	if n := unsafe.Sizeof(memoryShard{}); n%64 != 0 {
-		t.Fatalf("memoryShard is %d bytes, want a multiple of a 64-byte cache line", n)
+	if n := unsafe.Sizeof(shard{}); n%64 != 0 {
+		t.Fatalf("shard is %d bytes, want a multiple of a 64-byte cache line", n)
 	}
 }
 
@@ -673,9 +638,9 @@ func TestMemorySlotRoundTrip(t *testing.T) {
 	for _, w := range []time.Duration{time.Millisecond, 7 * time.Millisecond, time.Second, time.Minute, 24 * time.Hour, month} {
 		for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.GCRA} {
 			for _, at := range roundTripInstants {
-				r := Request{Algorithm: alg, Rate: algorithms.Rate{Units: 3, Window: w}, Cost: 3}
+				r := storage.Request{Algorithm: alg, Rate: algorithms.Rate{Units: 3, Window: w}, Cost: 3}
 				d, want := algorithms.Decide(alg, algorithms.Counts{}, at, r.Rate, r.Cost)
-				var e memorySlot
+				var e slot
 				e.set(want, alg, expiry(r, want), false)
 				if got := e.counts(w.Milliseconds()); got != want {
 					t.Fatalf("%s, window %s, at %s: read back %+v, want %+v", alg, w, at, got, want)
@@ -686,7 +651,7 @@ func TestMemorySlotRoundTrip(t *testing.T) {
 					c, clock := newTestCounters(t, DefaultMaxKeys)
 					clock.Set(at)
 					r.Zone, r.Key = "g", "k"
-					c.release([]Request{r}, []algorithms.Decision{take1(c, r)})
+					c.release([]storage.Request{r}, []algorithms.Decision{take1(c, r)})
 					back := algorithms.GiveBack(alg, want, d, r.Rate, r.Cost)
 					if got, _ := c.inspect("g", "k", w.Milliseconds()); got != back {
 						t.Fatalf("gcra, window %s, at %s, given back: read back %+v, want %+v", w, at, got, back)
@@ -706,8 +671,8 @@ func TestMemoryTakeAllocatesNothing(t *testing.T) {
 	}
 	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.GCRA, algorithms.Concurrency, algorithms.SlidingWindow} {
 		c, _ := newTestCounters(t, DefaultMaxKeys)
-		req := Request{Zone: "a", Algorithm: alg, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
-		reqs := []Request{req}
+		req := storage.Request{Zone: "a", Algorithm: alg, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
+		reqs := []storage.Request{req}
 		d := make([]algorithms.Decision, 1)
 		const runs = 1000
 		keys := make([]string, runs+1)

@@ -1,4 +1,4 @@
-package storage
+package memory
 
 import (
 	"math"
@@ -31,7 +31,7 @@ type ringHeader struct {
 	// expires. (The full index would take 8 bytes and, with its
 	// alignment, make the common slot 32.)
 	index   uint32
-	expires uint32 // as memorySlot's, from ringExpiry
+	expires uint32 // as slot's, from ringExpiry
 }
 
 // ringMeta is the ring's Buckets (at most 60: 6 bits), and CLOCK's
@@ -192,7 +192,7 @@ func (t *ringTables) lookup(h uint64, w int64, mark bool) (algorithms.Ring, int)
 // storeRing stores r for h, which find found in table was (or ringNone),
 // in the table its buckets and counts need, moving it there if it was in
 // another. A key new to the table first makes room, as store does.
-func (s *memoryShard) storeRing(h uint64, r algorithms.Ring, expires uint32, was int, bound int, now uint32) {
+func (s *shard) storeRing(h uint64, r algorithms.Ring, expires uint32, was int, bound int, now uint32) {
 	var most int64
 	for _, c := range r.Counts[:r.Buckets+1] {
 		most = max(most, c)
@@ -304,7 +304,7 @@ func readRing[S any, P ringPtr[S]](t *table[S, P], h uint64, w int64, mark bool)
 // writeRing stores r for h in t, one of s's ring tables, in the slot it
 // has or a new one (see slotFor); a new key starts with its reference bit
 // clear.
-func writeRing[S any, P ringPtr[S]](s *memoryShard, t *table[S, P], h uint64, r algorithms.Ring, expires uint32, bound int, now uint32) {
+func writeRing[S any, P ringPtr[S]](s *shard, t *table[S, P], h uint64, r algorithms.Ring, expires uint32, bound int, now uint32) {
 	i, ok := slotFor(s, t, h, bound, now)
 	P(&t.slots[i]).set(r, expires, ok)
 }

@@ -1,4 +1,4 @@
-package storage
+package memory
 
 import (
 	"testing"
@@ -6,25 +6,16 @@ import (
 	"unsafe"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
-	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
-
-// TestMemoryNeverOver: the sliding window's promise, on the memory store.
-func TestMemoryNeverOver(t *testing.T) {
-	c, clock := newTestCounters(t, DefaultMaxKeys)
-	vectors.NeverOver(t, func(key string, rate algorithms.Rate, a vectors.Arrival) algorithms.Decision {
-		clock.Set(a.At)
-		return take1(c, Request{Zone: "never_over", Key: key, Algorithm: algorithms.SlidingWindow, Rate: rate, Cost: a.Cost})
-	})
-}
 
 // TestMemoryRingBucketsChange: a zone whose buckets change from the
 // small ring's to the wide one's and back keeps every unit counted, in
 // whichever table the key is.
 func TestMemoryRingBucketsChange(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
-	req := func(buckets int) Request {
-		return Request{Zone: "rb", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 5, Window: time.Minute, Buckets: buckets}, Cost: 1}
+	req := func(buckets int) storage.Request {
+		return storage.Request{Zone: "rb", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 5, Window: time.Minute, Buckets: buckets}, Cost: 1}
 	}
 	for _, n := range []int{10, 60, 2, 30} {
 		if d := take1(c, req(n)); !d.Allowed {
@@ -43,37 +34,19 @@ func TestMemoryRingBucketsChange(t *testing.T) {
 	}
 }
 
-// TestMemoryRingGiveBack: a cost given back comes off the sub-window it
-// was charged in.
-func TestMemoryRingGiveBack(t *testing.T) {
-	c, clock := newTestCounters(t, DefaultMaxKeys)
-	req := Request{Zone: "rg", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 2, Window: time.Minute, Buckets: 6}, Cost: 1}
-	first := take1(c, req)
-	clock.Add(15 * time.Second) // the next sub-window but one
-	take1(c, req)
-	c.release([]Request{req}, []algorithms.Decision{first})
-	if d := take1(c, req); !d.Allowed || d.Remaining != 0 {
-		t.Fatalf("after giving the first back: %+v, want allowed with none left", d)
-	}
-	ring, _ := c.inspectRing("rg", "k", req.Rate.Window.Milliseconds())
-	if ring.Used() != 2 || ring.Counts[first.Window%7] != 0 {
-		t.Fatalf("ring %+v, want 2 counted, none in the first's sub-window", ring)
-	}
-}
-
 // TestMemoryRingsBounded: rings count towards max_keys with the other
 // keys, and are evicted like them.
 func TestMemoryRingsBounded(t *testing.T) {
-	c, _ := newTestCounters(t, 10*memoryShards)
+	c, _ := newTestCounters(t, 10*shardCount)
 	for i := range 5000 {
 		alg := algorithms.SlidingWindow
 		if i%2 == 0 {
 			alg = algorithms.FixedWindow
 		}
-		take1(c, Request{Zone: "rk", Key: ipKey(i), Algorithm: alg, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
+		take1(c, storage.Request{Zone: "rk", Key: ipKey(i), Algorithm: alg, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
 	}
-	if n := c.len(); n > 10*memoryShards {
-		t.Fatalf("%d keys held, bound %d", n, 10*memoryShards)
+	if n := c.len(); n > 10*shardCount {
+		t.Fatalf("%d keys held, bound %d", n, 10*shardCount)
 	}
 }
 
@@ -82,7 +55,7 @@ func TestMemoryRingsBounded(t *testing.T) {
 // lives in a wide table.
 func TestMemoryRingWidens(t *testing.T) {
 	c, _ := newTestCounters(t, DefaultMaxKeys)
-	req := Request{Zone: "rw", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 100_000, Window: time.Minute}, Cost: 60_000}
+	req := storage.Request{Zone: "rw", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 100_000, Window: time.Minute}, Cost: 60_000}
 	h := c.keyHash("rw", "k")
 	s := &c.shards[shardOf(h)]
 	where := func() int {
@@ -108,7 +81,7 @@ func TestMemoryRingWidens(t *testing.T) {
 	if d := take1(c, req); d.Allowed || d.Remaining != 10_000 {
 		t.Fatalf("over the limit after widening: %+v, want rejected with 10,000 left", d)
 	}
-	wide := Request{Zone: "rw", Key: "w", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 5, Window: time.Minute, Buckets: 30}, Cost: 1}
+	wide := storage.Request{Zone: "rw", Key: "w", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 5, Window: time.Minute, Buckets: 30}, Cost: 1}
 	take1(c, wide)
 	hw := c.keyHash("rw", "w")
 	if _, kind := c.shards[shardOf(hw)].rings.find(hw, wide.Rate.Window.Milliseconds()); kind != ringWide8 {

@@ -1,4 +1,4 @@
-package storage
+package memory
 
 import (
 	"fmt"
@@ -30,7 +30,7 @@ func CheckSweepInterval(d time.Duration) error {
 // short interval costs a little CPU, while a long one keeps expired
 // keys' memory longer than a config wanted. When a config is cleaned up
 // (replaced by a reload, or failed to load), its request goes with it.
-func (m *Memory) SetSweepInterval(d time.Duration) {
+func (m *Store) SetSweepInterval(d time.Duration) {
 	c := m.counters
 	c.usersMu.Lock()
 	defer c.usersMu.Unlock()
@@ -40,14 +40,14 @@ func (m *Memory) SetSweepInterval(d time.Duration) {
 
 // SweepInterval is the sweep interval in force: the shortest any config
 // using the store asks for, or DefaultSweepInterval.
-func (m *Memory) SweepInterval() time.Duration {
+func (m *Store) SweepInterval() time.Duration {
 	return time.Duration(m.counters.sweepEvery.Load())
 }
 
 // updateSweepInterval puts in force the shortest interval the users ask
 // for, or the default, and wakes the sweeper if that changed it. The
 // caller holds usersMu.
-func (c *memoryCounters) updateSweepInterval() {
+func (c *counters) updateSweepInterval() {
 	d := time.Duration(0)
 	for _, u := range c.users {
 		if u.sweepInterval > 0 && (d == 0 || u.sweepInterval < d) {

@@ -1,4 +1,4 @@
-package storage
+package memory
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+	"github.com/d61b427a/caddy-rate-limit/internal/threadtime"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // TestMemorySweepInterval: the sweeper sweeps on its own, at the interval
@@ -28,7 +30,7 @@ func TestMemorySweepInterval(t *testing.T) {
 	// askFor puts interval in force, and waits until the sweeper has taken
 	// the change off resweep: from then on its ticker runs, so a later
 	// interval takes effect only if the sweeper resets it.
-	askFor := func(m *Memory, interval time.Duration) {
+	askFor := func(m *Store, interval time.Duration) {
 		t.Helper()
 		m.SetSweepInterval(interval)
 		if got := sweepInterval(m); got != interval {
@@ -36,9 +38,9 @@ func TestMemorySweepInterval(t *testing.T) {
 		}
 		waitUntil(t, "the sweeper takes the new interval", func() bool { return len(m.counters.resweep) == 0 })
 	}
-	expired := func(intervals ...time.Duration) *memoryCounters {
+	expired := func(intervals ...time.Duration) *counters {
 		c, clock := newTestCounters(t, DefaultMaxKeys)
-		m := &Memory{counters: c}
+		m := &Store{counters: c}
 		if got := sweepInterval(m); got != DefaultSweepInterval {
 			t.Fatalf("new counters sweep every %s, want the default %s", got, DefaultSweepInterval)
 		}
@@ -46,7 +48,7 @@ func TestMemorySweepInterval(t *testing.T) {
 		for _, d := range intervals {
 			askFor(m, d)
 		}
-		take1(c, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Second}, Cost: 1})
+		take1(c, storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Second}, Cost: 1})
 		if n := c.len(); n != 1 {
 			t.Fatalf("%d keys after one take", n)
 		}
@@ -70,8 +72,8 @@ func TestMemorySweepInterval(t *testing.T) {
 func TestMemorySweepIntervalFollowsConfigs(t *testing.T) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
-	provision := func(d time.Duration) *Memory {
-		m := new(Memory)
+	provision := func(d time.Duration) *Store {
+		m := new(Store)
 		if err := m.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +116,7 @@ func TestCheckSweepInterval(t *testing.T) {
 }
 
 // sweepInterval returns the sweep interval in force.
-func sweepInterval(m *Memory) time.Duration {
+func sweepInterval(m *Store) time.Duration {
 	return time.Duration(m.counters.sweepEvery.Load())
 }
 
@@ -123,10 +125,10 @@ func sweepInterval(m *Memory) time.Duration {
 // 99th percentile of the holds of one shard's lock, which a request for a
 // key of that shard waits for. Half the keys have ended their windows, so
 // the sweep has work to do. The holds are timed in the sweeping thread's
-// own CPU time (threadTime), as the lease table's are.
+// own CPU time (threadtime.Now), as the lease table's are.
 func BenchmarkMemorySweep(b *testing.B) {
 	now := time.Unix(1_800_000_000, 0)
-	c := newMemoryCounters(DefaultMaxKeys, func() time.Time { return now })
+	c := newCounters(DefaultMaxKeys, func() time.Time { return now })
 	defer c.Destruct()
 	d := make([]algorithms.Decision, 1)
 	for i := range DefaultMaxKeys {
@@ -134,18 +136,18 @@ func BenchmarkMemorySweep(b *testing.B) {
 		if i%2 == 0 {
 			w = time.Second
 		}
-		c.take([]Request{{Zone: "z", Key: ipKey(i) + "/" + strconv.Itoa(i>>24), Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1 << 30, Window: w}, Cost: 1}}, d)
+		c.take([]storage.Request{{Zone: "z", Key: ipKey(i) + "/" + strconv.Itoa(i>>24), Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1 << 30, Window: w}, Cost: 1}}, d)
 	}
 	now = now.Add(10 * time.Second)
 	var holds []time.Duration
 	for b.Loop() {
 		for i := range c.shards {
 			s := &c.shards[i]
-			start := threadTime()
+			start := threadtime.Now()
 			s.mu.Lock()
 			c.admin.overrides.Add(int64(-s.sweep(unixSeconds(now.UnixMilli()))))
 			s.mu.Unlock()
-			holds = append(holds, threadTime()-start)
+			holds = append(holds, threadtime.Now()-start)
 		}
 	}
 	slices.Sort(holds)

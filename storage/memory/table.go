@@ -1,9 +1,9 @@
-package storage
+package memory
 
 import "math/bits"
 
 // A table is an open-addressing hash table with linear probing, of slots
-// of one type S, keyed by the keyed hash of zone and key (see Memory). It
+// of one type S, keyed by the keyed hash of zone and key (see Store). It
 // grows by doubling before it is more than 7/8 full, so it is between
 // 7/16 and 7/8 full: memory is the store's limit (a key costs its slot
 // over the load), and at 7/8 a lookup for a present key still probes
@@ -17,12 +17,12 @@ import "math/bits"
 // probe reads 8 bytes, eight keys to a cache line, and never the slots it
 // passes over.
 //
-// A shard holds one table per kind of slot: counts (memorySlot) and the
+// A shard holds one table per kind of slot: counts (slot) and the
 // rings of sliding windows (ringSlot, wideRingSlot). The methods need the
 // shard's lock.
 type table[S any, P slotPtr[S]] struct {
 	// keys holds each slot's key, the keyed hash of zone and key (see
-	// Memory); 0 marks an empty slot. slots holds what is kept for it.
+	// Store); 0 marks an empty slot. slots holds what is kept for it.
 	// Both are a power of two long, or nil.
 	keys  []uint64
 	slots []S
@@ -174,6 +174,6 @@ func (t *table[S, P]) forget(h uint64) bool {
 	return ok
 }
 
-func (e *memorySlot) expiry() uint32       { return e.expires }
-func (e *memorySlot) referenced() bool     { return e.ref }
-func (e *memorySlot) setReferenced(r bool) { e.ref = r }
+func (e *slot) expiry() uint32       { return e.expires }
+func (e *slot) referenced() bool     { return e.ref }
+func (e *slot) setReferenced(r bool) { e.ref = r }
