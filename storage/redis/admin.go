@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"context"
@@ -9,10 +9,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // The Redis store's admin side. A per-key override lives in the key's
@@ -27,28 +28,28 @@ import (
 // dialRefresh is how often an instance rereads dials and the epoch.
 const dialRefresh = time.Second
 
-func (r *Redis) dialKey(zone string) string { return r.KeyPrefix + "dial:{" + zone + "}" }
-func (r *Redis) epochKey() string           { return r.KeyPrefix + "admin:epoch" }
+func (r *Store) dialKey(zone string) string { return r.KeyPrefix + "dial:{" + zone + "}" }
+func (r *Store) epochKey() string           { return r.KeyPrefix + "admin:epoch" }
 
 // adminCtx bounds an admin call: the store's timeout, but at least a
 // second, since an operator waits for it, not a request.
-func (r *Redis) adminCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+func (r *Store) adminCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, max(time.Duration(r.Timeout), time.Second))
 }
 
-// KeyState implements Admin.
-func (r *Redis) KeyState(ctx context.Context, zone, key string, _ time.Duration) (KeyState, error) {
+// KeyState implements storage.Admin.
+func (r *Store) KeyState(ctx context.Context, zone, key string, _ time.Duration) (storage.KeyState, error) {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
 	vals, err := keyStateScript.Run(ctx, r.client.rdb, []string{r.counterKey(zone, key)}).Int64Slice()
 	if err != nil {
-		return KeyState{}, fmt.Errorf("redis: %w", err)
+		return storage.KeyState{}, fmt.Errorf("redis: %w", err)
 	}
 	// The server's instants, moved to the local clock.
 	local := func(ms int64) time.Time { return time.Now().Add(time.Duration(ms-vals[0]) * time.Millisecond) }
-	st := KeyState{Counts: algorithms.Counts{Window: vals[1], Current: vals[2], Previous: vals[3]}}
+	st := storage.KeyState{Counts: algorithms.Counts{Window: vals[1], Current: vals[2], Previous: vals[3]}}
 	if vals[4] != 0 {
-		st.Override = &Override{Limit: vals[4]}
+		st.Override = &storage.Override{Limit: vals[4]}
 		if vals[5] != 0 {
 			st.Override.Expires = local(vals[5])
 		}
@@ -63,14 +64,14 @@ func (r *Redis) KeyState(ctx context.Context, zone, key string, _ time.Duration)
 	return st, nil
 }
 
-// ResetKey implements Admin: it forgets the key's counts and lifts its
+// ResetKey implements storage.Admin: it forgets the key's counts and lifts its
 // ban, on every instance sharing the store.
-func (r *Redis) ResetKey(ctx context.Context, zone, key string) error {
+func (r *Store) ResetKey(ctx context.Context, zone, key string) error {
 	return r.adminOp(ctx, "reset", r.counterKey(zone, key), 0, 0)
 }
 
-// SetOverride implements Admin.
-func (r *Redis) SetOverride(ctx context.Context, zone, key string, o Override) error {
+// SetOverride implements storage.Admin.
+func (r *Store) SetOverride(ctx context.Context, zone, key string, o storage.Override) error {
 	var ttl int64
 	if !o.Expires.IsZero() {
 		ttl = max(time.Until(o.Expires).Milliseconds(), 1)
@@ -78,14 +79,14 @@ func (r *Redis) SetOverride(ctx context.Context, zone, key string, o Override) e
 	return r.adminOp(ctx, "override", r.counterKey(zone, key), o.Limit, ttl)
 }
 
-// DeleteOverride implements Admin.
-func (r *Redis) DeleteOverride(ctx context.Context, zone, key string) error {
+// DeleteOverride implements storage.Admin.
+func (r *Store) DeleteOverride(ctx context.Context, zone, key string) error {
 	return r.adminOp(ctx, "unoverride", r.counterKey(zone, key), 0, 0)
 }
 
 // adminOp runs one change of a key's admin state (scripts/admin.lua) and
 // bumps the epoch, so that every instance forgets its cached rejections.
-func (r *Redis) adminOp(ctx context.Context, op, key string, limit, ttl int64) error {
+func (r *Store) adminOp(ctx context.Context, op, key string, limit, ttl int64) error {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
 	if err := adminScript.Run(ctx, r.client.rdb, []string{key}, op, limit, ttl).Err(); err != nil {
@@ -94,7 +95,7 @@ func (r *Redis) adminOp(ctx context.Context, op, key string, limit, ttl int64) e
 	return r.bumpEpoch(ctx)
 }
 
-func (r *Redis) bumpEpoch(ctx context.Context) error {
+func (r *Store) bumpEpoch(ctx context.Context) error {
 	if err := r.client.rdb.Incr(ctx, r.epochKey()).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
@@ -104,14 +105,14 @@ func (r *Redis) bumpEpoch(ctx context.Context) error {
 }
 
 // adminChanged forgets what an admin change may have made wrong: the
-// cached rejections, and the leases (see redis_lease.go).
-func (c *redisClient) adminChanged() {
+// cached rejections, and the leases (see lease.go).
+func (c *client) adminChanged() {
 	c.denies.clear()
 	c.leases.drop()
 }
 
-// SetZoneDial implements Admin.
-func (r *Redis) SetZoneDial(ctx context.Context, zone string, d ZoneDial) error {
+// SetZoneDial implements storage.Admin.
+func (r *Store) SetZoneDial(ctx context.Context, zone string, d storage.ZoneDial) error {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
 	var ttl time.Duration
@@ -132,25 +133,25 @@ func (r *Redis) SetZoneDial(ctx context.Context, zone string, d ZoneDial) error 
 	return r.bumpEpoch(ctx)
 }
 
-// DeleteZoneDial implements Admin.
-func (r *Redis) DeleteZoneDial(ctx context.Context, zone string) error {
+// DeleteZoneDial implements storage.Admin.
+func (r *Store) DeleteZoneDial(ctx context.Context, zone string) error {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
 	if err := r.client.rdb.Del(ctx, r.dialKey(zone)).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	r.watcher().set(zone, ZoneDial{})
+	r.watcher().set(zone, storage.ZoneDial{})
 	return r.bumpEpoch(ctx)
 }
 
-// ZoneDial implements Admin: it answers from what this instance last read, and
+// ZoneDial implements storage.Admin: it answers from what this instance last read, and
 // asks for zone to be read from then on.
-func (r *Redis) ZoneDial(zone string) (ZoneDial, bool) {
+func (r *Store) ZoneDial(zone string) (storage.ZoneDial, bool) {
 	return r.watcher().dial(zone)
 }
 
 // watcher returns the dial watcher of this store's client and key prefix.
-func (r *Redis) watcher() *dialWatcher {
+func (r *Store) watcher() *dialWatcher {
 	if w := r.hold.dials.Load(); w != nil {
 		return w
 	}
@@ -163,13 +164,13 @@ func (r *Redis) watcher() *dialWatcher {
 // key prefix, rereading them and the epoch once a second, in the same
 // round trip that announces this instance and counts the fleet.
 type dialWatcher struct {
-	client       *redisClient
+	client       *client
 	dialKey      func(zone string) string
 	epochKey     string
 	instancesKey string
 	logger       *zap.Logger
 
-	dials dialTable
+	dials storage.DialTable
 
 	// wake asks for a refresh before the next tick.
 	wake chan struct{}
@@ -184,7 +185,7 @@ type dialWatcher struct {
 
 // watcher returns the client's dial watcher for prefix, starting it on
 // first use; it stops when the client is closed.
-func (c *redisClient) watcher(prefix string, r *Redis) *dialWatcher {
+func (c *client) watcher(prefix string, r *Store) *dialWatcher {
 	c.watchersMu.Lock()
 	defer c.watchersMu.Unlock()
 	if w, ok := c.watchers[prefix]; ok {
@@ -205,15 +206,15 @@ func (c *redisClient) watcher(prefix string, r *Redis) *dialWatcher {
 	return w
 }
 
-func (w *dialWatcher) dial(zone string) (ZoneDial, bool) {
-	if d, ok := w.dials.get(zone); ok {
+func (w *dialWatcher) dial(zone string) (storage.ZoneDial, bool) {
+	if d, ok := w.dials.Get(zone); ok {
 		return d, d.Mode != "" || d.Limit > 0
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.zones[zone] {
 		w.zones[zone] = true
-		w.dials.set(zone, ZoneDial{})
+		w.dials.Set(zone, storage.ZoneDial{})
 		// Read it now rather than at the next tick, without making this
 		// request wait for Redis.
 		select {
@@ -221,16 +222,16 @@ func (w *dialWatcher) dial(zone string) (ZoneDial, bool) {
 		default:
 		}
 	}
-	return ZoneDial{}, false
+	return storage.ZoneDial{}, false
 }
 
 // set records a dial this instance just wrote, ahead of the next refresh.
-func (w *dialWatcher) set(zone string, d ZoneDial) {
+func (w *dialWatcher) set(zone string, d storage.ZoneDial) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.zones[zone] = true
 	w.sets++
-	w.dials.set(zone, d)
+	w.dials.Set(zone, d)
 }
 
 func (w *dialWatcher) run() {
@@ -259,10 +260,10 @@ func (w *dialWatcher) refresh() {
 	}
 	sets := w.sets
 	w.mu.Unlock()
-	var epoch *redis.StringCmd
-	var live *redis.Cmd
-	gets := make([]*redis.StringCmd, len(zones))
-	_, err := w.client.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	var epoch *goredis.StringCmd
+	var live *goredis.Cmd
+	gets := make([]*goredis.StringCmd, len(zones))
+	_, err := w.client.rdb.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		epoch = p.Get(ctx, w.epochKey)
 		live = announce(ctx, p, w.instancesKey)
 		for i, z := range zones {
@@ -270,7 +271,7 @@ func (w *dialWatcher) refresh() {
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, redis.Nil) {
+	if err != nil && !errors.Is(err, goredis.Nil) {
 		// Keep the dials and the fleet last read; the store's errors are
 		// logged where requests meet them.
 		return
@@ -290,9 +291,9 @@ func (w *dialWatcher) refresh() {
 	if w.sets != sets {
 		return // a dial written meanwhile; the next refresh reads it
 	}
-	next := make(map[string]ZoneDial, len(zones))
+	next := make(map[string]storage.ZoneDial, len(zones))
 	for i, z := range zones {
-		var d ZoneDial
+		var d storage.ZoneDial
 		if b, err := gets[i].Bytes(); err == nil {
 			if err := json.Unmarshal(b, &d); err != nil {
 				w.logger.Warn("unreadable rate limit dial in Redis", zap.String("zone", z), zap.Error(err))
@@ -300,7 +301,7 @@ func (w *dialWatcher) refresh() {
 		}
 		next[z] = d
 	}
-	w.dials.replace(next)
+	w.dials.Replace(next)
 }
 
 var (
@@ -309,8 +310,8 @@ var (
 	//go:embed scripts/key_state.lua
 	keyStateSource string
 
-	adminScript    = redis.NewScript(adminSource)
-	keyStateScript = redis.NewScript(keyStateSource)
+	adminScript    = goredis.NewScript(adminSource)
+	keyStateScript = goredis.NewScript(keyStateSource)
 )
 
-var _ Admin = (*Redis)(nil)
+var _ storage.Admin = (*Store)(nil)

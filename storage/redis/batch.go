@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"context"
@@ -13,9 +13,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // This file coalesces concurrent decisions into shared script calls. Redis
@@ -38,10 +39,10 @@ const maxBatch = 128
 // A callPart is one request's part of a take script call.
 type callPart struct {
 	keys   []string
-	reqs   []Request
+	reqs   []storage.Request
 	charge bool
 	// asks are the units each zone would lease beyond its cost (see
-	// redis_lease.go); nil for none.
+	// lease.go); nil for none.
 	asks []int64
 	// deadline bounds the request's decision: the store's timeout from
 	// when it was asked.
@@ -142,7 +143,7 @@ const clusterSlots = 16384
 
 // batcher returns the take queue for key's slot. One script call may only
 // touch keys of one cluster slot; a single server has one queue.
-func (c *redisClient) batcher(key string) *slotQueue[*callPart] {
+func (c *client) batcher(key string) *slotQueue[*callPart] {
 	if len(c.batchers) == 1 {
 		return &c.batchers[0]
 	}
@@ -184,7 +185,7 @@ func keySlot(key string) int {
 // request ahead of t in the queue, or in the call in flight, was asked
 // for earlier under the same timeout (one client per timeout), so its
 // deadline comes no later than t's.
-func (c *redisClient) take(ctx context.Context, t *callPart) error {
+func (c *client) take(ctx context.Context, t *callPart) error {
 	b := c.batcher(t.keys[0])
 	t.done = make(chan struct{})
 	if !b.push(t) {
@@ -210,7 +211,7 @@ func (c *redisClient) take(ctx context.Context, t *callPart) error {
 }
 
 // callAlone runs the take script for t alone, by t's deadline.
-func (c *redisClient) callAlone(ctx context.Context, clock int64, t *callPart) {
+func (c *client) callAlone(ctx context.Context, clock int64, t *callPart) {
 	ctx, cancel := context.WithDeadline(ctx, t.deadline)
 	defer cancel()
 	c.call(ctx, clock, []*callPart{t})
@@ -220,7 +221,7 @@ func (c *redisClient) callAlone(ctx context.Context, clock int64, t *callPart) {
 // until the earliest deadline among them, so that none waits past its
 // own; a request whose deadline has passed while it queued fails without
 // being sent, and one given up is left out.
-func (c *redisClient) sendTakes(batch []*callPart) {
+func (c *client) sendTakes(batch []*callPart) {
 	live := batch[:0]
 	var deadline time.Time
 	now := time.Now()
@@ -250,7 +251,7 @@ func (c *redisClient) sendTakes(batch []*callPart) {
 // the server's. Takes that ask the same (one hot key under load) go to
 // the script as one entry, whose arguments it reads once and whose answer
 // is a few numbers, however many requests it stands for.
-func (c *redisClient) call(ctx context.Context, clock int64, parts []*callPart) {
+func (c *client) call(ctx context.Context, clock int64, parts []*callPart) {
 	entries, zones := groupParts(parts)
 	// The command: EVALSHA, the script's hash, the keys (a concurrency
 	// zone's counters followed by its holders), then the clock, the live
@@ -413,13 +414,13 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 // coalesced take call answers several numbers per entry. A server that
 // does not know the script yet (NOSCRIPT) gets it in full, from src, as
 // Script.Run does.
-func evalInts(ctx context.Context, rdb redis.UniversalClient, src string, args []any) ([]int64, error) {
-	cmd := redis.NewIntSliceCmd(ctx, args...)
+func evalInts(ctx context.Context, rdb goredis.UniversalClient, src string, args []any) ([]int64, error) {
+	cmd := goredis.NewIntSliceCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
 	_ = rdb.Process(ctx, cmd)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+	if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
 		args[0], args[1] = "eval", src
-		cmd = redis.NewIntSliceCmd(ctx, args...)
+		cmd = goredis.NewIntSliceCmd(ctx, args...)
 		cmd.SetFirstKeyPos(3)
 		_ = rdb.Process(ctx, cmd)
 	}
@@ -454,7 +455,7 @@ func scriptFlag(b bool) any {
 // scriptExtra is the take script's argument for a zone after its cost: gcra's
 // burst, a sliding window's buckets, or the name a concurrency request
 // holds its units under.
-func scriptExtra(q Request) any {
+func scriptExtra(q storage.Request) any {
 	switch q.Algorithm {
 	case algorithms.GCRA:
 		return q.Rate.Burst
@@ -469,7 +470,7 @@ func scriptExtra(q Request) any {
 // holderName names a concurrency request in its key's set of holders:
 // this process, the request, and its cost, which the take script reads
 // back when the holder's lease ends.
-func holderName(q Request) string {
+func holderName(q storage.Request) string {
 	return processID + ":" + strconv.FormatUint(q.Holder, 10) + "/" + strconv.FormatInt(q.Cost, 10)
 }
 

@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"errors"
@@ -8,16 +8,17 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// redisClient is what configs using the same Redis share, and what outlives
+// client is what configs using the same Redis share, and what outlives
 // a config reload: the connections, the circuit breaker and the deny cache.
-type redisClient struct {
-	rdb     redis.UniversalClient
+type client struct {
+	rdb     goredis.UniversalClient
 	breaker breaker
 	denies  denyCache
 	// batchers coalesce concurrent decisions, and refunds concurrent
@@ -27,7 +28,7 @@ type redisClient struct {
 	// released wakes the requests waiting for concurrency units that a
 	// config on this client released: every handler and config sharing
 	// the connections, across reloads, as the memory store's does.
-	released releaseSignal
+	released storage.ReleaseSignal
 
 	// watchers reread the admin API's dials, one per key prefix, and
 	// announce this instance; they, and the goroutine that gives back
@@ -54,14 +55,14 @@ type redisClient struct {
 	now func() time.Time
 }
 
-func newRedisClient(opts *redis.UniversalOptions, logger *zap.Logger) *redisClient {
+func newClient(opts *goredis.UniversalOptions, logger *zap.Logger) *client {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
 	// Every connection checks its server's version first.
 	withCheck := *opts
 	withCheck.OnConnect = (&versionCheck{logger: logger}).onConnect
-	c := &redisClient{rdb: redis.NewUniversalClient(&withCheck), batchers: make([]slotQueue[*callPart], 1), refunds: make([]slotQueue[*refundPart], 1),
+	c := &client{rdb: goredis.NewUniversalClient(&withCheck), batchers: make([]slotQueue[*callPart], 1), refunds: make([]slotQueue[*refundPart], 1),
 		closed: make(chan struct{}), cluster: opts.IsClusterMode, logger: logger, now: time.Now}
 	if opts.IsClusterMode {
 		c.batchers = make([]slotQueue[*callPart], clusterSlots)
@@ -74,11 +75,11 @@ func newRedisClient(opts *redis.UniversalOptions, logger *zap.Logger) *redisClie
 // Destruct gives back the leases this instance holds and closes the
 // connections; the UsagePool calls it when the last config using this
 // Redis is cleaned up.
-func (c *redisClient) Destruct() error {
+func (c *client) Destruct() error {
 	close(c.closed)
 	c.watching.Wait()
-	if c.local.counters != nil {
-		c.local.counters.Destruct()
+	if c.local.store != nil {
+		c.local.store.Cleanup()
 	}
 	return c.rdb.Close()
 }
@@ -176,7 +177,7 @@ type denyEntry struct {
 }
 
 // holds reports whether the remembered rejection e stands for q.
-func (e denyEntry) holds(q Request) bool {
+func (e denyEntry) holds(q storage.Request) bool {
 	if e.algorithm != q.Algorithm || e.limit != q.Rate {
 		return false
 	}
@@ -213,7 +214,7 @@ func (c *denyCache) shard(key string) *denyShard {
 // and reports whether it did. The zones it does not know about are
 // reported as allowed with their full limit: the request is rejected
 // anyway, and nothing is charged, as after any rejection.
-func (c *denyCache) lookup(keys []string, reqs []Request, decisions []algorithms.Decision, now time.Time) bool {
+func (c *denyCache) lookup(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) bool {
 	if c.size.Load() == 0 {
 		return false
 	}
@@ -250,7 +251,7 @@ func (c *denyCache) lookup(keys []string, reqs []Request, decisions []algorithms
 }
 
 // store remembers the rejections among decisions.
-func (c *denyCache) store(keys []string, reqs []Request, decisions []algorithms.Decision, now time.Time) {
+func (c *denyCache) store(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) {
 	for i, d := range decisions {
 		if d.Allowed || !d.RetryAt.After(now) || reqs[i].GivesBack && d.BanEnds.IsZero() {
 			continue

@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"runtime"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/threadtime"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // BenchmarkDenyCacheFlood stores rejections of fresh keys into a full deny
@@ -18,7 +20,7 @@ import (
 func BenchmarkDenyCacheFlood(b *testing.B) {
 	var c denyCache
 	c.init()
-	q := []Request{{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}}
+	q := []storage.Request{{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}}
 	now := time.UnixMilli(1_700_000_000_000)
 	d := []algorithms.Decision{{Limit: 1000, Reset: now.Add(time.Minute), RetryAt: now.Add(time.Minute)}}
 	key := func(n int) string { return "bench:{k" + strconv.Itoa(n) + "}:z" }
@@ -37,9 +39,9 @@ func BenchmarkDenyCacheFlood(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		start, cpu := time.Now(), threadTime()
+		start, cpu := time.Now(), threadtime.Now()
 		c.store(keys[i:i+1], q, d, now)
-		holds = append(holds, threadTime()-cpu)
+		holds = append(holds, threadtime.Now()-cpu)
 		maxWall = max(maxWall, time.Since(start))
 	}
 	b.StopTimer()

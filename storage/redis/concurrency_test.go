@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"context"
@@ -8,118 +8,24 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// testConcurrency holds, rejects and releases units of one key through a
-// store, and checks that Released wakes at a release.
-func testConcurrency(t *testing.T, s Store, at time.Time, held func() int64) {
-	t.Helper()
-	ctx := context.Background()
-	var holder uint64
-	req := func(cost int64) Request {
-		holder++
-		return Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency,
-			Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: cost, Holder: holder}
-	}
-	take := func(r Request) algorithms.Decision {
-		t.Helper()
-		d := make([]algorithms.Decision, 1)
-		if err := s.Take(ctx, []Request{r}, d); err != nil {
-			t.Fatal(err)
-		}
-		return d[0]
-	}
-	a, b := req(1), req(2)
-	if d := take(a); !d.Allowed || d.Remaining != 2 {
-		t.Fatalf("first: %+v", d)
-	}
-	if d := take(b); !d.Allowed || d.Remaining != 0 {
-		t.Fatalf("second: %+v", d)
-	}
-	c := req(1)
-	d := take(c)
-	if d.Allowed || d.RetryAt.After(time.Now().Add(time.Second)) {
-		t.Fatalf("third: want rejected with no retry instant ahead: %+v", d)
-	}
-	if got := held(); got != 3 {
-		t.Fatalf("held %d, want 3", got)
-	}
-	woken := s.Released()
-	if err := release(s, b); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-woken:
-	default:
-		t.Fatal("Release did not wake waiters")
-	}
-	if d := take(c); !d.Allowed || d.Remaining != 1 {
-		t.Fatalf("after release: %+v", d)
-	}
-	// Releasing twice gives back nothing more.
-	if err := release(s, b, a, c, a); err != nil {
-		t.Fatal(err)
-	}
-	if got := held(); got != 0 {
-		t.Fatalf("held %d after releasing everything, want 0", got)
-	}
-}
-
-func TestMemoryConcurrency(t *testing.T) {
-	c, _ := newTestCounters(t, DefaultMaxKeys)
-	m := &Memory{counters: c}
-	testConcurrency(t, m, vectors.Start, func() int64 {
-		counts, _ := c.inspect("conc", "k", time.Minute.Milliseconds())
-		return counts.Current
-	})
-	if _, ok := c.inspect("conc", "k", time.Minute.Milliseconds()); ok {
-		t.Fatal("a key with nothing held is still kept")
-	}
-}
-
-// TestMemoryHeldKeysAreNotEvicted: a flood of other keys past max_keys
-// does not make the store forget units in flight.
-func TestMemoryHeldKeysAreNotEvicted(t *testing.T) {
-	c, _ := newTestCounters(t, memoryShards) // one key per shard
-	held := Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 1, Window: time.Minute}, Cost: 1}
-	if d := take1(c, held); !d.Allowed {
-		t.Fatal(d)
-	}
-	for i := range 5000 {
-		take1(c, Request{Zone: "flood", Key: string(rune('a'+i%26)) + time.Duration(i).String(), Algorithm: algorithms.FixedWindow,
-			Rate: algorithms.Rate{Units: 1, Window: time.Minute}, Cost: 1})
-	}
-	if d := take1(c, held); d.Allowed {
-		t.Fatal("a held unit was evicted: a second request got in")
-	}
+// release releases reqs, concurrency requests, whose decisions do not
+// matter to a release.
+func release(s storage.Store, reqs ...storage.Request) error {
+	return s.Release(context.Background(), reqs, make([]algorithms.Decision, len(reqs)))
 }
 
 // holderKey names the sorted set of a concurrency key's holders, as the
 // scripts derive it from the counter key: <prefix>{<key>}h:<zone>.
-func (r *Redis) holderKey(zone, key string) string {
+func (r *Store) holderKey(zone, key string) string {
 	return r.KeyPrefix + "{" + key + "}h:" + zone
-}
-
-func TestRedisConcurrency(t *testing.T) {
-	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
-	key := r.counterKey("conc", "k")
-	testConcurrency(t, r, time.Time{}, func() int64 {
-		n, _ := s.Do("HGET", key, "c")
-		var v int64
-		for _, ch := range n {
-			v = v*10 + int64(ch-'0')
-		}
-		return v
-	})
-	if n, _ := s.Do("ZCARD", r.holderKey("conc", "k")); n != "0" {
-		t.Fatalf("%s holders left", n)
-	}
 }
 
 // TestRedisHolderSetNamedApart: a concurrency key's holder set is named
@@ -129,21 +35,21 @@ func TestRedisConcurrency(t *testing.T) {
 // commands on it (WRONGTYPE).
 func TestRedisHolderSetNamedApart(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
+	r := newRedisStore(t, new(Store), s.URL())
 	ctx := context.Background()
-	held := Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency,
+	held := storage.Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency,
 		Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 1, Holder: 1}
 	d := make([]algorithms.Decision, 1)
-	if err := r.Take(ctx, []Request{held}, d); err != nil || !d[0].Allowed {
+	if err := r.Take(ctx, []storage.Request{held}, d); err != nil || !d[0].Allowed {
 		t.Fatalf("concurrency take: %+v, %v", d[0], err)
 	}
 	if n, _ := s.Do("ZCARD", r.holderKey("conc", "k")); n != "1" {
 		t.Fatalf("%s holders in %s, want 1", n, r.holderKey("conc", "k"))
 	}
 	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.GCRA} {
-		other := Request{Zone: "conc:h", Key: "k", Algorithm: alg,
+		other := storage.Request{Zone: "conc:h", Key: "k", Algorithm: alg,
 			Rate: algorithms.Rate{Units: 10, Window: time.Minute}, Cost: 1}
-		if err := r.Take(ctx, []Request{other}, d); err != nil || !d[0].Allowed {
+		if err := r.Take(ctx, []storage.Request{other}, d); err != nil || !d[0].Allowed {
 			t.Fatalf("zone conc:h, %s: %+v, %v", alg, d[0], err)
 		}
 		if err := r.ResetKey(ctx, "conc:h", "k"); err != nil {
@@ -163,10 +69,10 @@ func TestRedisHolderSetNamedApart(t *testing.T) {
 // gives back nothing twice.
 func TestRedisConcurrencyLease(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
+	r := newRedisStore(t, new(Store), s.URL())
 	rate := algorithms.Rate{Units: 2, Window: time.Second} // a lease of 1s
-	dead := Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: rate, Cost: 2, Holder: 1}
-	alive := Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: rate, Cost: 1, Holder: 2}
+	dead := storage.Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: rate, Cost: 2, Holder: 1}
+	alive := storage.Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: rate, Cost: 1, Holder: 2}
 	t0 := vectors.Start
 	if d := redisTake(t, r, t0, dead)[0]; !d.Allowed {
 		t.Fatal(d)
@@ -189,13 +95,13 @@ func TestRedisConcurrencyLease(t *testing.T) {
 // gives them all back in one script call on one server, and in one call
 // per hash tag on a cluster, where its keys lie in different slots.
 func TestRedisReleaseManyZones(t *testing.T) {
-	reqs := []Request{
+	reqs := []storage.Request{
 		{Zone: "conc1", Key: "a", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Holder: 1},
 		{Zone: "conc2", Key: "b", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Holder: 1},
 		{Zone: "conc3", Key: "a", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Holder: 1},
 		{Zone: "window", Key: "a", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1},
 	}
-	check := func(t *testing.T, r *Redis, nodes []*redistest.Server, calls int) {
+	check := func(t *testing.T, r *Store, nodes []*redistest.Server, calls int) {
 		t.Helper()
 		d := make([]algorithms.Decision, len(reqs))
 		if err := r.Take(context.Background(), reqs, d); err != nil {
@@ -237,11 +143,11 @@ func TestRedisReleaseManyZones(t *testing.T) {
 	}
 	t.Run("standalone", func(t *testing.T) {
 		s := redistest.Standalone(t)
-		check(t, newRedisStore(t, new(Redis), s.URL()), []*redistest.Server{s}, 1)
+		check(t, newRedisStore(t, new(Store), s.URL()), []*redistest.Server{s}, 1)
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.NewCluster(t, 3)
-		check(t, newRedisStore(t, &Redis{Cluster: true}, c.URLs()...), c.Nodes, 2)
+		check(t, newRedisStore(t, &Store{Cluster: true}, c.URLs()...), c.Nodes, 2)
 	})
 }
 
@@ -252,15 +158,15 @@ func TestRedisReleaseManyZones(t *testing.T) {
 // set to log every command, shows the calls as the server got them.
 func TestRedisScriptsDeclareHolders(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
+	r := newRedisStore(t, new(Store), s.URL())
 	for _, cmd := range [][]string{{"CONFIG", "SET", "slowlog-log-slower-than", "0"}, {"CONFIG", "SET", "slowlog-max-len", "1000"}, {"SLOWLOG", "RESET"}} {
 		if _, err := s.Do(cmd...); err != nil {
 			t.Fatal(err)
 		}
 	}
-	q := Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 1, Holder: 1}
+	q := storage.Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 1, Holder: 1}
 	d := make([]algorithms.Decision, 1)
-	if err := r.Take(context.Background(), []Request{q}, d); err != nil || !d[0].Allowed {
+	if err := r.Take(context.Background(), []storage.Request{q}, d); err != nil || !d[0].Allowed {
 		t.Fatalf("take: %+v, %v", d[0], err)
 	}
 	if err := release(r, q); err != nil {
@@ -274,7 +180,7 @@ func TestRedisScriptsDeclareHolders(t *testing.T) {
 	for _, script := range []struct {
 		name, src string
 	}{{"take", takeSource}, {"refund", refundSource}} {
-		sha := redis.NewScript(script.src).Hash()
+		sha := goredis.NewScript(script.src).Hash()
 		calls := 0
 		for _, e := range entries {
 			a := e.Args

@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"context"
@@ -7,9 +7,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+	"github.com/d61b427a/caddy-rate-limit/storage/memory"
 )
 
 // This file is what an instance knows of the fleet sharing its Redis: how
@@ -32,17 +34,17 @@ func (f *fleet) instances() int64 {
 	return max(f.n.Load(), 1)
 }
 
-func (r *Redis) instancesKey() string { return r.KeyPrefix + "instances" }
+func (r *Store) instancesKey() string { return r.KeyPrefix + "instances" }
 
 // announce queues, in a refresh's pipeline, this instance's announcement
 // and the count of live instances.
-func announce(ctx context.Context, p redis.Pipeliner, key string) *redis.Cmd {
+func announce(ctx context.Context, p goredis.Pipeliner, key string) *goredis.Cmd {
 	return p.Eval(ctx, announceSource, []string{key}, processID, instanceTTL.Milliseconds())
 }
 
 // Instances returns N, the live instances sharing the store, as this
 // instance last read it (at least 1).
-func (r *Redis) Instances() int {
+func (r *Store) Instances() int {
 	return int(r.client.fleet.instances())
 }
 
@@ -50,17 +52,18 @@ func (r *Redis) Instances() int {
 // every limit divided among the instances last seen (max(1, limit/N)),
 // for on_store_error local. Its counts are dropped when Redis answers
 // again.
-func (r *Redis) Local() Store {
+func (r *Store) Local() storage.Store {
 	return localStore{r.client}
 }
 
 // localStore is the Redis store's local fallback.
-type localStore struct{ c *redisClient }
+type localStore struct{ c *client }
 
-// Take implements Store.
-func (s localStore) Take(_ context.Context, reqs []Request, decisions []algorithms.Decision) error {
+// Take implements storage.Store: it decides in this instance's memory,
+// with every limit divided among the instances.
+func (s localStore) Take(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	n := s.c.fleet.instances()
-	shares := make([]Request, len(reqs))
+	shares := make([]storage.Request, len(reqs))
 	for i, q := range reqs {
 		q.Rate.Units = max(1, q.Rate.Units/n)
 		if q.Rate.Burst > 0 {
@@ -69,39 +72,40 @@ func (s localStore) Take(_ context.Context, reqs []Request, decisions []algorith
 		shares[i] = q
 	}
 	s.c.localUsed.Store(true)
-	return takeMemory(s.c.localCounters(), shares, decisions)
+	return s.c.localMemory().Take(ctx, shares, decisions)
 }
 
-// Release implements Store.
-func (s localStore) Release(_ context.Context, reqs []Request, decisions []algorithms.Decision) error {
-	s.c.localCounters().release(reqs, decisions)
-	return nil
+// Release implements storage.Store.
+func (s localStore) Release(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
+	return s.c.localMemory().Release(ctx, reqs, decisions)
 }
 
-// Released implements Store.
+// Released implements storage.Store.
 func (s localStore) Released() <-chan struct{} {
-	return s.c.localCounters().released.wait()
+	return s.c.localMemory().Released()
 }
 
-// local holds the counters of the local fallback, made on first use.
+// local holds the local fallback's memory store, made on first use.
 type local struct {
-	once     sync.Once
-	counters *memoryCounters
+	once  sync.Once
+	store *memory.Store
 }
 
-// localCounters returns the local fallback's counters.
-func (c *redisClient) localCounters() *memoryCounters {
+// localMemory returns the local fallback's memory store: one of its own,
+// apart from the one Caddy's configs share (whose counts are whole
+// limits'), with the memory store's default bound.
+func (c *client) localMemory() *memory.Store {
 	c.local.once.Do(func() {
-		c.local.counters = newMemoryCounters(DefaultMaxKeys, time.Now)
+		c.local.store = memory.New(0, time.Now)
 	})
-	return c.local.counters
+	return c.local.store
 }
 
 // answered drops the local fallback's counts once Redis answers again:
 // decisions are Redis's again at once.
-func (c *redisClient) answered() {
+func (c *client) answered() {
 	if c.localUsed.Load() && c.localUsed.CompareAndSwap(true, false) {
-		c.localCounters().clear()
+		c.localMemory().Clear()
 	}
 }
 

@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"hash/maphash"
@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // This file holds the Redis store's leases (`lease on`): units of a key's
@@ -113,7 +114,7 @@ type lease struct {
 }
 
 // spendable reports whether the lease may pay for q at now.
-func (l *lease) spendable(q Request, now time.Time) bool {
+func (l *lease) spendable(q storage.Request, now time.Time) bool {
 	if l.units < q.Cost || l.rate != q.Rate || l.alg != q.Algorithm {
 		return false
 	}
@@ -284,7 +285,7 @@ func (s *leaseShard) forget(l *lease) {
 
 // add makes a record for key and returns it, making room in a full shard,
 // or returns nil if the records it looked at are all being refilled.
-func (s *leaseShard) add(key string, q Request, now time.Time) *lease {
+func (s *leaseShard) add(key string, q storage.Request, now time.Time) *lease {
 	if len(s.m) >= leaseShardRecords && !s.makeRoom() {
 		return nil
 	}
@@ -343,7 +344,7 @@ func (t *leaseTable) unlockAll(set uint64) {
 // reports whether it did. decisions get what the requests would have been
 // told by Redis: allowed, with the remaining that Redis reported at the
 // lease less what this instance spent since.
-func (t *leaseTable) spend(keys []string, reqs []Request, decisions []algorithms.Decision, now time.Time) bool {
+func (t *leaseTable) spend(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) bool {
 	var buf [4]*leaseShard
 	shards := buf[:0]
 	var set uint64
@@ -369,7 +370,7 @@ func (t *leaseTable) spend(keys []string, reqs []Request, decisions []algorithms
 
 // spendFrom pays for q from l, which may pay for it, and writes its
 // decision into d.
-func (s *leaseShard) spendFrom(l *lease, q Request, d *algorithms.Decision, now time.Time) {
+func (s *leaseShard) spendFrom(l *lease, q storage.Request, d *algorithms.Decision, now time.Time) {
 	l.units -= q.Cost
 	l.spent += q.Cost
 	s.touch(l, now)
@@ -386,7 +387,7 @@ func (s *leaseShard) spendFrom(l *lease, q Request, d *algorithms.Decision, now 
 // asks for no lease: it could never spend one. Nor does one with a zone
 // that bans: a ban must hold on every instance at once, so each of its
 // requests asks Redis.
-func (t *leaseTable) asks(keys []string, reqs []Request, now time.Time) []int64 {
+func (t *leaseTable) asks(keys []string, reqs []storage.Request, now time.Time) []int64 {
 	for _, q := range reqs {
 		if q.Algorithm == algorithms.Concurrency || q.Ban > 0 {
 			return nil
@@ -433,7 +434,7 @@ func (t *leaseTable) unasked(keys []string, asks []int64) {
 // zone, with the decision of its request, the units granted and the
 // counts Redis left, and the series that counts units. Units still held
 // of an earlier lease in the same window are kept.
-func (t *leaseTable) granted(keys []string, reqs []Request, a *leaseAnswer, decisions []algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
+func (t *leaseTable) granted(keys []string, reqs []storage.Request, a *leaseAnswer, decisions []algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
 	for i, q := range reqs {
 		if a.asks[i] == 0 {
 			continue
@@ -449,7 +450,7 @@ func (t *leaseTable) granted(keys []string, reqs []Request, a *leaseAnswer, deci
 
 // grant records in l, the record of zone i of a call that asked for
 // leases (a), what the call brought for it.
-func (s *leaseShard) grant(l *lease, q Request, a *leaseAnswer, i int, d algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
+func (s *leaseShard) grant(l *lease, q storage.Request, a *leaseAnswer, i int, d algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
 	l.refilling = false
 	g, counts := a.grants[i], a.counts[i]
 	if !d.Allowed || g == 0 {
@@ -507,7 +508,7 @@ func (s *leaseShard) grant(l *lease, q Request, a *leaseAnswer, i int, d algorit
 // cost is never put back: each leased unit stands for an instant of the
 // bucket, and one charged at another instant is not interchangeable with
 // them.
-func (t *leaseTable) giveBack(key string, q Request, d algorithms.Decision, now time.Time) bool {
+func (t *leaseTable) giveBack(key string, q storage.Request, d algorithms.Decision, now time.Time) bool {
 	if !q.Algorithm.Windowed() && q.Algorithm != algorithms.SlidingWindow {
 		return false
 	}
@@ -628,7 +629,7 @@ func (t *leaseTable) all() []heldUnits {
 // (one in all on a single server), each bounded by timeout. A lease's
 // units go back as a charge of them in its window would (for gcra: at
 // the limit it was counted against).
-func (c *redisClient) returnLeases(held []heldUnits, timeout time.Duration) {
+func (c *client) returnLeases(held []heldUnits, timeout time.Duration) {
 	if len(held) == 0 {
 		return
 	}
@@ -638,7 +639,7 @@ func (c *redisClient) returnLeases(held []heldUnits, timeout time.Duration) {
 	}
 	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
 		h := held[i]
-		return appendRefundArgs(dst, Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window})
+		return appendRefundArgs(dst, storage.Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window})
 	})
 	for k, p := range parts {
 		if err := c.refund(p, timeout); err != nil {
@@ -656,7 +657,7 @@ func (c *redisClient) returnLeases(held []heldUnits, timeout time.Duration) {
 // startLeases readies the lease table and starts, once, the goroutine
 // that gives back the units that are due; it gives back all of them when
 // the client is closed.
-func (c *redisClient) startLeases() {
+func (c *client) startLeases() {
 	c.leasing.Do(func() {
 		c.leases.init()
 		c.watching.Add(1)
@@ -667,7 +668,7 @@ func (c *redisClient) startLeases() {
 	})
 }
 
-func (c *redisClient) sweepLeases() {
+func (c *client) sweepLeases() {
 	ticker := time.NewTicker(leaseSweep)
 	defer ticker.Stop()
 	for {

@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"context"
@@ -15,21 +15,23 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/threadtime"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // leaseStore is a Redis store with lease on and a client of its own: the
 // stores of one test are instances of a fleet, each with its own leases
 // (they share the process's id, so the fleet's size is set by the test).
-func leaseStore(t *testing.T, s *redistest.Server, prefix string, instance int) *Redis {
+func leaseStore(t *testing.T, s *redistest.Server, prefix string, instance int) *Store {
 	t.Helper()
 	// A timeout of its own gives the store a client of its own.
-	r := newRedisStore(t, &Redis{Lease: true, KeyPrefix: prefix, Timeout: caddy.Duration(5*time.Second + time.Duration(instance)*time.Millisecond)}, s.URL())
+	r := newRedisStore(t, &Store{Lease: true, KeyPrefix: prefix, Timeout: caddy.Duration(5*time.Second + time.Duration(instance)*time.Millisecond)}, s.URL())
 	return r
 }
 
 // fleetOf makes the stores' fleet n instances, as their watchers read it:
 // n-1 others announced (for the next hour) beside this process.
-func fleetOf(t *testing.T, s *redistest.Server, n int, stores ...*Redis) {
+func fleetOf(t *testing.T, s *redistest.Server, n int, stores ...*Store) {
 	t.Helper()
 	for i := 1; i < n; i++ {
 		if _, err := s.Do("HSET", stores[0].instancesKey(), "other-"+strconv.Itoa(i), strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)); err != nil {
@@ -46,7 +48,7 @@ func fleetOf(t *testing.T, s *redistest.Server, n int, stores ...*Redis) {
 
 // counted reads the units Redis counts in a windowed key's current window,
 // or in a sliding window's ring.
-func counted(t *testing.T, s *redistest.Server, r *Redis, zone, key string) int64 {
+func counted(t *testing.T, s *redistest.Server, r *Store, zone, key string) int64 {
 	t.Helper()
 	if ring, err := s.Do("HGET", r.counterKey(zone, key), "r"); err == nil && ring != "" {
 		var n int64
@@ -65,7 +67,7 @@ func counted(t *testing.T, s *redistest.Server, r *Redis, zone, key string) int6
 }
 
 // leasedUnits counts the units this store's client holds in leases.
-func leasedUnits(r *Redis) int64 {
+func leasedUnits(r *Store) int64 {
 	_, units := r.client.leases.count()
 	return units
 }
@@ -92,7 +94,7 @@ func (t *leaseTable) count() (records int, units int64) {
 func TestRedisLeaseSpendsWithoutCalls(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, "lease1:", 0)
-	req := Request{Zone: "z", Key: "hot", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
+	req := storage.Request{Zone: "z", Key: "hot", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
 	if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
 		t.Fatal(err)
 	}
@@ -133,12 +135,12 @@ func TestRedisLeaseFleetNeverOver(t *testing.T) {
 	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.SlidingWindow} {
 		t.Run(string(alg), func(t *testing.T) {
 			prefix := "fleet-" + string(alg) + ":"
-			var fleet []*Redis
+			var fleet []*Store
 			for i := range 3 {
 				fleet = append(fleet, leaseStore(t, s, prefix, i))
 			}
 			fleetOf(t, s, 3, fleet...)
-			req := Request{Zone: "z", Key: "k", Algorithm: alg, Rate: algorithms.Rate{Units: limit, Window: time.Hour}, Cost: 1}
+			req := storage.Request{Zone: "z", Key: "k", Algorithm: alg, Rate: algorithms.Rate{Units: limit, Window: time.Hour}, Cost: 1}
 			var admitted atomic.Int64
 			var wg sync.WaitGroup
 			for _, r := range fleet {
@@ -148,7 +150,7 @@ func TestRedisLeaseFleetNeverOver(t *testing.T) {
 						// lease is spent and Redis has nothing left.
 						for misses := 0; misses < 20; {
 							d := make([]algorithms.Decision, 1)
-							if err := r.Take(context.Background(), []Request{req}, d); err != nil {
+							if err := r.Take(context.Background(), []storage.Request{req}, d); err != nil {
 								t.Error(err)
 								return
 							}
@@ -189,7 +191,7 @@ func TestRedisLeaseCap(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, "cap:", 0)
 	fleetOf(t, s, 2, r)
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 40, Window: time.Hour}, Cost: 1}
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 40, Window: time.Hour}, Cost: 1}
 	for i := range 40 {
 		if d := redisTake(t, r, time.Time{}, req)[0]; !d.Allowed {
 			t.Fatalf("request %d rejected", i)
@@ -213,7 +215,7 @@ func TestRedisLeaseGCRA(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, "gcra:", 0)
 	// 200 a second, a bucket of 100.
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 200, Window: time.Second, Burst: 100}, Cost: 1}
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 200, Window: time.Second, Burst: 100}, Cost: 1}
 	start := time.Now()
 	admitted := 0
 	for range 1000 {
@@ -237,7 +239,7 @@ func TestRedisLeaseGCRA(t *testing.T) {
 func TestRedisLeaseDroppedOnAdminChange(t *testing.T) {
 	s := redistest.Standalone(t)
 	a, b := leaseStore(t, s, "admin:", 0), leaseStore(t, s, "admin:", 1)
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1}
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1}
 	for range 50 {
 		redisTake(t, a, time.Time{}, req)
 	}
@@ -264,7 +266,7 @@ func TestRedisLeaseDroppedOnAdminChange(t *testing.T) {
 // others.
 func TestRedisInstances(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
+	r := newRedisStore(t, new(Store), s.URL())
 	w := r.watcher()
 	w.refresh()
 	if n := r.Instances(); n != 1 {
@@ -299,13 +301,13 @@ func TestRedisInstances(t *testing.T) {
 // counts once Redis answers again.
 func TestRedisLocalFallback(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
+	r := newRedisStore(t, new(Store), s.URL())
 	fleetOf(t, s, 3, r)
 	local := r.Local()
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 31, Window: time.Hour}, Cost: 1}
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 31, Window: time.Hour}, Cost: 1}
 	takeLocal := func() algorithms.Decision {
 		d := make([]algorithms.Decision, 1)
-		if err := local.Take(context.Background(), []Request{req}, d); err != nil {
+		if err := local.Take(context.Background(), []storage.Request{req}, d); err != nil {
 			t.Fatal(err)
 		}
 		return d[0]
@@ -330,7 +332,7 @@ func TestRedisLocalFallback(t *testing.T) {
 func TestRedisLeaseReturnedOnShutdown(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, "shutdown:", 0)
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1 << 20, Window: time.Hour}, Cost: 1}
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1 << 20, Window: time.Hour}, Cost: 1}
 	for range 100 {
 		redisTake(t, r, time.Time{}, req)
 	}
@@ -351,8 +353,8 @@ func TestRedisLeaseReturnedOnShutdown(t *testing.T) {
 func TestRedisNoLeaseBesideConcurrency(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, "conc:", 0)
-	reqs := func(holder uint64) []Request {
-		return []Request{
+	reqs := func(holder uint64) []storage.Request {
+		return []storage.Request{
 			{Zone: "rate", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1},
 			{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 10, Window: time.Minute}, Cost: 1, Holder: holder},
 		}
@@ -379,7 +381,7 @@ func TestRedisNoLeaseBesideConcurrency(t *testing.T) {
 func TestRedisLeaseKeySeenOnce(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, "once:", 0)
-	req := Request{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1}
+	req := storage.Request{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1}
 	for i := range 1000 {
 		req.Key = "fresh-" + strconv.Itoa(i)
 		if d := redisTake(t, r, time.Time{}, req)[0]; !d.Allowed || d.Remaining != 999 {
@@ -402,7 +404,7 @@ func TestRedisLeaseKeySeenOnce(t *testing.T) {
 func TestLeaseTableFreshKeysAllocateNothing(t *testing.T) {
 	var table leaseTable
 	table.init()
-	keys, reqs := make([]string, 1), []Request{{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}}
+	keys, reqs := make([]string, 1), []storage.Request{{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}}
 	fresh := make([]string, 1001)
 	for i := range fresh {
 		fresh[i] = "{k" + strconv.Itoa(i) + "}:z"
@@ -428,8 +430,8 @@ func TestLeaseTableFreshKeysAllocateNothing(t *testing.T) {
 func TestLeaseTableUnderFlood(t *testing.T) {
 	var table leaseTable
 	table.init()
-	q := Request{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}
-	hot, hotReqs := []string{"{hot}:z"}, []Request{q}
+	q := storage.Request{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}
+	hot, hotReqs := []string{"{hot}:z"}, []storage.Request{q}
 	hotReqs[0].Rate.Units = 1 << 30
 	now := time.UnixMilli(1_700_000_000_000)
 	every := time.Minute / 10_000_000
@@ -438,7 +440,7 @@ func TestLeaseTableUnderFlood(t *testing.T) {
 	var hotRequests, hotCalls int
 	noSeries := func(string) *leaseSeries { return nil }
 	// call stands for a call to Redis that grants every lease asked for.
-	call := func(keys []string, reqs []Request, limit int64) {
+	call := func(keys []string, reqs []storage.Request, limit int64) {
 		asks := table.asks(keys, reqs, now)
 		if asks == nil {
 			return
@@ -448,7 +450,7 @@ func TestLeaseTableUnderFlood(t *testing.T) {
 		table.granted(keys, reqs, &leaseAnswer{asks: asks, grants: asks, counts: []algorithms.Counts{{Window: window}}}, d, now, noSeries)
 		granted += asks[0]
 	}
-	reqs := []Request{q}
+	reqs := []storage.Request{q}
 	hotDecision := make([]algorithms.Decision, 1)
 	for i := range 1_000_000 {
 		now = now.Add(every)
@@ -494,15 +496,15 @@ func TestLeaseTableUnderFlood(t *testing.T) {
 func TestRedisLeaseHotKeyUnderFlood(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, "flood:", 0)
-	flood := Request{Zone: "flood", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1}
-	hot := Request{Zone: "hot-under-flood", Key: "hot", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
+	flood := storage.Request{Zone: "flood", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1}
+	hot := storage.Request{Zone: "hot-under-flood", Key: "hot", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
 			d := make([]algorithms.Decision, 1)
-			take := func(q Request) {
-				if err := r.Take(context.Background(), []Request{q}, d); err != nil {
+			take := func(q storage.Request) {
+				if err := r.Take(context.Background(), []storage.Request{q}, d); err != nil {
 					t.Error(err)
 				}
 			}
@@ -592,13 +594,13 @@ func BenchmarkLeaseSweep(b *testing.B) {
 
 func benchmarkLeaseSweep(b *testing.B, perMinute, times int) {
 	every := time.Minute / time.Duration(perMinute)
-	q := Request{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}
+	q := storage.Request{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}
 	var t leaseTable
 	t.init()
 	now := time.UnixMilli(1_700_000_000_000)
 	noSeries := func(string) *leaseSeries { return nil }
 	flood := func(key string) {
-		keys, reqs := []string{key}, []Request{q}
+		keys, reqs := []string{key}, []storage.Request{q}
 		t.asks(keys, reqs, now)
 		if times < 2 {
 			return
@@ -630,9 +632,9 @@ func benchmarkLeaseSweep(b *testing.B, perMinute, times int) {
 	sweep := func() {
 		var out []heldUnits
 		for i := range t.shards {
-			start, cpu := time.Now(), threadTime()
+			start, cpu := time.Now(), threadtime.Now()
 			out = t.shards[i].due(now, out)
-			holds = append(holds, threadTime()-cpu)
+			holds = append(holds, threadtime.Now()-cpu)
 			maxWall = max(maxWall, time.Since(start))
 		}
 	}

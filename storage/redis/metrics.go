@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"sync"
@@ -6,10 +6,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/promreg"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // metrics are the Redis store's own Prometheus collectors: its leases and
-// the fleet it sees. They are created once per process and registered
+// the fleet it sees (and the entries it holds, below). They are created once per process and registered
 // with the registry of every config that uses the store (Caddy makes a new
 // registry on each load), so counts survive reloads. Labels are bounded
 // sets (zone and outcome, store), never a key.
@@ -44,7 +45,30 @@ func registerMetrics(registry *prometheus.Registry) error {
 			Help: "The live instances sharing the store, as this instance last read them: those that announced themselves in the last 5 seconds.",
 		}, []string{"store"})
 	})
-	return promreg.Register(registry, metrics.leaseUnits, metrics.instances)
+	return promreg.Register(registry, metrics.leaseUnits, metrics.instances, entriesCollector)
+}
+
+// entries reports how many entries the Redis store's per-key structures
+// in this process hold, as caddy_http_rate_limit_store_entries{store=
+// "redis", kind}: its lease records and cached denials, summed over the
+// clients (see storage.EntriesDesc). They are read when the metrics are
+// scraped.
+type entries struct{ desc *prometheus.Desc }
+
+var entriesCollector = &entries{desc: storage.EntriesDesc("redis")}
+
+func (e *entries) Describe(ch chan<- *prometheus.Desc) { ch <- e.desc }
+
+func (e *entries) Collect(ch chan<- prometheus.Metric) {
+	var leases, denials int
+	clients.Range(func(_, v any) bool {
+		c := v.(*client)
+		leases += c.leases.records()
+		denials += int(c.denies.size.Load())
+		return true
+	})
+	ch <- prometheus.MustNewConstMetric(e.desc, prometheus.GaugeValue, float64(leases), "leases")
+	ch <- prometheus.MustNewConstMetric(e.desc, prometheus.GaugeValue, float64(denials), "denials")
 }
 
 // leaseSeries are one zone's series of lease_units_total, by outcome,

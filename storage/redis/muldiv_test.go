@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
@@ -22,7 +22,7 @@ import (
 // and compares quotient and remainder with exact integers.
 func TestRedisScriptMulDiv(t *testing.T) {
 	s := redistest.Standalone(t)
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, Protocol: 2, DisableIdentity: true})
+	rdb := goredis.NewClient(&goredis.Options{Addr: s.Addr, Protocol: 2, DisableIdentity: true})
 	t.Cleanup(func() { rdb.Close() })
 	// The script's arithmetic, up to where it starts deciding, and a call
 	// of muldiv on each triple of arguments.
@@ -30,7 +30,7 @@ func TestRedisScriptMulDiv(t *testing.T) {
 	if !ok {
 		t.Fatal("take.lua: no `local now` after its arithmetic")
 	}
-	script := redis.NewScript(helpers + `
+	script := goredis.NewScript(helpers + `
 local out = {}
 for i = 1, #ARGV, 3 do
   local q, r = muldiv(tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))

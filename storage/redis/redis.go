@@ -1,4 +1,11 @@
-package storage
+// Package redis is the rate_limit store that keeps counters in Redis
+// (module http.handlers.rate_limit.stores.redis), so that every Caddy
+// instance using the same Redis shares them. The Lua scripts that decide
+// on the server are in scripts/. Besides the counters, it keeps what only
+// a shared store needs: the fleet's size, leases, a deny cache, a circuit
+// breaker, and a local fallback (a memory store of its own, from
+// storage/memory) for while Redis cannot answer.
+package redis
 
 import (
 	"encoding/json"
@@ -13,30 +20,32 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
+
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 func init() {
-	caddy.RegisterModule(Redis{})
+	caddy.RegisterModule(Store{})
 }
 
 // Defaults of the Redis store.
 const (
-	DefaultRedisTimeout   = 50 * time.Millisecond
-	DefaultRedisKeyPrefix = "rl:"
+	DefaultTimeout   = 50 * time.Millisecond
+	DefaultKeyPrefix = "rl:"
 )
 
-// redisClientName is what the store's connections call themselves (CLIENT
+// clientName is what the store's connections call themselves (CLIENT
 // SETNAME), so an operator can tell them apart in CLIENT LIST.
-const redisClientName = "caddy-rate-limit"
+const clientName = "caddy-rate-limit"
 
 // maxExact bounds the numbers handed to the script, whose Lua numbers are
 // exact integers only below 2^53.
 const maxExact = 1 << 50
 
-// Redis keeps counters in Redis, so that every Caddy instance using the
+// Store keeps counters in Redis, so that every Caddy instance using the
 // same Redis shares one exact counter per zone and key. It talks to one
 // Redis server, a Redis Cluster or a Sentinel-managed master.
 //
@@ -51,7 +60,7 @@ const maxExact = 1 << 50
 // costs no Redis round trip. When Redis does not answer within timeout the
 // handler applies on_store_error; after repeated failures a circuit breaker
 // skips Redis for a second, so an outage adds no latency.
-type Redis struct {
+type Store struct {
 	// Redis URLs: redis://[user:password@]host[:port][/db], or rediss://
 	// for TLS (add ?skip_verify=true to skip certificate checks). A bare
 	// host:port means redis://host:port. Placeholders such as
@@ -87,9 +96,9 @@ type Redis struct {
 	// Default: off.
 	Lease bool `json:"lease,omitempty"`
 
-	client  *redisClient
+	client  *client
 	poolKey string
-	opts    *redis.UniversalOptions
+	opts    *goredis.UniversalOptions
 	hold    *clientHold
 	// now is the local clock; tests replace it to skew it.
 	now func() time.Time
@@ -108,26 +117,26 @@ type Redis struct {
 }
 
 // CaddyModule returns the Caddy module information.
-func (Redis) CaddyModule() caddy.ModuleInfo {
+func (Store) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
-		ID:  Namespace + ".redis",
-		New: func() caddy.Module { return new(Redis) },
+		ID:  storage.Namespace + ".redis",
+		New: func() caddy.Module { return new(Store) },
 	}
 }
 
-// redisClients holds one client per distinct connection config while any
+// clients holds one client per distinct connection config while any
 // loaded config uses it, so a config reload keeps its connections.
-var redisClients = caddy.NewUsagePool()
+var clients = caddy.NewUsagePool()
 
 // Provision resolves placeholders in the addresses, checks them and
 // attaches the shared client for them.
-func (r *Redis) Provision(ctx caddy.Context) error {
+func (r *Store) Provision(ctx caddy.Context) error {
 	r.logger = ctx.Logger()
 	if r.Timeout == 0 {
-		r.Timeout = caddy.Duration(DefaultRedisTimeout)
+		r.Timeout = caddy.Duration(DefaultTimeout)
 	}
 	if r.KeyPrefix == "" {
-		r.KeyPrefix = DefaultRedisKeyPrefix
+		r.KeyPrefix = DefaultKeyPrefix
 	}
 	if r.now == nil {
 		r.now = time.Now
@@ -165,21 +174,18 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	val, _, err := redisClients.LoadOrNew(string(key), func() (caddy.Destructor, error) {
-		return newRedisClient(opts, r.logger), nil
+	val, _, err := clients.LoadOrNew(string(key), func() (caddy.Destructor, error) {
+		return newClient(opts, r.logger), nil
 	})
 	if err != nil {
 		return err
 	}
-	r.client = val.(*redisClient)
+	r.client = val.(*client)
 	r.poolKey = string(key)
 	r.opts = opts
 	r.hold = new(clientHold)
 	r.series = new(sync.Map)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return fmt.Errorf("registering metrics: %w", err)
-	}
-	if err := registerEntries(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 	// A server too old for the scripts refuses the config. One out of
@@ -202,13 +208,13 @@ func (r *Redis) Provision(ctx caddy.Context) error {
 
 // DisableMetrics makes the store count its leases in no series, for a
 // handler with disable_metrics.
-func (r *Redis) DisableMetrics() {
+func (r *Store) DisableMetrics() {
 	r.metricsOff = true
 }
 
 // leaseSeries returns the zone's lease_units_total series, or nil with
 // disable_metrics.
-func (r *Redis) leaseSeries(zone string) *leaseSeries {
+func (r *Store) leaseSeries(zone string) *leaseSeries {
 	if r.metricsOff || r.series == nil || metrics.leaseUnits == nil {
 		return nil
 	}
@@ -222,7 +228,7 @@ func (r *Redis) leaseSeries(zone string) *leaseSeries {
 // Validate refuses options that cannot work, with the checks the
 // Caddyfile parser makes line by line. Addresses with placeholders are
 // checked in Provision, once the placeholders are resolved.
-func (r *Redis) Validate() error {
+func (r *Store) Validate() error {
 	if len(r.Addresses) == 0 {
 		return errors.New("store redis: address: missing (want at least one redis:// or rediss:// URL)")
 	}
@@ -244,7 +250,7 @@ func (r *Redis) Validate() error {
 }
 
 // checkTopology checks the options that only make sense together.
-func (r *Redis) checkTopology() error {
+func (r *Store) checkTopology() error {
 	if r.Cluster && r.Sentinel != "" {
 		return errors.New("store redis: cluster and sentinel exclude each other (want one of them)")
 	}
@@ -305,7 +311,7 @@ const retired = 1 << 40
 // connections. Caddy cleans up an old config while its requests may still
 // be running, and a reload that changes the connection settings must not
 // close the connections under them.
-func (r *Redis) Cleanup() error {
+func (r *Store) Cleanup() error {
 	if r.hold == nil {
 		return nil
 	}
@@ -324,23 +330,23 @@ func (r *Redis) Cleanup() error {
 //
 // It returns a flag rather than the function that ends the decision: a
 // method value would be allocated on every decision.
-func (r *Redis) acquire() (c *redisClient, own bool, err error) {
+func (r *Store) acquire() (c *client, own bool, err error) {
 	if r.hold.inUse.Add(1) < retired {
 		return r.client, true, nil
 	}
 	r.endOwn()
-	val, _, err := redisClients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
-		return newRedisClient(r.opts, r.logger), nil
+	val, _, err := clients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
+		return newClient(r.opts, r.logger), nil
 	})
 	if err != nil {
 		return nil, false, err
 	}
-	return val.(*redisClient), false, nil
+	return val.(*client), false, nil
 }
 
 // end ends a decision that acquire started, on the config's own client or
 // on one borrowed from the pool.
-func (r *Redis) end(own bool) {
+func (r *Store) end(own bool) {
 	if own {
 		r.endOwn()
 	} else {
@@ -349,31 +355,31 @@ func (r *Redis) end(own bool) {
 }
 
 // endOwn ends a decision on the config's own client.
-func (r *Redis) endOwn() {
+func (r *Store) endOwn() {
 	if r.hold.inUse.Add(-1) == retired {
 		r.detach()
 	}
 }
 
 // detach gives the config's use of the shared client back to the pool.
-func (r *Redis) detach() {
+func (r *Store) detach() {
 	r.hold.detached.Do(r.deletePoolUse)
 }
 
-func (r *Redis) deletePoolUse() {
-	if _, err := redisClients.Delete(r.poolKey); err != nil {
+func (r *Store) deletePoolUse() {
+	if _, err := clients.Delete(r.poolKey); err != nil {
 		r.logger.Error("closing Redis connections", zap.Error(err))
 	}
 }
 
 // parseAddress parses one Redis URL. Errors name the address as name,
 // which must have any password masked.
-func parseAddress(addr, name string) (*redis.Options, error) {
+func parseAddress(addr, name string) (*goredis.Options, error) {
 	raw := addr
 	if !strings.Contains(raw, "://") {
 		raw = "redis://" + raw
 	}
-	fail := func(err error) (*redis.Options, error) {
+	fail := func(err error) (*goredis.Options, error) {
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err // url.Error repeats the whole URL, password and all
@@ -400,7 +406,7 @@ func parseAddress(addr, name string) (*redis.Options, error) {
 			return fail(fmt.Errorf("URL option %q is not supported; use the store's own options", name))
 		}
 	}
-	opts, err := redis.ParseURL(raw)
+	opts, err := goredis.ParseURL(raw)
 	if err != nil {
 		return fail(err)
 	}
@@ -425,8 +431,8 @@ func redactAddress(addr string) string {
 }
 
 // clientOptions turns the resolved addresses into go-redis options.
-func (r *Redis) clientOptions(addrs, names []string) (*redis.UniversalOptions, error) {
-	var first *redis.Options
+func (r *Store) clientOptions(addrs, names []string) (*goredis.UniversalOptions, error) {
+	var first *goredis.Options
 	hosts := make([]string, len(addrs))
 	for i, a := range addrs {
 		o, err := parseAddress(a, names[i])
@@ -445,7 +451,7 @@ func (r *Redis) clientOptions(addrs, names []string) (*redis.UniversalOptions, e
 		return nil, fmt.Errorf("address %s: a Redis Cluster has only database 0", names[0])
 	}
 	timeout := time.Duration(r.Timeout)
-	return &redis.UniversalOptions{
+	return &goredis.UniversalOptions{
 		Addrs:         hosts,
 		IsClusterMode: r.Cluster,
 		MasterName:    r.Sentinel,
@@ -454,7 +460,7 @@ func (r *Redis) clientOptions(addrs, names []string) (*redis.UniversalOptions, e
 		DB:            first.DB,
 		TLSConfig:     first.TLSConfig,
 		PoolSize:      r.PoolSize,
-		ClientName:    redisClientName,
+		ClientName:    clientName,
 		// A decision's script must never run twice: a retry after a
 		// timeout could charge a request that was already charged.
 		MaxRetries: -1,
@@ -491,7 +497,7 @@ func (r *Redis) clientOptions(addrs, names []string) (*redis.UniversalOptions, e
 //		pool_size <n>
 //		lease on|off
 //	}
-func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (r *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store name
 	if d.NextArg() {
 		return d.ArgErr()
@@ -587,11 +593,11 @@ func (r *Redis) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // Interface guards
 var (
-	_ Store                 = (*Redis)(nil)
-	_ LocalFallback         = (*Redis)(nil)
-	_ Fleet                 = (*Redis)(nil)
-	_ caddy.Provisioner     = (*Redis)(nil)
-	_ caddy.Validator       = (*Redis)(nil)
-	_ caddy.CleanerUpper    = (*Redis)(nil)
-	_ caddyfile.Unmarshaler = (*Redis)(nil)
+	_ storage.Store         = (*Store)(nil)
+	_ storage.LocalFallback = (*Store)(nil)
+	_ storage.Fleet         = (*Store)(nil)
+	_ caddy.Provisioner     = (*Store)(nil)
+	_ caddy.Validator       = (*Store)(nil)
+	_ caddy.CleanerUpper    = (*Store)(nil)
+	_ caddyfile.Unmarshaler = (*Store)(nil)
 )

@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"context"
@@ -20,19 +20,21 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
 	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+	"github.com/d61b427a/caddy-rate-limit/storage/storetest"
 )
 
-var redisPoolTimeout = redis.ErrPoolTimeout
+var poolTimeout = goredis.ErrPoolTimeout
 
 // newRedisStore provisions a Redis store for addresses with a key prefix of
 // its own, and cleans it up when t ends.
-func newRedisStore(t testing.TB, r *Redis, addresses ...string) *Redis {
+func newRedisStore(t testing.TB, r *Store, addresses ...string) *Store {
 	t.Helper()
 	r.Addresses = addresses
 	if r.Timeout == 0 {
@@ -63,11 +65,11 @@ func scriptCalls(t testing.TB, s *redistest.Server) int {
 
 // redisTake asks the store for one request at instant at (the script's
 // clock), or the server's clock if at is zero.
-func redisTake(t testing.TB, r *Redis, at time.Time, reqs ...Request) []algorithms.Decision {
+func redisTake(t testing.TB, r *Store, at time.Time, reqs ...storage.Request) []algorithms.Decision {
 	t.Helper()
 	d := make([]algorithms.Decision, len(reqs))
 	for i := range reqs {
-		reqs[i].Key = BoundKey(reqs[i].Key)
+		reqs[i].Key = storage.BoundKey(reqs[i].Key)
 	}
 	if !at.IsZero() {
 		r.scriptClock = func() time.Time { return at }
@@ -79,15 +81,33 @@ func redisTake(t testing.TB, r *Redis, at time.Time, reqs ...Request) []algorith
 	return d
 }
 
-func vectorTake(r *Redis) vectors.TakeFunc {
-	return func(t *testing.T, now time.Time, c vectors.Case, key string, cost int64) algorithms.Decision {
-		return redisTake(t, r, now, Request{Zone: "z", Key: key, Algorithm: c.Algorithm, Rate: c.Rate, Cost: cost})[0]
+// storeOn returns the suite's constructor of stores on Redis at
+// addresses: each with a key prefix of its own, deciding by the suite's
+// clock, which is the scripts' clock (and so without the deny cache).
+func storeOn(r func() *Store, addresses ...string) storetest.NewStore {
+	return func(t *testing.T, now func() time.Time) storage.Store {
+		s := newRedisStore(t, r(), addresses...)
+		s.now, s.scriptClock = now, now
+		return s
 	}
 }
 
-func TestRedisVectors(t *testing.T) {
+// TestStore runs the suite every store passes on one Redis server.
+func TestStore(t *testing.T) {
 	s := redistest.Standalone(t)
-	vectors.Run(t, vectorTake(newRedisStore(t, new(Redis), s.URL())))
+	storetest.Run(t, storeOn(func() *Store { return new(Store) }, s.URL()))
+}
+
+// waitUntil polls cond until it holds: tests wait for events, not for a
+// sleep to be long enough. The 20 s deadline is no bound on how long the
+// event may take, only a failure for one that never comes.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+	}
 }
 
 // TestRedisScriptMatchesDecide compares the script's verdict and counts
@@ -96,7 +116,7 @@ func TestRedisVectors(t *testing.T) {
 // the exact millisecond a rejection turns into an allowance.
 func TestRedisScriptMatchesDecide(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
+	r := newRedisStore(t, new(Store), s.URL())
 	rng := rand.New(rand.NewPCG(1, 2))
 	logUniform := func(lo, hi int64) int64 {
 		return int64(math.Exp(math.Log(float64(lo)) + rng.Float64()*(math.Log(float64(hi))-math.Log(float64(lo)))))
@@ -110,7 +130,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 		}
 		want, _ := algorithms.Decide(alg, stored, now, l, cost)
 		got := make([]algorithms.Decision, 1)
-		if err := r.runTake(context.Background(), time.Now().Add(10*time.Second), r.client, []string{key}, []Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, got, now.UnixMilli(), false, nil); err != nil {
+		if err := r.runTake(context.Background(), time.Now().Add(10*time.Second), r.client, []string{key}, []storage.Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, got, now.UnixMilli(), false, nil); err != nil {
 			t.Fatal(err)
 		}
 		if got[0] != want {
@@ -223,7 +243,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 // for distinct keys, and short enough, however hostile the key.
 func TestRedisKeys(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, &Redis{KeyPrefix: "rl:"}, s.URL())
+	r := newRedisStore(t, &Store{KeyPrefix: "rl:"}, s.URL())
 	long := strings.Repeat("x", 10000)
 	cases := []struct {
 		key, want string
@@ -237,11 +257,11 @@ func TestRedisKeys(t *testing.T) {
 		{"", ""},
 		// a key that looks like a hashed one is hashed itself, so it
 		// cannot take over the counter of the long key
-		{BoundKey(long), ""},
+		{storage.BoundKey(long), ""},
 	}
 	seen := map[string]string{}
 	for _, c := range cases {
-		got := r.counterKey("z", BoundKey(c.key))
+		got := r.counterKey("z", storage.BoundKey(c.key))
 		if c.want != "" && got != c.want {
 			t.Errorf("counterKey(%.20q) = %q, want %q", c.key, got, c.want)
 		}
@@ -255,7 +275,7 @@ func TestRedisKeys(t *testing.T) {
 			t.Errorf("keys %.20q and %.20q share %q", prev, c.key, got)
 		}
 		seen[got] = c.key
-		redisTake(t, r, time.Time{}, Request{Zone: "z", Key: c.key, Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
+		redisTake(t, r, time.Time{}, storage.Request{Zone: "z", Key: c.key, Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
 	}
 	keys, err := s.Do("KEYS", "rl:{*")
 	if err != nil {
@@ -278,7 +298,7 @@ func TestRedisKeys(t *testing.T) {
 // between the take and the read, measured around both, and by no more.
 func TestRedisExpiry(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
+	r := newRedisStore(t, new(Store), s.URL())
 	at := vectors.Start.Add(15 * time.Second) // 15 s into a minute
 	for _, c := range []struct {
 		alg  algorithms.Algorithm
@@ -288,7 +308,7 @@ func TestRedisExpiry(t *testing.T) {
 		{algorithms.SlidingTail, 105 * time.Second},
 	} {
 		sent := time.Now()
-		redisTake(t, r, at, Request{Zone: string(c.alg), Key: "k", Algorithm: c.alg, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
+		redisTake(t, r, at, storage.Request{Zone: string(c.alg), Key: "k", Algorithm: c.alg, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
 		ttl, err := s.Do("PTTL", r.counterKey(string(c.alg), "k"))
 		if err != nil {
 			t.Fatal(err)
@@ -307,8 +327,8 @@ func TestRedisExpiry(t *testing.T) {
 // script in full, and every decision is counted once.
 func TestRedisScriptFlushed(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
-	q := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 10, Window: time.Hour}, Cost: 1}
+	r := newRedisStore(t, new(Store), s.URL())
+	q := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 10, Window: time.Hour}, Cost: 1}
 	for i := range 3 {
 		if _, err := s.Do("SCRIPT", "FLUSH"); err != nil {
 			t.Fatal(err)
@@ -324,12 +344,12 @@ func TestRedisScriptFlushed(t *testing.T) {
 
 func TestRedisRejectedWritesNothing(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
+	r := newRedisStore(t, new(Store), s.URL())
 	l := algorithms.Rate{Units: 3, Window: time.Minute}
 	at := vectors.Start
 
 	// A cost above the limit on a fresh key creates nothing.
-	d := redisTake(t, r, at, Request{Zone: "a", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 4})
+	d := redisTake(t, r, at, storage.Request{Zone: "a", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 4})
 	if d[0].Allowed {
 		t.Fatal("cost above the limit allowed")
 	}
@@ -338,11 +358,11 @@ func TestRedisRejectedWritesNothing(t *testing.T) {
 	}
 
 	// Two zones, one of them full: the other is not charged.
-	redisTake(t, r, at, Request{Zone: "b", Key: "k", Algorithm: algorithms.FixedWindow, Rate: l, Cost: 3})
+	redisTake(t, r, at, storage.Request{Zone: "b", Key: "k", Algorithm: algorithms.FixedWindow, Rate: l, Cost: 3})
 	for i := range 3 {
 		d := redisTake(t, r, at,
-			Request{Zone: "a", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1},
-			Request{Zone: "b", Key: "k", Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1})
+			storage.Request{Zone: "a", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1},
+			storage.Request{Zone: "b", Key: "k", Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1})
 		if !d[0].Allowed || d[1].Allowed {
 			t.Fatalf("request %d: %+v", i, d)
 		}
@@ -364,10 +384,10 @@ func TestRedisRejectedWritesNothing(t *testing.T) {
 func TestRedisClockSkew(t *testing.T) {
 	s := redistest.Standalone(t)
 	for _, skew := range []time.Duration{time.Hour, -time.Hour} {
-		r := newRedisStore(t, new(Redis), s.URL())
+		r := newRedisStore(t, new(Store), s.URL())
 		r.now = func() time.Time { return time.Now().Add(skew) }
 		period := 10 * time.Minute
-		req := Request{Zone: "z", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 1, Window: period}, Cost: 1}
+		req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 1, Window: period}, Cost: 1}
 		redisTake(t, r, time.Time{}, req)
 		d := redisTake(t, r, time.Time{}, req)
 		if d[0].Allowed {
@@ -391,10 +411,10 @@ func TestRedisClockSkew(t *testing.T) {
 // straddle.
 func TestRedisDenyCache(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
+	r := newRedisStore(t, new(Store), s.URL())
 	clock := clocktest.New(time.Now())
 	r.now = clock.Now
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 2, Window: time.Hour}, Cost: 1}
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 2, Window: time.Hour}, Cost: 1}
 	redisTake(t, r, time.Time{}, req)
 	redisTake(t, r, time.Time{}, req)
 	first := redisTake(t, r, time.Time{}, req)[0]
@@ -411,10 +431,10 @@ func TestRedisDenyCache(t *testing.T) {
 		}
 		// A higher cost is rejected from the cache too; a different
 		// limit is not the same rejection.
-		redisTake(t, r, time.Time{}, Request{Zone: "z", Key: "k", Algorithm: req.Algorithm, Rate: req.Rate, Cost: 2})
+		redisTake(t, r, time.Time{}, storage.Request{Zone: "z", Key: "k", Algorithm: req.Algorithm, Rate: req.Rate, Cost: 2})
 	}
 	// Another zone in the same request is not charged.
-	d := redisTake(t, r, time.Time{}, req, Request{Zone: "other", Key: "k", Algorithm: req.Algorithm, Rate: req.Rate, Cost: 1})
+	d := redisTake(t, r, time.Time{}, req, storage.Request{Zone: "other", Key: "k", Algorithm: req.Algorithm, Rate: req.Rate, Cost: 1})
 	if d[0].Allowed || !d[1].Allowed {
 		t.Fatalf("two zones: %+v", d)
 	}
@@ -440,10 +460,10 @@ func TestDenyCacheBounded(t *testing.T) {
 	var c denyCache
 	c.init()
 	now := time.Now()
-	req := Request{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: time.Minute}, Cost: 1}
+	req := storage.Request{Zone: "z", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: time.Minute}, Cost: 1}
 	d := []algorithms.Decision{{Limit: 1, RetryAt: now.Add(time.Minute), Reset: now.Add(time.Minute)}}
 	for i := range 2 * denyCacheShards * denyShardSize {
-		c.store([]string{strconv.Itoa(i)}, []Request{req}, d, now)
+		c.store([]string{strconv.Itoa(i)}, []storage.Request{req}, d, now)
 	}
 	if n, max := c.len(), denyCacheShards*denyShardSize; n > max || int(c.size.Load()) != n {
 		t.Fatalf("cache holds %d (counted %d), bound %d", n, c.size.Load(), max)
@@ -458,12 +478,12 @@ func TestDenyCacheBounded(t *testing.T) {
 // on the machine.
 func TestRedisTimeoutAndBreaker(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(50 * time.Millisecond)}, s.URL())
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}
+	r := newRedisStore(t, &Store{Timeout: caddy.Duration(50 * time.Millisecond)}, s.URL())
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1000, Window: time.Minute}, Cost: 1}
 	take := func() (time.Duration, error) {
 		d := make([]algorithms.Decision, 1)
 		start := time.Now()
-		err := r.Take(context.Background(), []Request{req}, d)
+		err := r.Take(context.Background(), []storage.Request{req}, d)
 		return time.Since(start), err
 	}
 	if _, err := take(); err != nil {
@@ -537,7 +557,7 @@ func TestBreaker(t *testing.T) {
 	}
 	// Failures that do not count leave it closed.
 	for range 10 {
-		b.done(fmt.Errorf("wrapped: %w", redisPoolTimeout), failureCounts(context.Background(), redisPoolTimeout), now)
+		b.done(fmt.Errorf("wrapped: %w", poolTimeout), failureCounts(context.Background(), poolTimeout), now)
 		canceled, cancel := context.WithCancel(context.Background())
 		cancel()
 		b.done(boom, failureCounts(canceled, boom), now)
@@ -574,15 +594,15 @@ func TestBreaker(t *testing.T) {
 // own.
 func TestRedisSharedClient(t *testing.T) {
 	s := redistest.Standalone(t)
-	a := newRedisStore(t, new(Redis), s.URL())
-	b := newRedisStore(t, &Redis{KeyPrefix: "other:"}, s.URL())
+	a := newRedisStore(t, new(Store), s.URL())
+	b := newRedisStore(t, &Store{KeyPrefix: "other:"}, s.URL())
 	if a.client != b.client {
 		t.Fatal("two stores for one Redis do not share a client")
 	}
-	if other := newRedisStore(t, &Redis{PoolSize: 3}, s.URL()); other.client == a.client {
+	if other := newRedisStore(t, &Store{PoolSize: 3}, s.URL()); other.client == a.client {
 		t.Fatal("a different pool size shares the client")
 	}
-	if other := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Second)}, s.URL()); other.client == a.client {
+	if other := newRedisStore(t, &Store{Timeout: caddy.Duration(time.Second)}, s.URL()); other.client == a.client {
 		t.Fatal("a different timeout shares the client")
 	}
 	client := a.client
@@ -603,8 +623,8 @@ func TestRedisSharedClient(t *testing.T) {
 func TestRedisProvision(t *testing.T) {
 	s := redistest.Standalone(t)
 	t.Setenv("RL_TEST_REDIS_URL", s.URL()+"/3")
-	r := newRedisStore(t, new(Redis), "{env.RL_TEST_REDIS_URL}")
-	redisTake(t, r, time.Time{}, Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
+	r := newRedisStore(t, new(Store), "{env.RL_TEST_REDIS_URL}")
+	redisTake(t, r, time.Time{}, storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
 	if n, err := s.Do("DBSIZE"); err != nil || n != "0" {
 		t.Fatalf("database 0 holds %s keys (%v); the URL said database 3", n, err)
 	}
@@ -614,23 +634,23 @@ func TestRedisProvision(t *testing.T) {
 
 	t.Setenv("RL_TEST_BAD_URL", "redis://user:secret@127.0.0.1:notaport")
 	for _, c := range []struct {
-		r    Redis
+		r    Store
 		want string
 	}{
-		{Redis{Addresses: []string{"redis://127.0.0.1:notaport"}}, `address "redis://127.0.0.1:notaport"`},
-		{Redis{Addresses: []string{"{env.RL_TEST_BAD_URL}"}}, `address "{env.RL_TEST_BAD_URL}" = "redis://user:xxxxx@127.0.0.1:notaport"`},
-		{Redis{Addresses: []string{"{env.RL_TEST_UNSET_VARIABLE}"}}, `address "{env.RL_TEST_UNSET_VARIABLE}"`},
-		{Redis{Addresses: []string{"http://127.0.0.1:1"}}, `scheme "http" is not supported`},
-		{Redis{Addresses: []string{"redis://127.0.0.1:1?pool_size=3"}}, `URL option "pool_size" is not supported`},
-		{Redis{Addresses: []string{"redis://127.0.0.1:1/x"}}, `invalid database number`},
-		{Redis{Addresses: []string{"redis://127.0.0.1:1", "redis://127.0.0.1:2"}}, "2 addresses given (want one, or cluster or sentinel)"},
-		{Redis{Addresses: []string{"redis://a:1", "redis://u:p@b:1"}, Cluster: true}, "must be the same for every address"},
-		{Redis{Addresses: []string{"redis://a:1/2"}, Cluster: true}, "only database 0"},
-		{Redis{Addresses: []string{"redis://a:1"}, Cluster: true, Sentinel: "m"}, "exclude each other"},
-		{Redis{Addresses: []string{"redis://a:1"}, KeyPrefix: "rl{x}:"}, "key_prefix"},
-		{Redis{Addresses: []string{"redis://a:1"}, PoolSize: -1}, "pool_size"},
-		{Redis{Addresses: []string{"redis://a:1"}, Timeout: -1}, "timeout"},
-		{Redis{}, "at least one"},
+		{Store{Addresses: []string{"redis://127.0.0.1:notaport"}}, `address "redis://127.0.0.1:notaport"`},
+		{Store{Addresses: []string{"{env.RL_TEST_BAD_URL}"}}, `address "{env.RL_TEST_BAD_URL}" = "redis://user:xxxxx@127.0.0.1:notaport"`},
+		{Store{Addresses: []string{"{env.RL_TEST_UNSET_VARIABLE}"}}, `address "{env.RL_TEST_UNSET_VARIABLE}"`},
+		{Store{Addresses: []string{"http://127.0.0.1:1"}}, `scheme "http" is not supported`},
+		{Store{Addresses: []string{"redis://127.0.0.1:1?pool_size=3"}}, `URL option "pool_size" is not supported`},
+		{Store{Addresses: []string{"redis://127.0.0.1:1/x"}}, `invalid database number`},
+		{Store{Addresses: []string{"redis://127.0.0.1:1", "redis://127.0.0.1:2"}}, "2 addresses given (want one, or cluster or sentinel)"},
+		{Store{Addresses: []string{"redis://a:1", "redis://u:p@b:1"}, Cluster: true}, "must be the same for every address"},
+		{Store{Addresses: []string{"redis://a:1/2"}, Cluster: true}, "only database 0"},
+		{Store{Addresses: []string{"redis://a:1"}, Cluster: true, Sentinel: "m"}, "exclude each other"},
+		{Store{Addresses: []string{"redis://a:1"}, KeyPrefix: "rl{x}:"}, "key_prefix"},
+		{Store{Addresses: []string{"redis://a:1"}, PoolSize: -1}, "pool_size"},
+		{Store{Addresses: []string{"redis://a:1"}, Timeout: -1}, "timeout"},
+		{Store{}, "at least one"},
 	} {
 		err := c.r.Provision(caddy.Context{})
 		if err == nil {
@@ -650,11 +670,11 @@ func TestRedisProvision(t *testing.T) {
 func TestRedisUnmarshalCaddyfile(t *testing.T) {
 	good := []struct {
 		input string
-		want  Redis
+		want  Store
 	}{
 		{`redis {
 			address redis://u:p@10.0.0.1:6380/2
-		}`, Redis{Addresses: []string{"redis://u:p@10.0.0.1:6380/2"}}},
+		}`, Store{Addresses: []string{"redis://u:p@10.0.0.1:6380/2"}}},
 		{`redis {
 			address redis://a:7000 redis://b:7000
 			address rediss://c:7000
@@ -662,14 +682,14 @@ func TestRedisUnmarshalCaddyfile(t *testing.T) {
 			timeout 100ms
 			key_prefix app:rl:
 			pool_size 20
-		}`, Redis{Addresses: []string{"redis://a:7000", "redis://b:7000", "rediss://c:7000"}, Cluster: true, Timeout: caddy.Duration(100 * time.Millisecond), KeyPrefix: "app:rl:", PoolSize: 20}},
+		}`, Store{Addresses: []string{"redis://a:7000", "redis://b:7000", "rediss://c:7000"}, Cluster: true, Timeout: caddy.Duration(100 * time.Millisecond), KeyPrefix: "app:rl:", PoolSize: 20}},
 		{`redis {
 			address {env.REDIS_SENTINEL_1} 10.0.0.2:26379
 			sentinel mymaster
-		}`, Redis{Addresses: []string{"{env.REDIS_SENTINEL_1}", "10.0.0.2:26379"}, Sentinel: "mymaster"}},
+		}`, Store{Addresses: []string{"{env.REDIS_SENTINEL_1}", "10.0.0.2:26379"}, Sentinel: "mymaster"}},
 	}
 	for _, c := range good {
-		var r Redis
+		var r Store
 		if err := r.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input)); err != nil {
 			t.Errorf("%s: %v", c.input, err)
 			continue
@@ -729,7 +749,7 @@ func TestRedisUnmarshalCaddyfile(t *testing.T) {
 		}`, "cluster: repeated"},
 	}
 	for _, c := range bad {
-		var r Redis
+		var r Store
 		err := r.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.input))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want %q", c.input, err, c.want)
@@ -750,13 +770,13 @@ func TestRedisTLSAndAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Kill)
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1}
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1}
 	base := strings.TrimPrefix(s.URL(), "rediss://")
 
 	// The first decision dials, shakes hands, authenticates and loads the
 	// script: more than the default 50ms on a busy machine, and not what
 	// this test is about.
-	r := newRedisStore(t, &Redis{KeyPrefix: "rl:", Timeout: caddy.Duration(time.Second)}, "rediss://limiter:s3cret@"+base+"?skip_verify=true")
+	r := newRedisStore(t, &Store{KeyPrefix: "rl:", Timeout: caddy.Duration(time.Second)}, "rediss://limiter:s3cret@"+base+"?skip_verify=true")
 	if d := redisTake(t, r, time.Time{}, req); !d[0].Allowed {
 		t.Fatalf("%+v", d)
 	}
@@ -768,7 +788,7 @@ func TestRedisTLSAndAuth(t *testing.T) {
 	// peeks for RESP3 push notifications before every command otherwise.
 	for line := range strings.Lines(list) {
 		fields := strings.Fields(line)
-		if slices.Contains(fields, "name="+redisClientName) && !slices.Contains(fields, "resp=2") {
+		if slices.Contains(fields, "name="+clientName) && !slices.Contains(fields, "resp=2") {
 			t.Errorf("a store connection does not speak RESP2: %s", line)
 		}
 	}
@@ -778,8 +798,8 @@ func TestRedisTLSAndAuth(t *testing.T) {
 		{"untrusted certificate", "rediss://limiter:s3cret@" + base},
 		{"plain text to a TLS port", "redis://limiter:s3cret@" + base},
 	} {
-		r := newRedisStore(t, &Redis{KeyPrefix: "rl:", Timeout: caddy.Duration(time.Second)}, c.url)
-		err := r.Take(context.Background(), []Request{req}, make([]algorithms.Decision, 1))
+		r := newRedisStore(t, &Store{KeyPrefix: "rl:", Timeout: caddy.Duration(time.Second)}, c.url)
+		err := r.Take(context.Background(), []storage.Request{req}, make([]algorithms.Decision, 1))
 		if err == nil {
 			t.Errorf("%s: no error", c.name)
 		}
@@ -789,8 +809,8 @@ func TestRedisTLSAndAuth(t *testing.T) {
 
 func TestRedisSentinel(t *testing.T) {
 	s := redistest.NewSentinel(t, "rlmaster")
-	r := newRedisStore(t, &Redis{Sentinel: s.Name}, s.Sentinel.URL())
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 1}
+	r := newRedisStore(t, &Store{Sentinel: s.Name}, s.Sentinel.URL())
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 1}
 	for i := range 4 {
 		if d := redisTake(t, r, time.Time{}, req)[0]; d.Allowed != (i < 3) {
 			t.Fatalf("request %d: %+v", i, d)
@@ -806,10 +826,10 @@ func TestRedisCluster(t *testing.T) {
 	// One subtest hangs a node for as long as this timeout: it stays well
 	// under the cluster's node timeout (2s), past which the cluster would
 	// take the node for failed and refuse every later subtest.
-	r := newRedisStore(t, &Redis{Cluster: true, Timeout: caddy.Duration(time.Second)}, c.URLs()...)
+	r := newRedisStore(t, &Store{Cluster: true, Timeout: caddy.Duration(time.Second)}, c.URLs()...)
 
-	t.Run("vectors", func(t *testing.T) {
-		vectors.Run(t, vectorTake(r))
+	t.Run("storetest", func(t *testing.T) {
+		storetest.Run(t, storeOn(func() *Store { return &Store{Cluster: true, Timeout: caddy.Duration(time.Second)} }, c.URLs()...))
 	})
 
 	// scripts sums a command's calls over the nodes.
@@ -847,7 +867,7 @@ func TestRedisCluster(t *testing.T) {
 		used := map[int]bool{}
 		for i := range 30 {
 			key := "client-" + strconv.Itoa(i)
-			redisTake(t, r, time.Time{}, Request{Zone: "spread", Key: key, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
+			redisTake(t, r, time.Time{}, storage.Request{Zone: "spread", Key: key, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
 			used[nodeOf(t, r.counterKey("spread", key))] = true
 		}
 		if len(used) != len(c.Nodes) {
@@ -858,8 +878,8 @@ func TestRedisCluster(t *testing.T) {
 	t.Run("zones of one key in one script", func(t *testing.T) {
 		resetStats(t)
 		d := redisTake(t, r, time.Time{},
-			Request{Zone: "one-a", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1},
-			Request{Zone: "one-b", Key: "k", Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1})
+			storage.Request{Zone: "one-a", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1},
+			storage.Request{Zone: "one-b", Key: "k", Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1})
 		if !d[0].Allowed || !d[1].Allowed {
 			t.Fatalf("%+v", d)
 		}
@@ -872,7 +892,7 @@ func TestRedisCluster(t *testing.T) {
 	var k1, k2 string
 	for i := 0; k2 == ""; i++ {
 		key := "slot-" + strconv.Itoa(i)
-		redisTake(t, r, time.Time{}, Request{Zone: "probe", Key: key, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
+		redisTake(t, r, time.Time{}, storage.Request{Zone: "probe", Key: key, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
 		switch {
 		case k1 == "":
 			k1 = key
@@ -891,11 +911,11 @@ func TestRedisCluster(t *testing.T) {
 
 	t.Run("cross-slot rejection in the first group", func(t *testing.T) {
 		// The first group (k1) is full: the second (k2) is only asked.
-		redisTake(t, r, time.Time{}, Request{Zone: "x1", Key: k1, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 2})
+		redisTake(t, r, time.Time{}, storage.Request{Zone: "x1", Key: k1, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 2})
 		for range 3 {
 			d := redisTake(t, r, time.Time{},
-				Request{Zone: "x1", Key: k1, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1},
-				Request{Zone: "x2", Key: k2, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1})
+				storage.Request{Zone: "x1", Key: k1, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1},
+				storage.Request{Zone: "x2", Key: k2, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1})
 			if d[0].Allowed || !d[1].Allowed {
 				t.Fatalf("%+v", d)
 			}
@@ -908,12 +928,12 @@ func TestRedisCluster(t *testing.T) {
 	t.Run("cross-slot rejection in a later group is refunded", func(t *testing.T) {
 		// The second group (k2) is full: the first (k1) is charged, then
 		// refunded.
-		redisTake(t, r, time.Time{}, Request{Zone: "y2", Key: k2, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 2})
+		redisTake(t, r, time.Time{}, storage.Request{Zone: "y2", Key: k2, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 2})
 		resetStats(t)
 		for range 3 {
 			d := redisTake(t, r, time.Time{},
-				Request{Zone: "y1", Key: k1, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1},
-				Request{Zone: "y2", Key: k2, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
+				storage.Request{Zone: "y1", Key: k1, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1},
+				storage.Request{Zone: "y2", Key: k2, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
 			if !d[0].Allowed || d[1].Allowed {
 				t.Fatalf("%+v", d)
 			}
@@ -927,8 +947,8 @@ func TestRedisCluster(t *testing.T) {
 		}
 		// Both allowed: both charged.
 		d := redisTake(t, r, time.Time{},
-			Request{Zone: "y1", Key: k1, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1},
-			Request{Zone: "y3", Key: k2, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
+			storage.Request{Zone: "y1", Key: k1, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1},
+			storage.Request{Zone: "y3", Key: k2, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
 		if !d[0].Allowed || !d[1].Allowed || count(t, "y1", k1) != "1" || count(t, "y3", k2) != "1" {
 			t.Fatalf("%+v", d)
 		}
@@ -938,14 +958,14 @@ func TestRedisCluster(t *testing.T) {
 		// k1's zone is full; k2's node hangs. The request is rejected, not
 		// turned into a store error that on_store_error allow would pass.
 		long := algorithms.Rate{Units: 1, Window: time.Hour}
-		redisTake(t, r, time.Time{}, Request{Zone: "h1", Key: k1, Algorithm: algorithms.FixedWindow, Rate: long, Cost: 1})
+		redisTake(t, r, time.Time{}, storage.Request{Zone: "h1", Key: k1, Algorithm: algorithms.FixedWindow, Rate: long, Cost: 1})
 		r.client.denies.init() // ask Redis, not the deny cache
 		hung := c.Nodes[nodeOf(t, r.counterKey("probe", k2))]
 		if err := hung.Pause(); err != nil {
 			t.Fatal(err)
 		}
 		d := make([]algorithms.Decision, 2)
-		err := r.Take(context.Background(), []Request{
+		err := r.Take(context.Background(), []storage.Request{
 			{Zone: "h1", Key: k1, Algorithm: algorithms.FixedWindow, Rate: long, Cost: 1},
 			{Zone: "h2", Key: k2, Algorithm: algorithms.FixedWindow, Rate: long, Cost: 1},
 		}, d)
@@ -959,7 +979,7 @@ func TestRedisCluster(t *testing.T) {
 
 	t.Run("slots of keys", func(t *testing.T) {
 		for i := range 50 {
-			key := r.counterKey("z", BoundKey("slot-key-"+strconv.Itoa(i)))
+			key := r.counterKey("z", storage.BoundKey("slot-key-"+strconv.Itoa(i)))
 			want, err := c.Nodes[0].Do("CLUSTER", "KEYSLOT", key)
 			if err != nil {
 				t.Fatal(err)
@@ -975,7 +995,7 @@ func TestRedisCluster(t *testing.T) {
 		// for two keys in different slots at once, most of them over
 		// their limit: each slot's calls decide several requests, and
 		// exactly the limit is allowed and counted everywhere.
-		r := newRedisStore(t, &Redis{Cluster: true, Timeout: caddy.Duration(10 * time.Second)}, c.URLs()...)
+		r := newRedisStore(t, &Store{Cluster: true, Timeout: caddy.Duration(10 * time.Second)}, c.URLs()...)
 		count := func(t *testing.T, zone, key string) string {
 			for _, node := range c.Nodes {
 				if v, err := node.Do("HGET", r.counterKey(zone, key), "c"); err == nil && v != "" {
@@ -986,8 +1006,8 @@ func TestRedisCluster(t *testing.T) {
 		}
 		const keys, each, limit = 6, 30, 5
 		l := algorithms.Rate{Units: limit, Window: time.Hour}
-		one := func(zone string, k int) Request {
-			return Request{Zone: zone, Key: "mix-" + strconv.Itoa(k), Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}
+		one := func(zone string, k int) storage.Request {
+			return storage.Request{Zone: zone, Key: "mix-" + strconv.Itoa(k), Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1}
 		}
 		type result struct {
 			pair    bool
@@ -1002,7 +1022,7 @@ func TestRedisCluster(t *testing.T) {
 				wg.Go(func() {
 					<-start
 					d := make([]algorithms.Decision, 1)
-					if err := r.Take(context.Background(), []Request{one("mix", k)}, d); err != nil {
+					if err := r.Take(context.Background(), []storage.Request{one("mix", k)}, d); err != nil {
 						t.Error(err)
 						return
 					}
@@ -1015,7 +1035,7 @@ func TestRedisCluster(t *testing.T) {
 			wg.Go(func() {
 				<-start
 				d := make([]algorithms.Decision, 2)
-				err := r.Take(context.Background(), []Request{
+				err := r.Take(context.Background(), []storage.Request{
 					{Zone: "pair", Key: k1, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1},
 					{Zone: "pair", Key: k2, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 1},
 				}, d)
@@ -1057,7 +1077,7 @@ func TestRedisCluster(t *testing.T) {
 	t.Run("concurrent exactness", func(t *testing.T) {
 		// 10 keys over the nodes, 40 concurrent requests each, limit 7.
 		// The timeout is generous: this is about exactness, not speed.
-		r := newRedisStore(t, &Redis{Cluster: true, Timeout: caddy.Duration(10 * time.Second)}, c.URLs()...)
+		r := newRedisStore(t, &Store{Cluster: true, Timeout: caddy.Duration(10 * time.Second)}, c.URLs()...)
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		allowed := map[string]int{}
@@ -1066,7 +1086,7 @@ func TestRedisCluster(t *testing.T) {
 			for range 40 {
 				wg.Go(func() {
 					d := make([]algorithms.Decision, 1)
-					err := r.Take(context.Background(), []Request{{Zone: "exact", Key: key, Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 7, Window: time.Minute}, Cost: 1}}, d)
+					err := r.Take(context.Background(), []storage.Request{{Zone: "exact", Key: key, Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 7, Window: time.Minute}, Cost: 1}}, d)
 					mu.Lock()
 					defer mu.Unlock()
 					if err != nil {
@@ -1088,7 +1108,7 @@ func TestRedisCluster(t *testing.T) {
 		// Keys on every node: each is banned by its third attempt, on the
 		// node that holds it, which keeps the hash for the ban's hour;
 		// another instance sees the ban, and a reset lifts it on both.
-		b := newRedisStore(t, &Redis{Cluster: true, KeyPrefix: r.KeyPrefix, Timeout: caddy.Duration(time.Second + time.Millisecond)}, c.URLs()...)
+		b := newRedisStore(t, &Store{Cluster: true, KeyPrefix: r.KeyPrefix, Timeout: caddy.Duration(time.Second + time.Millisecond)}, c.URLs()...)
 		nodes := map[int]bool{}
 		for i := 0; len(nodes) < len(c.Nodes); i++ {
 			key := "banned-" + strconv.Itoa(i)
@@ -1110,7 +1130,7 @@ func TestRedisCluster(t *testing.T) {
 			if err := b.ResetKey(context.Background(), "login", key); err != nil {
 				t.Fatal(err)
 			}
-			for _, s := range []*Redis{r, b} {
+			for _, s := range []*Store{r, b} {
 				waitUntil(t, "the reset reaches every instance", func() bool { return redisTake(t, s, time.Time{}, req)[0].Allowed })
 			}
 		}
@@ -1126,8 +1146,8 @@ func BenchmarkRedisTake(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer s.Kill()
-	r := newRedisStore(b, new(Redis), s.URL())
-	reqs := []Request{{Zone: "bench", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: math.MaxInt32, Window: time.Minute}, Cost: 1}}
+	r := newRedisStore(b, new(Store), s.URL())
+	reqs := []storage.Request{{Zone: "bench", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: math.MaxInt32, Window: time.Minute}, Cost: 1}}
 	d := make([]algorithms.Decision, 1)
 	keys := make([]string, 1024)
 	for i := range keys {
@@ -1157,29 +1177,29 @@ func BenchmarkRedisTakeParallel(b *testing.B) {
 	defer s.Kill()
 	// A generous timeout: this measures throughput, and a busy machine
 	// must not turn waits for a connection into errors.
-	r := newRedisStore(b, &Redis{Timeout: caddy.Duration(time.Second)}, s.URL())
+	r := newRedisStore(b, &Store{Timeout: caddy.Duration(time.Second)}, s.URL())
 	// viaStore decides one request through the store, which coalesces
 	// concurrent decisions; alone sends each request in a script call of
 	// its own, without coalescing.
-	viaStore := func(q Request, d []algorithms.Decision) error {
-		return r.Take(context.Background(), []Request{q}, d)
+	viaStore := func(q storage.Request, d []algorithms.Decision) error {
+		return r.Take(context.Background(), []storage.Request{q}, d)
 	}
-	alone := func(q Request, d []algorithms.Decision) error {
-		t := &callPart{keys: []string{r.counterKey(q.Zone, q.Key)}, reqs: []Request{q}, charge: true}
+	alone := func(q storage.Request, d []algorithms.Decision) error {
+		t := &callPart{keys: []string{r.counterKey(q.Zone, q.Key)}, reqs: []storage.Request{q}, charge: true}
 		r.client.call(context.Background(), 0, []*callPart{t})
 		d[0].Allowed = t.err == nil && t.vals[3] == 1
 		return t.err
 	}
 	// leased decides through a store with lease on (a client of its own,
 	// by its timeout): a key in demand is mostly decided from leases.
-	rl := newRedisStore(b, &Redis{Timeout: caddy.Duration(time.Second + time.Millisecond), Lease: true}, s.URL())
-	leased := func(q Request, d []algorithms.Decision) error {
-		return rl.Take(context.Background(), []Request{q}, d)
+	rl := newRedisStore(b, &Store{Timeout: caddy.Duration(time.Second + time.Millisecond), Lease: true}, s.URL())
+	leased := func(q storage.Request, d []algorithms.Decision) error {
+		return rl.Take(context.Background(), []storage.Request{q}, d)
 	}
 	for _, c := range []struct {
 		name string
 		keys int
-		take func(Request, []algorithms.Decision) error
+		take func(storage.Request, []algorithms.Decision) error
 	}{
 		{"one key", 1, viaStore},
 		{"many keys", 1024, viaStore},
@@ -1202,7 +1222,7 @@ func BenchmarkRedisTakeParallel(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
-				req := Request{Zone: "bench", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: math.MaxInt32, Window: time.Minute}, Cost: 1}
+				req := storage.Request{Zone: "bench", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: math.MaxInt32, Window: time.Minute}, Cost: 1}
 				d := make([]algorithms.Decision, 1)
 				for pb.Next() {
 					req.Key = keys[int(next.Add(1))%len(keys)]
@@ -1296,13 +1316,13 @@ func (c *denyCache) len() int {
 // last decision has ended, no connection is left open.
 func TestRedisTakeAfterCleanup(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
+	r := newRedisStore(t, new(Store), s.URL())
 	take := func() error {
 		d := make([]algorithms.Decision, 1)
-		return r.Take(context.Background(), []Request{{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 100, Window: time.Hour}, Cost: 1}}, d)
+		return r.Take(context.Background(), []storage.Request{{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 100, Window: time.Hour}, Cost: 1}}, d)
 	}
 	open := func() int {
-		n, err := s.Clients(redisClientName)
+		n, err := s.Clients(clientName)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1344,9 +1364,9 @@ func TestRedisTakeAfterCleanup(t *testing.T) {
 // sharing itself.
 func TestRedisCoalescedExact(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(10 * time.Second)}, s.URL())
+	r := newRedisStore(t, &Store{Timeout: caddy.Duration(10 * time.Second)}, s.URL())
 	const requests, limit = 400, 150
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: limit, Window: time.Hour}, Cost: 1}
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: limit, Window: time.Hour}, Cost: 1}
 	var allowed atomic.Int64
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -1354,7 +1374,7 @@ func TestRedisCoalescedExact(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			d := make([]algorithms.Decision, 1)
-			if err := r.Take(context.Background(), []Request{req}, d); err != nil {
+			if err := r.Take(context.Background(), []storage.Request{req}, d); err != nil {
 				t.Error(err)
 			} else if d[0].Allowed {
 				allowed.Add(1)
@@ -1385,8 +1405,8 @@ func TestRedisCoalescedExact(t *testing.T) {
 // end before the server resumes: the cancelled request must return first.
 func TestRedisCoalescedCancel(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Hour)}, s.URL())
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 100, Window: time.Hour}, Cost: 1}
+	r := newRedisStore(t, &Store{Timeout: caddy.Duration(time.Hour)}, s.URL())
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 100, Window: time.Hour}, Cost: 1}
 	redisTake(t, r, time.Time{}, req) // connect and load the script
 	b := r.client.batcher(r.counterKey("z", "k"))
 	waitFor := func(what string, cond func() bool) {
@@ -1402,7 +1422,7 @@ func TestRedisCoalescedCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	take := func(ctx context.Context) error {
-		return r.Take(ctx, []Request{req}, make([]algorithms.Decision, 1))
+		return r.Take(ctx, []storage.Request{req}, make([]algorithms.Decision, 1))
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 6)
@@ -1457,8 +1477,8 @@ func TestRedisQueuedShareACall(t *testing.T) {
 	s := redistest.Standalone(t)
 	// A timeout longer than the test: the call held in flight waits for
 	// the paused server, not for its deadline.
-	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Hour)}, s.URL())
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
+	r := newRedisStore(t, &Store{Timeout: caddy.Duration(time.Hour)}, s.URL())
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
 	redisTake(t, r, time.Time{}, req) // connect and load the script: c = 1
 	b := r.client.batcher(r.counterKey("z", "k"))
 	batcherIs := func(cond func() bool) func() bool {
@@ -1469,7 +1489,7 @@ func TestRedisQueuedShareACall(t *testing.T) {
 		}
 	}
 	take := func() error {
-		return r.Take(context.Background(), []Request{req}, make([]algorithms.Decision, 1))
+		return r.Take(context.Background(), []storage.Request{req}, make([]algorithms.Decision, 1))
 	}
 
 	sent := 1
@@ -1519,7 +1539,7 @@ func TestRedisQueuedShareACall(t *testing.T) {
 // the same call, and zones that ban, some of them keeping costs in flight.
 func TestRedisCallGroupsSameRequests(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, new(Redis), s.URL())
+	r := newRedisStore(t, new(Store), s.URL())
 	ctx := context.Background()
 	rdb := r.client.rdb
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -1536,7 +1556,7 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 	for i := range 300 {
 		now := vectors.Start.UnixMilli() + rng.Int64N(1e9)
 		zones := 1 + rng.IntN(2)
-		var reqs []Request
+		var reqs []storage.Request
 		for range zones {
 			alg := algs[rng.IntN(len(algs))]
 			// Windows of 10 s or more, and gcra costs of 1 or more, keep
@@ -1558,7 +1578,7 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 			}
 			// Half the zones that ban give costs back, and keep their
 			// costs in flight.
-			reqs = append(reqs, Request{Algorithm: alg, Rate: l, Cost: cost, Ban: ban, GivesBack: ban > 0 && rng.IntN(2) == 0})
+			reqs = append(reqs, storage.Request{Algorithm: alg, Rate: l, Cost: cost, Ban: ban, GivesBack: ban > 0 && rng.IntN(2) == 0})
 		}
 		// Two sets of keys in the same state: one decided by one call,
 		// the other by a call per request.
@@ -1614,7 +1634,7 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 			}
 		}
 		charge := rng.IntN(5) != 0
-		newTake := func(keys []string, reqs []Request) *callPart {
+		newTake := func(keys []string, reqs []storage.Request) *callPart {
 			return &callPart{keys: keys, reqs: reqs, charge: charge}
 		}
 		// The same request m times, and now and then one of another cost
@@ -1677,13 +1697,13 @@ func TestRedisCoalescedDeadline(t *testing.T) {
 	s := redistest.Standalone(t)
 	// A timeout longer than the test: only the requests' own deadlines
 	// can end the call to the paused server below.
-	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Hour)}, s.URL())
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 100, Window: time.Hour}, Cost: 1}
+	r := newRedisStore(t, &Store{Timeout: caddy.Duration(time.Hour)}, s.URL())
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 100, Window: time.Hour}, Cost: 1}
 	redisTake(t, r, time.Time{}, req) // connect and load the script
 	key := r.counterKey("z", "k")
 	b := r.client.batcher(key)
 	queue := func(deadline time.Time) *callPart {
-		tk := &callPart{keys: []string{key}, reqs: []Request{req}, charge: true, deadline: deadline, done: make(chan struct{})}
+		tk := &callPart{keys: []string{key}, reqs: []storage.Request{req}, charge: true, deadline: deadline, done: make(chan struct{})}
 		b.mu.Lock()
 		b.busy = true
 		b.waiting = append(b.waiting, tk)
@@ -1740,8 +1760,8 @@ func TestRedisCoalescedDeadline(t *testing.T) {
 // zeros (and divide by a window of 0).
 func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Hour)}, s.URL())
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 100, Window: time.Hour}, Cost: 1}
+	r := newRedisStore(t, &Store{Timeout: caddy.Duration(time.Hour)}, s.URL())
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 100, Window: time.Hour}, Cost: 1}
 	redisTake(t, r, time.Time{}, req) // connect and load the script: c = 1
 	key := r.counterKey("z", "k")
 	b := r.client.batcher(key)
@@ -1758,7 +1778,7 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	b.busy = true
 	b.mu.Unlock()
 	newTake := func() *callPart {
-		return &callPart{keys: []string{key}, reqs: []Request{req}, charge: true, deadline: time.Now().Add(time.Hour)}
+		return &callPart{keys: []string{key}, reqs: []storage.Request{req}, charge: true, deadline: time.Now().Add(time.Hour)}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	gone, stays := newTake(), newTake()

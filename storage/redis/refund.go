@@ -1,14 +1,15 @@
-package storage
+package redis
 
 import (
 	"context"
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // This file coalesces concurrent give-backs into shared refund calls, as
-// redis_batch.go does for takes: while a refund call is in flight for a
+// batch.go does for takes: while a refund call is in flight for a
 // slot, the give-backs for that slot queue, and the next call takes them
 // all. A concurrency zone gives back everything it takes and a zone with
 // count_status most of it, so without this such a zone would cost Redis a
@@ -22,7 +23,7 @@ const refundArgs = 7
 // that take back the charge d of q, from the window d was decided in, in
 // the script's clock, and end its time in flight if its zone keeps costs
 // in flight; or, for a q that is Counted, only that.
-func appendRefundArgs(dst []any, q Request, d algorithms.Decision) []any {
+func appendRefundArgs(dst []any, q storage.Request, d algorithms.Decision) []any {
 	var window any = ""
 	var cost int64
 	if q.TracksInFlight() {
@@ -57,7 +58,7 @@ func appendRefundKeys(dst []string, p *refundPart) []string {
 // slotParts puts keys, and the arguments appendArgs appends for key i,
 // into refund parts: one per cluster slot, or one in all on a single
 // server. groups[k] are the indexes of part k's keys.
-func (c *redisClient) slotParts(keys []string, appendArgs func(dst []any, i int) []any) (parts []*refundPart, groups [][]int) {
+func (c *client) slotParts(keys []string, appendArgs func(dst []any, i int) []any) (parts []*refundPart, groups [][]int) {
 	if c.cluster {
 		groups = tagGroups(keys)
 	} else {
@@ -91,7 +92,7 @@ type refundPart struct {
 
 // refundQueue returns the refund queue for key's slot: one per cluster
 // slot, or one for a single server.
-func (c *redisClient) refundQueue(key string) *slotQueue[*refundPart] {
+func (c *client) refundQueue(key string) *slotQueue[*refundPart] {
 	if len(c.refunds) == 1 {
 		return &c.refunds[0]
 	}
@@ -104,7 +105,7 @@ func (c *redisClient) refundQueue(key string) *slotQueue[*refundPart] {
 // sends the call itself (see slotQueue). A queued p waits for at most the
 // call in flight and its own, or a few more if over maxBatch queued ahead
 // of it: a give-back is not dropped because its request has ended.
-func (c *redisClient) refund(p *refundPart, timeout time.Duration) error {
+func (c *client) refund(p *refundPart, timeout time.Duration) error {
 	q := c.refundQueue(p.keys[0])
 	p.done = make(chan struct{})
 	if !q.push(p) {
@@ -121,7 +122,7 @@ func (c *redisClient) refund(p *refundPart, timeout time.Duration) error {
 
 // sendRefunds gives back a batch of queued parts in one call, bounded by
 // timeout.
-func (c *redisClient) sendRefunds(batch []*refundPart, timeout time.Duration) {
+func (c *client) sendRefunds(batch []*refundPart, timeout time.Duration) {
 	var keys []string
 	args := batch[0].args
 	if len(batch) > 1 {

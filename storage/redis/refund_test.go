@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // TestRedisQueuedRefundsShareACall: while a refund call is in flight (to
@@ -20,8 +21,8 @@ func TestRedisQueuedRefundsShareACall(t *testing.T) {
 	s := redistest.Standalone(t)
 	// A timeout longer than the test: the call held in flight waits for
 	// the paused server, not for its deadline.
-	r := newRedisStore(t, &Redis{Timeout: caddy.Duration(time.Hour)}, s.URL())
-	req := Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1, GivesBack: true}
+	r := newRedisStore(t, &Store{Timeout: caddy.Duration(time.Hour)}, s.URL())
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1, GivesBack: true}
 	q := r.client.refundQueue(r.counterKey("z", "k"))
 	queueIs := func(cond func() bool) func() bool {
 		return func() bool {
@@ -41,7 +42,7 @@ func TestRedisQueuedRefundsShareACall(t *testing.T) {
 
 	// Load the refund script, so that every call below is one EVALSHA.
 	d := redisTake(t, r, time.Time{}, req)[0]
-	if err := r.Release(context.Background(), []Request{req}, []algorithms.Decision{d}); err != nil {
+	if err := r.Release(context.Background(), []storage.Request{req}, []algorithms.Decision{d}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -63,7 +64,7 @@ func TestRedisQueuedRefundsShareACall(t *testing.T) {
 			t.Cleanup(func() { _ = s.Resume() })
 			errs := make(chan error, n+1)
 			release := func(d algorithms.Decision) {
-				errs <- r.Release(context.Background(), []Request{req}, []algorithms.Decision{d})
+				errs <- r.Release(context.Background(), []storage.Request{req}, []algorithms.Decision{d})
 			}
 			go release(decisions[0])
 			waitUntil(t, "a refund call in flight", queueIs(func() bool { return q.busy && len(q.waiting) == 0 }))

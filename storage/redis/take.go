@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"context"
@@ -10,10 +10,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // This file is the Redis store's charging protocol: key names, the take
@@ -25,7 +26,7 @@ import (
 // tag, so the zones of one key share a slot and one script call decides
 // them all, even on a cluster. The hash holds the current and the previous
 // window together. BoundKey has made sure the key holds no brace.
-func (r *Redis) counterKey(zone, key string) string {
+func (r *Store) counterKey(zone, key string) string {
 	return r.KeyPrefix + "{" + key + "}:" + zone
 }
 
@@ -39,8 +40,8 @@ func holdersKey(counter string) string {
 	return counter[:tag+1] + "h" + counter[tag+1:]
 }
 
-// Take implements Store.
-func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error {
+// Take implements storage.Store.
+func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	if len(reqs) == 0 {
 		return nil
 	}
@@ -84,7 +85,7 @@ func (r *Redis) Take(ctx context.Context, reqs []Request, decisions []algorithms
 		base = context.WithoutCancel(ctx)
 	}
 	// The timeout is a deadline rather than a context of its own: most
-	// decisions under load share a call (redis_batch.go), whose context
+	// decisions under load share a call (batch.go), whose context
 	// the deadline bounds, and a timer for each request cost more than
 	// its script call did. It is read off the real clock, not r.now,
 	// which tests skew.
@@ -130,7 +131,7 @@ type leaseAnswer struct {
 // nothing about Redis, and neither does a wait for a free connection: a
 // burst of traffic must not trip the breaker and so lift every limit.
 func failureCounts(ctx context.Context, err error) bool {
-	return ctx.Err() == nil && !errors.Is(err, redis.ErrPoolTimeout)
+	return ctx.Err() == nil && !errors.Is(err, goredis.ErrPoolTimeout)
 }
 
 // charge runs the take script over reqs. On one server or a sentinel's master
@@ -139,7 +140,7 @@ func failureCounts(ctx context.Context, err error) bool {
 // chargeSlotGroups.
 // A call that asks for leases (leases not nil) is one call: its keys
 // share a slot.
-func (r *Redis) charge(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
+func (r *Store) charge(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
 	if !r.Cluster || sameTag(keys) {
 		return r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true, leases)
 	}
@@ -195,7 +196,7 @@ func hashTag(key string) string {
 // cannot be asked is reported as not rejecting, and a refund that fails is
 // logged and leaves its charge in place (counting too much, never too
 // little).
-func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64) error {
+func (r *Store) chargeSlotGroups(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64) error {
 	groups := tagGroups(keys)
 
 	var refunds []*refundPart
@@ -203,7 +204,7 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 	var firstErr error
 	for gi, g := range groups {
 		gKeys := make([]string, len(g))
-		gReqs := make([]Request, len(g))
+		gReqs := make([]storage.Request, len(g))
 		gDec := make([]algorithms.Decision, len(g))
 		for j, i := range g {
 			gKeys[j], gReqs[j] = keys[i], reqs[i]
@@ -261,9 +262,9 @@ const (
 )
 
 // runTake decides reqs, whose keys all lie in one slot, in one script call
-// (shared with concurrent requests; see redis_batch.go) by deadline, and
+// (shared with concurrent requests; see batch.go) by deadline, and
 // fills decisions, and leases with what it asks for.
-func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient, keys []string, reqs []Request, decisions []algorithms.Decision, clock int64, charge bool, leases *leaseAnswer) error {
+func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, charge bool, leases *leaseAnswer) error {
 	t := &callPart{keys: keys, reqs: reqs, charge: charge, deadline: deadline}
 	if leases != nil {
 		t.asks = leases.asks
@@ -326,7 +327,7 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 // the script's answer (see take.lua): the counters as stored before q,
 // the limit the script used, the request's or a per-key override, and
 // the key's ban, which rejects q while it lasts.
-func decideAgain(q Request, v []int64, now int64) (algorithms.Decision, algorithms.Counts) {
+func decideAgain(q storage.Request, v []int64, now int64) (algorithms.Decision, algorithms.Counts) {
 	counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
 	rate := q.Rate
 	rate.Units = v[4]
@@ -366,7 +367,7 @@ func decideRingAgain(rate algorithms.Rate, v algorithms.Counts, cost int64) (alg
 }
 
 // takesUnits reports whether reqs hold concurrency units once charged.
-func takesUnits(reqs []Request) bool {
+func takesUnits(reqs []storage.Request) bool {
 	for _, q := range reqs {
 		if q.Algorithm == algorithms.Concurrency {
 			return true
@@ -375,7 +376,7 @@ func takesUnits(reqs []Request) bool {
 	return false
 }
 
-// Release implements Store: each concurrency request leaves its key's
+// Release implements storage.Store: each concurrency request leaves its key's
 // holders, and each other request's cost is taken back (refund.lua), in
 // one script call for all of them (one per hash tag on a cluster), atomic
 // in its slot and shared with the give-backs of concurrent requests. A
@@ -384,7 +385,7 @@ func takesUnits(reqs []Request) bool {
 // key for, in the same window, goes back to the lease instead, without a
 // call: the lease spends it again or returns it with its other units.
 // The store's timeout bounds each call, whether or not ctx has ended.
-func (r *Redis) Release(_ context.Context, reqs []Request, decisions []algorithms.Decision) error {
+func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	// The leases are the acquired client's, as for Take: a reloaded
 	// config's own client may be closed, its leases no longer returned.
 	c, own, err := r.acquire()
@@ -393,7 +394,7 @@ func (r *Redis) Release(_ context.Context, reqs []Request, decisions []algorithm
 	}
 	defer r.end(own)
 	var keys []string
-	var held []Request
+	var held []storage.Request
 	var heldDecisions []algorithms.Decision
 	now := r.now()
 	for i, q := range reqs {
@@ -410,7 +411,7 @@ func (r *Redis) Release(_ context.Context, reqs []Request, decisions []algorithm
 	}
 	// The request's client may be gone; what it took goes back anyway, in
 	// a call shared with the give-backs of other requests (see
-	// redis_refund.go). A slot that fails does not keep the others'.
+	// refund.go). A slot that fails does not keep the others'.
 	parts, groups := c.slotParts(keys, func(dst []any, i int) []any { return appendRefundArgs(dst, held[i], heldDecisions[i]) })
 	var failed error
 	for k, p := range parts {
@@ -418,15 +419,15 @@ func (r *Redis) Release(_ context.Context, reqs []Request, decisions []algorithm
 			failed = fmt.Errorf("redis: releasing zone %q: %w", held[groups[k][0]].Zone, err)
 		}
 	}
-	c.released.signal()
+	c.released.Signal()
 	return failed
 }
 
-// Released implements Store: closed at the next release by this
+// Released implements storage.Store: closed at the next release by this
 // instance. Releases by other instances and ended leases are seen only by
 // asking.
-func (r *Redis) Released() <-chan struct{} {
-	return r.client.released.wait()
+func (r *Store) Released() <-chan struct{} {
+	return r.client.released.Wait()
 }
 
 var (
@@ -435,6 +436,6 @@ var (
 	//go:embed scripts/refund.lua
 	refundSource string
 
-	takeScript   = redis.NewScript(takeSource)
-	refundScript = redis.NewScript(refundSource)
+	takeScript   = goredis.NewScript(takeSource)
+	refundScript = goredis.NewScript(refundSource)
 )

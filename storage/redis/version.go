@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
 
@@ -100,10 +100,10 @@ type versionCheck struct {
 // is let through: only a version known to be too old is refused. A
 // Sentinel is not checked: the scripts run on the master it names, whose
 // connections are.
-func (v *versionCheck) onConnect(ctx context.Context, cn *redis.Conn) error {
+func (v *versionCheck) onConnect(ctx context.Context, cn *goredis.Conn) error {
 	server := serverName(cn)
 	info, err := cn.Info(ctx, "server").Result()
-	var refusal redis.Error
+	var refusal goredis.Error
 	if errors.As(err, &refusal) {
 		v.blind.Do(func() {
 			v.logger.Warn("cannot read the Redis server's version, so the rate_limit store does not check it",
@@ -136,7 +136,7 @@ func (v *versionCheck) onConnect(ctx context.Context, cn *redis.Conn) error {
 // serverName is the address a connection is to, as go-redis names its
 // client ("Redis<127.0.0.1:6379 db:0>"); a Sentinel group's master is
 // reached through the sentinels.
-func serverName(cn *redis.Conn) string {
+func serverName(cn *goredis.Conn) string {
 	name := strings.TrimPrefix(cn.String(), "Redis<")
 	name, _, _ = strings.Cut(name, " db:")
 	if name == "FailoverClient" {
@@ -149,11 +149,11 @@ func serverName(cn *redis.Conn) string {
 // timeout, so that a connection's version check has run: every master of
 // a cluster, else the one server. It returns the refusal of a server too
 // old, and any other error as such (Redis out of reach).
-func (c *redisClient) checkServers(timeout time.Duration) error {
+func (c *client) checkServers(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+	if cc, ok := c.rdb.(*goredis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, m *goredis.Client) error {
 			return m.Ping(ctx).Err()
 		})
 	}

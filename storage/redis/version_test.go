@@ -1,4 +1,4 @@
-package storage
+package redis
 
 import (
 	"context"
@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/redis/go-redis/v9"
+	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 func TestVersionBelow(t *testing.T) {
@@ -64,7 +65,7 @@ func TestRedisVersionOfARealServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.InfoLevel)
-	c := newRedisClient(&redis.UniversalOptions{Addrs: []string{s.Addr}, Protocol: 2, DisableIdentity: true}, zap.New(core))
+	c := newClient(&goredis.UniversalOptions{Addrs: []string{s.Addr}, Protocol: 2, DisableIdentity: true}, zap.New(core))
 	t.Cleanup(func() { c.Destruct() })
 	if err := c.checkServers(5 * time.Second); err != nil {
 		t.Fatal(err)
@@ -98,7 +99,7 @@ func TestRedisOldServerRefusedAtProvision(t *testing.T) {
 		t.Fatal(err)
 	}
 	redistest.ServeOld(t, l, "4.0.14")
-	r := &Redis{Addresses: []string{l.Addr().String()}, Timeout: caddy.Duration(5 * time.Second)}
+	r := &Store{Addresses: []string{l.Addr().String()}, Timeout: caddy.Duration(5 * time.Second)}
 	err = r.Provision(caddy.Context{})
 	r.Cleanup()
 	var old *errOldServer
@@ -118,13 +119,13 @@ func TestRedisOldServerRefusedOnConnecting(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close() // out of reach at Provision
-	r := newRedisStore(t, new(Redis), addr)
+	r := newRedisStore(t, new(Store), addr)
 	if l, err = net.Listen("tcp", addr); err != nil {
 		t.Skipf("the port was taken meanwhile: %v", err)
 	}
 	redistest.ServeOld(t, l, "4.0.14")
-	q := Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1}
-	err = r.Take(context.Background(), []Request{q}, make([]algorithms.Decision, 1))
+	q := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1}
+	err = r.Take(context.Background(), []storage.Request{q}, make([]algorithms.Decision, 1))
 	var old *errOldServer
 	if !errors.As(err, &old) || !strings.Contains(err.Error(), "4.0.14") {
 		t.Fatalf("Take on a server of Redis 4.0.14: %v; want the refusal", err)
