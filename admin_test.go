@@ -17,6 +17,7 @@ import (
 	ratelimit "github.com/d61b427a/caddy-rate-limit"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 	"github.com/d61b427a/caddy-rate-limit/storage"
+	"github.com/d61b427a/caddy-rate-limit/storage/memory"
 )
 
 // TestAdminAPIMemory drives every admin route against the memory store
@@ -49,26 +50,26 @@ func TestAdminAPIMemory(t *testing.T) {
 		// take minutes.
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		defer cancel()
-		m := new(storage.Memory)
+		m := new(memory.Store)
 		if err := m.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}
 		defer m.Cleanup()
 		// Other tests may have left overrides: fill until the store says
 		// it is full.
-		for i := range storage.MaxOverrides + 1 {
+		for i := range memory.MaxOverrides + 1 {
 			key := fmt.Sprint("fill-", i)
 			err := m.SetOverride(ctx, "admin_mem", key, storage.Override{Limit: 3})
 			if errors.Is(err, storage.ErrTooManyOverrides) {
 				break
 			}
-			if err != nil || i == storage.MaxOverrides {
-				t.Fatalf("override %d: %v, want the store full at %d", i, err, storage.MaxOverrides)
+			if err != nil || i == memory.MaxOverrides {
+				t.Fatalf("override %d: %v, want the store full at %d", i, err, memory.MaxOverrides)
 			}
 			defer m.DeleteOverride(ctx, "admin_mem", key)
 		}
 		code, body := adminJSON(t, adminURL, http.MethodPut, "/rate_limit/zones/admin_mem/keys/one-more/limit", `{"limit": 4}`)
-		if code != http.StatusInsufficientStorage || !strings.Contains(body, fmt.Sprint("at most ", storage.MaxOverrides)) {
+		if code != http.StatusInsufficientStorage || !strings.Contains(body, fmt.Sprint("at most ", memory.MaxOverrides)) {
 			t.Fatalf("an override past the bound: %d %s, want 507 saying the bound", code, body)
 		}
 	})

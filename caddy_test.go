@@ -137,7 +137,7 @@ func startCaddyWith(t *testing.T, config, configType string) {
 	// under -count): load a config without the rate limiter, and wait
 	// until the memory store the last config used has been torn down.
 	tc.InitServer(globalOptions+siteAddr+" {\n\trespond \"between tests\"\n}\n", "caddyfile")
-	waitFor(t, "the memory store of the last test to go", func() bool { return goroutines("storage.(*memoryCounters).sweepLoop") == 0 })
+	waitFor(t, "the memory store of the last test to go", func() bool { return goroutines("memory.(*counters).sweepLoop") == 0 })
 	if configType == "json" {
 		config = ownJSON(t, config)
 	}
@@ -382,7 +382,7 @@ func receive[T any](t testing.TB, what string, ch <-chan T) T {
 }
 
 // goroutines counts the goroutines of this process whose stack holds fn,
-// such as "storage.(*memoryCounters).sweepLoop".
+// such as "memory.(*counters).sweepLoop".
 func goroutines(fn string) int {
 	buf := make([]byte, 1<<20)
 	for {

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/d61b427a/caddy-rate-limit/storage"
+	"github.com/d61b427a/caddy-rate-limit/storage/memory"
 )
 
 // This file holds what lets a config written for mholt/caddy-ratelimit
@@ -37,7 +38,7 @@ func (h *Handler) provisionOptions(store storage.Store) error {
 	if err := h.validateOptions(); err != nil {
 		return err
 	}
-	if mem, ok := store.(*storage.Memory); ok && h.SweepInterval > 0 {
+	if mem, ok := store.(*memory.Store); ok && h.SweepInterval > 0 {
 		mem.SetSweepInterval(time.Duration(h.SweepInterval))
 	}
 	if h.Jitter > 0 && h.random == nil {
@@ -58,7 +59,7 @@ func (h *Handler) validateOptions() error {
 	if err := checkJitter(h.Jitter); err != nil {
 		return fmt.Errorf("jitter: %w", err)
 	}
-	if err := storage.CheckSweepInterval(time.Duration(h.SweepInterval)); err != nil {
+	if err := memory.CheckSweepInterval(time.Duration(h.SweepInterval)); err != nil {
 		return fmt.Errorf("sweep_interval: %w", err)
 	}
 	if h.SweepInterval != 0 {
@@ -110,10 +111,10 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 	case "sweep_interval":
 		dur, err := parseDuration(d)
 		if err == nil {
-			err = storage.CheckSweepInterval(dur)
+			err = memory.CheckSweepInterval(dur)
 		}
 		if err == nil && dur == 0 {
-			err = fmt.Errorf("want a duration of at least %s, got %s", storage.MinSweepInterval, dur)
+			err = fmt.Errorf("want a duration of at least %s, got %s", memory.MinSweepInterval, dur)
 		}
 		if err != nil {
 			return d.Errf("sweep_interval: %v", err)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
-	"github.com/d61b427a/caddy-rate-limit/storage"
+	"github.com/d61b427a/caddy-rate-limit/storage/memory"
 )
 
 // TestMholtOptionsInJSON: the handler options go under the same names in
@@ -63,7 +63,7 @@ func TestSweepIntervalReachesTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer asking.Cleanup()
-	mem := asking.store.(*storage.Memory)
+	mem := asking.store.(*memory.Store)
 	if got := mem.SweepInterval(); got != 50*time.Millisecond {
 		t.Fatalf("interval in force %s, want the config's 50ms", got)
 	}
@@ -72,7 +72,7 @@ func TestSweepIntervalReachesTheStore(t *testing.T) {
 		t.Fatalf("a config without sweep_interval moved it to %s", got)
 	}
 	cancel()
-	if got := other.store.(*storage.Memory).SweepInterval(); got != storage.DefaultSweepInterval {
-		t.Fatalf("after the config that asked went: %s, want the default %s", got, storage.DefaultSweepInterval)
+	if got := other.store.(*memory.Store).SweepInterval(); got != memory.DefaultSweepInterval {
+		t.Fatalf("after the config that asked went: %s, want the default %s", got, memory.DefaultSweepInterval)
 	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/storage"
+	"github.com/d61b427a/caddy-rate-limit/storage/memory"
 )
 
 // provisionHandler provisions a handler from JSON the way Caddy would and
@@ -54,7 +55,7 @@ func provisionHandler(tb testing.TB, config string) *Handler {
 func withClock(t *testing.T, h *Handler, start time.Time) *clocktest.Clock {
 	t.Helper()
 	c := clocktest.New(start)
-	store := storage.NewMemory(0, c.Now)
+	store := memory.New(0, c.Now)
 	t.Cleanup(func() { _ = store.Cleanup() })
 	h.store, h.now = store, c.Now
 	for _, z := range h.Zones {

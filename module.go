@@ -26,6 +26,10 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/jwtclaims"
 	"github.com/d61b427a/caddy-rate-limit/shed"
 	"github.com/d61b427a/caddy-rate-limit/storage"
+	// The stores a config names (store memory, store redis), which
+	// register themselves in storage.Namespace when linked in.
+	_ "github.com/d61b427a/caddy-rate-limit/storage/memory"
+	_ "github.com/d61b427a/caddy-rate-limit/storage/redis"
 )
 
 func init() {
@@ -129,7 +133,7 @@ type Handler struct {
 	// random draws the jitter, uniformly from [0, 1).
 	random func() float64
 	// now is the clock that headers and dials are read against: the
-	// store's clock, which a test may set (see storage.NewMemory).
+	// store's clock, which a test may set (see memory.New).
 	now func() time.Time
 
 	store  storage.Store

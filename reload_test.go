@@ -55,7 +55,7 @@ func TestMemoryStoreStopsWhenUnused(t *testing.T) {
 	respond "%s"
 }
 `
-	memorySweeperRunning := func() bool { return goroutines("storage.(*memoryCounters).sweepLoop") > 0 }
+	memorySweeperRunning := func() bool { return goroutines("memory.(*counters).sweepLoop") > 0 }
 	startCaddy(t, fmt.Sprintf(limited, "v1"))
 	if !memorySweeperRunning() {
 		t.Fatal("no sweeper while a config uses the memory store")

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,11 @@ type KeyState struct {
 	// time if it is not banned.
 	BanEnds time.Time
 }
+
+// ErrTooManyOverrides is what an Admin's SetOverride wraps when it refuses
+// a new override because it keeps as many as it can (the admin API
+// answers 507 Insufficient Storage). The error says the bound.
+var ErrTooManyOverrides = errors.New("too many per-key limit overrides")
 
 // Modes of a dial.
 const (
@@ -81,14 +87,15 @@ type Admin interface {
 	ZoneDial(zone string) (ZoneDial, bool)
 }
 
-// dialTable holds zone dials for the stores, read on every request without
-// a lock: the map is replaced, never changed. Writers serialise their
-// changes themselves.
-type dialTable struct {
+// DialTable holds a store's zone dials, which Admin.ZoneDial answers from
+// on every request without a lock: the map is replaced, never changed.
+// Writers serialise their changes themselves. The zero value is empty.
+type DialTable struct {
 	m atomic.Pointer[map[string]ZoneDial]
 }
 
-func (t *dialTable) get(zone string) (ZoneDial, bool) {
+// Get returns zone's dial, if the table holds one.
+func (t *DialTable) Get(zone string) (ZoneDial, bool) {
 	m := t.m.Load()
 	if m == nil {
 		return ZoneDial{}, false
@@ -97,8 +104,8 @@ func (t *dialTable) get(zone string) (ZoneDial, bool) {
 	return d, ok
 }
 
-// set replaces the table with a copy in which zone has dial d.
-func (t *dialTable) set(zone string, d ZoneDial) {
+// Set replaces the table with a copy in which zone has dial d.
+func (t *DialTable) Set(zone string, d ZoneDial) {
 	next := make(map[string]ZoneDial)
 	if old := t.m.Load(); old != nil {
 		maps.Copy(next, *old)
@@ -107,8 +114,8 @@ func (t *dialTable) set(zone string, d ZoneDial) {
 	t.m.Store(&next)
 }
 
-// remove replaces the table with a copy without zone.
-func (t *dialTable) remove(zone string) {
+// Remove replaces the table with a copy without zone.
+func (t *DialTable) Remove(zone string) {
 	old := t.m.Load()
 	if old == nil {
 		return
@@ -123,7 +130,7 @@ func (t *dialTable) remove(zone string) {
 	t.m.Store(&next)
 }
 
-// replace puts m in the table; m must not change afterwards.
-func (t *dialTable) replace(m map[string]ZoneDial) {
+// Replace puts m in the table; m must not change afterwards.
+func (t *DialTable) Replace(m map[string]ZoneDial) {
 	t.m.Store(&m)
 }

@@ -1,6 +1,11 @@
-// Package storage holds the counters behind rate_limit zones. A Store is a
-// Caddy guest module in the http.handlers.rate_limit.stores namespace, so
-// other stores can be plugged in without touching the handler.
+// Package storage is the contract between the rate_limit handler and the
+// stores that keep its counters: Store and Request, the admin side
+// (Admin, Override, ZoneDial, KeyState), the rule that bounds keys
+// (BoundKey), and the small pieces every store needs alike. A store is a
+// Caddy guest module in the http.handlers.rate_limit.stores namespace,
+// in a package of its own (storage/memory, storage/redis), so other
+// stores can be plugged in without touching the handler; storage/storetest
+// is the suite every store passes. This package imports no store.
 package storage
 
 import (
@@ -124,14 +129,16 @@ func BoundKey(key string) string {
 	return "#" + hex.EncodeToString(sum[:16])
 }
 
-// releaseSignal wakes the requests waiting for concurrency units: wait
-// returns a channel that the next signal closes.
-type releaseSignal struct {
+// ReleaseSignal is what a store's Released returns from: it wakes the
+// requests waiting for concurrency units. Wait returns a channel that the
+// next Signal closes. The zero value is ready to use.
+type ReleaseSignal struct {
 	mu sync.Mutex
 	ch chan struct{}
 }
 
-func (r *releaseSignal) wait() <-chan struct{} {
+// Wait returns a channel that the next Signal closes.
+func (r *ReleaseSignal) Wait() <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ch == nil {
@@ -140,7 +147,8 @@ func (r *releaseSignal) wait() <-chan struct{} {
 	return r.ch
 }
 
-func (r *releaseSignal) signal() {
+// Signal closes the channel Wait returned, waking its waiters.
+func (r *ReleaseSignal) Signal() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ch != nil {

@@ -1,31 +1,9 @@
 package storage
 
 import (
-	"context"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
-
-// release releases reqs, concurrency requests, whose decisions do not
-// matter to a release.
-func release(s Store, reqs ...Request) error {
-	return s.Release(context.Background(), reqs, make([]algorithms.Decision, len(reqs)))
-}
-
-// waitUntil polls cond until it holds: tests wait for events, not for a
-// sleep to be long enough. The 20 s deadline is no bound on how long the
-// event may take, only a failure for one that never comes.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
-}
 
 func TestBoundKey(t *testing.T) {
 	long := strings.Repeat("k", 16<<10)

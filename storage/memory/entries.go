@@ -1,0 +1,44 @@
+package memory
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/promreg"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+)
+
+// entries reports how many entries the memory store's per-key structures
+// hold, as caddy_http_rate_limit_store_entries{store="memory", kind}: its
+// keys, bans, overrides and keys with costs in flight (see
+// storage.EntriesDesc). The counts are read when the metrics are scraped,
+// one shard lock at a time, so scraping costs requests no more than a
+// take. They are the counters Caddy's configs share; a store of its own
+// (New) is no config's, and is not counted.
+type entries struct{ desc *prometheus.Desc }
+
+var entriesCollector = &entries{desc: storage.EntriesDesc("memory")}
+
+func (e *entries) Describe(ch chan<- *prometheus.Desc) { ch <- e.desc }
+
+func (e *entries) Collect(ch chan<- prometheus.Metric) {
+	var n entryCounts
+	pool.Range(func(_, v any) bool {
+		e := v.(*counters).entries()
+		n.keys += e.keys
+		n.bans += e.bans
+		n.overrides += e.overrides
+		n.inFlight += e.inFlight
+		return true
+	})
+	for _, m := range []struct {
+		kind string
+		n    int
+	}{{"keys", n.keys}, {"bans", n.bans}, {"overrides", n.overrides}, {"in_flight", n.inFlight}} {
+		ch <- prometheus.MustNewConstMetric(e.desc, prometheus.GaugeValue, float64(m.n), m.kind)
+	}
+}
+
+// registerEntries registers the entries collector with registry, if any.
+func registerEntries(registry *prometheus.Registry) error {
+	return promreg.Register(registry, entriesCollector)
+}

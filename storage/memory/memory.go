@@ -1,0 +1,833 @@
+// Package memory is the rate_limit store that keeps counters in this
+// Caddy process (module http.handlers.rate_limit.stores.memory), the
+// default store.
+package memory
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+)
+
+func init() {
+	caddy.RegisterModule(Store{})
+}
+
+// DefaultMaxKeys bounds the memory store when max_keys is not set.
+const DefaultMaxKeys = 1_000_000
+
+// Store keeps counters in this Caddy process. It is the default store.
+//
+// Every config that uses it shares one set of counters, which outlives
+// config reloads, so a reload through the admin API loses no counts. The
+// store is split into 64 shards, each with its own lock, and is bounded:
+// each shard holds its share of max_keys (rounded up) and, when full,
+// forgets a key not used lately (CLOCK, an approximation of least
+// recently used), so eviction can begin a little before the store as a
+// whole holds max_keys. Keys whose windows have passed are swept in the
+// background, every DefaultSweepInterval unless a config asks for another
+// interval (SetSweepInterval).
+//
+// A key's slot and key take 28 bytes in a table between 7/16 and 7/8 full
+// (see table), a sliding window's too for the default 10 buckets of
+// counts under 256 (see ring.go), whatever the length of the key,
+// because the store keeps not the zone and key but a 64-bit hash of them,
+// keyed with a seed drawn at random when the process starts. Two keys
+// that hashed alike would share a counter, but that is not a risk in
+// practice: without the seed, which never leaves the process, no one can
+// choose keys that collide, and the odds of an accidental collision among
+// a million keys are about n²/2⁶⁵ = 2.7e-8.
+type Store struct {
+	// The most keys (zone and key pairs) kept at once. Default (and 0):
+	// 1,000,000.
+	// All configs and handlers share one store: the value of the most
+	// recently provisioned one still running that sets it applies, so a
+	// config that fails to load leaves the bound as it was, and a handler
+	// that does not set it leaves another's in force.
+	MaxKeys int `json:"max_keys,omitempty"`
+
+	counters *counters
+	// sweepInterval is the interval this config asks for (0: none); see
+	// SetSweepInterval.
+	sweepInterval time.Duration
+	// own tells that counters are this store's alone (New), not
+	// the ones Caddy's configs share.
+	own bool
+}
+
+// New returns a memory store with counters of its own, apart from the
+// ones Caddy's configs share, bounded to maxKeys (0: DefaultMaxKeys),
+// that reads the time from now: for a handler used, or tested, without
+// Caddy, whose caller sets the clock, and for another store that decides
+// in this process while it cannot (the Redis store's local fallback).
+// Cleanup stops its sweeper.
+func New(maxKeys int, now func() time.Time) *Store {
+	if maxKeys <= 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	return &Store{MaxKeys: maxKeys, counters: newCounters(maxKeys, now), own: true}
+}
+
+// Clear forgets every key's counts and bans, for a store of its own
+// (New) whose counts no longer stand: the Redis store's local fallback,
+// once Redis answers again. The costs of requests still in flight stay
+// until their requests end, and the overrides and dials stay: they were
+// set, not counted.
+func (m *Store) Clear() {
+	m.counters.clear()
+}
+
+// CaddyModule returns the Caddy module information.
+func (Store) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  storage.Namespace + ".memory",
+		New: func() caddy.Module { return new(Store) },
+	}
+}
+
+// pool holds the one process-wide set of counters while any config
+// uses it.
+var pool = caddy.NewUsagePool()
+
+const poolKey = "memory"
+
+// Provision attaches the shared counters. It refuses a negative bound
+// itself, since Caddy validates only after provisioning.
+func (m *Store) Provision(ctx caddy.Context) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	if err := registerEntries(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	val, _, err := pool.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
+		return newCounters(DefaultMaxKeys, time.Now), nil
+	})
+	if err != nil {
+		return err
+	}
+	m.counters = val.(*counters)
+	m.counters.addUser(m)
+	return nil
+}
+
+// Validate refuses a negative bound (0 means the default).
+func (m *Store) Validate() error {
+	if err := checkMaxKeys(m.MaxKeys); err != nil {
+		return fmt.Errorf("store memory: max_keys: %w", err)
+	}
+	return nil
+}
+
+func checkMaxKeys(n int) error {
+	if n < 0 {
+		return fmt.Errorf("want a positive number of keys (0: the default, %d), got %d", DefaultMaxKeys, n)
+	}
+	return nil
+}
+
+// Cleanup lets go of the shared counters; the last user stops the sweeper.
+func (m *Store) Cleanup() error {
+	if m.counters == nil {
+		return nil
+	}
+	if m.own {
+		return m.counters.Destruct()
+	}
+	m.counters.removeUser(m)
+	_, err := pool.Delete(poolKey)
+	return err
+}
+
+// Take implements storage.Store, refusing limits and costs the counters
+// cannot hold.
+func (m *Store) Take(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
+	for _, r := range reqs {
+		if r.Rate.Units > maxCount || r.Cost < 0 || r.Cost > maxCount {
+			return fmt.Errorf("zone %q: limit or cost too large for the memory store (at most %d)", r.Zone, maxCount)
+		}
+		if err := r.Rate.Validate(); err != nil {
+			return fmt.Errorf("zone %q: %w", r.Zone, err)
+		}
+	}
+	m.counters.take(reqs, decisions)
+	return nil
+}
+
+// Release implements storage.Store: it gives back what Take charged
+// reqs, and wakes requests waiting for concurrency units.
+func (m *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
+	m.counters.release(reqs, decisions)
+	return nil
+}
+
+// Released implements storage.Store: the channel is closed at the next
+// Release, the moment units come back.
+func (m *Store) Released() <-chan struct{} {
+	return m.counters.released.Wait()
+}
+
+// UnmarshalCaddyfile sets up the store from Caddyfile tokens:
+//
+//	store memory {
+//		max_keys <n>
+//	}
+func (m *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // store name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := false
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "max_keys":
+			if seen {
+				return d.Err("store memory: max_keys: repeated (want it once)")
+			}
+			seen = true
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			n, err := strconv.Atoi(d.Val())
+			if err != nil {
+				return d.Errf("store memory: max_keys: want an integer, got %q", d.Val())
+			}
+			if err := checkMaxKeys(n); err != nil {
+				return d.Errf("store memory: max_keys: %v", err)
+			}
+			m.MaxKeys = n
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		default:
+			return d.Errf("store memory: unknown subdirective %q (want max_keys)", d.Val())
+		}
+	}
+	return nil
+}
+
+const shardCount = 64
+
+// DefaultSweepInterval is how often expired keys are removed in the
+// background when no config asks for another interval (see
+// Store.SetSweepInterval).
+const DefaultSweepInterval = 10 * time.Second
+
+// maxCount bounds limits and costs the memory store accepts. Decide adds a
+// cost to a count only while the count stays within the limit, so no count
+// exceeds it and 32 bits hold every count. The handler never asks for
+// more (its limits and costs are at most math.MaxInt32 too).
+const maxCount = math.MaxInt32
+
+// slot is one key's counters in a shard's table, beside its key
+// (the keyed hash of zone and key; see Store and table). It holds no
+// pointers, so the collector never scans a table, and it is 20 bytes:
+// 28 with its key.
+type slot struct {
+	// window, current and previous are algorithms.Counts; the counts fit
+	// in 32 bits since they never exceed maxCount. window keeps the low
+	// 32 bits of Counts.Window (a window index, or a GCRA key's TAT in
+	// ms), and counts finds the rest from expires: the whole would take 8
+	// bytes and, with its alignment, make the slot 32.
+	window            uint32
+	current, previous uint32
+	// expires is when the counts stop mattering, in Unix seconds rounded
+	// up (see expiry): the sweep runs every few seconds, so milliseconds
+	// would buy nothing, and 32 bits last until 2106.
+	expires uint32
+	// ref is CLOCK's reference bit: set when the key is asked for again,
+	// cleared when the hand passes it.
+	ref bool
+	// kind is what decided the counts, which says how counts reads window
+	// back: slotWindowed, slotGCRA or slotConcurrency.
+	kind uint8
+}
+
+const (
+	slotWindowed = iota
+	slotGCRA
+	slotConcurrency
+)
+
+func slotKind(a algorithms.Algorithm) uint8 {
+	switch a {
+	case algorithms.GCRA:
+		return slotGCRA
+	case algorithms.Concurrency:
+		return slotConcurrency
+	}
+	return slotWindowed
+}
+
+// set stores counts decided by alg, which matter until expires.
+func (e *slot) set(c algorithms.Counts, alg algorithms.Algorithm, expires uint32, ref bool) {
+	*e = slot{window: uint32(c.Window), current: uint32(c.Current), previous: uint32(c.Previous),
+		expires: expires, ref: ref, kind: slotKind(alg)}
+}
+
+// counts returns the slot's counts, for a window of w ms. The expiry
+// that expiry derived from the whole Counts.Window places it within a
+// second: a GCRA key's TAT lies in the second before it, and for windowed
+// counts, the end of the window after theirs does, so their index is at
+// most 1000/w + 1 below the expiry's. Of the numbers with the slot's low
+// 32 bits, the one nearest that is the window. (Counts read for another
+// window than they were kept for, after a reload changed it, come out
+// with an index far from the clock's, all but surely, and Decide starts
+// them afresh. A concurrency key's Window is always 0.)
+func (e *slot) counts(w int64) algorithms.Counts {
+	c := algorithms.Counts{Current: int64(e.current), Previous: int64(e.previous)}
+	switch e.kind {
+	case slotGCRA:
+		c.Window = nearest(e.window, int64(e.expires)*1000-1000)
+	case slotWindowed:
+		c.Window = nearest(e.window, algorithms.WindowIndex(int64(e.expires)*1000, w)-2)
+	}
+	return c
+}
+
+// nearest returns the number whose low 32 bits are low that is nearest
+// to near: it is exact while the number sought is within 2^31 of near.
+func nearest(low uint32, near int64) int64 {
+	return near + int64(int32(low-uint32(near)))
+}
+
+// shard holds a 64th of the keys, each in the table for its kind
+// of counts, under one lock. The tables are bounded together: the shard
+// holds at most its share of max_keys in all.
+type shard struct {
+	mu     sync.Mutex
+	counts table[slot, *slot]
+	rings  ringTables
+	// bans holds the banned keys' bans (see banQueue).
+	bans banQueue
+	// overrides holds the per-key limits set through the admin API of
+	// the keys in this shard, by key hash; nil when there is none, so
+	// that a take reads no more than that for them. They are changed
+	// under the shard's lock, which a take of the key holds anyway: no
+	// lock of their own for requests to wait on.
+	overrides map[uint64]storage.Override
+	// inFlight holds, by key hash, the costs in flight of keys of zones
+	// that bans and give costs back (see algorithms.Settled): only while
+	// such requests are in flight, so apart from the slots, which it
+	// would make 8 bytes larger for every key.
+	inFlight map[uint64]algorithms.Counts
+	// Pad to a multiple of a cache line (64 bytes), so that locking one
+	// shard does not steal the line of its neighbour from another CPU.
+	_ [576 - 560]byte
+}
+
+// keys returns how many keys the shard holds.
+func (s *shard) keys() int { return s.counts.n + s.rings.keys() }
+
+// entryCounts are what the store's shards hold, counted one shard lock
+// at a time (see entries, the gauge that reports them).
+type entryCounts struct{ keys, bans, overrides, inFlight int }
+
+// entries counts what the shards hold now, expired or not.
+func (c *counters) entries() entryCounts {
+	var e entryCounts
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		e.keys += s.keys()
+		e.bans += s.bans.len()
+		e.overrides += len(s.overrides)
+		e.inFlight += len(s.inFlight)
+		s.mu.Unlock()
+	}
+	return e
+}
+
+// makeRoom evicts while the shard holds bound keys or more, from the
+// table a new key goes in first (evictFirst), then from the others.
+// Eviction stops early if every key is pinned: the shard then holds more
+// than its bound until units are released.
+func (s *shard) makeRoom(bound int, now uint32, evictFirst func(uint32) bool) {
+	for s.keys() >= bound {
+		if !evictFirst(now) && !s.counts.evict(now) && !s.rings.evict(now) {
+			return
+		}
+	}
+}
+
+type counters struct {
+	seed   maphash.Seed
+	now    func() time.Time
+	shards [shardCount]shard
+
+	// maxPerShard bounds each shard; read on every charge, so atomic
+	// rather than behind one lock that all shards would share.
+	maxPerShard atomic.Int64
+
+	// users are the configs using the counters, oldest first; the newest
+	// sets the bound.
+	usersMu sync.Mutex
+	users   []*Store
+
+	// admin holds the dials set through the admin API, and counts the
+	// overrides the shards hold.
+	admin admin
+
+	// released wakes the requests that max_delay holds for concurrency
+	// units.
+	released storage.ReleaseSignal
+
+	// sweepEvery is the sweep interval in force, in nanoseconds, and
+	// resweep tells the sweeper that it changed (see updateSweepInterval).
+	sweepEvery atomic.Int64
+	resweep    chan struct{}
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+func newCounters(maxKeys int, now func() time.Time) *counters {
+	c := &counters{
+		seed:    maphash.MakeSeed(),
+		now:     now,
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		resweep: make(chan struct{}, 1),
+	}
+	c.sweepEvery.Store(int64(DefaultSweepInterval))
+	c.setMaxKeys(maxKeys)
+	go c.sweepLoop()
+	return c
+}
+
+// addUser adds m as the newest user of the counters: its max_keys, if set,
+// is the bound.
+func (c *counters) addUser(m *Store) {
+	c.usersMu.Lock()
+	defer c.usersMu.Unlock()
+	c.users = append(c.users, m)
+	c.updateMaxKeys()
+}
+
+// removeUser forgets m: the bound is the newest remaining user's that sets
+// one.
+func (c *counters) removeUser(m *Store) {
+	c.usersMu.Lock()
+	defer c.usersMu.Unlock()
+	c.users = slices.DeleteFunc(c.users, func(u *Store) bool { return u == m })
+	c.updateMaxKeys()
+	c.updateSweepInterval()
+}
+
+// updateMaxKeys puts in force the max_keys of the newest user that sets
+// one, or DefaultMaxKeys. The caller holds usersMu.
+func (c *counters) updateMaxKeys() {
+	for _, u := range slices.Backward(c.users) {
+		if u.MaxKeys > 0 {
+			c.setMaxKeys(u.MaxKeys)
+			return
+		}
+	}
+	c.setMaxKeys(DefaultMaxKeys)
+}
+
+// setMaxKeys bounds each shard to its share of n keys, rounded up.
+func (c *counters) setMaxKeys(n int) {
+	c.maxPerShard.Store(int64(max(1, (n-1)/shardCount+1)))
+}
+
+// Destruct stops the sweeper; the UsagePool calls it when the last config
+// using the memory store is cleaned up.
+func (c *counters) Destruct() error {
+	close(c.stop)
+	<-c.done
+	return nil
+}
+
+// keyHash returns the keyed hash that stands for zone and key. It hashes
+// the pair as a value, as a Go map keyed by it would (each string's
+// length and bytes in turn), not their concatenation, so ("ab", "c") and
+// ("a", "bc") are different inputs whatever bytes names hold. It is never
+// 0, which marks an empty slot. Its low bits pick the shard and its top
+// bits the home slot in the shard's table.
+func (c *counters) keyHash(zone, key string) uint64 {
+	return max(maphash.Comparable(c.seed, zoneKey{zone, key}), 1)
+}
+
+type zoneKey struct{ zone, key string }
+
+func shardOf(h uint64) int { return int(h % shardCount) }
+
+// take decides and, if all are allowed, charges reqs atomically: the shards
+// of all keys are locked together, in index order so that concurrent takes
+// cannot deadlock. Limits and costs must be within maxCount.
+func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision) {
+	var hashBuf [4]uint64
+	hashes := hashBuf[:0]
+	var lockBuf [4]int
+	locks := lockBuf[:0]
+	ringed := false
+	for _, r := range reqs {
+		h := c.keyHash(r.Zone, r.Key)
+		hashes = append(hashes, h)
+		locks = append(locks, shardOf(h))
+		ringed = ringed || r.Algorithm == algorithms.SlidingWindow
+	}
+	slices.Sort(locks)
+	locks = slices.Compact(locks)
+	for _, i := range locks {
+		c.shards[i].mu.Lock()
+	}
+	defer func() {
+		for _, i := range locks {
+			c.shards[i].mu.Unlock()
+		}
+	}()
+
+	// Read the clock under the locks, so that no request decides with a
+	// time older than one that charged the same key before it.
+	now := c.now()
+	nowMs := now.UnixMilli()
+	allowed := true
+	var countsBuf [4]algorithms.Counts
+	next := countsBuf[:0]
+	// The rings of sliding_window requests, which are too big to keep on
+	// the stack for every take: pooled, and only for takes that have one.
+	var rings *[]pendingRing
+	if ringed {
+		rings = ringScratch.Get().(*[]pendingRing)
+		defer ringScratch.Put(rings)
+		*rings = slices.Grow((*rings)[:0], len(reqs))[:len(reqs)]
+	}
+	for i, r := range reqs {
+		s := &c.shards[shardOf(hashes[i])]
+		rate := r.Rate
+		if s.overrides != nil {
+			if o, ok := s.overrides[hashes[i]]; ok && o.Active(now) {
+				rate.Units = o.Limit
+			}
+		}
+		var d algorithms.Decision
+		var n algorithms.Counts
+		if r.Algorithm == algorithms.SlidingWindow {
+			p := &(*rings)[i]
+			var ring algorithms.Ring
+			ring, p.was = s.rings.find(hashes[i], rate.Window.Milliseconds())
+			d, p.ring = algorithms.DecideRing(ring, now, rate, r.Cost)
+			if !d.Allowed && r.TracksInFlight() {
+				if inFlight, ok := s.inFlight[hashes[i]]; ok {
+					if settled, _ := algorithms.DecideRing(algorithms.SettledRing(ring, inFlight, now, rate), now, rate, r.Cost); settled.Allowed {
+						d = d.RefusedInFlight(time.UnixMilli(nowMs))
+					}
+				}
+			}
+		} else {
+			var counts algorithms.Counts
+			if j, ok := s.counts.lookup(hashes[i]); ok {
+				// A key asked for is in use, allowed or not: a key being
+				// refused must not be the one evicted, or its counts would
+				// be lost.
+				s.counts.slots[j].ref = true
+				counts = s.counts.slots[j].counts(rate.Window.Milliseconds())
+			}
+			d, n = algorithms.Decide(r.Algorithm, counts, now, rate, r.Cost)
+			if !d.Allowed && r.TracksInFlight() {
+				if inFlight, ok := s.inFlight[hashes[i]]; ok {
+					if settled, _ := algorithms.Decide(r.Algorithm, algorithms.Settled(r.Algorithm, counts, inFlight, now, rate), now, rate, r.Cost); settled.Allowed {
+						d = d.RefusedInFlight(time.UnixMilli(nowMs))
+					}
+				}
+			}
+		}
+		if r.Ban > 0 {
+			if ends, ok := s.bans.ends(hashes[i]); ok && ends > nowMs {
+				d = d.Ban(time.UnixMilli(ends), false)
+			}
+		}
+		decisions[i] = d
+		next = append(next, n)
+		allowed = allowed && d.Allowed
+	}
+	bound := int(c.maxPerShard.Load())
+	if !allowed {
+		// The first rejection by a zone with a ban bans the key, unless
+		// only costs in flight filled its limit.
+		for i, r := range reqs {
+			if d := decisions[i]; r.Ban > 0 && !d.Allowed && d.BanEnds.IsZero() && !d.InFlight {
+				ends := nowMs + r.Ban.Milliseconds()
+				c.shards[shardOf(hashes[i])].bans.set(hashes[i], ends, bound)
+				decisions[i] = d.Ban(time.UnixMilli(ends), true)
+			}
+		}
+		return
+	}
+	nowSec := unixSeconds(nowMs)
+	for i, r := range reqs {
+		// Storing one request may move the slots of another in the same
+		// shard (by growing or evicting), so each store looks up again.
+		s := &c.shards[shardOf(hashes[i])]
+		if r.TracksInFlight() {
+			s.takeInFlight(hashes[i], algorithms.InFlightWindow(r.Algorithm, decisions[i], r.Rate), r.Cost)
+		}
+		if r.Algorithm == algorithms.SlidingWindow {
+			p := &(*rings)[i]
+			s.storeRing(hashes[i], p.ring, ringExpiry(p.ring, r.Rate.Window.Milliseconds()), p.was, bound, nowSec)
+			continue
+		}
+		s.store(hashes[i], next[i], r.Algorithm, expiry(r, next[i]), bound, nowSec)
+	}
+}
+
+// takeInFlight adds cost, taken in window, to the costs in flight of the
+// key with hash h.
+func (s *shard) takeInFlight(h uint64, window, cost int64) {
+	if s.inFlight == nil {
+		s.inFlight = make(map[uint64]algorithms.Counts)
+	}
+	s.inFlight[h] = algorithms.TakeInFlight(s.inFlight[h], window, cost)
+}
+
+// endInFlight takes cost, taken in window, off the costs in flight of the
+// key with hash h, forgetting them once none is left.
+func (s *shard) endInFlight(h uint64, window, cost int64) {
+	p, ok := s.inFlight[h]
+	if !ok {
+		return
+	}
+	if p = algorithms.EndInFlight(p, window, cost); p.Current == 0 && p.Previous == 0 {
+		delete(s.inFlight, h)
+		return
+	}
+	s.inFlight[h] = p
+}
+
+// ringScratch holds the rings a take decides before it stores them.
+var ringScratch = sync.Pool{New: func() any { return new([]pendingRing) }}
+
+// pendingRing is a ring a take decided, and the table it was found in.
+type pendingRing struct {
+	ring algorithms.Ring
+	was  int
+}
+
+// expiry is when counts stop mattering, in Unix seconds rounded up.
+// Windowed counts matter until the end of the next window: a sliding tail
+// weighs the current window as its previous one, and the first charge in
+// the next window reports what the current one came to (the period usage
+// metric), as the Redis store does. A GCRA key matters until its TAT,
+// when its bucket is full again, as if it had never been seen. Units held
+// by a concurrency key matter until they are released: such a slot is
+// pinned.
+func expiry(r storage.Request, c algorithms.Counts) uint32 {
+	switch r.Algorithm {
+	case algorithms.GCRA:
+		return unixSeconds(c.Window + 1 + 999)
+	case algorithms.Concurrency:
+		return pinned
+	}
+	w := r.Rate.Window.Milliseconds()
+	return unixSeconds((c.Window+2)*w + 999)
+}
+
+// pinned is the expiry of a slot that neither the sweep nor eviction may
+// take: a concurrency key with units held.
+const pinned = math.MaxUint32
+
+// unixSeconds returns the whole seconds in ms, clamped to 32 bits.
+func unixSeconds(ms int64) uint32 {
+	return uint32(min(max(algorithms.WindowIndex(ms, 1000), 0), math.MaxUint32))
+}
+
+// store writes counts for h. A new key first makes room: it evicts while
+// the shard holds bound keys. A new key starts with its reference bit
+// clear: it earns a second chance only by being asked for again, so a
+// flood of one-off keys (an attacker rotating addresses, say) evicts its
+// own keys before those of clients that keep coming back, and a shard in
+// which every key is referenced, where CLOCK would take whichever key the
+// hand reaches first however recently used, stays rare.
+func (s *shard) store(h uint64, counts algorithms.Counts, alg algorithms.Algorithm, expires uint32, bound int, now uint32) {
+	i, ok := slotFor(s, &s.counts, h, bound, now)
+	s.counts.slots[i].set(counts, alg, expires, ok) // and take has set ref when ok
+}
+
+// slotFor returns the index of h's slot in t, one of s's tables, and
+// whether h was there; a new key first makes room in s, evicting from t
+// first, while s holds bound keys.
+func slotFor[S any, P slotPtr[S]](s *shard, t *table[S, P], h uint64, bound int, now uint32) (int, bool) {
+	if i, ok := t.lookup(h); ok {
+		return i, true
+	}
+	s.makeRoom(bound, now, t.evict)
+	return t.add(h), false
+}
+
+// release gives back what Take charged reqs, allowed with decisions: a
+// concurrency request's units, another's cost (algorithms.GiveBack), and
+// ends the costs in flight of those whose store keeps them, whether their
+// cost comes back or, counted, stays. A concurrency key whose units are
+// all back is forgotten; other keys keep their expiry.
+func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decision) {
+	for i, r := range reqs {
+		h := c.keyHash(r.Zone, r.Key)
+		s := &c.shards[shardOf(h)]
+		s.mu.Lock()
+		if r.TracksInFlight() {
+			s.endInFlight(h, algorithms.InFlightWindow(r.Algorithm, decisions[i], r.Rate), r.Cost)
+		}
+		if !r.Counted {
+			s.giveBack(h, r, decisions[i])
+		}
+		s.mu.Unlock()
+	}
+	c.released.Signal()
+}
+
+// giveBack takes back the cost of r, allowed with d, from the counts of
+// the key with hash h.
+func (s *shard) giveBack(h uint64, r storage.Request, d algorithms.Decision) {
+	if r.Algorithm == algorithms.SlidingWindow {
+		s.rings.giveBack(h, r.Rate.Window.Milliseconds(), d, r.Cost)
+	} else if j, ok := s.counts.lookup(h); ok {
+		e := &s.counts.slots[j]
+		n := algorithms.GiveBack(r.Algorithm, e.counts(r.Rate.Window.Milliseconds()), d, r.Rate, r.Cost)
+		switch {
+		case r.Algorithm == algorithms.Concurrency && n.Current == 0:
+			s.counts.remove(j)
+		case r.Algorithm == algorithms.Concurrency:
+			e.set(n, r.Algorithm, e.expires, e.ref) // still pinned
+		default:
+			// A GCRA TAT moved back matters less long; windowed
+			// counts keep their window, and so their expiry. Either
+			// way the expiry stays the one counts reads window by.
+			e.set(n, r.Algorithm, expiry(r, n), e.ref)
+		}
+	}
+}
+
+// inspect returns the counts kept for zone and key as stored, not rolled
+// forward to now (algorithms.Roll does that), and whether any are kept;
+// inspectRing returns a sliding_window key's ring. Both read them for a
+// window of w ms. Looking does not count as use for eviction.
+func (c *counters) inspect(zone, key string, w int64) (algorithms.Counts, bool) {
+	h := c.keyHash(zone, key)
+	s := &c.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i, ok := s.counts.lookup(h); ok {
+		return s.counts.slots[i].counts(w), true
+	}
+	return algorithms.Counts{}, false
+}
+
+func (c *counters) inspectRing(zone, key string, w int64) (algorithms.Ring, bool) {
+	h := c.keyHash(zone, key)
+	s := &c.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rings.inspect(h, w)
+}
+
+// banEnds returns when the ban of zone and key ends, in ms, if it is
+// banned at now.
+func (c *counters) banEnds(zone, key string, now time.Time) (int64, bool) {
+	h := c.keyHash(zone, key)
+	s := &c.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ends, ok := s.bans.ends(h)
+	return ends, ok && ends > now.UnixMilli()
+}
+
+// clear forgets every key's counts and bans. The costs of requests still
+// in flight stay until their requests end, as they would have, and the
+// overrides stay until they expire or are removed.
+func (c *counters) clear() {
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		s.counts.clear()
+		s.rings.clear()
+		s.bans.clear()
+		s.mu.Unlock()
+	}
+}
+
+// reset forgets the counts of zone and key and lifts its ban, and reports
+// whether anything was kept. The costs of its requests still in flight
+// stay until those requests end: the counts hold none of them now, so
+// they keep the key's settled count from looking higher than it is.
+func (c *counters) reset(zone, key string) bool {
+	h := c.keyHash(zone, key)
+	s := &c.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	banned := s.bans.remove(h)
+	counted := s.counts.forget(h)
+	ringed := s.rings.forget(h)
+	return counted || ringed || banned
+}
+
+func (c *counters) sweepLoop() {
+	defer close(c.done)
+	t := time.NewTicker(time.Duration(c.sweepEvery.Load()))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.resweep:
+			t.Reset(time.Duration(c.sweepEvery.Load()))
+		case <-t.C:
+			c.sweep()
+		}
+	}
+}
+
+// sweep removes entries whose windows have passed, one shard at a time so
+// that requests wait at most for one shard's sweep.
+func (c *counters) sweep() {
+	now := unixSeconds(c.now().UnixMilli())
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		c.admin.overrides.Add(int64(-s.sweep(now)))
+		s.mu.Unlock()
+	}
+}
+
+// sweep removes the shard's entries, bans and overrides that expired by
+// now (see table.sweep), and reports how many overrides it removed.
+// Bans expire from the top of their heap, touching only those that
+// ended; overrides are walked, but the store keeps at most MaxOverrides,
+// about 1,600 a shard, and most shards have none.
+func (s *shard) sweep(now uint32) (overrides int) {
+	s.counts.sweep(now)
+	s.rings.sweep(now)
+	s.bans.expire(int64(now) * 1000)
+	for h, o := range s.overrides {
+		if !o.Expires.IsZero() && o.Expires.Unix() < int64(now) {
+			delete(s.overrides, h)
+			overrides++
+		}
+	}
+	if len(s.overrides) == 0 {
+		s.overrides = nil
+	}
+	return overrides
+}
+
+// Interface guards
+var (
+	_ storage.Store         = (*Store)(nil)
+	_ caddy.Provisioner     = (*Store)(nil)
+	_ caddy.Validator       = (*Store)(nil)
+	_ caddy.CleanerUpper    = (*Store)(nil)
+	_ caddyfile.Unmarshaler = (*Store)(nil)
+)

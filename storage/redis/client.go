@@ -1,0 +1,276 @@
+package redis
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+)
+
+// client is what configs using the same Redis share, and what outlives
+// a config reload: the connections, the circuit breaker and the deny cache.
+type client struct {
+	rdb     goredis.UniversalClient
+	breaker breaker
+	denies  denyCache
+	// batchers coalesce concurrent decisions, and refunds concurrent
+	// give-backs: one per cluster slot, or one for a single server.
+	batchers []slotQueue[*callPart]
+	refunds  []slotQueue[*refundPart]
+	// released wakes the requests waiting for concurrency units that a
+	// config on this client released: every handler and config sharing
+	// the connections, across reloads, as the memory store's does.
+	released storage.ReleaseSignal
+
+	// watchers reread the admin API's dials, one per key prefix, and
+	// announce this instance; they, and the goroutine that gives back
+	// leases, stop when closed is closed.
+	watchersMu sync.Mutex
+	watchers   map[string]*dialWatcher
+	watching   sync.WaitGroup
+	closed     chan struct{}
+
+	// fleet is N, the live instances sharing this Redis.
+	fleet fleet
+	// leases are this instance's leases (lease on), given back by the
+	// goroutine leasing starts.
+	leases  leaseTable
+	leasing sync.Once
+	// local is the fallback of on_store_error local; localUsed tells
+	// that it has decided since Redis last answered.
+	local     local
+	localUsed atomic.Bool
+
+	cluster bool
+	logger  *zap.Logger
+	// now is the local clock of the leases' sweeps.
+	now func() time.Time
+}
+
+func newClient(opts *goredis.UniversalOptions, logger *zap.Logger) *client {
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	// Every connection checks its server's version first.
+	withCheck := *opts
+	withCheck.OnConnect = (&versionCheck{logger: logger}).onConnect
+	c := &client{rdb: goredis.NewUniversalClient(&withCheck), batchers: make([]slotQueue[*callPart], 1), refunds: make([]slotQueue[*refundPart], 1),
+		closed: make(chan struct{}), cluster: opts.IsClusterMode, logger: logger, now: time.Now}
+	if opts.IsClusterMode {
+		c.batchers = make([]slotQueue[*callPart], clusterSlots)
+		c.refunds = make([]slotQueue[*refundPart], clusterSlots)
+	}
+	c.denies.init()
+	return c
+}
+
+// Destruct gives back the leases this instance holds and closes the
+// connections; the UsagePool calls it when the last config using this
+// Redis is cleaned up.
+func (c *client) Destruct() error {
+	close(c.closed)
+	c.watching.Wait()
+	if c.local.store != nil {
+		c.local.store.Cleanup()
+	}
+	return c.rdb.Close()
+}
+
+// Circuit breaker settings: after breakerThreshold consecutive failures,
+// Redis is not asked for breakerCooldown; then one request probes it while
+// the others keep failing fast, until the probe succeeds.
+const (
+	breakerThreshold = 3
+	breakerCooldown  = time.Second
+)
+
+// errBreakerOpen is returned while the breaker skips Redis.
+var errBreakerOpen = errors.New("circuit breaker open")
+
+type breaker struct {
+	// failures counts consecutive failures; zero is the fast path.
+	failures atomic.Int64
+
+	mu        sync.Mutex
+	openUntil time.Time
+	probing   bool
+	lastErr   error
+}
+
+// allow returns nil if Redis may be asked now.
+func (b *breaker) allow(now time.Time) error {
+	if b.failures.Load() < breakerThreshold {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.failures.Load() < breakerThreshold {
+		return nil
+	}
+	if now.Before(b.openUntil) || b.probing {
+		return fmt.Errorf("%w after %d consecutive failures (last: %v)", errBreakerOpen, b.failures.Load(), b.lastErr)
+	}
+	b.probing = true
+	return nil
+}
+
+// done records the outcome of a call that allow let through. A failure
+// that says nothing about Redis (the client went away) is not counted.
+func (b *breaker) done(err error, counts bool, now time.Time) {
+	if err == nil {
+		if b.failures.Load() != 0 {
+			b.mu.Lock()
+			b.failures.Store(0)
+			b.probing = false
+			b.mu.Unlock()
+		}
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.probing = false
+	if !counts {
+		return
+	}
+	b.lastErr = err
+	if b.failures.Add(1) >= breakerThreshold {
+		b.openUntil = now.Add(breakerCooldown)
+	}
+}
+
+// The deny cache holds at most denyCacheShards*denyShardSize keys.
+const (
+	denyCacheShards = 16
+	denyShardSize   = 4096
+)
+
+// denyCache remembers rejections until their retry instant: until then a
+// request of the same or a higher cost for the same key and limit would be
+// rejected too, since counts only grow until time frees them. That does
+// not hold for a zone whose costs may be given back (count_status), whose
+// rejections are remembered only when they ban the key; a banned key's
+// requests are rejected whatever their cost.
+type denyCache struct {
+	seed   maphash.Seed
+	size   atomic.Int64
+	shards [denyCacheShards]denyShard
+}
+
+type denyShard struct {
+	mu      sync.Mutex
+	entries map[string]denyEntry
+}
+
+type denyEntry struct {
+	algorithm algorithms.Algorithm
+	limit     algorithms.Rate
+	cost      int64
+	decision  algorithms.Decision // times in the local clock
+}
+
+// holds reports whether the remembered rejection e stands for q.
+func (e denyEntry) holds(q storage.Request) bool {
+	if e.algorithm != q.Algorithm || e.limit != q.Rate {
+		return false
+	}
+	if !e.decision.BanEnds.IsZero() {
+		return q.Ban > 0
+	}
+	return q.Cost >= e.cost
+}
+
+func (c *denyCache) init() {
+	c.seed = maphash.MakeSeed()
+	for i := range c.shards {
+		c.shards[i].entries = make(map[string]denyEntry)
+	}
+}
+
+// clear forgets every cached rejection: the admin API reset a key or
+// changed a limit, so they may no longer hold.
+func (c *denyCache) clear() {
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		c.size.Add(-int64(len(s.entries)))
+		clear(s.entries)
+		s.mu.Unlock()
+	}
+}
+
+func (c *denyCache) shard(key string) *denyShard {
+	return &c.shards[maphash.String(c.seed, key)%denyCacheShards]
+}
+
+// lookup answers reqs from the cache if any of them is a known rejection,
+// and reports whether it did. The zones it does not know about are
+// reported as allowed with their full limit: the request is rejected
+// anyway, and nothing is charged, as after any rejection.
+func (c *denyCache) lookup(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) bool {
+	if c.size.Load() == 0 {
+		return false
+	}
+	hit := false
+	for i, k := range keys {
+		s := c.shard(k)
+		s.mu.Lock()
+		e, ok := s.entries[k]
+		if ok && !now.Before(e.decision.RetryAt) {
+			delete(s.entries, k)
+			c.size.Add(-1)
+			ok = false
+		}
+		s.mu.Unlock()
+		q := reqs[i]
+		if ok && e.holds(q) {
+			d := e.decision
+			// The window may have ended since: report the current one's end.
+			if w := q.Rate.Window; !now.Before(d.Reset) {
+				d.Reset = d.Reset.Add(w * (now.Sub(d.Reset)/w + 1))
+			}
+			decisions[i] = d
+			hit = true
+			continue
+		}
+		decisions[i] = algorithms.Decision{
+			Allowed:   true,
+			Limit:     q.Rate.Units,
+			Remaining: q.Rate.Units,
+			Reset:     now.Add(q.Rate.Window),
+		}
+	}
+	return hit
+}
+
+// store remembers the rejections among decisions.
+func (c *denyCache) store(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) {
+	for i, d := range decisions {
+		if d.Allowed || !d.RetryAt.After(now) || reqs[i].GivesBack && d.BanEnds.IsZero() {
+			continue
+		}
+		s := c.shard(keys[i])
+		s.mu.Lock()
+		if _, ok := s.entries[keys[i]]; !ok {
+			if len(s.entries) >= denyShardSize {
+				// Full: forget an arbitrary entry (map order is random).
+				for k := range s.entries {
+					delete(s.entries, k)
+					c.size.Add(-1)
+					break
+				}
+			}
+			c.size.Add(1)
+		}
+		d.BanStarted = false // begun once, by the request that Redis rejected
+		s.entries[keys[i]] = denyEntry{algorithm: reqs[i].Algorithm, limit: reqs[i].Rate, cost: reqs[i].Cost, decision: d}
+		s.mu.Unlock()
+	}
+}

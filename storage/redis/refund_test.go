@@ -1,0 +1,92 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+)
+
+// TestRedisQueuedRefundsShareACall: while a refund call is in flight (to
+// a paused server), the give-backs that come meanwhile queue and go in the
+// next call, up to maxBatch in a call; every one is given back.
+func TestRedisQueuedRefundsShareACall(t *testing.T) {
+	s := redistest.Standalone(t)
+	// A timeout longer than the test: the call held in flight waits for
+	// the paused server, not for its deadline.
+	r := newRedisStore(t, &Store{Timeout: caddy.Duration(time.Hour)}, s.URL())
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1, GivesBack: true}
+	q := r.client.refundQueue(r.counterKey("z", "k"))
+	queueIs := func(cond func() bool) func() bool {
+		return func() bool {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			return cond()
+		}
+	}
+	count := func() string {
+		t.Helper()
+		c, err := s.Do("HGET", r.counterKey("z", "k"), "c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+
+	// Load the refund script, so that every call below is one EVALSHA.
+	d := redisTake(t, r, time.Time{}, req)[0]
+	if err := r.Release(context.Background(), []storage.Request{req}, []algorithms.Decision{d}); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, n := range []int{5, maxBatch, 2*maxBatch + 3} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			decisions := make([]algorithms.Decision, n+1)
+			for i := range decisions {
+				decisions[i] = redisTake(t, r, time.Time{}, req)[0]
+			}
+			if c := count(); c != strconv.Itoa(n+1) {
+				t.Fatalf("Redis counts %s after %d takes", c, n+1)
+			}
+			before := scriptCalls(t, s)
+			if err := s.Pause(); err != nil {
+				t.Fatal(err)
+			}
+			// A step that fails must not leave the server paused: the
+			// call in flight would not end, nor would the next step.
+			t.Cleanup(func() { _ = s.Resume() })
+			errs := make(chan error, n+1)
+			release := func(d algorithms.Decision) {
+				errs <- r.Release(context.Background(), []storage.Request{req}, []algorithms.Decision{d})
+			}
+			go release(decisions[0])
+			waitUntil(t, "a refund call in flight", queueIs(func() bool { return q.busy && len(q.waiting) == 0 }))
+			for _, d := range decisions[1:] {
+				go release(d)
+			}
+			waitUntil(t, fmt.Sprintf("%d give-backs queued", n), queueIs(func() bool { return len(q.waiting) == n }))
+			if err := s.Resume(); err != nil {
+				t.Fatal(err)
+			}
+			for range n + 1 {
+				if err := <-errs; err != nil {
+					t.Error(err)
+				}
+			}
+			if got, want := scriptCalls(t, s)-before, 1+(n+maxBatch-1)/maxBatch; got != want {
+				t.Errorf("%d refund calls for a call in flight and %d give-backs queued behind it, want %d", got, n, want)
+			}
+			if c := count(); c != "0" {
+				t.Errorf("Redis counts %s after every cost was given back, want 0", c)
+			}
+			waitUntil(t, "the queue idle", queueIs(func() bool { return !q.busy }))
+		})
+	}
+}

@@ -1,0 +1,441 @@
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/storage"
+)
+
+// This file is the Redis store's charging protocol: key names, the take
+// and refund scripts, and how zones in different cluster slots are
+// charged all or nothing.
+
+// counterKey names the Redis hash holding the counters of key in zone:
+// <prefix>{<key>}:<zone>. The braces make the key its own cluster hash
+// tag, so the zones of one key share a slot and one script call decides
+// them all, even on a cluster. The hash holds the current and the previous
+// window together. BoundKey has made sure the key holds no brace.
+func (r *Store) counterKey(zone, key string) string {
+	return r.KeyPrefix + "{" + key + "}:" + zone
+}
+
+// holdersKey names the sorted set of a concurrency key's holders, beside
+// its counter hash: <prefix>{<key>}h:<zone>, in the counter's slot by the
+// same tag, and a name no counter hash can have ("}:" follows every
+// counter's tag). The scripts are handed it in KEYS after the counters,
+// since a script must declare every key it touches.
+func holdersKey(counter string) string {
+	tag := strings.IndexByte(counter, '}')
+	return counter[:tag+1] + "h" + counter[tag+1:]
+}
+
+// Take implements storage.Store.
+func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(reqs))
+	for _, q := range reqs {
+		if q.Rate.Units > maxExact || q.Cost < 0 || q.Cost > maxExact || q.Rate.Window.Milliseconds() > maxExact ||
+			q.Algorithm == algorithms.GCRA && (q.Rate.Units > math.MaxInt32 || q.Rate.Burst > math.MaxInt32) {
+			return fmt.Errorf("zone %q: limit, burst, cost or window too large for the Redis store", q.Zone)
+		}
+		if err := q.Rate.Validate(); err != nil {
+			return fmt.Errorf("zone %q: %w", q.Zone, err)
+		}
+		keys = append(keys, r.counterKey(q.Zone, q.Key))
+	}
+	c, own, err := r.acquire()
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	defer r.end(own)
+	var clock int64
+	if r.scriptClock != nil {
+		clock = r.scriptClock().UnixMilli()
+	}
+	now := r.now()
+	leasing := r.Lease && clock == 0
+	if leasing && c.leases.spend(keys, reqs, decisions, now) {
+		return nil
+	}
+	if clock == 0 && c.denies.lookup(keys, reqs, decisions, now) {
+		return nil
+	}
+	if err := c.breaker.allow(now); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	// A decision that takes concurrency units is not given up when the
+	// client goes away: the script may have charged it, and only an
+	// answer tells the handler to release the units. Its timeout still
+	// bounds it; units a timed-out call took wait for their lease.
+	base := ctx
+	if takesUnits(reqs) {
+		base = context.WithoutCancel(ctx)
+	}
+	// The timeout is a deadline rather than a context of its own: most
+	// decisions under load share a call (batch.go), whose context
+	// the deadline bounds, and a timer for each request cost more than
+	// its script call did. It is read off the real clock, not r.now,
+	// which tests skew.
+	deadline := time.Now().Add(time.Duration(r.Timeout))
+	var leases *leaseAnswer
+	if leasing && (!r.Cluster || sameTag(keys)) {
+		if asks := c.leases.asks(keys, reqs, now); asks != nil {
+			leases = &leaseAnswer{asks: asks}
+		}
+	}
+	err = r.charge(base, deadline, c, keys, reqs, decisions, clock, leases)
+	now = r.now()
+	if err != nil {
+		if leases != nil {
+			c.leases.unasked(keys, leases.asks)
+		}
+		c.breaker.done(err, failureCounts(ctx, err), now)
+		return fmt.Errorf("redis: %w", err)
+	}
+	c.breaker.done(nil, true, now)
+	c.answered()
+	if leases != nil {
+		c.leases.granted(keys, reqs, leases, decisions, now, r.leaseSeries)
+	}
+	if clock == 0 {
+		c.denies.store(keys, reqs, decisions, now)
+	}
+	return nil
+}
+
+// leaseAnswer is what a call that asks for leases (asks, one per zone; 0
+// for none) brings back for them: each zone's units granted and its counts
+// as its request left them, before the lease, in the script's clock,
+// which is shift behind the local one.
+type leaseAnswer struct {
+	asks, grants []int64
+	counts       []algorithms.Counts
+	shift        time.Duration
+}
+
+// failureCounts reports whether err, from a decision asked for under ctx,
+// counts against Redis in the circuit breaker. A client that went away says
+// nothing about Redis, and neither does a wait for a free connection: a
+// burst of traffic must not trip the breaker and so lift every limit.
+func failureCounts(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && !errors.Is(err, goredis.ErrPoolTimeout)
+}
+
+// charge runs the take script over reqs. On one server or a sentinel's master
+// that is one call for all zones. On a cluster, zones whose keys lie in
+// different slots are decided one group of keys at a time; see
+// chargeSlotGroups.
+// A call that asks for leases (leases not nil) is one call: its keys
+// share a slot.
+func (r *Store) charge(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
+	if !r.Cluster || sameTag(keys) {
+		return r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true, leases)
+	}
+	return r.chargeSlotGroups(ctx, deadline, c, keys, reqs, decisions, clock)
+}
+
+// sameTag reports whether all keys share one hash tag, and so one slot.
+func sameTag(keys []string) bool {
+	for _, k := range keys[1:] {
+		if hashTag(k) != hashTag(keys[0]) {
+			return false
+		}
+	}
+	return true
+}
+
+// tagGroups groups the indexes of keys by hash tag, in the order the tags
+// first appear: the keys one script call may touch together on a cluster.
+func tagGroups(keys []string) [][]int {
+	var groups [][]int
+	var tags []string
+	for i, k := range keys {
+		tag := hashTag(k)
+		g := slices.Index(tags, tag)
+		if g < 0 {
+			g = len(groups)
+			tags = append(tags, tag)
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+func hashTag(key string) string {
+	open := strings.IndexByte(key, '{')
+	end := strings.IndexByte(key[open:], '}')
+	return key[open : open+end+1]
+}
+
+// chargeSlotGroups keeps the all-or-nothing rule on a cluster, where one script
+// cannot reach keys in different slots. Keys are grouped by hash tag and
+// each group is decided by one atomic script call, in order. Each group
+// charges its zones only if they all allow the request; once a group
+// rejects, the remaining groups are only asked for their decisions, and
+// every group already charged is refunded by a second script that is
+// atomic in its slot. Until that refund lands, a concurrent request for
+// the same key may see the charge and be rejected; no request is ever
+// allowed beyond a limit.
+//
+// Once a group has rejected the request, Redis errors no longer make it a
+// store error, which on_store_error allow would let through: a group that
+// cannot be asked is reported as not rejecting, and a refund that fails is
+// logged and leaves its charge in place (counting too much, never too
+// little).
+func (r *Store) chargeSlotGroups(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64) error {
+	groups := tagGroups(keys)
+
+	var refunds []*refundPart
+	rejected := false
+	var firstErr error
+	for gi, g := range groups {
+		gKeys := make([]string, len(g))
+		gReqs := make([]storage.Request, len(g))
+		gDec := make([]algorithms.Decision, len(g))
+		for j, i := range g {
+			gKeys[j], gReqs[j] = keys[i], reqs[i]
+		}
+		err := r.runTake(ctx, deadline, c, gKeys, gReqs, gDec, clock, !rejected, nil)
+		if err != nil && rejected {
+			for _, rest := range groups[gi:] {
+				for _, i := range rest {
+					decisions[i] = algorithms.Decision{Allowed: true}
+				}
+			}
+			break
+		}
+		if err != nil {
+			firstErr = err
+			break
+		}
+		allowed := true
+		for j, i := range g {
+			decisions[i] = gDec[j]
+			allowed = allowed && gDec[j].Allowed
+		}
+		if !allowed {
+			rejected = true
+			continue
+		}
+		if !rejected {
+			args := make([]any, 0, refundArgs*len(gReqs))
+			for j, q := range gReqs {
+				args = appendRefundArgs(args, q, gDec[j])
+			}
+			refunds = append(refunds, &refundPart{keys: gKeys, args: args})
+		}
+	}
+	if !rejected && firstErr == nil {
+		return nil
+	}
+	// Undo the charges with a fresh budget: the decision's own timeout may
+	// be what ended it.
+	for _, p := range refunds {
+		if err := c.refund(p, time.Duration(r.Timeout)); err != nil {
+			r.logger.Error("refunding a request rejected in another cluster slot failed; its charge stays",
+				zap.Int("zones", len(p.keys)), zap.Error(err))
+		}
+	}
+	return firstErr
+}
+
+// zoneArgs and zoneValues are how many arguments the take script reads for
+// each zone of an entry, and how many values it answers for each (see
+// scripts/take.lua).
+const (
+	zoneArgs   = 8
+	zoneValues = 8
+)
+
+// runTake decides reqs, whose keys all lie in one slot, in one script call
+// (shared with concurrent requests; see batch.go) by deadline, and
+// fills decisions, and leases with what it asks for.
+func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, charge bool, leases *leaseAnswer) error {
+	t := &callPart{keys: keys, reqs: reqs, charge: charge, deadline: deadline}
+	if leases != nil {
+		t.asks = leases.asks
+	}
+	var err error
+	if clock != 0 {
+		// A test's clock holds for its own call only.
+		c.callAlone(ctx, clock, t)
+		err = t.err
+	} else {
+		err = c.take(ctx, t)
+	}
+	if err != nil {
+		return err
+	}
+	serverNow := t.now
+	// Decisions are computed in the clock the script used, then moved to
+	// the local clock, so Retry-After and the deny cache are right even
+	// when this machine's clock disagrees with Redis's.
+	var shift time.Duration
+	if clock == 0 {
+		shift = r.now().Sub(time.UnixMilli(serverNow))
+	}
+	if leases != nil {
+		leases.grants, leases.counts, leases.shift = make([]int64, len(reqs)), make([]algorithms.Counts, len(reqs)), shift
+	}
+	for i, q := range reqs {
+		v := t.vals[zoneValues*i:]
+		d, counts := decideAgain(q, v, serverNow)
+		// The script's verdict is what was written; it equals Decide's by
+		// construction (and by test), but the store must report what it did.
+		d.Allowed = v[3] == 1
+		switch {
+		case d.Allowed || q.Ban == 0 || !d.BanEnds.IsZero():
+		case v[7] == 1:
+			// Refused only for costs in flight: no ban.
+			d = d.RefusedInFlight(time.UnixMilli(serverNow))
+		default:
+			// This rejection banned the key, as the script did.
+			d = d.Ban(time.UnixMilli(serverNow+q.Ban.Milliseconds()), true)
+		}
+		d.Reset = d.Reset.Add(shift)
+		if !d.RetryAt.IsZero() {
+			d.RetryAt = d.RetryAt.Add(shift)
+		}
+		if !d.BanEnds.IsZero() {
+			d.BanEnds = d.BanEnds.Add(shift)
+		}
+		decisions[i] = d
+		if leases != nil {
+			// The counts the request left, before the lease.
+			leases.grants[i], leases.counts[i] = v[5], counts
+		}
+	}
+	return nil
+}
+
+// decideAgain runs algorithms.Decide, as the take script did, for one zone
+// of q at now (ms of the script's clock), from v, that zone's values in
+// the script's answer (see take.lua): the counters as stored before q,
+// the limit the script used, the request's or a per-key override, and
+// the key's ban, which rejects q while it lasts.
+func decideAgain(q storage.Request, v []int64, now int64) (algorithms.Decision, algorithms.Counts) {
+	counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
+	rate := q.Rate
+	rate.Units = v[4]
+	var d algorithms.Decision
+	var next algorithms.Counts
+	if q.Algorithm == algorithms.SlidingWindow {
+		d, next = decideRingAgain(rate, counts, q.Cost)
+	} else {
+		d, next = algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
+	}
+	if q.Ban > 0 && v[6] > now {
+		return d.Ban(time.UnixMilli(v[6]), false), counts
+	}
+	return d, next
+}
+
+// decideRingAgain is decideAgain for a sliding window, from what the take
+// script answers for one: the sub-window decided in, what the key used
+// before the request and, for a rejection, the retry instant (ms of the
+// script's clock), in place of the counts. It returns them as a charge of
+// cost left them.
+func decideRingAgain(rate algorithms.Rate, v algorithms.Counts, cost int64) (algorithms.Decision, algorithms.Counts) {
+	n, w := rate.BucketsOr(), rate.Window.Milliseconds()
+	idx, used, retry := v.Window, v.Current, v.Previous
+	d := algorithms.Decision{Limit: rate.Units, Window: idx, Reset: time.UnixMilli(algorithms.SubWindowStart(idx+1+int64(n), w, n))}
+	switch {
+	case used+cost <= rate.Units:
+		d.Allowed = true
+		used += cost
+	case cost > rate.Units:
+		d.RetryAt = d.Reset
+	default:
+		d.RetryAt = time.UnixMilli(retry)
+	}
+	d.Used, d.Remaining = used, max(rate.Units-used, 0)
+	return d, algorithms.Counts{Window: idx, Current: used, Previous: retry}
+}
+
+// takesUnits reports whether reqs hold concurrency units once charged.
+func takesUnits(reqs []storage.Request) bool {
+	for _, q := range reqs {
+		if q.Algorithm == algorithms.Concurrency {
+			return true
+		}
+	}
+	return false
+}
+
+// Release implements storage.Store: each concurrency request leaves its key's
+// holders, and each other request's cost is taken back (refund.lua), in
+// one script call for all of them (one per hash tag on a cluster), atomic
+// in its slot and shared with the give-backs of concurrent requests. A
+// request the script finds no longer holding (its lease ended) is
+// released already. A windowed cost this instance holds a lease of its
+// key for, in the same window, goes back to the lease instead, without a
+// call: the lease spends it again or returns it with its other units.
+// The store's timeout bounds each call, whether or not ctx has ended.
+func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
+	// The leases are the acquired client's, as for Take: a reloaded
+	// config's own client may be closed, its leases no longer returned.
+	c, own, err := r.acquire()
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	defer r.end(own)
+	var keys []string
+	var held []storage.Request
+	var heldDecisions []algorithms.Decision
+	now := r.now()
+	for i, q := range reqs {
+		key := r.counterKey(q.Zone, q.Key)
+		if r.Lease && !q.Counted && c.leases.giveBack(key, q, decisions[i], now) {
+			continue
+		}
+		keys = append(keys, key)
+		held = append(held, q)
+		heldDecisions = append(heldDecisions, decisions[i])
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	// The request's client may be gone; what it took goes back anyway, in
+	// a call shared with the give-backs of other requests (see
+	// refund.go). A slot that fails does not keep the others'.
+	parts, groups := c.slotParts(keys, func(dst []any, i int) []any { return appendRefundArgs(dst, held[i], heldDecisions[i]) })
+	var failed error
+	for k, p := range parts {
+		if err := c.refund(p, time.Duration(r.Timeout)); err != nil && failed == nil {
+			failed = fmt.Errorf("redis: releasing zone %q: %w", held[groups[k][0]].Zone, err)
+		}
+	}
+	c.released.Signal()
+	return failed
+}
+
+// Released implements storage.Store: closed at the next release by this
+// instance. Releases by other instances and ended leases are seen only by
+// asking.
+func (r *Store) Released() <-chan struct{} {
+	return r.client.released.Wait()
+}
+
+var (
+	//go:embed scripts/take.lua
+	takeSource string
+	//go:embed scripts/refund.lua
+	refundSource string
+
+	takeScript   = goredis.NewScript(takeSource)
+	refundScript = goredis.NewScript(refundSource)
+)
