@@ -2,9 +2,10 @@ package storage
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"slices"
 	"strings"
@@ -430,11 +431,45 @@ func (r *Redis) Released() <-chan struct{} {
 }
 
 var (
-	//go:embed scripts/take.lua
-	takeSource string
+	//go:embed scripts/take*.lua
+	takePieces embed.FS
 	//go:embed scripts/refund.lua
 	refundSource string
 
+	takeSource   = joinPieces(takePieces, takeOrder)
 	takeScript   = redis.NewScript(takeSource)
 	refundScript = redis.NewScript(refundSource)
 )
+
+// takeOrder lists the pieces of the take script in the order they are
+// joined into one: each piece uses the locals of those before it (see
+// scripts/take.lua).
+var takeOrder = []string{
+	"scripts/take.lua",
+	"scripts/take_arith.lua",
+	"scripts/take_bans.lua",
+	"scripts/take_fixed_window.lua",
+	"scripts/take_sliding_tail.lua",
+	"scripts/take_sliding_window.lua",
+	"scripts/take_gcra.lua",
+	"scripts/take_concurrency.lua",
+	"scripts/take_lease.lua",
+	"scripts/take_main.lua",
+	"scripts/take_write_back.lua",
+}
+
+// joinPieces joins the script pieces names of fsys, in order, into one
+// script, which the store loads once and runs by its hash. The pieces are
+// embedded, so a missing one is a build's mistake, found by any test.
+func joinPieces(fsys fs.FS, names []string) string {
+	var b strings.Builder
+	for _, name := range names {
+		src, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			panic(err)
+		}
+		b.Write(src)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
