@@ -253,12 +253,40 @@ func (r *Redis) chargeSlotGroups(ctx context.Context, deadline time.Time, c *red
 	return firstErr
 }
 
-// zoneArgs and zoneValues are how many arguments the take script reads for
-// each zone of an entry, and how many values it answers for each (see
-// scripts/take.lua).
+// The take script's arguments for each zone of an entry, at these offsets
+// from the zone's first, zoneArgs in all: the ARG_* of scripts/take.lua,
+// which a test holds to these.
 const (
-	zoneArgs   = 8
-	zoneValues = 8
+	argAlgorithm = iota
+	argLimit
+	argWindow
+	argCost
+	argExtra
+	argLease
+	argBan
+	argInFlight
+	zoneArgs
+)
+
+// The take script's answer for each zone, at these offsets from the
+// zone's first value, zoneValues in all: the OUT_* of scripts/take.lua,
+// which a test holds to these. The key's counts as stored before the
+// entry (a sliding window answers the sub-window decided in, what the key
+// used before the entry and the first rejection's retry instant instead);
+// whether the zone allows the entry's first request not allowed (1/0);
+// the limit it was decided against; the units leased; the key's ban as
+// stored before the entry; and 1 if the zone refused that request only
+// for its costs in flight.
+const (
+	outWindow = iota
+	outCurrent
+	outPrevious
+	outAllows
+	outLimit
+	outLeased
+	outBan
+	outInFlight
+	zoneValues
 )
 
 // runTake decides reqs, whose keys all lie in one slot, in one script call
@@ -296,10 +324,10 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 		d, counts := decideAgain(q, v, serverNow)
 		// The script's verdict is what was written; it equals Decide's by
 		// construction (and by test), but the store must report what it did.
-		d.Allowed = v[3] == 1
+		d.Allowed = v[outAllows] == 1
 		switch {
 		case d.Allowed || q.Ban == 0 || !d.BanEnds.IsZero():
-		case v[7] == 1:
+		case v[outInFlight] == 1:
 			// Refused only for costs in flight: no ban.
 			d = d.RefusedInFlight(time.UnixMilli(serverNow))
 		default:
@@ -316,7 +344,7 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 		decisions[i] = d
 		if leases != nil {
 			// The counts the request left, before the lease.
-			leases.grants[i], leases.counts[i] = v[5], counts
+			leases.grants[i], leases.counts[i] = v[outLeased], counts
 		}
 	}
 	return nil
@@ -328,9 +356,9 @@ func (r *Redis) runTake(ctx context.Context, deadline time.Time, c *redisClient,
 // the limit the script used, the request's or a per-key override, and
 // the key's ban, which rejects q while it lasts.
 func decideAgain(q Request, v []int64, now int64) (algorithms.Decision, algorithms.Counts) {
-	counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
+	counts := algorithms.Counts{Window: v[outWindow], Current: v[outCurrent], Previous: v[outPrevious]}
 	rate := q.Rate
-	rate.Units = v[4]
+	rate.Units = v[outLimit]
 	var d algorithms.Decision
 	var next algorithms.Counts
 	if q.Algorithm == algorithms.SlidingWindow {
@@ -338,8 +366,8 @@ func decideAgain(q Request, v []int64, now int64) (algorithms.Decision, algorith
 	} else {
 		d, next = algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
 	}
-	if q.Ban > 0 && v[6] > now {
-		return d.Ban(time.UnixMilli(v[6]), false), counts
+	if q.Ban > 0 && v[outBan] > now {
+		return d.Ban(time.UnixMilli(v[outBan]), false), counts
 	}
 	return d, next
 }

@@ -399,6 +399,49 @@ func TestTakeScriptPieces(t *testing.T) {
 	}
 }
 
+// TestTakeScriptLayout: the take script reads each zone's arguments and
+// writes its answer at the offsets the store writes and reads them at.
+func TestTakeScriptLayout(t *testing.T) {
+	want := map[string]int{
+		"ARG_ALG":      argAlgorithm,
+		"ARG_LIMIT":    argLimit,
+		"ARG_WINDOW":   argWindow,
+		"ARG_COST":     argCost,
+		"ARG_EXTRA":    argExtra,
+		"ARG_LEASE":    argLease,
+		"ARG_BAN":      argBan,
+		"ARG_INFLIGHT": argInFlight,
+		"ZONE_ARGS":    zoneArgs,
+		"OUT_W":        outWindow,
+		"OUT_C":        outCurrent,
+		"OUT_P":        outPrevious,
+		"OUT_ALLOWS":   outAllows,
+		"OUT_LIMIT":    outLimit,
+		"OUT_LEASED":   outLeased,
+		"OUT_BAN":      outBan,
+		"OUT_INFLIGHT": outInFlight,
+		"ZONE_VALUES":  zoneValues,
+	}
+	// Declarations such as `local OUT_W, OUT_C = 0, 1`.
+	got := make(map[string]int)
+	for _, m := range regexp.MustCompile(`(?m)^local ((?:(?:ARG|OUT|ZONE)_\w+, )*(?:ARG|OUT|ZONE)_\w+) = ([\d, ]+)$`).FindAllStringSubmatch(takeSource, -1) {
+		names, values := strings.Split(m[1], ", "), strings.Split(m[2], ", ")
+		if len(names) != len(values) {
+			t.Fatalf("%q: %d names, %d values", m[0], len(names), len(values))
+		}
+		for i, name := range names {
+			v, err := strconv.Atoi(values[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[name] = v
+		}
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("the take script's layout is %v, the store's %v", got, want)
+	}
+}
+
 func TestRedisRejectedWritesNothing(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Redis), s.URL())
