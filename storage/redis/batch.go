@@ -59,7 +59,7 @@ type callPart struct {
 	same int
 
 	now  int64   // the script's clock, in ms
-	vals []int64 // zoneValues values per zone (see scripts/take.lua)
+	vals []int64 // zoneValues values per zone, at the offsets out*
 	err  error
 }
 
@@ -286,7 +286,8 @@ func (c *client) call(ctx context.Context, clock int64, parts []*callPart) {
 			if t.asks != nil {
 				ask = t.asks[z]
 			}
-			args = append(args, scriptAlgorithm(q.Algorithm), q.Rate.Units, q.Rate.Window.Milliseconds(), q.Cost, scriptExtra(q), ask, q.Ban.Milliseconds(), scriptFlag(q.TracksInFlight()))
+			zone := scriptZone(q, ask)
+			args = append(args, zone[:]...)
 		}
 	}
 	vals, err := evalInts(ctx, c.rdb, takeSource, args)
@@ -381,27 +382,29 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 			if lead.charge && int64(i-1) < allowed {
 				for z, q := range lead.reqs {
 					_, counts := decideAgain(q, prev[zoneValues*z:], now)
-					v[zoneValues*z], v[zoneValues*z+1], v[zoneValues*z+2] = counts.Window, counts.Current, counts.Previous
+					zv := v[zoneValues*z:]
+					zv[outWindow], zv[outCurrent], zv[outPrevious] = counts.Window, counts.Current, counts.Previous
 				}
 			}
 		}
 		for z, q := range lead.reqs {
+			zv, ze := v[zoneValues*z:], entry[zoneValues*z:]
 			if q.Algorithm == algorithms.SlidingWindow {
 				// The retry instant is the first rejected request's.
-				v[zoneValues*z+2] = 0
+				zv[outPrevious] = 0
 				if int64(i) >= allowed {
-					v[zoneValues*z+2] = entry[zoneValues*z+2]
+					zv[outPrevious] = ze[outPrevious]
 				}
 			}
 			if int64(i) < allowed {
-				v[zoneValues*z+3], v[zoneValues*z+7] = 1, 0
+				zv[outAllows], zv[outInFlight] = 1, 0
 				continue
 			}
-			v[zoneValues*z+3], v[zoneValues*z+7] = entry[zoneValues*z+3], entry[zoneValues*z+7]
-			if int64(i) > allowed && q.Ban > 0 && v[zoneValues*z+3] == 0 && v[zoneValues*z+6] <= now && v[zoneValues*z+7] == 0 {
+			zv[outAllows], zv[outInFlight] = ze[outAllows], ze[outInFlight]
+			if int64(i) > allowed && q.Ban > 0 && zv[outAllows] == 0 && zv[outBan] <= now && zv[outInFlight] == 0 {
 				// The first rejected request banned the key, as the script
 				// did: the ones after it find it banned.
-				v[zoneValues*z+6] = now + q.Ban.Milliseconds()
+				zv[outBan] = now + q.Ban.Milliseconds()
 			}
 		}
 		t.vals = v
@@ -425,6 +428,21 @@ func evalInts(ctx context.Context, rdb goredis.UniversalClient, src string, args
 		_ = rdb.Process(ctx, cmd)
 	}
 	return cmd.Result()
+}
+
+// scriptZone is the take script's arguments for the zone of q, which asks
+// for a lease of ask units (0 for none).
+func scriptZone(q storage.Request, ask int64) [zoneArgs]any {
+	var a [zoneArgs]any
+	a[argAlgorithm] = scriptAlgorithm(q.Algorithm)
+	a[argLimit] = q.Rate.Units
+	a[argWindow] = q.Rate.Window.Milliseconds()
+	a[argCost] = q.Cost
+	a[argExtra] = scriptExtra(q)
+	a[argLease] = ask
+	a[argBan] = q.Ban.Milliseconds()
+	a[argInFlight] = scriptFlag(q.TracksInFlight())
+	return a
 }
 
 // scriptAlgorithm names an algorithm as the scripts do, as a script

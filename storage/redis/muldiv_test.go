@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/big"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +13,7 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
 
-// TestRedisScriptMulDiv runs take.lua's muldiv in a real Redis on
+// TestRedisScriptMulDiv runs the take script's muldiv (take_arith.lua) in a real Redis on
 // products past 2^53 with every divisor a window can be (up to 2^44 ms:
 // a Go duration ends at 2^63 ns), on products just under 2^53, where a
 // double's quotient could round up, and on the leases' own arguments
@@ -24,13 +23,13 @@ func TestRedisScriptMulDiv(t *testing.T) {
 	s := redistest.Standalone(t)
 	rdb := goredis.NewClient(&goredis.Options{Addr: s.Addr, Protocol: 2, DisableIdentity: true})
 	t.Cleanup(func() { rdb.Close() })
-	// The script's arithmetic, up to where it starts deciding, and a call
-	// of muldiv on each triple of arguments.
-	helpers, _, ok := strings.Cut(takeSource, "\nlocal now\n")
-	if !ok {
-		t.Fatal("take.lua: no `local now` after its arithmetic")
+	// The script's arithmetic, and a call of muldiv on each triple of
+	// arguments.
+	helpers, err := takePieces.ReadFile("scripts/take_arith.lua")
+	if err != nil {
+		t.Fatal(err)
 	}
-	script := goredis.NewScript(helpers + `
+	script := goredis.NewScript(string(helpers) + `
 local out = {}
 for i = 1, #ARGV, 3 do
   local q, r = muldiv(tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"math"
 	"math/big"
 	"math/rand/v2"
 	"net"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -339,6 +341,124 @@ func TestRedisScriptFlushed(t *testing.T) {
 	}
 	if c, _ := s.Do("HGET", r.counterKey("z", "k"), "c"); c != "3" {
 		t.Fatalf("counts %s, want 3", c)
+	}
+}
+
+// TestRedisTakeScriptLoadedOnce: the take script, joined from its pieces
+// once, reaches a fresh server in full once (after the first EVALSHA's
+// NOSCRIPT), and every later decision runs it by its hash.
+func TestRedisTakeScriptLoadedOnce(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Store), s.URL())
+	for _, cmd := range [][]string{{"CONFIG", "SET", "slowlog-log-slower-than", "0"}, {"CONFIG", "SET", "slowlog-max-len", "1000"}, {"SLOWLOG", "RESET"}} {
+		if _, err := s.Do(cmd...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const takes = 5
+	q := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 10, Window: time.Hour}, Cost: 1}
+	for i := range takes {
+		if d := redisTake(t, r, time.Time{}, q); !d[0].Allowed || d[0].Remaining != int64(9-i) {
+			t.Fatalf("take %d: %+v", i, d[0])
+		}
+	}
+	entries, err := r.client.rdb.SlowLogGet(context.Background(), -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The slow log cuts long arguments, such as a script's source.
+	head := takeSource[:64]
+	evals, bySHA := 0, 0
+	for _, e := range entries {
+		a := e.Args
+		switch {
+		case len(a) < 2:
+		case strings.EqualFold(a[0], "eval") && strings.HasPrefix(a[1], head):
+			evals++
+		case strings.EqualFold(a[0], "evalsha") && a[1] == takeScript.Hash():
+			bySHA++
+		}
+	}
+	// The first EVALSHA is answered NOSCRIPT, and followed by the EVAL.
+	if evals != 1 || bySHA != takes {
+		t.Fatalf("%d takes: %d EVAL and %d EVALSHA of the take script, want 1 and %d", takes, evals, bySHA, takes)
+	}
+	if got, err := r.client.rdb.ScriptExists(context.Background(), takeScript.Hash()).Result(); err != nil || !got[0] {
+		t.Fatalf("SCRIPT EXISTS %s: %v, %v", takeScript.Hash(), got, err)
+	}
+}
+
+// TestTakeScriptPieces: the take script is every piece of it, joined in
+// the order its head lists them, each once.
+func TestTakeScriptPieces(t *testing.T) {
+	files, err := fs.Glob(takePieces, "scripts/take*.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := slices.Sorted(slices.Values(takeOrder)), files; !slices.Equal(got, want) {
+		t.Fatalf("takeOrder has %q, want each of %q once", got, want)
+	}
+	var listed []string
+	for _, m := range regexp.MustCompile(`(?m)^--   (take\S*\.lua)`).FindAllStringSubmatch(takeSource, -1) {
+		listed = append(listed, "scripts/"+m[1])
+	}
+	if !slices.Equal(listed, takeOrder) {
+		t.Fatalf("take.lua lists the pieces as %q, takeOrder as %q", listed, takeOrder)
+	}
+	at := 0
+	for _, name := range takeOrder {
+		src, err := fs.ReadFile(takePieces, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := strings.Index(takeSource[at:], string(src))
+		if i < 0 {
+			t.Fatalf("%s is not in the take script after the pieces before it", name)
+		}
+		at += i + len(src)
+	}
+}
+
+// TestTakeScriptLayout: the take script reads each zone's arguments and
+// writes its answer at the offsets the store writes and reads them at.
+func TestTakeScriptLayout(t *testing.T) {
+	want := map[string]int{
+		"ARG_ALG":      argAlgorithm,
+		"ARG_LIMIT":    argLimit,
+		"ARG_WINDOW":   argWindow,
+		"ARG_COST":     argCost,
+		"ARG_EXTRA":    argExtra,
+		"ARG_LEASE":    argLease,
+		"ARG_BAN":      argBan,
+		"ARG_INFLIGHT": argInFlight,
+		"ZONE_ARGS":    zoneArgs,
+		"OUT_W":        outWindow,
+		"OUT_C":        outCurrent,
+		"OUT_P":        outPrevious,
+		"OUT_ALLOWS":   outAllows,
+		"OUT_LIMIT":    outLimit,
+		"OUT_LEASED":   outLeased,
+		"OUT_BAN":      outBan,
+		"OUT_INFLIGHT": outInFlight,
+		"ZONE_VALUES":  zoneValues,
+	}
+	// Declarations such as `local OUT_W, OUT_C = 0, 1`.
+	got := make(map[string]int)
+	for _, m := range regexp.MustCompile(`(?m)^local ((?:(?:ARG|OUT|ZONE)_\w+, )*(?:ARG|OUT|ZONE)_\w+) = ([\d, ]+)$`).FindAllStringSubmatch(takeSource, -1) {
+		names, values := strings.Split(m[1], ", "), strings.Split(m[2], ", ")
+		if len(names) != len(values) {
+			t.Fatalf("%q: %d names, %d values", m[0], len(names), len(values))
+		}
+		for i, name := range names {
+			v, err := strconv.Atoi(values[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[name] = v
+		}
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("the take script's layout is %v, the store's %v", got, want)
 	}
 }
 

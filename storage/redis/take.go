@@ -2,9 +2,10 @@ package redis
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"slices"
 	"strings"
@@ -253,12 +254,40 @@ func (r *Store) chargeSlotGroups(ctx context.Context, deadline time.Time, c *cli
 	return firstErr
 }
 
-// zoneArgs and zoneValues are how many arguments the take script reads for
-// each zone of an entry, and how many values it answers for each (see
-// scripts/take.lua).
+// The take script's arguments for each zone of an entry, at these offsets
+// from the zone's first, zoneArgs in all: the ARG_* of scripts/take.lua,
+// which a test holds to these.
 const (
-	zoneArgs   = 8
-	zoneValues = 8
+	argAlgorithm = iota
+	argLimit
+	argWindow
+	argCost
+	argExtra
+	argLease
+	argBan
+	argInFlight
+	zoneArgs
+)
+
+// The take script's answer for each zone, at these offsets from the
+// zone's first value, zoneValues in all: the OUT_* of scripts/take.lua,
+// which a test holds to these. The key's counts as stored before the
+// entry (a sliding window answers the sub-window decided in, what the key
+// used before the entry and the first rejection's retry instant instead);
+// whether the zone allows the entry's first request not allowed (1/0);
+// the limit it was decided against; the units leased; the key's ban as
+// stored before the entry; and 1 if the zone refused that request only
+// for its costs in flight.
+const (
+	outWindow = iota
+	outCurrent
+	outPrevious
+	outAllows
+	outLimit
+	outLeased
+	outBan
+	outInFlight
+	zoneValues
 )
 
 // runTake decides reqs, whose keys all lie in one slot, in one script call
@@ -296,10 +325,10 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 		d, counts := decideAgain(q, v, serverNow)
 		// The script's verdict is what was written; it equals Decide's by
 		// construction (and by test), but the store must report what it did.
-		d.Allowed = v[3] == 1
+		d.Allowed = v[outAllows] == 1
 		switch {
 		case d.Allowed || q.Ban == 0 || !d.BanEnds.IsZero():
-		case v[7] == 1:
+		case v[outInFlight] == 1:
 			// Refused only for costs in flight: no ban.
 			d = d.RefusedInFlight(time.UnixMilli(serverNow))
 		default:
@@ -316,7 +345,7 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 		decisions[i] = d
 		if leases != nil {
 			// The counts the request left, before the lease.
-			leases.grants[i], leases.counts[i] = v[5], counts
+			leases.grants[i], leases.counts[i] = v[outLeased], counts
 		}
 	}
 	return nil
@@ -328,9 +357,9 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 // the limit the script used, the request's or a per-key override, and
 // the key's ban, which rejects q while it lasts.
 func decideAgain(q storage.Request, v []int64, now int64) (algorithms.Decision, algorithms.Counts) {
-	counts := algorithms.Counts{Window: v[0], Current: v[1], Previous: v[2]}
+	counts := algorithms.Counts{Window: v[outWindow], Current: v[outCurrent], Previous: v[outPrevious]}
 	rate := q.Rate
-	rate.Units = v[4]
+	rate.Units = v[outLimit]
 	var d algorithms.Decision
 	var next algorithms.Counts
 	if q.Algorithm == algorithms.SlidingWindow {
@@ -338,8 +367,8 @@ func decideAgain(q storage.Request, v []int64, now int64) (algorithms.Decision, 
 	} else {
 		d, next = algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
 	}
-	if q.Ban > 0 && v[6] > now {
-		return d.Ban(time.UnixMilli(v[6]), false), counts
+	if q.Ban > 0 && v[outBan] > now {
+		return d.Ban(time.UnixMilli(v[outBan]), false), counts
 	}
 	return d, next
 }
@@ -431,11 +460,45 @@ func (r *Store) Released() <-chan struct{} {
 }
 
 var (
-	//go:embed scripts/take.lua
-	takeSource string
+	//go:embed scripts/take*.lua
+	takePieces embed.FS
 	//go:embed scripts/refund.lua
 	refundSource string
 
+	takeSource   = joinPieces(takePieces, takeOrder)
 	takeScript   = goredis.NewScript(takeSource)
 	refundScript = goredis.NewScript(refundSource)
 )
+
+// takeOrder lists the pieces of the take script in the order they are
+// joined into one: each piece uses the locals of those before it (see
+// scripts/take.lua).
+var takeOrder = []string{
+	"scripts/take.lua",
+	"scripts/take_arith.lua",
+	"scripts/take_bans.lua",
+	"scripts/take_fixed_window.lua",
+	"scripts/take_sliding_tail.lua",
+	"scripts/take_sliding_window.lua",
+	"scripts/take_gcra.lua",
+	"scripts/take_concurrency.lua",
+	"scripts/take_lease.lua",
+	"scripts/take_main.lua",
+	"scripts/take_write_back.lua",
+}
+
+// joinPieces joins the script pieces names of fsys, in order, into one
+// script, which the store loads once and runs by its hash. The pieces are
+// embedded, so a missing one is a build's mistake, found by any test.
+func joinPieces(fsys fs.FS, names []string) string {
+	var b strings.Builder
+	for _, name := range names {
+		src, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			panic(err)
+		}
+		b.Write(src)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}

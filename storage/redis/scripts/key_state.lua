@@ -6,7 +6,7 @@
 -- Returns {now (the server's clock, ms), w, c, p (0 when absent), the
 -- override's limit (0 when none is in force), its end (ms; 0 for never),
 -- when the key's ban ends (ms; 0 when it is not banned), and a sliding
--- window's ring counts, if any (see take.lua)}.
+-- window's ring counts, if any (see take_sliding_window.lua)}.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -25,7 +25,7 @@
 -- moved from the past to now plus that is then now: the same bucket).
 -- Concurrency: the holder leaves the set and its cost comes off c, only
 -- if it was still there: a holder whose lease ended was taken off then.
--- In flight (iw, ic, ip; see take.lua): the cost comes off the window it
+-- In flight (iw, ic, ip; see take_bans.lua): the cost comes off the window it
 -- was taken in, ic if that is iw, ip if it is iw-1, as
 -- algorithms.EndInFlight takes it. Counts never go below zero, a hash
 -- that is gone is not made again, and the key keeps its expiry.

@@ -1,0 +1,49 @@
+-- take_sliding_tail.lua: the sliding tail (ALGS.s), a fixed window that
+-- also weighs the previous window's count by the part of it still inside
+-- the last window's length. Keeps the fixed window's state (w, c, p at W,
+-- C, P; take_fixed_window.lua), whose functions it shares but decide and
+-- room.
+
+-- tailFits reports whether floor(prev*(w-elapsed)/w) <= room, the part
+-- of the previous window's count prev still counting leaving room for
+-- the request: prev*(w-elapsed) < (room+1)*w. A product computed below
+-- 2^53 is exact; only larger ones need limbs.
+local function tailFits(prev, elapsed, room, w)
+  local x, y = prev * (w - elapsed), (room + 1) * w
+  if x < EXACT and y < EXACT then
+    return x < y
+  end
+  return less(mul(prev, w - elapsed), mul(room + 1, w))
+end
+
+ALGS.s = {
+  decide = function(j, zone)
+    local idx, elapsed, cur, prev = windowAt(j, zone.window)
+    local room = zone.limit - zone.cost - cur
+    local ok
+    if room < 0 then
+      ok = false
+    elseif prev > 0 then
+      ok = tailFits(prev, elapsed, room, zone.window)
+    else
+      ok = true
+    end
+    return windowCharge(ok, zone, idx, elapsed, cur, prev)
+  end,
+
+  -- What the window has left, after the request just charged, the
+  -- previous window weighed as decide weighs it.
+  room = function(j, zone)
+    local w = zone.window
+    local elapsed = math.max(now - s[j + W] * w, 0)
+    local used = s[j + C]
+    if s[j + P] > 0 then
+      used = used + muldiv(s[j + P], w - elapsed, w)
+    end
+    return zone.limit - used
+  end,
+
+  grant = ALGS.f.grant,
+  settle = ALGS.f.settle,
+  window = ALGS.f.window,
+}

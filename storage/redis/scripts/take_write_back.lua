@@ -1,0 +1,40 @@
+-- take_write_back.lua: writes each key the call touched back to Redis,
+-- once, with the counts the requests left, as s[j + WRITE] says: nothing,
+-- the counts, or the counts and a later expiry (t, and the key's and its
+-- holders' set's PEXPIRE); and the ban, the costs in flight and a sliding
+-- window's ring if they changed. Then answers out.
+
+for j = 1, ns, KEY_SLOTS do
+  local key, write = s[j + KEY], s[j + WRITE]
+  -- A key first seen by a rejection that banned it has no window yet.
+  local w = s[j + W] or 0
+  if banned[j] then
+    redis.call('HSET', key, 'b', s[j + BAN])
+  end
+  if flying[j] then
+    redis.call('HSET', key, 'iw', s[j + IW], 'ic', s[j + IC], 'ip', s[j + IP])
+  end
+  if rings[j] and write ~= WRITE_NONE then
+    redis.call('HSET', key, 'r', table.concat(rings[j], ','))
+  end
+  if write == WRITE_EXPIRY and not s[j + OVER] then
+    redis.call('HSET', key, 'w', w, 'c', s[j + C], 'p', s[j + P], 't', s[j + T])
+    redis.call('PEXPIRE', key, s[j + T] - now)
+    if s[j + HOLDERS] then
+      redis.call('PEXPIRE', s[j + HOLDERS], s[j + T] - now)
+    end
+  elseif write ~= WRITE_NONE then
+    redis.call('HSET', key, 'w', w, 'c', s[j + C], 'p', s[j + P])
+    if banned[j] and s[j + OVER] then
+      -- Under an override the admin call sets the expiry; a ban that
+      -- ends later moves it, and t with it, so that removing the
+      -- override keeps the ban.
+      redis.call('HSET', key, 't', s[j + T])
+      local ttl = redis.call('PTTL', key)
+      if ttl >= 0 and now + ttl < s[j + BAN] then
+        redis.call('PEXPIRE', key, s[j + BAN] - now)
+      end
+    end
+  end
+end
+return out
