@@ -17,9 +17,20 @@ for j = 1, ns, KEY_SLOTS do
   if rings[j] and write ~= WRITE_NONE then
     redis.call('HSET', key, 'r', table.concat(rings[j], ','))
   end
-  if write == WRITE_EXPIRY and not s[j + OVER] then
+  if write == WRITE_EXPIRY then
+    -- t is written under an override too, so that removing the override
+    -- keeps the counts for as long as they matter.
     redis.call('HSET', key, 'w', w, 'c', s[j + C], 'p', s[j + P], 't', s[j + T])
-    redis.call('PEXPIRE', key, s[j + T] - now)
+    if not s[j + OVER] then
+      redis.call('PEXPIRE', key, s[j + T] - now)
+    else
+      -- Under an override the admin call sets the expiry; counts that
+      -- outlive it move it.
+      local ttl = redis.call('PTTL', key)
+      if ttl >= 0 and now + ttl < s[j + T] then
+        redis.call('PEXPIRE', key, s[j + T] - now)
+      end
+    end
     if s[j + HOLDERS] then
       redis.call('PEXPIRE', s[j + HOLDERS], s[j + T] - now)
     end
