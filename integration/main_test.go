@@ -4,12 +4,16 @@
 // redis-server processes on free loopback ports. Under -short the helpers
 // that start Caddy (and internal/redistest's, which start Redis) skip the
 // test, leaving the unit tests of package ratelimit.
-package ratelimit_test
+package integration
 
 import (
 	"fmt"
 	"os"
 	"testing"
+
+	// The module under test, registered with Caddy as a build with it
+	// has it.
+	_ "github.com/d61b427a/caddy-rate-limit"
 )
 
 // TestMain removes the in-process Caddy's storage and the built Caddy

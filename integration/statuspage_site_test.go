@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"encoding/json"
@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -463,6 +465,7 @@ func metricCount(t *testing.T, series string) int {
 type keyInfo struct {
 	Zone             string    `json:"zone"`
 	Key              string    `json:"key"`
+	Hash             string    `json:"hash"`
 	Used             int64     `json:"used"`
 	Current          int64     `json:"current"`
 	Previous         int64     `json:"previous"`
@@ -484,6 +487,22 @@ func keyState(t *testing.T, base, zone, k string) keyInfo {
 		t.Fatalf("GET key %s in zone %s: %d %s", k, zone, code, body)
 	}
 	return info
+}
+
+// hashForm is how a key is shown where log_keys does not show it.
+var hashForm = regexp.MustCompile(`^#[0-9a-f]{16}$`)
+
+// keyHash returns how Caddy shows key where log_keys does not show it (in
+// logs, events and top keys), as the admin endpoint at base answers for
+// zone, whose log_keys must be off: a keyed hash, the same in every zone
+// of the process.
+func keyHash(t *testing.T, base, zone, key string) string {
+	t.Helper()
+	h := keyState(t, base, zone, url.PathEscape(key)).Hash
+	if !hashForm.MatchString(h) {
+		t.Fatalf("zone %s shows key %q as %q, want # and 16 hex digits", zone, key, h)
+	}
+	return h
 }
 
 // waitUsed waits until the key's use reads want: units are released when

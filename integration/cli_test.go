@@ -1,8 +1,6 @@
-package ratelimit_test
+package integration
 
 import (
-	ratelimit "github.com/d61b427a/caddy-rate-limit"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +15,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/badconfig"
 )
 
 // TestCLIRefusesBadConfig runs the built Caddy's adapt, validate and run
@@ -40,7 +40,7 @@ func TestCLIRefusesBadConfig(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "Caddyfile")
-			config := fmt.Sprintf("{\n\tadmin off\n\tpersist_config off\n}\nhttp://127.0.0.1:%d {\n\trate_limit {\n%s\n\t}\n\trespond \"ok\"\n}\n", freeLoopbackPort(t), ratelimit.Expand(c.block))
+			config := fmt.Sprintf("{\n\tadmin off\n\tpersist_config off\n}\nhttp://127.0.0.1:%d {\n\trate_limit {\n%s\n\t}\n\trespond \"ok\"\n}\n", freeLoopbackPort(t), badconfig.Expand(c.block))
 			if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -62,7 +62,7 @@ func TestCLIRefusesBadConfig(t *testing.T) {
 				if !errors.As(err, &exit) {
 					t.Fatalf("caddy %s: %v, want a non-zero exit\n%s", command, err, out)
 				}
-				ratelimit.AssertNames(t, string(out), c.directive, c.value)
+				badconfig.AssertNames(t, string(out), c.directive, c.value)
 			}
 		})
 	}
@@ -73,7 +73,7 @@ func TestCLIRefusesBadConfig(t *testing.T) {
 // and tries what its comments suggest: per-key limits, a POST that costs
 // 5, the JSON 429 from handle_errors and a customer-wide limit across keys.
 func TestCaddyfileExampleRuns(t *testing.T) {
-	src, err := os.ReadFile("Caddyfile.example")
+	src, err := os.ReadFile("../Caddyfile.example")
 	if err != nil {
 		t.Fatal(err)
 	}

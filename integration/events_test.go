@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
-	ratelimit "github.com/d61b427a/caddy-rate-limit"
+	"github.com/d61b427a/caddy-rate-limit/internal/docs"
 )
 
 func init() {
@@ -147,8 +147,9 @@ func TestExceededEvents(t *testing.T) {
 		t.Fatalf("%d events for 10,000 rejections of one key in one window, want 1", len(events))
 	}
 	d := events[0].Data
-	if ra := d["retry_after"].(int64); d["zone"] != "ev_flood" || d["key"] != ratelimit.HiddenKey("flood") || d["remote_ip"] != "127.0.0.1" || ra < 1 || ra > 3600 {
-		t.Fatalf("event data %v, want zone ev_flood, key flood's hash %s, remote_ip 127.0.0.1 and retry_after up to the window's end", d, ratelimit.HiddenKey("flood"))
+	hash := keyHash(t, adminURL, "ev_flood", "flood")
+	if ra := d["retry_after"].(int64); d["zone"] != "ev_flood" || d["key"] != hash || d["remote_ip"] != "127.0.0.1" || ra < 1 || ra > 3600 {
+		t.Fatalf("event data %v, want zone ev_flood, key flood's hash %s, remote_ip 127.0.0.1 and retry_after up to the window's end", d, hash)
 	}
 	send(siteURL, "other")
 	send(siteURL, "other")
@@ -173,7 +174,7 @@ func TestExceededEvents(t *testing.T) {
 // one rate_limit_exceeded line for each key, no more however many more of
 // their requests the window rejects, and no line but the events app's.
 func TestDocumentedEventsLog(t *testing.T) {
-	blocks := ratelimit.FencedBlocks(ratelimit.DocSection(t, "docs/operating.md", "Events"), "caddyfile")
+	blocks := docs.FencedBlocks(docs.Section(t, "../docs/operating.md", "Events"), "caddyfile")
 	if len(blocks) != 1 {
 		t.Fatalf("%d Caddyfile blocks in the Events section, want 1", len(blocks))
 	}
@@ -224,7 +225,7 @@ func TestDocumentedEventsLog(t *testing.T) {
 		e := lines[i]
 		d, _ := e["data"].(map[string]any)
 		if e["msg"] != "event" || e["level"] != "debug" || e["origin"] != "http.handlers.rate_limit" ||
-			d["zone"] != "ev_log" || d["key"] != ratelimit.HiddenKey(key) || d["remote_ip"] != "127.0.0.1" {
+			d["zone"] != "ev_log" || d["key"] != keyHash(t, adminURL, "ev_log", key) || d["remote_ip"] != "127.0.0.1" {
 			t.Fatalf("line %d: %v, want the debug event of zone ev_log for key %s, shown as its hash", i+1, e, key)
 		}
 	}

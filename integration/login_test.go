@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"fmt"
@@ -337,8 +337,8 @@ func readmeLoginZone(t *testing.T) string {
 		}
 		return block[start : start+end+4]
 	}
-	readme := zone("README.md", "Stop password guessing")
-	if doc := zone("docs/brute-force.md", "basic_auth"); doc != readme {
+	readme := zone("../README.md", "Stop password guessing")
+	if doc := zone("../docs/brute-force.md", "basic_auth"); doc != readme {
 		t.Fatalf("docs/brute-force.md's basic_auth zone\n%s\nis not the README's\n%s", doc, readme)
 	}
 	return readme

@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 // Tests of the jwt block through a real in-process Caddy, with
 // tokens minted here. Zones get a fresh name per test run, because the

@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	ratelimit "github.com/d61b427a/caddy-rate-limit"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
@@ -79,7 +78,7 @@ func TestAdminAPIMemory(t *testing.T) {
 		}
 		// The key the operator typed is logged as its hash, as keys are
 		// by default.
-		waitForLog(t, logFile, 1, "rate limit admin: key reset", `"key":"`+ratelimit.HiddenKey("a/b c")+`"`)
+		waitForLog(t, logFile, 1, "rate limit admin: key reset", `"key":"`+keyHash(t, adminURL, "admin_mem", "a/b c")+`"`)
 		if lines := logLines(logFile, "rate limit admin", "a/b c"); len(lines) != 0 {
 			t.Fatalf("the key is in the admin change's log line: %s", lines)
 		}
@@ -266,7 +265,7 @@ func TestDocumentedCurls(t *testing.T) {
 }
 `)
 	get(t, "customer-42")
-	curls := docCurls(t, "README.md", "docs/operating.md")
+	curls := docCurls(t, "../README.md", "../docs/operating.md")
 	if len(curls) < 8 {
 		t.Fatalf("%d curls in the README and docs/operating.md", len(curls))
 	}

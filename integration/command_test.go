@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"bytes"
@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -29,9 +28,6 @@ func rateLimitCLI(t *testing.T, args ...string) (string, string, error) {
 	t.Logf("$ caddy rate-limit %s\n%s%s", strings.Join(args, " "), stdout.String(), stderr.String())
 	return stdout.String(), stderr.String(), err
 }
-
-// hashForm is how a key is shown when log_keys is not on.
-var hashForm = regexp.MustCompile(`^#[0-9a-f]{16}$`)
 
 // tableRow returns the fields of the row of table (tabwriter output)
 // whose first field is first, or nil.

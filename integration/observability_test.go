@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"encoding/json"
@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	ratelimit "github.com/d61b427a/caddy-rate-limit"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
 
@@ -289,7 +288,7 @@ func TestKeysHiddenByDefault(t *testing.T) {
 		status(t, resp, http.StatusTooManyRequests)
 	}
 
-	hash := ratelimit.HiddenKey(secret)
+	hash := keyHash(t, adminURL, "keys_hidden", secret)
 	for _, c := range []struct{ msg, zone, key string }{
 		{"rate limit exceeded", "keys_hidden", hash},
 		{"rate limit ban", "keys_hidden", hash},

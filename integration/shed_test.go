@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"github.com/d61b427a/caddy-rate-limit/shed"

@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"bytes"
@@ -32,7 +32,7 @@ var caddyBinary = sync.OnceValues(func() (string, error) {
 	}
 	binaryDir = dir
 	bin := filepath.Join(dir, "caddy")
-	out, err := exec.Command("go", "build", "-o", bin, "./cmd/caddy").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/d61b427a/caddy-rate-limit/cmd/caddy").CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("go build ./cmd/caddy: %w\n%s", err, out)
 	}
