@@ -40,7 +40,8 @@ func TestCLIRefusesBadConfig(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "Caddyfile")
-			config := fmt.Sprintf("{\n\tadmin off\n\tpersist_config off\n}\nhttp://127.0.0.1:%d {\n\trate_limit {\n%s\n\t}\n\trespond \"ok\"\n}\n", freeLoopbackPort(t), badconfig.Expand(c.block))
+			port := freePort()
+			config := caddyGlobals("admin off", port, freePort(), "") + fmt.Sprintf("http://%s {\n\trate_limit {\n%s\n\t}\n\trespond \"ok\"\n}\n", onLoopback(port), badconfig.Expand(c.block))
 			if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -80,15 +81,18 @@ func TestCaddyfileExampleRuns(t *testing.T) {
 	if !strings.Contains(string(src), "http://localhost:{$PORT:8080} {") {
 		t.Fatal("Caddyfile.example no longer serves http://localhost:{$PORT:8080}")
 	}
-	port := freeLoopbackPort(t)
+	// The example's site, localhost, is bound to the suite's address, so
+	// requests go there and name localhost as their Host.
+	port := freePort()
 	t.Setenv("PORT", strconv.Itoa(port))
-	site := fmt.Sprintf("localhost:%d", port)
-	config := strings.Replace(string(src), "{\n\tauto_https off\n}", fmt.Sprintf("{\n\tauto_https off\n\tadmin 127.0.0.1:%d\n\tpersist_config off\n}", freeLoopbackPort(t)), 1)
-	startProcess(t, config, "http://"+site+"/")
+	host := fmt.Sprintf("Host: localhost:%d", port)
+	config := strings.Replace(string(src), "{\n\tauto_https off\n}",
+		fmt.Sprintf("{\n\tauto_https off\n\t%s\n\tdefault_bind %s\n\tpersist_config off\n}", adminOption(onLoopback(freePort())), loopback), 1)
+	startProcess(t, config, "http://"+onLoopback(port)+"/", host)
 
 	get := func(method, path string, headers ...string) (int, string) {
 		t.Helper()
-		resp, body := do(t, method, "http://"+site+path, headers...)
+		resp, body := do(t, method, "http://"+onLoopback(port)+path, append(headers, host)...)
 		return resp.StatusCode, body
 	}
 

@@ -42,10 +42,9 @@ func TestBadConfigRefusedAtLoadKeepsOldConfig(t *testing.T) {
 }
 
 func TestJSONConfig(t *testing.T) {
-	startCaddyWith(t, `{
-	"admin": {"listen": "`+adminAddr+`"},
+	startCaddy(t, `{
 	"apps": {"http": {"http_port": `+fmt.Sprint(sitePort)+`, "servers": {"srv": {
-		"listen": ["`+siteAddr+`"],
+		"listen": ["`+siteListen+`"],
 		"routes": [{"handle": [
 			{
 				"handler": "rate_limit",
@@ -64,7 +63,7 @@ func TestJSONConfig(t *testing.T) {
 			{"handler": "static_response", "body": "ok"}
 		]}]
 	}}}}
-}`, "json")
+}`)
 	resp, _ := do(t, http.MethodPost, siteURL+"/limited", "X-Api-Key: k")
 	status(t, resp, http.StatusOK)
 	if resp.Header.Get("RateLimit-Policy") != `"json_zone";q=2;w=3600` {

@@ -45,7 +45,7 @@ func TestMillionKeysStayBounded(t *testing.T) {
 	)
 	s := redistest.Standalone(t)
 	store := "store memory {\n\t\t\t\tmax_keys " + fmt.Sprint(maxKeys) + "\n\t\t\t}"
-	startCaddyWithEvents(t, fmt.Sprintf(`
+	startCaddy(t, withEvents(t, fmt.Sprintf(`
 `+siteAddr+` {
 	route /mem {
 		rate_limit {
@@ -85,7 +85,7 @@ func TestMillionKeysStayBounded(t *testing.T) {
 		respond "ok"
 	}
 }
-`, store, redisStore("address "+s.URL()+"\nlease on")))
+`, store, redisStore("address "+s.URL()+"\nlease on"))))
 	for i := range 3 {
 		if code, body := adminJSON(t, adminURL, http.MethodPut, fmt.Sprintf("/rate_limit/zones/flood_keys/keys/vip-%d/limit", i), `{"limit": 5000, "ttl": "1h"}`); code != http.StatusOK {
 			t.Fatalf("override: %d %s", code, body)
@@ -127,7 +127,7 @@ func TestMillionKeysStayBounded(t *testing.T) {
 	topBounded("flood_leases", "flood_denials")
 
 	entries := func(store, kind string) int {
-		return metricCount(t, fmt.Sprintf(`caddy_http_rate_limit_store_entries{kind=%q,store=%q}`, kind, store))
+		return metricCount(t, adminURL, fmt.Sprintf(`caddy_http_rate_limit_store_entries{kind=%q,store=%q}`, kind, store))
 	}
 	for _, c := range []struct {
 		store, kind string
@@ -175,7 +175,7 @@ func flood(t *testing.T, path string, keys int, repeat func(i int) int) map[int]
 	)
 	for c := range conns {
 		wg.Go(func() {
-			conn, err := net.Dial("tcp", siteHostPort)
+			conn, err := net.Dial("tcp", siteListen)
 			if err != nil {
 				errs <- err
 				return

@@ -1,9 +1,11 @@
-// The tests of package ratelimit_test are the integration tier: each starts
-// Caddy, in this process (caddytest) or as the built ./cmd/caddy, and sends
-// it real HTTP requests; those of the Redis store start their own
-// redis-server processes on free loopback ports. Under -short the helpers
-// that start Caddy (and internal/redistest's, which start Redis) skip the
-// test, leaving the unit tests of package ratelimit.
+// Package integration holds the integration tests: each starts Caddy, in
+// this process or as the built ./cmd/caddy, and sends it real HTTP
+// requests; those of the Redis store start their own redis-server
+// processes on free loopback ports, and those of the status page a
+// headless Chromium. Under -short the helpers that start Caddy (and
+// internal/redistest's, which start Redis) skip the test, leaving the
+// unit tests of the other packages. helpers_test.go holds what the tests
+// share, process_test.go what runs the built Caddy.
 package integration
 
 import (
@@ -11,8 +13,9 @@ import (
 	"os"
 	"testing"
 
-	// The module under test, registered with Caddy as a build with it
-	// has it.
+	// Caddy's standard modules and the module under test, registered as
+	// a build of Caddy with the module has them.
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	_ "github.com/d61b427a/caddy-rate-limit"
 )
 

@@ -271,7 +271,9 @@ var mholtExamples = []struct {
 			roomInWindow(time.Minute, 2*time.Second)
 			// Two addresses of 127.0.0.0/24 share one counter.
 			for i, from := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.2"} {
-				resp, body := doFrom(t, from, siteURL+"/")
+				dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+				hc := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}, Timeout: 30 * time.Second}
+				resp, body := request(t, hc, http.MethodGet, siteURL+"/", "")
 				want := http.StatusOK
 				if i == 2 {
 					want = http.StatusTooManyRequests
@@ -382,7 +384,7 @@ func TestMholtReadmeExamples(t *testing.T) {
 			if err != nil {
 				t.Fatalf("adapt: %v", err)
 			}
-			startCaddyWith(t, caddyfile, "caddyfile")
+			startCaddy(t, caddyfile)
 			ex.check(t)
 		})
 	}

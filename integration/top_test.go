@@ -1,33 +1,11 @@
 package integration
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 )
-
-// topAnswer is GET /rate_limit/zones/<zone>/top's answer.
-type topAnswer struct {
-	Zone string `json:"zone"`
-	Keys []struct {
-		Key      string `json:"key"`
-		Requests int64  `json:"requests"`
-		Rejected int64  `json:"rejected"`
-	} `json:"keys"`
-	Error int64 `json:"error"`
-}
-
-func topKeys(t *testing.T, zone, query string) topAnswer {
-	t.Helper()
-	code, body := adminJSON(t, adminURL, http.MethodGet, "/rate_limit/zones/"+zone+"/top"+query, "")
-	var a topAnswer
-	if err := json.Unmarshal([]byte(body), &a); code != http.StatusOK || err != nil {
-		t.Fatalf("GET top of %s: %d %s", zone, code, body)
-	}
-	return a
-}
 
 // TestTopKeysThroughCaddy: after traffic from many clients and a hammering
 // one, the admin API names the hammering client first, with its requests
@@ -58,10 +36,10 @@ func TestTopKeysThroughCaddy(t *testing.T) {
 }
 `)
 	for i := range 30 {
-		get(t, fmt.Sprint("client-", i))
+		get(t, siteURL+"/", fmt.Sprint("client-", i))
 	}
 	for range 40 {
-		get(t, "runaway")
+		get(t, siteURL+"/", "runaway")
 	}
 	a := topKeys(t, "top_open", "?n=3")
 	if len(a.Keys) != 3 || a.Keys[0].Key != "runaway" || a.Keys[0].Requests != 40 || a.Keys[0].Rejected != 35 {
@@ -74,7 +52,7 @@ func TestTopKeysThroughCaddy(t *testing.T) {
 		t.Fatalf("n=0: %d %s, want 400 naming n", code, body)
 	}
 	for range 7 {
-		getURL(t, site2URL+"/", "runaway")
+		get(t, site2URL+"/", "runaway")
 	}
 	h, hash := topKeys(t, "top_hidden", ""), keyHash(t, adminURL, "top_hidden", "runaway")
 	if len(h.Keys) != 1 || h.Keys[0].Key != hash || h.Keys[0].Rejected != 2 {
