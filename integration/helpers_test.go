@@ -647,6 +647,17 @@ func receive[T any](t testing.TB, what string, ch <-chan T) T {
 	return v
 }
 
+// roomInWindow waits, if need be, until the current window of the given
+// length (windows are aligned to the epoch) has at least room left, so
+// that a few requests all land in one window: across a boundary, a sliding
+// tail lets a little of the last window's count fade.
+func roomInWindow(window, room time.Duration) {
+	left := window - time.Duration(time.Now().UnixNano())%window
+	if left < room {
+		time.Sleep(left + 10*time.Millisecond)
+	}
+}
+
 // goroutines counts the goroutines of this process whose stack holds fn,
 // such as memorySweeper.
 func goroutines(fn string) int {

@@ -346,17 +346,6 @@ func twoThenLimited(t *testing.T) {
 	}
 }
 
-// roomInWindow waits, if need be, until the current window of the given
-// length (windows are aligned to the epoch) has at least room left, so
-// that a few requests all land in one window: across a boundary, a sliding
-// tail lets a little of the last window's count fade.
-func roomInWindow(window, room time.Duration) {
-	left := window - time.Duration(time.Now().UnixNano())%window
-	if left < room {
-		time.Sleep(left + 10*time.Millisecond)
-	}
-}
-
 // TestMholtReadmeExamples adapts each of mholtExamples as `caddy adapt`
 // does; runs those that adapt through Caddy and tries what their comments
 // say; and checks that those with distributed or storage are refused with
