@@ -321,7 +321,7 @@ func TestConcurrencyReleasedOnEveryWayOut(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return st.Counts.Current
+		return st.Counts.Held()
 	}
 	// next checks the units are held while the request is served, then
 	// ends it the way the case says.

@@ -37,7 +37,7 @@ func used(t *testing.T, h *Handler, zone, key string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return st.Counts.Current
+	return st.Counts.Windows().Current
 }
 
 // TestCountStatusGivesBack: a count_status zone keeps the cost of a

@@ -90,15 +90,48 @@ func (l Rate) Validate() error {
 	return nil
 }
 
-// Counts is what a store keeps for one key: the cost spent in the window with
-// index Window (floor(now/window)) and in the window before it. GCRA keeps
-// its theoretical arrival time in the same three numbers (see gcraTAT), and
-// Concurrency the units held in Current.
+// Counts is what a store keeps for one key: three numbers, which the
+// store keeps as they are without reading them (the memory store in a
+// slot, the Redis store as the fields w, c and p of the key's hash, whose
+// names these are). What they stand for is the key's algorithm's, so its
+// code reads and makes them through a view of its own:
+//   - fixed_window and sliding_tail: WindowCounts (Windows);
+//   - gcra: its theoretical arrival time (see gcraTAT; TATMillis and
+//     TATLimit read its parts);
+//   - concurrency: the units held (Held).
+//
+// A sliding_window key keeps a Ring instead.
 type Counts struct {
+	W int64
+	C int64
+	P int64
+}
+
+// WindowCounts are a windowed key's counts, and a key's costs in flight
+// (see TakeInFlight): Current is the cost taken in the window with index
+// Window (floor(now/window)), Previous the cost taken in the window
+// before it.
+type WindowCounts struct {
 	Window   int64
 	Current  int64
 	Previous int64
 }
+
+// Windows reads c as a windowed key's counts.
+func (c Counts) Windows() WindowCounts {
+	return WindowCounts{Window: c.W, Current: c.C, Previous: c.P}
+}
+
+// Counts is w as a store keeps it.
+func (w WindowCounts) Counts() Counts {
+	return Counts{W: w.Window, C: w.Current, P: w.Previous}
+}
+
+// Held reads c as a concurrency key's counts: the units its requests hold.
+func (c Counts) Held() int64 { return c.C }
+
+// heldCounts is what a concurrency key holding units keeps.
+func heldCounts(units int64) Counts { return Counts{C: units} }
 
 // Decision is the answer for one request.
 type Decision struct {
@@ -167,13 +200,14 @@ func (d Decision) RefusedInFlight(now time.Time) Decision {
 // fits in l and returns the decision with the counts to store: c rolled
 // forward, plus cost when the request was allowed. A rejected request adds
 // nothing.
-func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decision, Counts) {
+func Decide(alg Algorithm, counts Counts, now time.Time, l Rate, cost int64) (Decision, Counts) {
 	switch alg {
 	case GCRA:
-		return decideGCRA(c, now, l, cost)
+		return decideGCRA(counts, now, l, cost)
 	case Concurrency:
-		return decideConcurrency(c, now, l, cost)
+		return decideConcurrency(counts, now, l, cost)
 	}
+	c := counts.Windows()
 	w := l.Window.Milliseconds()
 	nowMs := now.UnixMilli()
 	idx := WindowIndex(nowMs, w)
@@ -184,7 +218,7 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decisio
 		// length. Deciding as of that window would reset centuries from
 		// now; the counts start afresh, as they do when the window shrinks
 		// (the old index is then far behind).
-		c = Counts{}
+		c = WindowCounts{}
 	case c.Window > idx:
 		// The counts were written in the next window: a clock stepped
 		// back, or another request read the time after this one but
@@ -216,7 +250,7 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decisio
 	}
 	d.Used = used
 	d.Remaining = max(l.Units-used, 0)
-	return d, c
+	return d, c.Counts()
 }
 
 // GiveBack returns the counts of a key after the cost of a request that d
@@ -227,44 +261,45 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decisio
 // in an older window no longer counts and is left alone. A GCRA cost moves
 // the TAT back by cost×window/limit, for the limit d was decided against,
 // as if the request had never come. No count goes below zero.
-func GiveBack(alg Algorithm, c Counts, d Decision, l Rate, cost int64) Counts {
+func Release(alg Algorithm, counts Counts, d Decision, l Rate, cost int64) Counts {
 	switch alg {
 	case Concurrency:
-		return Release(c, cost)
+		return releaseHeld(counts, cost)
 	case GCRA:
-		if c == (Counts{}) || d.Limit <= 0 {
-			return c // the key is gone: nothing to give back
+		if counts == (Counts{}) || d.Limit <= 0 {
+			return counts // the key is gone: nothing to release
 		}
-		tat := gcraTAT(c, d.Limit).sub(span(cost, l.Window.Milliseconds(), d.Limit), d.Limit)
+		tat := gcraTAT(counts, d.Limit).sub(span(cost, l.Window.Milliseconds(), d.Limit), d.Limit)
 		return gcraCounts(tat, d.Limit)
 	}
+	c := counts.Windows()
 	switch c.Window {
 	case d.Window:
 		c.Current = max(c.Current-cost, 0)
 	case d.Window + 1:
 		c.Previous = max(c.Previous-cost, 0)
 	}
-	return c
+	return c.Counts()
 }
 
 // Roll moves counts kept for window c.Window <= idx to the window with
 // index idx: the old current window becomes the previous one if it is
 // adjacent, and anything older is forgotten. (Decide never rolls counts
 // backwards.)
-func Roll(c Counts, idx int64) Counts {
+func Roll(c WindowCounts, idx int64) WindowCounts {
 	switch c.Window {
 	case idx:
 		return c
 	case idx - 1:
-		return Counts{Window: idx, Previous: c.Current}
+		return WindowCounts{Window: idx, Previous: c.Current}
 	default:
-		return Counts{Window: idx}
+		return WindowCounts{Window: idx}
 	}
 }
 
 // retryAt returns the first millisecond at which a request of the given cost
 // would be allowed, given counts c for window idx and nothing else counted.
-func retryAt(alg Algorithm, c Counts, idx, w, limit, cost int64) int64 {
+func retryAt(alg Algorithm, c WindowCounts, idx, w, limit, cost int64) int64 {
 	start, next := idx*w, (idx+1)*w
 	if cost > limit {
 		return next

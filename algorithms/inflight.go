@@ -40,7 +40,7 @@ func InFlightWindow(alg Algorithm, d Decision, l Rate) int64 {
 
 // TakeInFlight returns a key's costs in flight p after a request taken in
 // window adds cost to them.
-func TakeInFlight(p Counts, window, cost int64) Counts {
+func TakeInFlight(p WindowCounts, window, cost int64) WindowCounts {
 	switch {
 	case p.Window < window:
 		p = Roll(p, window)
@@ -56,7 +56,7 @@ func TakeInFlight(p Counts, window, cost int64) Counts {
 // EndInFlight returns a key's costs in flight p once a request taken in
 // window, whose cost was cost, is done: its cost comes off the window it
 // was taken in, if that is still remembered. No count goes below zero.
-func EndInFlight(p Counts, window, cost int64) Counts {
+func EndInFlight(p WindowCounts, window, cost int64) WindowCounts {
 	switch p.Window {
 	case window:
 		p.Current = max(p.Current-cost, 0)
@@ -71,27 +71,28 @@ func EndInFlight(p Counts, window, cost int64) Counts {
 // requests had not come, for Decide to judge. Windowed costs come off the
 // windows they were taken in; a gcra TAT moves back by the costs in
 // flight, as GiveBack moves it, for the limit l.Units.
-func Settled(alg Algorithm, c, p Counts, now time.Time, l Rate) Counts {
+func Settled(alg Algorithm, counts Counts, p WindowCounts, now time.Time, l Rate) Counts {
 	if alg == GCRA {
 		units := inFlightUnits(p, now, l)
 		if units == 0 {
-			return c
+			return counts
 		}
-		return GiveBack(GCRA, c, Decision{Limit: l.Units}, l, units)
+		return Release(GCRA, counts, Decision{Limit: l.Units}, l, units)
 	}
+	c := counts.Windows()
 	if p.Window > c.Window {
 		// Costs in flight taken after the counts were last charged: the
 		// counts were forgotten (a reset), and hold none of them.
-		return c
+		return counts
 	}
 	p = Roll(p, c.Window)
-	return Counts{Window: c.Window, Current: max(c.Current-p.Current, 0), Previous: max(c.Previous-p.Previous, 0)}
+	return WindowCounts{Window: c.Window, Current: max(c.Current-p.Current, 0), Previous: max(c.Previous-p.Previous, 0)}.Counts()
 }
 
 // SettledRing returns a sliding window key's ring r, as stored, less the
 // costs p of its requests in flight, taken off the newest sub-windows
 // first: those of requests still in flight are the most recent.
-func SettledRing(r Ring, p Counts, now time.Time, l Rate) Ring {
+func SettledRing(r Ring, p WindowCounts, now time.Time, l Rate) Ring {
 	units := inFlightUnits(p, now, l)
 	n := int64(r.Buckets)
 	for k := r.Index; units > 0 && r.Buckets > 0 && k > r.Index-n-1; k-- {
@@ -104,7 +105,7 @@ func SettledRing(r Ring, p Counts, now time.Time, l Rate) Ring {
 }
 
 // inFlightUnits returns the costs in flight p remembers at now.
-func inFlightUnits(p Counts, now time.Time, l Rate) int64 {
+func inFlightUnits(p WindowCounts, now time.Time, l Rate) int64 {
 	if idx := WindowIndex(now.UnixMilli(), l.Window.Milliseconds()); p.Window < idx {
 		p = Roll(p, idx)
 	}

@@ -236,13 +236,12 @@ const maxCount = math.MaxInt32
 // pointers, so the collector never scans a table, and it is 20 bytes:
 // 28 with its key.
 type slot struct {
-	// window, current and previous are algorithms.Counts; the counts fit
-	// in 32 bits since they never exceed maxCount. window keeps the low
-	// 32 bits of Counts.Window (a window index, or a GCRA key's TAT in
-	// ms), and counts finds the rest from expires: the whole would take 8
-	// bytes and, with its alignment, make the slot 32.
-	window            uint32
-	current, previous uint32
+	// w, c and p are algorithms.Counts' W, C and P; C and P fit in 32
+	// bits since they never exceed maxCount. w keeps the low 32 bits of
+	// W (a window index, or a GCRA key's TAT in ms), and counts finds the
+	// rest from expires: the whole would take 8 bytes and, with its
+	// alignment, make the slot 32.
+	w, c, p uint32
 	// expires is when the counts stop mattering, in Unix seconds rounded
 	// up (see expiry): the sweep runs every few seconds, so milliseconds
 	// would buy nothing, and 32 bits last until 2106.
@@ -250,7 +249,7 @@ type slot struct {
 	// ref is CLOCK's reference bit: set when the key is asked for again,
 	// cleared when the hand passes it.
 	ref bool
-	// kind is what decided the counts, which says how counts reads window
+	// kind is what decided the counts, which says how counts reads w
 	// back: slotWindowed, slotGCRA or slotConcurrency.
 	kind uint8
 }
@@ -273,26 +272,26 @@ func slotKind(a algorithms.Algorithm) uint8 {
 
 // set stores counts decided by alg, which matter until expires.
 func (e *slot) set(c algorithms.Counts, alg algorithms.Algorithm, expires uint32, ref bool) {
-	*e = slot{window: uint32(c.Window), current: uint32(c.Current), previous: uint32(c.Previous),
+	*e = slot{w: uint32(c.W), c: uint32(c.C), p: uint32(c.P),
 		expires: expires, ref: ref, kind: slotKind(alg)}
 }
 
 // counts returns the slot's counts, for a window of w ms. The expiry
-// that expiry derived from the whole Counts.Window places it within a
-// second: a GCRA key's TAT lies in the second before it, and for windowed
-// counts, the end of the window after theirs does, so their index is at
-// most 1000/w + 1 below the expiry's. Of the numbers with the slot's low
-// 32 bits, the one nearest that is the window. (Counts read for another
-// window than they were kept for, after a reload changed it, come out
-// with an index far from the clock's, all but surely, and Decide starts
-// them afresh. A concurrency key's Window is always 0.)
+// that expiry derived from the whole Counts.W places it within a second:
+// a GCRA key's TAT lies in the second before it, and for windowed counts,
+// the end of the window after theirs does, so their index is at most
+// 1000/w + 1 below the expiry's. Of the numbers with the slot's low 32
+// bits, the one nearest that is W. (Counts read for another window than
+// they were kept for, after a reload changed it, come out with an index
+// far from the clock's, all but surely, and Decide starts them afresh. A
+// concurrency key's W is always 0.)
 func (e *slot) counts(w int64) algorithms.Counts {
-	c := algorithms.Counts{Current: int64(e.current), Previous: int64(e.previous)}
+	c := algorithms.Counts{C: int64(e.c), P: int64(e.p)}
 	switch e.kind {
 	case slotGCRA:
-		c.Window = nearest(e.window, int64(e.expires)*1000-1000)
+		c.W = nearest(e.w, int64(e.expires)*1000-1000)
 	case slotWindowed:
-		c.Window = nearest(e.window, algorithms.WindowIndex(int64(e.expires)*1000, w)-2)
+		c.W = nearest(e.w, algorithms.WindowIndex(int64(e.expires)*1000, w)-2)
 	}
 	return c
 }
@@ -322,7 +321,7 @@ type shard struct {
 	// that bans and give costs back (see algorithms.Settled): only while
 	// such requests are in flight, so apart from the slots, which it
 	// would make 8 bytes larger for every key.
-	inFlight map[uint64]algorithms.Counts
+	inFlight map[uint64]algorithms.WindowCounts
 	// Pad to a multiple of a cache line (64 bytes), so that locking one
 	// shard does not steal the line of its neighbour from another CPU.
 	_ [576 - 560]byte
@@ -589,7 +588,7 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 // key with hash h.
 func (s *shard) takeInFlight(h uint64, window, cost int64) {
 	if s.inFlight == nil {
-		s.inFlight = make(map[uint64]algorithms.Counts)
+		s.inFlight = make(map[uint64]algorithms.WindowCounts)
 	}
 	s.inFlight[h] = algorithms.TakeInFlight(s.inFlight[h], window, cost)
 }
@@ -628,12 +627,12 @@ type pendingRing struct {
 func expiry(r storage.Request, c algorithms.Counts) uint32 {
 	switch r.Algorithm {
 	case algorithms.GCRA:
-		return unixSeconds(c.Window + 1 + 999)
+		return unixSeconds(c.TATMillis() + 1 + 999)
 	case algorithms.Concurrency:
 		return pinned
 	}
 	w := r.Rate.Window.Milliseconds()
-	return unixSeconds((c.Window+2)*w + 999)
+	return unixSeconds((c.Windows().Window+2)*w + 999)
 }
 
 // pinned is the expiry of a slot that neither the sweep nor eviction may
@@ -669,7 +668,7 @@ func slotFor[S any, P slotPtr[S]](s *shard, t *table[S, P], h uint64, bound int,
 }
 
 // release gives back what Take charged reqs, allowed with decisions: a
-// concurrency request's units, another's cost (algorithms.GiveBack), and
+// concurrency request's units, another's cost (algorithms.Release), and
 // ends the costs in flight of those whose store keeps them, whether their
 // cost comes back or, counted, stays. A concurrency key whose units are
 // all back is forgotten; other keys keep their expiry.
@@ -682,7 +681,7 @@ func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decisi
 			s.endInFlight(h, algorithms.InFlightWindow(r.Algorithm, decisions[i], r.Rate), r.Cost)
 		}
 		if !r.Counted {
-			s.giveBack(h, r, decisions[i])
+			s.release(h, r, decisions[i])
 		}
 		s.mu.Unlock()
 	}
@@ -691,14 +690,14 @@ func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decisi
 
 // giveBack takes back the cost of r, allowed with d, from the counts of
 // the key with hash h.
-func (s *shard) giveBack(h uint64, r storage.Request, d algorithms.Decision) {
+func (s *shard) release(h uint64, r storage.Request, d algorithms.Decision) {
 	if r.Algorithm == algorithms.SlidingWindow {
-		s.rings.giveBack(h, r.Rate.Window.Milliseconds(), d, r.Cost)
+		s.rings.release(h, r.Rate.Window.Milliseconds(), d, r.Cost)
 	} else if j, ok := s.counts.lookup(h); ok {
 		e := &s.counts.slots[j]
-		n := algorithms.GiveBack(r.Algorithm, e.counts(r.Rate.Window.Milliseconds()), d, r.Rate, r.Cost)
+		n := algorithms.Release(r.Algorithm, e.counts(r.Rate.Window.Milliseconds()), d, r.Rate, r.Cost)
 		switch {
-		case r.Algorithm == algorithms.Concurrency && n.Current == 0:
+		case r.Algorithm == algorithms.Concurrency && n.Held() == 0:
 			s.counts.remove(j)
 		case r.Algorithm == algorithms.Concurrency:
 			e.set(n, r.Algorithm, e.expires, e.ref) // still pinned

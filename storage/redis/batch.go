@@ -381,9 +381,8 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 			copy(v, prev)
 			if lead.charge && int64(i-1) < allowed {
 				for z, q := range lead.reqs {
-					_, counts := decideAgain(q, prev[zoneValues*z:], now)
-					zv := v[zoneValues*z:]
-					zv[outWindow], zv[outCurrent], zv[outPrevious] = counts.Window, counts.Current, counts.Previous
+					_, next := decideAgain(q, prev[zoneValues*z:], now)
+					copy(v[zoneValues*z+outW:zoneValues*z+outP+1], next[:])
 				}
 			}
 		}
@@ -391,9 +390,9 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 			zv, ze := v[zoneValues*z:], entry[zoneValues*z:]
 			if q.Algorithm == algorithms.SlidingWindow {
 				// The retry instant is the first rejected request's.
-				zv[outPrevious] = 0
+				zv[outP] = 0
 				if int64(i) >= allowed {
-					zv[outPrevious] = ze[outPrevious]
+					zv[outP] = ze[outP]
 				}
 			}
 			if int64(i) < allowed {

@@ -452,7 +452,7 @@ func (t *leaseTable) granted(keys []string, reqs []storage.Request, a *leaseAnsw
 // leases (a), what the call brought for it.
 func (s *leaseShard) grant(l *lease, q storage.Request, a *leaseAnswer, i int, d algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
 	l.refilling = false
-	g, counts := a.grants[i], a.counts[i]
+	g := a.grants[i]
 	if !d.Allowed || g == 0 {
 		return
 	}
@@ -462,7 +462,7 @@ func (s *leaseShard) grant(l *lease, q storage.Request, a *leaseAnswer, i int, d
 	// as the new lease's.
 	held := l.units
 	if held > 0 && (!l.usable(now) || l.rate != q.Rate || l.alg != q.Algorithm ||
-		q.Algorithm == algorithms.GCRA || l.window != counts.Window) {
+		q.Algorithm == algorithms.GCRA || l.window != d.Window) {
 		s.back = append(s.back, l.unspent())
 		held = 0
 	}
@@ -480,18 +480,18 @@ func (s *leaseShard) grant(l *lease, q storage.Request, a *leaseAnswer, i int, d
 		// late); the bucket is full again once the lease's TAT has
 		// passed.
 		ms, _ := algorithms.Interval(g, q.Rate.Window, d.Limit)
-		l.tat = time.UnixMilli(counts.Window).Add(a.shift).UnixMilli()
-		l.reset = time.UnixMilli(counts.Window + ms + 1).Add(a.shift)
+		l.tat = time.UnixMilli(a.tats[i]).Add(a.shift).UnixMilli()
+		l.reset = time.UnixMilli(a.tats[i] + ms + 1).Add(a.shift)
 	} else if q.Algorithm == algorithms.SlidingWindow {
 		// Spent only in the sub-window it was counted in: a unit
 		// counted earlier than it is spent would leave the window
 		// early.
 		n, w := q.Rate.BucketsOr(), q.Rate.Window.Milliseconds()
-		l.window = counts.Window
+		l.window = d.Window
 		l.expires = time.UnixMilli(algorithms.SubWindowStart(l.window+1, w, n)).Add(a.shift)
 		l.reset = d.Reset
 	} else {
-		l.window = counts.Window
+		l.window = d.Window
 		l.expires, l.reset = d.Reset, d.Reset
 	}
 	if g >= a.asks[i] {

@@ -447,7 +447,7 @@ func TestLeaseTableUnderFlood(t *testing.T) {
 		}
 		window := now.UnixMilli() / q.Rate.Window.Milliseconds()
 		d := []algorithms.Decision{{Allowed: true, Limit: limit, Remaining: limit - 2, Reset: time.UnixMilli((window + 1) * q.Rate.Window.Milliseconds()), Window: window}}
-		table.granted(keys, reqs, &leaseAnswer{asks: asks, grants: asks, counts: []algorithms.Counts{{Window: window}}}, d, now, noSeries)
+		table.granted(keys, reqs, &leaseAnswer{asks: asks, grants: asks, tats: make([]int64, 1)}, d, now, noSeries)
 		granted += asks[0]
 	}
 	reqs := []storage.Request{q}
@@ -611,7 +611,7 @@ func benchmarkLeaseSweep(b *testing.B, perMinute, times int) {
 		}
 		window := now.UnixMilli() / q.Rate.Window.Milliseconds()
 		d := []algorithms.Decision{{Allowed: true, Limit: 1000, Remaining: 998, Reset: time.UnixMilli((window + 1) * q.Rate.Window.Milliseconds()), Window: window}}
-		t.granted(keys, reqs, &leaseAnswer{asks: asks, grants: []int64{1}, counts: []algorithms.Counts{{Window: window}}}, d, now, noSeries)
+		t.granted(keys, reqs, &leaseAnswer{asks: asks, grants: []int64{1}, tats: make([]int64, 1)}, d, now, noSeries)
 	}
 	key := func(n int) string { return "bench:{k" + strconv.Itoa(n) + "}:z" }
 	n := 0

@@ -127,7 +127,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 	check := func(t *testing.T, alg algorithms.Algorithm, l algorithms.Rate, stored algorithms.Counts, now time.Time, cost int64) algorithms.Decision {
 		t.Helper()
 		key := r.counterKey("z", "k")
-		if _, err := s.Do("HSET", key, "w", fmt.Sprint(stored.Window), "c", fmt.Sprint(stored.Current), "p", fmt.Sprint(stored.Previous)); err != nil {
+		if _, err := s.Do("HSET", key, "w", fmt.Sprint(stored.W), "c", fmt.Sprint(stored.C), "p", fmt.Sprint(stored.P)); err != nil {
 			t.Fatal(err)
 		}
 		want, _ := algorithms.Decide(alg, stored, now, l, cost)
@@ -162,7 +162,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 			}
 			l := algorithms.Rate{Units: limit, Window: time.Duration(w) * time.Millisecond}
 			idx := vectors.Start.UnixMilli()/w + 1
-			stored := algorithms.Counts{Window: idx - 1, Current: prev}
+			stored := algorithms.WindowCounts{Window: idx - 1, Current: prev}.Counts()
 			if d := check(t, algorithms.SlidingTail, l, stored, time.UnixMilli(idx*w+e), 1); !d.Allowed {
 				t.Fatalf("window %d days: want allowed: %+v", days, d)
 			}
@@ -183,11 +183,11 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 			w := l.Window.Milliseconds()
 			now := time.UnixMilli(vectors.Start.UnixMilli() + rng.Int64N(1e12))
 			idx := now.UnixMilli() / w
-			stored := algorithms.Counts{
+			stored := algorithms.WindowCounts{
 				Window:   idx + 1 - rng.Int64N(4), // a window ahead: another clock wrote it
 				Current:  rng.Int64N(l.Units + 1),
 				Previous: rng.Int64N(l.Units + 1),
-			}
+			}.Counts()
 			cost := rng.Int64N(l.Units/2 + 2)
 			d := check(t, alg, l, stored, now, cost)
 			if !d.Allowed && d.RetryAt.Sub(now) > time.Millisecond {
@@ -222,10 +222,11 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 				den = logUniform(1, math.MaxInt32)
 			}
 			depth, _ := algorithms.Interval(burst, l.Window, limit)
+			// The TAT's whole ms, its fraction in 1/den ms, and den.
 			stored := algorithms.Counts{
-				Window:   now.UnixMilli() - depth/2 + rng.Int64N(depth+2),
-				Current:  rng.Int64N(den),
-				Previous: den,
+				W: now.UnixMilli() - depth/2 + rng.Int64N(depth+2),
+				C: rng.Int64N(den),
+				P: den,
 			}
 			cost := rng.Int64N(min(burst, 1<<20) + 2)
 			d := check(t, algorithms.GCRA, l, stored, now, cost)
@@ -432,9 +433,9 @@ func TestTakeScriptLayout(t *testing.T) {
 		"ARG_BAN":      argBan,
 		"ARG_INFLIGHT": argInFlight,
 		"ZONE_ARGS":    zoneArgs,
-		"OUT_W":        outWindow,
-		"OUT_C":        outCurrent,
-		"OUT_P":        outPrevious,
+		"OUT_W":        outW,
+		"OUT_C":        outC,
+		"OUT_P":        outP,
 		"OUT_ALLOWS":   outAllows,
 		"OUT_LIMIT":    outLimit,
 		"OUT_LEASED":   outLeased,

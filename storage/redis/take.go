@@ -118,12 +118,12 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 }
 
 // leaseAnswer is what a call that asks for leases (asks, one per zone; 0
-// for none) brings back for them: each zone's units granted and its counts
-// as its request left them, before the lease, in the script's clock,
-// which is shift behind the local one.
+// for none) brings back for them: each zone's units granted and, for a
+// gcra zone, the whole ms of the TAT its request left, before the lease,
+// in the script's clock, which is shift behind the local one.
 type leaseAnswer struct {
 	asks, grants []int64
-	counts       []algorithms.Counts
+	tats         []int64
 	shift        time.Duration
 }
 
@@ -272,16 +272,17 @@ const (
 // The take script's answer for each zone, at these offsets from the
 // zone's first value, zoneValues in all: the OUT_* of scripts/take.lua,
 // which a test holds to these. The key's counts as stored before the
-// entry (a sliding window answers the sub-window decided in, what the key
-// used before the entry and the first rejection's retry instant instead);
+// entry, the take script's w, c and p (algorithms.Counts' W, C and P; a
+// sliding window answers the sub-window decided in, what the key used
+// before the entry and the first rejection's retry instant instead);
 // whether the zone allows the entry's first request not allowed (1/0);
 // the limit it was decided against; the units leased; the key's ban as
 // stored before the entry; and 1 if the zone refused that request only
 // for its costs in flight.
 const (
-	outWindow = iota
-	outCurrent
-	outPrevious
+	outW = iota
+	outC
+	outP
 	outAllows
 	outLimit
 	outLeased
@@ -318,11 +319,11 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 		shift = r.now().Sub(time.UnixMilli(serverNow))
 	}
 	if leases != nil {
-		leases.grants, leases.counts, leases.shift = make([]int64, len(reqs)), make([]algorithms.Counts, len(reqs)), shift
+		leases.grants, leases.tats, leases.shift = make([]int64, len(reqs)), make([]int64, len(reqs)), shift
 	}
 	for i, q := range reqs {
 		v := t.vals[zoneValues*i:]
-		d, counts := decideAgain(q, v, serverNow)
+		d, next := decideAgain(q, v, serverNow)
 		// The script's verdict is what was written; it equals Decide's by
 		// construction (and by test), but the store must report what it did.
 		d.Allowed = v[outAllows] == 1
@@ -344,8 +345,11 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 		}
 		decisions[i] = d
 		if leases != nil {
-			// The counts the request left, before the lease.
-			leases.grants[i], leases.counts[i] = v[outLeased], counts
+			leases.grants[i] = v[outLeased]
+			if q.Algorithm == algorithms.GCRA {
+				// The TAT the request left, before the lease.
+				leases.tats[i] = algorithms.Counts{W: next[0], C: next[1], P: next[2]}.TATMillis()
+			}
 		}
 	}
 	return nil
@@ -355,32 +359,34 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 // of q at now (ms of the script's clock), from v, that zone's values in
 // the script's answer (see take.lua): the counters as stored before q,
 // the limit the script used, the request's or a per-key override, and
-// the key's ban, which rejects q while it lasts.
-func decideAgain(q storage.Request, v []int64, now int64) (algorithms.Decision, algorithms.Counts) {
-	counts := algorithms.Counts{Window: v[outWindow], Current: v[outCurrent], Previous: v[outPrevious]}
+// the key's ban, which rejects q while it lasts. It returns the decision
+// and the zone's values at outW, outC and outP as q left them.
+func decideAgain(q storage.Request, v []int64, now int64) (algorithms.Decision, [3]int64) {
 	rate := q.Rate
 	rate.Units = v[outLimit]
-	var d algorithms.Decision
-	var next algorithms.Counts
 	if q.Algorithm == algorithms.SlidingWindow {
-		d, next = decideRingAgain(rate, counts, q.Cost)
-	} else {
-		d, next = algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
+		d, next := decideRingAgain(rate, v, q.Cost)
+		if q.Ban > 0 && v[outBan] > now {
+			return d.Ban(time.UnixMilli(v[outBan]), false), [3]int64{v[outW], v[outC], v[outP]}
+		}
+		return d, next
 	}
+	counts := algorithms.Counts{W: v[outW], C: v[outC], P: v[outP]}
+	d, next := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
 	if q.Ban > 0 && v[outBan] > now {
-		return d.Ban(time.UnixMilli(v[outBan]), false), counts
+		return d.Ban(time.UnixMilli(v[outBan]), false), [3]int64{counts.W, counts.C, counts.P}
 	}
-	return d, next
+	return d, [3]int64{next.W, next.C, next.P}
 }
 
 // decideRingAgain is decideAgain for a sliding window, from what the take
-// script answers for one: the sub-window decided in, what the key used
-// before the request and, for a rejection, the retry instant (ms of the
-// script's clock), in place of the counts. It returns them as a charge of
+// script answers for one at outW, outC and outP: the sub-window decided
+// in, what the key used before the request and, for a rejection, the
+// retry instant (ms of the script's clock). It returns them as taking
 // cost left them.
-func decideRingAgain(rate algorithms.Rate, v algorithms.Counts, cost int64) (algorithms.Decision, algorithms.Counts) {
+func decideRingAgain(rate algorithms.Rate, v []int64, cost int64) (algorithms.Decision, [3]int64) {
 	n, w := rate.BucketsOr(), rate.Window.Milliseconds()
-	idx, used, retry := v.Window, v.Current, v.Previous
+	idx, used, retry := v[outW], v[outC], v[outP]
 	d := algorithms.Decision{Limit: rate.Units, Window: idx, Reset: time.UnixMilli(algorithms.SubWindowStart(idx+1+int64(n), w, n))}
 	switch {
 	case used+cost <= rate.Units:
@@ -392,7 +398,7 @@ func decideRingAgain(rate algorithms.Rate, v algorithms.Counts, cost int64) (alg
 		d.RetryAt = time.UnixMilli(retry)
 	}
 	d.Used, d.Remaining = used, max(rate.Units-used, 0)
-	return d, algorithms.Counts{Window: idx, Current: used, Previous: retry}
+	return d, [3]int64{idx, used, retry}
 }
 
 // takesUnits reports whether reqs hold concurrency units once charged.

@@ -320,9 +320,9 @@ func testGiveBack(t *testing.T, s *suite) {
 	window := time.Minute
 	s.clock.set(s.clock.now().Truncate(window))
 	req := storage.Request{Zone: "gb", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 10, Window: window}, Cost: 3, GivesBack: true}
-	counts := func() algorithms.Counts {
+	counts := func() algorithms.WindowCounts {
 		t.Helper()
-		return s.keyState(t, "gb", "k", window).Counts
+		return s.keyState(t, "gb", "k", window).Counts.Windows()
 	}
 	giveBack := func(d algorithms.Decision) {
 		t.Helper()
@@ -463,11 +463,11 @@ func testReset(t *testing.T, s *suite) {
 	if d := s.take(t, req)[0]; d.Allowed {
 		t.Fatalf("over the limit: %+v, want rejected", d)
 	}
-	if st := s.keyState(t, "z", "k", rate.Window); st.Counts.Current != 3 {
+	if st := s.keyState(t, "z", "k", rate.Window); st.Counts.Windows().Current != 3 {
 		t.Fatalf("key state %+v, want 3 counted", st.Counts)
 	}
 	s.resetKey(t, "z", "k")
-	if st := s.keyState(t, "z", "k", rate.Window); st.Counts.Current != 0 || st.Counts.Previous != 0 {
+	if st := s.keyState(t, "z", "k", rate.Window); st.Counts.Windows().Current != 0 || st.Counts.Windows().Previous != 0 {
 		t.Fatalf("key state after a reset %+v, want nothing counted", st.Counts)
 	}
 	if d := s.take(t, req)[0]; !d.Allowed {

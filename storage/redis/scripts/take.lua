@@ -25,14 +25,16 @@
 --
 -- KEYS     the counters of each entry's zones, entry after entry (a
 --          concurrency zone's followed by its holders' set; see
---          take_concurrency.lua): a hash per zone and key with fields w
---          (window index), c (cost counted in window w), p (cost counted
---          in window w-1) and t (the instant, in ms of the script's clock,
+--          take_concurrency.lua): a hash per zone and key with fields w,
+--          c and p, the key's algorithms.Counts (W, C and P), whose
+--          meaning is the algorithm's: for the windowed algorithms w the
+--          window index, c the cost taken in window w and p in window w-1;
+--          for GCRA its TAT (take_gcra.lua); for concurrency the units
+--          held, in c. And t (the instant, in ms of the script's clock,
 --          the key was last set to expire at); o and ox, a per-key limit
 --          the admin API set (take_bans.lua); b, iw, ic and ip, a ban and
 --          the costs in flight (take_bans.lua); and r, a sliding window's
---          ring (take_sliding_window.lua). GCRA keeps its TAT in w, c and
---          p (take_gcra.lua), concurrency the units held in c.
+--          ring (take_sliding_window.lua).
 -- ARGV[1]  "" to use the server clock (TIME), or a time in ms since the
 --          epoch; tests drive the shared test vectors with it.
 -- ARGV[2]  N, the live instances sharing the store, for leases
