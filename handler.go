@@ -53,11 +53,11 @@ func (c *zoneCheck) holds() bool {
 	return c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded
 }
 
-// givesBack reports whether the allowed check c gives its cost back once
+// releases reports whether the allowed check c gives its cost back once
 // the response is done with status: its zone counts only some statuses
 // (count_status), not this one. A dry-run zone that would have rejected
 // took nothing.
-func (c *zoneCheck) givesBack(status int) bool {
+func (c *zoneCheck) releases(status int) bool {
 	return c.zone.countsStatus && !c.dryRunExceeded && c.req.Cost > 0 && !c.zone.counted.has(status)
 }
 
@@ -108,12 +108,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 		req := storage.Request{
-			Zone:      z.Name,
-			Key:       z.resolveKey(values),
-			Algorithm: z.Algorithm,
-			Rate:      algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst, Buckets: z.Buckets},
-			Cost:      z.costs[methodIndex(r.Method)],
-			GivesBack: z.countsStatus,
+			Zone:       z.Name,
+			Key:        z.resolveKey(values),
+			Algorithm:  z.Algorithm,
+			Rate:       algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst, Buckets: z.Buckets},
+			Cost:       z.costs[methodIndex(r.Method)],
+			Releasable: z.countsStatus,
 		}
 		if !dryRun {
 			req.Ban = time.Duration(z.Ban)
@@ -127,14 +127,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.serveNext(w, r, next)
 	}
 
-	s.question.store = h.store
-	v, rejected, err := h.decide(r.Context(), s.checks, &s.question)
+	s.take.store = h.store
+	v, rejected, err := h.decide(r.Context(), s.checks, &s.take)
 	if v == unanswered && h.fallback != nil && r.Context().Err() == nil {
 		// on_store_error local: the store failed, and this instance
 		// decides on its own, with its share of every limit.
 		h.storeError(err)
-		s.question.store = h.fallback
-		v, rejected, err = h.decide(r.Context(), s.checks, &s.question)
+		s.take.store = h.fallback
+		v, rejected, err = h.decide(r.Context(), s.checks, &s.take)
 	}
 	for i := range s.checks {
 		c := &s.checks[i]
@@ -178,7 +178,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	// Runs before the scratch goes back to the pool, and on every way
 	// out: a response, an error, a panic, a client gone.
-	defer h.release(r.Context(), &s.question, s.checks, rec)
+	defer h.release(r.Context(), &s.take, s.checks, rec)
 	err = h.serveNext(w, r, next)
 	if rec != nil {
 		rec.finish(r, err)
@@ -254,13 +254,13 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 // the request's context may be done: stores release regardless (Store).
 // A release that fails is a store error; a shared store then keeps what
 // it counted until its lease or window ends.
-func (h *Handler) release(ctx context.Context, q *question, checks []zoneCheck, rec *statusRecorder) {
+func (h *Handler) release(ctx context.Context, q *take, checks []zoneCheck, rec *statusRecorder) {
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
 	for i := range checks {
 		c := &checks[i]
 		req := c.req
 		switch {
-		case c.holds() || rec != nil && c.givesBack(rec.final()):
+		case c.holds() || rec != nil && c.releases(rec.final()):
 			// Units, or a cost, to give back.
 		case !c.dryRunExceeded && req.TracksInFlight():
 			// A cost the response's status keeps, no longer in flight.
@@ -284,7 +284,7 @@ func (h *Handler) release(ctx context.Context, q *question, checks []zoneCheck, 
 // through its interface would otherwise go to the heap on every request.
 type scratch struct {
 	checks []zoneCheck
-	question
+	take
 	// recorder records the response's status for zones that count only
 	// some statuses.
 	recorder statusRecorder
@@ -292,8 +292,8 @@ type scratch struct {
 
 var scratchPool = sync.Pool{New: func() any {
 	return &scratch{
-		checks:   make([]zoneCheck, 0, 4),
-		question: question{reqs: make([]storage.Request, 0, 4), decisions: make([]algorithms.Decision, 0, 4)},
+		checks: make([]zoneCheck, 0, 4),
+		take:   take{reqs: make([]storage.Request, 0, 4), decisions: make([]algorithms.Decision, 0, 4)},
 	}
 }}
 
@@ -355,7 +355,7 @@ const (
 // unanswered. It returns the check whose rejection stands, for a rejected
 // request, and the error, for an unanswered one. A request rejected within
 // its zones' max_delay waits for its retry instant and asks again.
-func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *question) (verdict, *zoneCheck, error) {
+func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *take) (verdict, *zoneCheck, error) {
 	var start time.Time
 	if h.delays {
 		start = time.Now()
@@ -369,7 +369,7 @@ func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *question) (
 		if h.delays && waitsForReleases(checks) {
 			released = q.store.Released()
 		}
-		err := q.ask(ctx, h.storeLatency, checks)
+		err := q.run(ctx, h.storeLatency, checks)
 		if err != nil {
 			return unanswered, nil, err
 		}
@@ -443,9 +443,9 @@ func waitForRelease(ctx context.Context, released <-chan struct{}, until time.Ti
 	}
 }
 
-// question is what decide asks the store: the checks still in play, with
+// take is what decide asks the store: the checks still in play, with
 // room for the store's answers, reused from one asking to the next.
-type question struct {
+type take struct {
 	// store is what is asked: the handler's store, or its local fallback
 	// (on_store_error local) when the store failed.
 	store     storage.Store
@@ -459,7 +459,7 @@ type question struct {
 // but the dry-run zones that already said they would reject, which are
 // asked no more. Each check gets its decision. If latency is set, it
 // observes how long the store took.
-func (q *question) ask(ctx context.Context, latency prometheus.Observer, checks []zoneCheck) error {
+func (q *take) run(ctx context.Context, latency prometheus.Observer, checks []zoneCheck) error {
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
 	for _, c := range checks {
 		if !c.dryRunExceeded {

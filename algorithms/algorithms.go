@@ -1,6 +1,6 @@
 // Package algorithms holds the rate-limiting arithmetic as pure functions of
 // (counts, now, limit, cost): no clocks, no I/O, no locks. Every store keeps
-// the same Counts and asks Decide for the answer, so the in-memory store and
+// the same Counts and has Decide compute the answer, so the in-memory store and
 // the Redis script agree on every decision.
 //
 // Time is counted in whole milliseconds since the Unix epoch and windows are
@@ -47,11 +47,11 @@ func (a Algorithm) Valid() bool {
 // window and its period usage can be observed.
 func (a Algorithm) Windowed() bool { return a == FixedWindow || a == SlidingTail }
 
-// Rate is how many cost units may be spent per Window: the limit, over
-// the window. For GCRA, Burst is how many may be spent at once (0: Units).
+// Rate is how many cost units may be taken per Window: the limit, over
+// the window. For GCRA, Burst is how many may be taken at once (0: Units).
 // For SlidingWindow, Buckets is how many sub-windows the window is cut
 // into. For Concurrency, Units is how many may be held at once and Window is
-// the lease: how long a shared store keeps units whose holder never
+// the hold: how long a shared store keeps units whose holder never
 // released them (an instance that died).
 type Rate struct {
 	Units  int64
@@ -151,14 +151,14 @@ type Decision struct {
 	RetryAt time.Time
 	// Rolled tells that the key's stored counts were of an earlier window
 	// than the request's: this request rolls the key into a new window,
-	// and Finished is what the key used in the last window it was charged
+	// and Finished is what the key used in the last window it was taken
 	// in. Stores write the roll only with an allowed request, so across a
 	// fleet exactly one allowed request reports each finished window.
 	Rolled   bool
 	Finished int64
 	// Window is the index of the window the request was decided in, in
-	// the clock of the store that decided it: what GiveBack needs to take
-	// the cost back from the same window, and InFlightWindow to tell
+	// the clock of the store that decided it: what Release needs to
+	// release the cost from the same window, and InFlightWindow to tell
 	// which of a key's costs in flight it was. A sliding window's is the
 	// sub-window's; a gcra decision's, the window's of the rate (which
 	// its TAT does not need); a concurrency decision has none.
@@ -169,7 +169,7 @@ type Decision struct {
 	BanEnds    time.Time
 	BanStarted bool
 	// InFlight tells, for a request rejected in a zone that bans and
-	// whose costs may be given back (count_status), that the key's
+	// whose costs may be released (count_status), that the key's
 	// settled count had room for it: only the costs of its requests
 	// still in flight filled the limit (see Settled). Such a refusal
 	// begins no ban, and, as a concurrency zone's, frees up when those
@@ -180,7 +180,7 @@ type Decision struct {
 
 // Ban returns d as a rejection while the key is banned until ends: not
 // allowed, nothing remaining, and a retry only once the ban is over,
-// which is also when the key's limit is next worth asking about (Reset).
+// which is also when the key's limit is next worth trying (Reset).
 func (d Decision) Ban(ends time.Time, started bool) Decision {
 	d.Allowed = false
 	d.Remaining = 0
@@ -222,7 +222,7 @@ func Decide(alg Algorithm, counts Counts, now time.Time, l Rate, cost int64) (De
 	case c.Window > idx:
 		// The counts were written in the next window: a clock stepped
 		// back, or another request read the time after this one but
-		// charged first. Decide as of the start of their window rather
+		// took first. Decide as of the start of their window rather
 		// than forget what it counted.
 		idx, nowMs = c.Window, c.Window*w
 	}
@@ -253,12 +253,12 @@ func Decide(alg Algorithm, counts Counts, now time.Time, l Rate, cost int64) (De
 	return d, c.Counts()
 }
 
-// GiveBack returns the counts of a key after the cost of a request that d
-// allowed is taken back: the request is done and should not count
-// (count_status), or, for concurrency, has released its units. A windowed
-// cost comes off the window it was charged in, d.Window, whether that is
-// still the current window or has become the previous one; a cost charged
-// in an older window no longer counts and is left alone. A GCRA cost moves
+// Release returns the counts of a key after the cost of a request that d
+// allowed is released: the request is done and should not count
+// (count_status), or, for concurrency, no longer holds its units. A
+// windowed cost comes off the window it was taken in, d.Window, whether
+// that is still the current window or has become the previous one; a cost
+// taken in an older window no longer counts and is left alone. A GCRA cost moves
 // the TAT back by cost×window/limit, for the limit d was decided against,
 // as if the request had never come. No count goes below zero.
 func Release(alg Algorithm, counts Counts, d Decision, l Rate, cost int64) Counts {

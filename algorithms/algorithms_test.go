@@ -106,7 +106,7 @@ func BenchmarkDecide(b *testing.B) {
 }
 
 // TestRolledReportsTheFinishedWindow: a decision that moves a key into a
-// new window reports what the key used in the last window it was charged
+// new window reports what the key used in the last window it was taken
 // in; a new key and a key within its window report no roll.
 func TestRolledReportsTheFinishedWindow(t *testing.T) {
 	rate := algorithms.Rate{Units: 10, Window: time.Minute}
@@ -180,7 +180,7 @@ func TestGCRARetryAtIsFirstAllowedInstant(t *testing.T) {
 	}
 }
 
-// TestGCRAKeepsTheRateExactly spends one unit at every first allowed
+// TestGCRAKeepsTheRateExactly takes one unit at every first allowed
 // instant, 5,000 times, at 3 per second with a burst of 2: the burst at
 // once, then the k-th unit at exactly ceil((k−1)·1000/3) ms, with no drift
 // from rounding. (With a burst of 1 a request that comes the fraction of a
@@ -260,10 +260,10 @@ func BenchmarkDecideGCRA(b *testing.B) {
 	}
 }
 
-// TestGiveBackUndoesACharge: a cost given back right after it was charged
+// TestReleaseUndoesATake: a cost released right after it was taken
 // leaves the key deciding as if the request had never come, for every
 // algorithm and many states.
-func TestGiveBackUndoesACharge(t *testing.T) {
+func TestReleaseUndoesATake(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 27))
 	for _, alg := range []algorithms.Algorithm{algorithms.SlidingTail, algorithms.FixedWindow, algorithms.GCRA, algorithms.Concurrency} {
 		l := algorithms.Rate{Units: 9, Window: 3 * time.Second}
@@ -273,22 +273,22 @@ func TestGiveBackUndoesACharge(t *testing.T) {
 			now = now.Add(time.Duration(rng.IntN(700)) * time.Millisecond)
 			cost := int64(1 + rng.IntN(3))
 			before, _ := algorithms.Decide(alg, c, now, l, 0)
-			d, charged := algorithms.Decide(alg, c, now, l, cost)
+			d, taken := algorithms.Decide(alg, c, now, l, cost)
 			if !d.Allowed {
-				c = charged
+				c = taken
 				if alg == algorithms.Concurrency {
 					c = algorithms.Counts{}
 				}
 				continue
 			}
-			back := algorithms.Release(alg, charged, d, l, cost)
+			back := algorithms.Release(alg, taken, d, l, cost)
 			after, _ := algorithms.Decide(alg, back, now, l, 0)
 			if after.Remaining != before.Remaining || after.Used != before.Used {
-				t.Fatalf("%s step %d: given back, remaining %d used %d; before the charge %d and %d",
+				t.Fatalf("%s step %d: released, remaining %d used %d; before the take %d and %d",
 					alg, i, after.Remaining, after.Used, before.Remaining, before.Used)
 			}
 			if rng.IntN(2) == 0 {
-				c = charged // keep some charges, so the key fills up
+				c = taken // keep some takes, so the key fills up
 			} else {
 				c = back
 			}
@@ -296,10 +296,10 @@ func TestGiveBackUndoesACharge(t *testing.T) {
 	}
 }
 
-// TestGiveBackWindows: a windowed cost comes off the window it was charged
+// TestReleaseWindows: a windowed cost comes off the window it was taken
 // in, current or since become the previous one, never off a later one,
 // and no count goes below zero.
-func TestGiveBackWindows(t *testing.T) {
+func TestReleaseWindows(t *testing.T) {
 	l := algorithms.Rate{Units: 10, Window: time.Second}
 	d := algorithms.Decision{Allowed: true, Window: 100}
 	for _, tc := range []struct {

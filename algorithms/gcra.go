@@ -149,7 +149,7 @@ func max2(a, b fracTime) fracTime {
 
 // Interval returns n·window/limit, the time n units take to accrue at
 // the rate of limit per window, as whole milliseconds and a fraction in
-// units of 1/limit ms: the amount a GCRA charge of n moved the TAT.
+// units of 1/limit ms: the amount a GCRA take of n moved the TAT.
 func Interval(n int64, window time.Duration, limit int64) (ms, frac int64) {
 	s := span(n, window.Milliseconds(), limit)
 	return s.ms, s.frac

@@ -2,11 +2,11 @@ package algorithms
 
 import "time"
 
-// A zone that gives a request's cost back after its response unless the
+// A zone that releases a request's cost after its response unless the
 // response's status is counted (count_status) takes the cost at
 // admission, so that concurrent attempts can never use more than the
 // limit. A browser that loads a page's eight assets with the right
-// password then fills a limit of five with costs that will all come back.
+// password then fills a limit of five with costs that will all be released.
 // If that zone also bans, only its settled count, the costs kept after
 // their responses, may begin a ban: a request the limit refuses while the
 // settled count alone has room for it was refused only for costs in
@@ -18,7 +18,7 @@ import "time"
 // and not yet done, Previous those taken in window Window-1. A cost taken
 // earlier has left the key's counts, whatever the algorithm (a sliding
 // tail counts a window's costs until the next window ends; a sliding
-// window's sub-windows leave sooner; a gcra charge has drained from the
+// window's sub-windows leave sooner; a gcra take has drained from the
 // bucket within a window when the burst is at most the limit, as by
 // default), so it is forgotten: a cost a store took and never heard back
 // about (an instance that died, an answer lost) stops weighing on the
@@ -70,7 +70,7 @@ func EndInFlight(p WindowCounts, window, cost int64) WindowCounts {
 // requests in flight, as stored: the counts the key would have if those
 // requests had not come, for Decide to judge. Windowed costs come off the
 // windows they were taken in; a gcra TAT moves back by the costs in
-// flight, as GiveBack moves it, for the limit l.Units.
+// flight, as Release moves it, for the limit l.Units.
 func Settled(alg Algorithm, counts Counts, p WindowCounts, now time.Time, l Rate) Counts {
 	if alg == GCRA {
 		units := inFlightUnits(p, now, l)
@@ -81,7 +81,7 @@ func Settled(alg Algorithm, counts Counts, p WindowCounts, now time.Time, l Rate
 	}
 	c := counts.Windows()
 	if p.Window > c.Window {
-		// Costs in flight taken after the counts were last charged: the
+		// Costs in flight taken in a later window than the counts': the
 		// counts were forgotten (a reset), and hold none of them.
 		return counts
 	}

@@ -38,15 +38,15 @@ type Request struct {
 	// rejects it: until the ban ends, every request of the key in the
 	// zone is rejected, whatever its counts. Stores honour a ban only for
 	// requests that carry one, so a zone whose ban is removed (or a dry
-	// run) is never refused by one. With GivesBack, only the key's
+	// run) is never refused by one. With Releasable, only the key's
 	// settled count may begin a ban (see TracksInFlight).
 	Ban time.Duration
-	// GivesBack tells that the handler may give the cost back once the
+	// Releasable tells that the handler may give the cost back once the
 	// request is done (count_status): the key's counts can fall before
 	// time frees them, so a store may not take one rejection as standing
 	// for the next (a remote store's cache of rejections), unless the key
 	// is banned.
-	GivesBack bool
+	Releasable bool
 	// Counted, in a Release of a request that TracksInFlight, tells that
 	// its response was one the zone counts: its cost stays charged, and
 	// is only no longer in flight.
@@ -61,7 +61,7 @@ type Request struct {
 // leaves it no room (algorithms.Settled); one refused only for costs
 // still in flight is marked so (Decision.InFlight), and bans nothing.
 func (q Request) TracksInFlight() bool {
-	return q.GivesBack && q.Ban > 0 && q.Cost > 0
+	return q.Releasable && q.Ban > 0 && q.Cost > 0
 }
 
 // Store keeps counters per zone and key.

@@ -23,7 +23,7 @@ import (
 // and bans for an hour.
 func loginRequest(key string) storage.Request {
 	return storage.Request{Zone: "login", Key: key, Algorithm: algorithms.FixedWindow,
-		Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Ban: time.Hour, GivesBack: true}
+		Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Ban: time.Hour, Releasable: true}
 }
 
 // failRedis takes req from r on the server's clock and, if it is
@@ -119,13 +119,13 @@ func TestRedisBanUnderOverride(t *testing.T) {
 	}
 }
 
-// TestRedisGiveBackNotCached: a zone whose costs come back keeps no
+// TestRedisReleaseNotCached: a zone whose costs come back keeps no
 // rejection in the deny cache, so a cost given back is usable at once, on
 // the server's clock (storetest checks the give-backs themselves).
-func TestRedisGiveBackNotCached(t *testing.T) {
+func TestRedisReleaseNotCached(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Store), s.URL())
-	one := storage.Request{Zone: "gb", Key: "one", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: time.Hour}, Cost: 1, GivesBack: true}
+	one := storage.Request{Zone: "gb", Key: "one", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: time.Hour}, Cost: 1, Releasable: true}
 	held := redisTake(t, r, time.Time{}, one)[0]
 	if d := redisTake(t, r, time.Time{}, one)[0]; d.Allowed {
 		t.Fatalf("second of one: %+v, want rejected", d)
@@ -138,13 +138,13 @@ func TestRedisGiveBackNotCached(t *testing.T) {
 	}
 }
 
-// TestRedisLeaseGiveBack: with leases, costs given back go into the
+// TestRedisLeaseRelease: with leases, costs given back go into the
 // lease without a call; Redis ends with exactly the costs kept.
-func TestRedisLeaseGiveBack(t *testing.T) {
+func TestRedisLeaseRelease(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, fmt.Sprintf("lgb%d:", time.Now().UnixNano()), 0)
 	fleetOf(t, s, 1, r)
-	req := storage.Request{Zone: "lgb", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1, GivesBack: true}
+	req := storage.Request{Zone: "lgb", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1, Releasable: true}
 	before, _ := s.ScriptCalls()
 	for i := range 500 {
 		d := redisTake(t, r, time.Time{}, req)[0]
@@ -213,7 +213,7 @@ func TestBansAgreeWithMemory(t *testing.T) {
 		t.Run(string(alg), func(t *testing.T) {
 			inFlight, bans := 0, 0
 			for k := range 20 {
-				req := storage.Request{Zone: "agree", Key: fmt.Sprint(alg, k), Algorithm: alg, GivesBack: true,
+				req := storage.Request{Zone: "agree", Key: fmt.Sprint(alg, k), Algorithm: alg, Releasable: true,
 					Rate: algorithms.Rate{Units: 1 + rng.Int64N(6), Window: time.Duration(1000+rng.Int64N(20000)) * time.Millisecond},
 					Ban:  time.Duration(1+rng.Int64N(10)) * time.Second}
 				if alg == algorithms.SlidingWindow {

@@ -38,12 +38,12 @@ const maxBatch = 128
 
 // A callPart is one request's part of a take script call.
 type callPart struct {
-	keys   []string
-	reqs   []storage.Request
-	charge bool
+	keys []string
+	reqs []storage.Request
+	take bool
 	// asks are the units each zone would lease beyond its cost (see
 	// lease.go); nil for none.
-	asks []int64
+	wants []int64
 	// deadline bounds the request's decision: the store's timeout from
 	// when it was asked.
 	deadline time.Time
@@ -276,17 +276,17 @@ func (c *client) call(ctx context.Context, clock int64, parts []*callPart) {
 	for i := 0; i < len(parts); i += parts[i].same {
 		t := parts[i]
 		// Constants, so that making them arguments allocates nothing.
-		if t.charge {
+		if t.take {
 			args = append(args, "1", len(t.reqs), t.same)
 		} else {
 			args = append(args, "0", len(t.reqs), t.same)
 		}
 		for z, q := range t.reqs {
-			var ask int64
-			if t.asks != nil {
-				ask = t.asks[z]
+			var want int64
+			if t.wants != nil {
+				want = t.wants[z]
 			}
-			zone := scriptZone(q, ask)
+			zone := scriptZone(q, want)
 			args = append(args, zone[:]...)
 		}
 	}
@@ -325,7 +325,7 @@ func groupParts(parts []*callPart) (entries, zones int) {
 	}
 	for i := 0; i < len(parts); {
 		end := i + 1
-		for end < len(parts) && sameAsk(parts[i], parts[end]) {
+		for end < len(parts) && sameEntry(parts[i], parts[end]) {
 			end++
 		}
 		parts[i].same = end - i
@@ -340,14 +340,14 @@ func groupParts(parts []*callPart) (entries, zones int) {
 // and keys, with the same algorithm, rate, cost, ban and give-backs. Concurrency requests
 // never do: each holds its units under a name of its own; nor does one
 // that asks for a lease, which only an entry of one request is granted.
-func sameAsk(a, b *callPart) bool {
-	if a.charge != b.charge || len(a.keys) != len(b.keys) || a.asks != nil || b.asks != nil {
+func sameEntry(a, b *callPart) bool {
+	if a.take != b.take || len(a.keys) != len(b.keys) || a.wants != nil || b.wants != nil {
 		return false
 	}
 	for i, qa := range a.reqs {
 		qb := b.reqs[i]
 		if a.keys[i] != b.keys[i] || qa.Algorithm != qb.Algorithm || qa.Rate != qb.Rate || qa.Cost != qb.Cost || qa.Ban != qb.Ban ||
-			qa.GivesBack != qb.GivesBack || qa.Algorithm == algorithms.Concurrency {
+			qa.Releasable != qb.Releasable || qa.Algorithm == algorithms.Concurrency {
 			return false
 		}
 	}
@@ -379,7 +379,7 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 		} else {
 			prev := vals[(i-1)*n : i*n]
 			copy(v, prev)
-			if lead.charge && int64(i-1) < allowed {
+			if lead.take && int64(i-1) < allowed {
 				for z, q := range lead.reqs {
 					_, next := decideAgain(q, prev[zoneValues*z:], now)
 					copy(v[zoneValues*z+outW:zoneValues*z+outP+1], next[:])
@@ -431,14 +431,14 @@ func evalInts(ctx context.Context, rdb goredis.UniversalClient, src string, args
 
 // scriptZone is the take script's arguments for the zone of q, which asks
 // for a lease of ask units (0 for none).
-func scriptZone(q storage.Request, ask int64) [zoneArgs]any {
+func scriptZone(q storage.Request, want int64) [zoneArgs]any {
 	var a [zoneArgs]any
 	a[argAlgorithm] = scriptAlgorithm(q.Algorithm)
 	a[argLimit] = q.Rate.Units
 	a[argWindow] = q.Rate.Window.Milliseconds()
 	a[argCost] = q.Cost
 	a[argExtra] = scriptExtra(q)
-	a[argLease] = ask
+	a[argLease] = want
 	a[argBan] = q.Ban.Milliseconds()
 	a[argInFlight] = scriptFlag(q.TracksInFlight())
 	return a

@@ -21,10 +21,10 @@ type client struct {
 	rdb     goredis.UniversalClient
 	breaker breaker
 	denies  denyCache
-	// batchers coalesce concurrent decisions, and refunds concurrent
+	// batchers coalesce concurrent decisions, and releases concurrent
 	// give-backs: one per cluster slot, or one for a single server.
 	batchers []slotQueue[*callPart]
-	refunds  []slotQueue[*refundPart]
+	releases []slotQueue[*releasePart]
 	// released wakes the requests waiting for concurrency units that a
 	// config on this client released: every handler and config sharing
 	// the connections, across reloads, as the memory store's does.
@@ -62,11 +62,11 @@ func newClient(opts *goredis.UniversalOptions, logger *zap.Logger) *client {
 	// Every connection checks its server's version first.
 	withCheck := *opts
 	withCheck.OnConnect = (&versionCheck{logger: logger}).onConnect
-	c := &client{rdb: goredis.NewUniversalClient(&withCheck), batchers: make([]slotQueue[*callPart], 1), refunds: make([]slotQueue[*refundPart], 1),
+	c := &client{rdb: goredis.NewUniversalClient(&withCheck), batchers: make([]slotQueue[*callPart], 1), releases: make([]slotQueue[*releasePart], 1),
 		closed: make(chan struct{}), cluster: opts.IsClusterMode, logger: logger, now: time.Now}
 	if opts.IsClusterMode {
 		c.batchers = make([]slotQueue[*callPart], clusterSlots)
-		c.refunds = make([]slotQueue[*refundPart], clusterSlots)
+		c.releases = make([]slotQueue[*releasePart], clusterSlots)
 	}
 	c.denies.init()
 	return c
@@ -253,7 +253,7 @@ func (c *denyCache) lookup(keys []string, reqs []storage.Request, decisions []al
 // store remembers the rejections among decisions.
 func (c *denyCache) store(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) {
 	for i, d := range decisions {
-		if d.Allowed || !d.RetryAt.After(now) || reqs[i].GivesBack && d.BanEnds.IsZero() {
+		if d.Allowed || !d.RetryAt.After(now) || reqs[i].Releasable && d.BanEnds.IsZero() {
 			continue
 		}
 		s := c.shard(keys[i])

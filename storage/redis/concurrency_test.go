@@ -119,7 +119,7 @@ func TestRedisReleaseManyZones(t *testing.T) {
 			return n
 		}
 		// Loaded first, so that the release's calls are EVALSHA alone.
-		if err := refundScript.Load(context.Background(), r.client.rdb).Err(); err != nil {
+		if err := releaseScript.Load(context.Background(), r.client.rdb).Err(); err != nil {
 			t.Fatal(err)
 		}
 		before := evalsha()
@@ -179,7 +179,7 @@ func TestRedisScriptsDeclareHolders(t *testing.T) {
 	want := []string{r.counterKey("conc", "k"), r.holderKey("conc", "k")}
 	for _, script := range []struct {
 		name, src string
-	}{{"take", takeSource}, {"refund", refundSource}} {
+	}{{"take", takeSource}, {"refund", releaseSource}} {
 		sha := goredis.NewScript(script.src).Hash()
 		calls := 0
 		for _, e := range entries {

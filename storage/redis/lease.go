@@ -99,14 +99,14 @@ type lease struct {
 	// window's end (gcra: when the bucket is full again).
 	capacity  int64
 	remaining int64
-	spent     int64
+	taken     int64
 	reset     time.Time
 	lastUsed  time.Time
 	// want is the lease the key's next call asks for; refilling tells
 	// that one is being asked for.
-	want      int64
-	refilling bool
-	series    *leaseSeries
+	want    int64
+	leasing bool
+	series  *leaseSeries
 	// prev and next link the record into its shard's lru; heldAt is its
 	// place in the shard's held, plus one (0: not there).
 	prev, next *lease
@@ -114,12 +114,12 @@ type lease struct {
 }
 
 // spendable reports whether the lease may pay for q at now.
-func (l *lease) spendable(q storage.Request, now time.Time) bool {
+func (l *lease) takable(q storage.Request, now time.Time) bool {
 	if l.units < q.Cost || l.rate != q.Rate || l.alg != q.Algorithm {
 		return false
 	}
 	if l.alg == algorithms.GCRA {
-		return now.UnixMilli() <= l.deadline(l.spent)
+		return now.UnixMilli() <= l.deadline(l.taken)
 	}
 	return now.Before(l.expires)
 }
@@ -138,7 +138,7 @@ func (l *lease) usable(now time.Time) bool {
 		return false
 	}
 	if l.alg == algorithms.GCRA {
-		return now.UnixMilli() <= l.deadline(l.spent)
+		return now.UnixMilli() <= l.deadline(l.taken)
 	}
 	return now.Before(l.expires)
 }
@@ -191,7 +191,7 @@ type heldUnits struct {
 }
 
 // unspent is what l holds, to give back.
-func (l *lease) unspent() heldUnits {
+func (l *lease) untaken() heldUnits {
 	return heldUnits{key: l.key, alg: l.alg, rate: l.rate, units: l.units, limit: l.limit, window: l.window, series: l.series}
 }
 
@@ -305,7 +305,7 @@ func (s *leaseShard) makeRoom() bool {
 	var victim *lease
 	n := 0
 	for l := s.lru.next; l != &s.lru && n < leaseEvictProbe; l, n = l.next, n+1 {
-		if l.refilling {
+		if l.leasing {
 			continue
 		}
 		if l.units == 0 {
@@ -320,7 +320,7 @@ func (s *leaseShard) makeRoom() bool {
 		return false
 	}
 	if victim.units > 0 {
-		s.back = append(s.back, victim.unspent())
+		s.back = append(s.back, victim.untaken())
 	}
 	s.forget(victim)
 	return true
@@ -344,7 +344,7 @@ func (t *leaseTable) unlockAll(set uint64) {
 // reports whether it did. decisions get what the requests would have been
 // told by Redis: allowed, with the remaining that Redis reported at the
 // lease less what this instance spent since.
-func (t *leaseTable) spend(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) bool {
+func (t *leaseTable) take(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) bool {
 	var buf [4]*leaseShard
 	shards := buf[:0]
 	var set uint64
@@ -357,26 +357,26 @@ func (t *leaseTable) spend(keys []string, reqs []storage.Request, decisions []al
 	defer t.unlockAll(set)
 	for i, q := range reqs {
 		l := shards[i].m[keys[i]]
-		if l == nil || !l.spendable(q, now) {
+		if l == nil || !l.takable(q, now) {
 			return false
 		}
 	}
 	for i, q := range reqs {
 		s := shards[i]
-		s.spendFrom(s.m[keys[i]], q, &decisions[i], now)
+		s.takeFrom(s.m[keys[i]], q, &decisions[i], now)
 	}
 	return true
 }
 
 // spendFrom pays for q from l, which may pay for it, and writes its
 // decision into d.
-func (s *leaseShard) spendFrom(l *lease, q storage.Request, d *algorithms.Decision, now time.Time) {
+func (s *leaseShard) takeFrom(l *lease, q storage.Request, d *algorithms.Decision, now time.Time) {
 	l.units -= q.Cost
-	l.spent += q.Cost
+	l.taken += q.Cost
 	s.touch(l, now)
-	remaining := max(l.remaining-l.spent, 0)
+	remaining := max(l.remaining-l.taken, 0)
 	*d = algorithms.Decision{Allowed: true, Limit: l.limit, Remaining: remaining, Used: l.capacity - remaining, Reset: l.reset, Window: l.window}
-	l.series.add(leaseSpent, q.Cost)
+	l.series.add(leaseTaken, q.Cost)
 }
 
 // asks returns, for a call that reqs make to Redis, the lease each zone
@@ -387,13 +387,13 @@ func (s *leaseShard) spendFrom(l *lease, q storage.Request, d *algorithms.Decisi
 // asks for no lease: it could never spend one. Nor does one with a zone
 // that bans: a ban must hold on every instance at once, so each of its
 // requests asks Redis.
-func (t *leaseTable) asks(keys []string, reqs []storage.Request, now time.Time) []int64 {
+func (t *leaseTable) wants(keys []string, reqs []storage.Request, now time.Time) []int64 {
 	for _, q := range reqs {
 		if q.Algorithm == algorithms.Concurrency || q.Ban > 0 {
 			return nil
 		}
 	}
-	var asks []int64
+	var wants []int64
 	for i, q := range reqs {
 		h := t.hash(keys[i])
 		s := &t.shards[leaseShardOf(h)]
@@ -402,29 +402,29 @@ func (t *leaseTable) asks(keys []string, reqs []storage.Request, now time.Time) 
 		if l == nil && t.seen.saw(h, now) {
 			l = s.add(keys[i], q, now)
 		}
-		if l != nil && !l.refilling {
-			if asks == nil {
-				asks = make([]int64, len(reqs))
+		if l != nil && !l.leasing {
+			if wants == nil {
+				wants = make([]int64, len(reqs))
 			}
-			asks[i] = l.want
-			l.refilling = true
+			wants[i] = l.want
+			l.leasing = true
 		}
 		s.mu.Unlock()
 	}
-	return asks
+	return wants
 }
 
 // unasked marks the keys of a call that asked for leases (asks, from
 // asks) and failed as no longer being refilled.
-func (t *leaseTable) unasked(keys []string, asks []int64) {
+func (t *leaseTable) leaseFailed(keys []string, wants []int64) {
 	for i, k := range keys {
-		if asks[i] == 0 {
+		if wants[i] == 0 {
 			continue
 		}
 		s := t.shard(k)
 		s.mu.Lock()
 		if l := s.m[k]; l != nil {
-			l.refilling = false
+			l.leasing = false
 		}
 		s.mu.Unlock()
 	}
@@ -434,15 +434,15 @@ func (t *leaseTable) unasked(keys []string, asks []int64) {
 // zone, with the decision of its request, the units granted and the
 // counts Redis left, and the series that counts units. Units still held
 // of an earlier lease in the same window are kept.
-func (t *leaseTable) granted(keys []string, reqs []storage.Request, a *leaseAnswer, decisions []algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
+func (t *leaseTable) leased(keys []string, reqs []storage.Request, a *leaseAnswer, decisions []algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
 	for i, q := range reqs {
-		if a.asks[i] == 0 {
+		if a.wants[i] == 0 {
 			continue
 		}
 		s := t.shard(keys[i])
 		s.mu.Lock()
 		if l := s.m[keys[i]]; l != nil { // else dropped meanwhile (an admin change)
-			s.grant(l, q, a, i, decisions[i], now, series)
+			s.addLease(l, q, a, i, decisions[i], now, series)
 		}
 		s.mu.Unlock()
 	}
@@ -450,9 +450,9 @@ func (t *leaseTable) granted(keys []string, reqs []storage.Request, a *leaseAnsw
 
 // grant records in l, the record of zone i of a call that asked for
 // leases (a), what the call brought for it.
-func (s *leaseShard) grant(l *lease, q storage.Request, a *leaseAnswer, i int, d algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
-	l.refilling = false
-	g := a.grants[i]
+func (s *leaseShard) addLease(l *lease, q storage.Request, a *leaseAnswer, i int, d algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
+	l.leasing = false
+	g := a.leased[i]
 	if !d.Allowed || g == 0 {
 		return
 	}
@@ -463,12 +463,12 @@ func (s *leaseShard) grant(l *lease, q storage.Request, a *leaseAnswer, i int, d
 	held := l.units
 	if held > 0 && (!l.usable(now) || l.rate != q.Rate || l.alg != q.Algorithm ||
 		q.Algorithm == algorithms.GCRA || l.window != d.Window) {
-		s.back = append(s.back, l.unspent())
+		s.back = append(s.back, l.untaken())
 		held = 0
 	}
 	l.rate, l.alg, l.limit = q.Rate, q.Algorithm, d.Limit
 	s.touch(l, now)
-	l.units, l.spent = held+g, 0
+	l.units, l.taken = held+g, 0
 	s.hold(l)
 	l.remaining = d.Remaining + held
 	l.capacity = d.Limit
@@ -494,10 +494,10 @@ func (s *leaseShard) grant(l *lease, q storage.Request, a *leaseAnswer, i int, d
 		l.window = d.Window
 		l.expires, l.reset = d.Reset, d.Reset
 	}
-	if g >= a.asks[i] {
+	if g >= a.wants[i] {
 		l.want = min(2*l.want, maxLease)
 	}
-	l.series.add(leaseTaken, g)
+	l.series.add(leaseLeased, g)
 }
 
 // giveBack puts the cost of q, allowed with d, back into this instance's
@@ -508,7 +508,7 @@ func (s *leaseShard) grant(l *lease, q storage.Request, a *leaseAnswer, i int, d
 // cost is never put back: each leased unit stands for an instant of the
 // bucket, and one charged at another instant is not interchangeable with
 // them.
-func (t *leaseTable) giveBack(key string, q storage.Request, d algorithms.Decision, now time.Time) bool {
+func (t *leaseTable) release(key string, q storage.Request, d algorithms.Decision, now time.Time) bool {
 	if !q.Algorithm.Windowed() && q.Algorithm != algorithms.SlidingWindow {
 		return false
 	}
@@ -516,13 +516,13 @@ func (t *leaseTable) giveBack(key string, q storage.Request, d algorithms.Decisi
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.m[key]
-	if l == nil || l.units+l.spent == 0 || l.window != d.Window || l.rate != q.Rate || l.alg != q.Algorithm || !now.Before(l.expires) {
+	if l == nil || l.units+l.taken == 0 || l.window != d.Window || l.rate != q.Rate || l.alg != q.Algorithm || !now.Before(l.expires) {
 		return false
 	}
 	l.units += q.Cost
-	l.spent = max(l.spent-q.Cost, 0)
+	l.taken = max(l.taken-q.Cost, 0)
 	s.hold(l)
-	l.series.add(leaseGivenBack, q.Cost)
+	l.series.add(leaseReleasedToLease, q.Cost)
 	return true
 }
 
@@ -550,7 +550,7 @@ func (s *leaseShard) due(now time.Time, out []heldUnits) []heldUnits {
 		l := s.held[i]
 		idle := now.Sub(l.lastUsed) >= leaseIdle
 		if l.units > 0 && (idle || !l.usable(now)) {
-			back = append(back, l.unspent())
+			back = append(back, l.untaken())
 			if idle {
 				l.want = max(1, l.want/2)
 			}
@@ -561,7 +561,7 @@ func (s *leaseShard) due(now time.Time, out []heldUnits) []heldUnits {
 		}
 	}
 	for l := s.lru.next; l != nil && l != &s.lru; {
-		if l.units > 0 || l.refilling || now.Sub(l.lastUsed) < leaseForget {
+		if l.units > 0 || l.leasing || now.Sub(l.lastUsed) < leaseForget {
 			break
 		}
 		next := l.next
@@ -612,7 +612,7 @@ func (t *leaseTable) all() []heldUnits {
 		s.back = nil
 		for _, l := range s.held {
 			if l.units > 0 {
-				out = append(out, l.unspent())
+				out = append(out, l.untaken())
 				l.units = 0
 			}
 			l.heldAt = 0
@@ -624,12 +624,12 @@ func (t *leaseTable) all() []heldUnits {
 	return out
 }
 
-// returnLeases gives back the unspent units of leases, in refund calls
+// releaseLeases gives back the unspent units of leases, in refund calls
 // shared with concurrent give-backs (see refund), one per cluster slot
 // (one in all on a single server), each bounded by timeout. A lease's
 // units go back as a charge of them in its window would (for gcra: at
 // the limit it was counted against).
-func (c *client) returnLeases(held []heldUnits, timeout time.Duration) {
+func (c *client) releaseLeases(held []heldUnits, timeout time.Duration) {
 	if len(held) == 0 {
 		return
 	}
@@ -639,17 +639,17 @@ func (c *client) returnLeases(held []heldUnits, timeout time.Duration) {
 	}
 	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
 		h := held[i]
-		return appendRefundArgs(dst, storage.Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window})
+		return appendReleaseArgs(dst, storage.Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window})
 	})
 	for k, p := range parts {
-		if err := c.refund(p, timeout); err != nil {
+		if err := c.release(p, timeout); err != nil {
 			// The units stay counted until their window ends: never
 			// more permissive.
 			c.logger.Warn("giving back leased rate limit units", zap.Int("keys", len(p.keys)), zap.Error(err))
 			continue
 		}
 		for _, i := range groups[k] {
-			held[i].series.add(leaseReturned, held[i].units)
+			held[i].series.add(leaseReleased, held[i].units)
 		}
 	}
 }
@@ -674,11 +674,11 @@ func (c *client) sweepLeases() {
 	for {
 		select {
 		case <-c.closed:
-			c.returnLeases(c.leases.all(), time.Second)
+			c.releaseLeases(c.leases.all(), time.Second)
 			return
 		case <-ticker.C:
 			if due := c.leases.due(c.now()); len(due) > 0 {
-				c.returnLeases(due, time.Second)
+				c.releaseLeases(due, time.Second)
 			}
 		}
 	}

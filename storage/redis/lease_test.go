@@ -91,7 +91,7 @@ func (t *leaseTable) count() (records int, units int64) {
 // script calls than requests, every unit counted in Redis before it is
 // spent, and the unspent units given back once the key goes unused, which
 // leaves Redis with exactly the units spent.
-func TestRedisLeaseSpendsWithoutCalls(t *testing.T) {
+func TestRedisLeaseTakesWithoutCalls(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, "lease1:", 0)
 	req := storage.Request{Zone: "z", Key: "hot", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
@@ -413,7 +413,7 @@ func TestLeaseTableFreshKeysAllocateNothing(t *testing.T) {
 	allocs := testing.AllocsPerRun(1000, func() {
 		keys[0] = fresh[n]
 		n++
-		table.asks(keys, reqs, now)
+		table.wants(keys, reqs, now)
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations a fresh key, want none", allocs)
@@ -441,14 +441,14 @@ func TestLeaseTableUnderFlood(t *testing.T) {
 	noSeries := func(string) *leaseSeries { return nil }
 	// call stands for a call to Redis that grants every lease asked for.
 	call := func(keys []string, reqs []storage.Request, limit int64) {
-		asks := table.asks(keys, reqs, now)
-		if asks == nil {
+		wants := table.wants(keys, reqs, now)
+		if wants == nil {
 			return
 		}
 		window := now.UnixMilli() / q.Rate.Window.Milliseconds()
 		d := []algorithms.Decision{{Allowed: true, Limit: limit, Remaining: limit - 2, Reset: time.UnixMilli((window + 1) * q.Rate.Window.Milliseconds()), Window: window}}
-		table.granted(keys, reqs, &leaseAnswer{asks: asks, grants: asks, tats: make([]int64, 1)}, d, now, noSeries)
-		granted += asks[0]
+		table.leased(keys, reqs, &leaseAnswer{wants: wants, leased: wants, tats: make([]int64, 1)}, d, now, noSeries)
+		granted += wants[0]
 	}
 	reqs := []storage.Request{q}
 	hotDecision := make([]algorithms.Decision, 1)
@@ -459,7 +459,7 @@ func TestLeaseTableUnderFlood(t *testing.T) {
 		call(keys, reqs, q.Rate.Units)
 		if i%100 == 0 {
 			hotRequests++
-			if table.spend(hot, hotReqs, hotDecision, now) {
+			if table.take(hot, hotReqs, hotDecision, now) {
 				spent++
 			} else {
 				hotCalls++
@@ -531,15 +531,15 @@ func TestRedisLeaseHotKeyUnderFlood(t *testing.T) {
 		defer shard.mu.Unlock()
 		return len(shard.m) >= leaseShardRecords
 	})
-	spent := func() float64 { return leaseUnitsOf(t, hot.Zone, "spent") }
-	before := spent()
+	taken := func() float64 { return leaseUnitsOf(t, hot.Zone, "taken") }
+	before := taken()
 	const requests = 2000
 	for i := range requests {
 		if d := redisTake(t, r, time.Time{}, hot)[0]; !d.Allowed {
 			t.Fatalf("hot request %d rejected", i)
 		}
 	}
-	calls := requests - int(spent()-before)
+	calls := requests - int(taken()-before)
 	t.Logf("%d of %d hot requests decided by Redis", calls, requests)
 	if calls > requests/20 {
 		t.Fatalf("%d of %d requests of a hot key decided by Redis during a flood, want leases to decide most", calls, requests)
@@ -601,17 +601,17 @@ func benchmarkLeaseSweep(b *testing.B, perMinute, times int) {
 	noSeries := func(string) *leaseSeries { return nil }
 	flood := func(key string) {
 		keys, reqs := []string{key}, []storage.Request{q}
-		t.asks(keys, reqs, now)
+		t.wants(keys, reqs, now)
 		if times < 2 {
 			return
 		}
-		asks := t.asks(keys, reqs, now)
-		if asks == nil {
+		wants := t.wants(keys, reqs, now)
+		if wants == nil {
 			return
 		}
 		window := now.UnixMilli() / q.Rate.Window.Milliseconds()
 		d := []algorithms.Decision{{Allowed: true, Limit: 1000, Remaining: 998, Reset: time.UnixMilli((window + 1) * q.Rate.Window.Milliseconds()), Window: window}}
-		t.granted(keys, reqs, &leaseAnswer{asks: asks, grants: []int64{1}, tats: make([]int64, 1)}, d, now, noSeries)
+		t.leased(keys, reqs, &leaseAnswer{wants: wants, leased: []int64{1}, tats: make([]int64, 1)}, d, now, noSeries)
 	}
 	key := func(n int) string { return "bench:{k" + strconv.Itoa(n) + "}:z" }
 	n := 0

@@ -1061,7 +1061,7 @@ func TestRedisCluster(t *testing.T) {
 			r.client.denies.init() // ask Redis every time
 		}
 		if got := count(t, "y1", k1); got != "0" {
-			t.Fatalf("zone y1 keeps %s after refunds", got)
+			t.Fatalf("zone y1 keeps %s after releases", got)
 		}
 		if n := calls(t, "evalsha") + calls(t, "eval"); n != 9 {
 			t.Fatalf("%d script calls for 3 rejected cross-slot requests, want 9 (charge, check, refund)", n)
@@ -1306,7 +1306,7 @@ func BenchmarkRedisTakeParallel(b *testing.B) {
 		return r.Take(context.Background(), []storage.Request{q}, d)
 	}
 	alone := func(q storage.Request, d []algorithms.Decision) error {
-		t := &callPart{keys: []string{r.counterKey(q.Zone, q.Key)}, reqs: []storage.Request{q}, charge: true}
+		t := &callPart{keys: []string{r.counterKey(q.Zone, q.Key)}, reqs: []storage.Request{q}, take: true}
 		r.client.call(context.Background(), 0, []*callPart{t})
 		d[0].Allowed = t.err == nil && t.vals[3] == 1
 		return t.err
@@ -1699,7 +1699,7 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 			}
 			// Half the zones that ban give costs back, and keep their
 			// costs in flight.
-			reqs = append(reqs, storage.Request{Algorithm: alg, Rate: l, Cost: cost, Ban: ban, GivesBack: ban > 0 && rng.IntN(2) == 0})
+			reqs = append(reqs, storage.Request{Algorithm: alg, Rate: l, Cost: cost, Ban: ban, Releasable: ban > 0 && rng.IntN(2) == 0})
 		}
 		// Two sets of keys in the same state: one decided by one call,
 		// the other by a call per request.
@@ -1743,7 +1743,7 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 				// A ban that has ended or has not.
 				fields = append(fields, "b", now-1000+rng.Int64N(2000))
 			}
-			if reqs[z].GivesBack && rng.IntN(2) == 0 {
+			if reqs[z].Releasable && rng.IntN(2) == 0 {
 				// Costs in flight, taken in this window or up to two
 				// before.
 				fields = append(fields, "iw", now/w-rng.Int64N(3), "ic", rng.Int64N(reqs[z].Rate.Units+1), "ip", rng.Int64N(reqs[z].Rate.Units+1))
@@ -1754,9 +1754,9 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 				}
 			}
 		}
-		charge := rng.IntN(5) != 0
+		take := rng.IntN(5) != 0
 		newTake := func(keys []string, reqs []storage.Request) *callPart {
-			return &callPart{keys: keys, reqs: reqs, charge: charge}
+			return &callPart{keys: keys, reqs: reqs, take: take}
 		}
 		// The same request m times, and now and then one of another cost
 		// on the same keys, or on keys of its own, in between.
@@ -1796,7 +1796,7 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 				t.Fatalf("case %d: errors %v, %v", i, tk.err, alone.err)
 			}
 			if !slices.Equal(tk.vals, alone.vals) {
-				t.Fatalf("case %d, request %d of %d (%+v, charge %v):\none call  %v\neach      %v", i, j, len(parts), tk.reqs, charge, tk.vals, alone.vals)
+				t.Fatalf("case %d, request %d of %d (%+v, take %v):\none call  %v\neach      %v", i, j, len(parts), tk.reqs, take, tk.vals, alone.vals)
 			}
 		}
 		for z := range zones {
@@ -1824,7 +1824,7 @@ func TestRedisCoalescedDeadline(t *testing.T) {
 	key := r.counterKey("z", "k")
 	b := r.client.batcher(key)
 	queue := func(deadline time.Time) *callPart {
-		tk := &callPart{keys: []string{key}, reqs: []storage.Request{req}, charge: true, deadline: deadline, done: make(chan struct{})}
+		tk := &callPart{keys: []string{key}, reqs: []storage.Request{req}, take: true, deadline: deadline, done: make(chan struct{})}
 		b.mu.Lock()
 		b.busy = true
 		b.waiting = append(b.waiting, tk)
@@ -1899,7 +1899,7 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	b.busy = true
 	b.mu.Unlock()
 	newTake := func() *callPart {
-		return &callPart{keys: []string{key}, reqs: []storage.Request{req}, charge: true, deadline: time.Now().Add(time.Hour)}
+		return &callPart{keys: []string{key}, reqs: []storage.Request{req}, take: true, deadline: time.Now().Add(time.Hour)}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	gone, stays := newTake(), newTake()

@@ -68,7 +68,7 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	}
 	now := r.now()
 	leasing := r.Lease && clock == 0
-	if leasing && c.leases.spend(keys, reqs, decisions, now) {
+	if leasing && c.leases.take(keys, reqs, decisions, now) {
 		return nil
 	}
 	if clock == 0 && c.denies.lookup(keys, reqs, decisions, now) {
@@ -93,15 +93,15 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	deadline := time.Now().Add(time.Duration(r.Timeout))
 	var leases *leaseAnswer
 	if leasing && (!r.Cluster || sameTag(keys)) {
-		if asks := c.leases.asks(keys, reqs, now); asks != nil {
-			leases = &leaseAnswer{asks: asks}
+		if wants := c.leases.wants(keys, reqs, now); wants != nil {
+			leases = &leaseAnswer{wants: wants}
 		}
 	}
-	err = r.charge(base, deadline, c, keys, reqs, decisions, clock, leases)
+	err = r.takeAll(base, deadline, c, keys, reqs, decisions, clock, leases)
 	now = r.now()
 	if err != nil {
 		if leases != nil {
-			c.leases.unasked(keys, leases.asks)
+			c.leases.leaseFailed(keys, leases.wants)
 		}
 		c.breaker.done(err, failureCounts(ctx, err), now)
 		return fmt.Errorf("redis: %w", err)
@@ -109,7 +109,7 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	c.breaker.done(nil, true, now)
 	c.answered()
 	if leases != nil {
-		c.leases.granted(keys, reqs, leases, decisions, now, r.leaseSeries)
+		c.leases.leased(keys, reqs, leases, decisions, now, r.leaseSeries)
 	}
 	if clock == 0 {
 		c.denies.store(keys, reqs, decisions, now)
@@ -122,9 +122,9 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 // gcra zone, the whole ms of the TAT its request left, before the lease,
 // in the script's clock, which is shift behind the local one.
 type leaseAnswer struct {
-	asks, grants []int64
-	tats         []int64
-	shift        time.Duration
+	wants, leased []int64
+	tats          []int64
+	shift         time.Duration
 }
 
 // failureCounts reports whether err, from a decision asked for under ctx,
@@ -141,11 +141,11 @@ func failureCounts(ctx context.Context, err error) bool {
 // chargeSlotGroups.
 // A call that asks for leases (leases not nil) is one call: its keys
 // share a slot.
-func (r *Store) charge(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
+func (r *Store) takeAll(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
 	if !r.Cluster || sameTag(keys) {
 		return r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true, leases)
 	}
-	return r.chargeSlotGroups(ctx, deadline, c, keys, reqs, decisions, clock)
+	return r.takeSlotGroups(ctx, deadline, c, keys, reqs, decisions, clock)
 }
 
 // sameTag reports whether all keys share one hash tag, and so one slot.
@@ -197,10 +197,10 @@ func hashTag(key string) string {
 // cannot be asked is reported as not rejecting, and a refund that fails is
 // logged and leaves its charge in place (counting too much, never too
 // little).
-func (r *Store) chargeSlotGroups(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64) error {
+func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64) error {
 	groups := tagGroups(keys)
 
-	var refunds []*refundPart
+	var releases []*releasePart
 	rejected := false
 	var firstErr error
 	for gi, g := range groups {
@@ -233,11 +233,11 @@ func (r *Store) chargeSlotGroups(ctx context.Context, deadline time.Time, c *cli
 			continue
 		}
 		if !rejected {
-			args := make([]any, 0, refundArgs*len(gReqs))
+			args := make([]any, 0, releaseArgs*len(gReqs))
 			for j, q := range gReqs {
-				args = appendRefundArgs(args, q, gDec[j])
+				args = appendReleaseArgs(args, q, gDec[j])
 			}
-			refunds = append(refunds, &refundPart{keys: gKeys, args: args})
+			releases = append(releases, &releasePart{keys: gKeys, args: args})
 		}
 	}
 	if !rejected && firstErr == nil {
@@ -245,8 +245,8 @@ func (r *Store) chargeSlotGroups(ctx context.Context, deadline time.Time, c *cli
 	}
 	// Undo the charges with a fresh budget: the decision's own timeout may
 	// be what ended it.
-	for _, p := range refunds {
-		if err := c.refund(p, time.Duration(r.Timeout)); err != nil {
+	for _, p := range releases {
+		if err := c.release(p, time.Duration(r.Timeout)); err != nil {
 			r.logger.Error("refunding a request rejected in another cluster slot failed; its charge stays",
 				zap.Int("zones", len(p.keys)), zap.Error(err))
 		}
@@ -294,10 +294,10 @@ const (
 // runTake decides reqs, whose keys all lie in one slot, in one script call
 // (shared with concurrent requests; see batch.go) by deadline, and
 // fills decisions, and leases with what it asks for.
-func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, charge bool, leases *leaseAnswer) error {
-	t := &callPart{keys: keys, reqs: reqs, charge: charge, deadline: deadline}
+func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, take bool, leases *leaseAnswer) error {
+	t := &callPart{keys: keys, reqs: reqs, take: take, deadline: deadline}
 	if leases != nil {
-		t.asks = leases.asks
+		t.wants = leases.wants
 	}
 	var err error
 	if clock != 0 {
@@ -319,7 +319,7 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 		shift = r.now().Sub(time.UnixMilli(serverNow))
 	}
 	if leases != nil {
-		leases.grants, leases.tats, leases.shift = make([]int64, len(reqs)), make([]int64, len(reqs)), shift
+		leases.leased, leases.tats, leases.shift = make([]int64, len(reqs)), make([]int64, len(reqs)), shift
 	}
 	for i, q := range reqs {
 		v := t.vals[zoneValues*i:]
@@ -345,7 +345,7 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 		}
 		decisions[i] = d
 		if leases != nil {
-			leases.grants[i] = v[outLeased]
+			leases.leased[i] = v[outLeased]
 			if q.Algorithm == algorithms.GCRA {
 				// The TAT the request left, before the lease.
 				leases.tats[i] = algorithms.Counts{W: next[0], C: next[1], P: next[2]}.TATMillis()
@@ -434,7 +434,7 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 	now := r.now()
 	for i, q := range reqs {
 		key := r.counterKey(q.Zone, q.Key)
-		if r.Lease && !q.Counted && c.leases.giveBack(key, q, decisions[i], now) {
+		if r.Lease && !q.Counted && c.leases.release(key, q, decisions[i], now) {
 			continue
 		}
 		keys = append(keys, key)
@@ -447,10 +447,10 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 	// The request's client may be gone; what it took goes back anyway, in
 	// a call shared with the give-backs of other requests (see
 	// refund.go). A slot that fails does not keep the others'.
-	parts, groups := c.slotParts(keys, func(dst []any, i int) []any { return appendRefundArgs(dst, held[i], heldDecisions[i]) })
+	parts, groups := c.slotParts(keys, func(dst []any, i int) []any { return appendReleaseArgs(dst, held[i], heldDecisions[i]) })
 	var failed error
 	for k, p := range parts {
-		if err := c.refund(p, time.Duration(r.Timeout)); err != nil && failed == nil {
+		if err := c.release(p, time.Duration(r.Timeout)); err != nil && failed == nil {
 			failed = fmt.Errorf("redis: releasing zone %q: %w", held[groups[k][0]].Zone, err)
 		}
 	}
@@ -468,12 +468,12 @@ func (r *Store) Released() <-chan struct{} {
 var (
 	//go:embed scripts/take*.lua
 	takePieces embed.FS
-	//go:embed scripts/refund.lua
-	refundSource string
+	//go:embed scripts/release.lua
+	releaseSource string
 
-	takeSource   = joinPieces(takePieces, takeOrder)
-	takeScript   = goredis.NewScript(takeSource)
-	refundScript = goredis.NewScript(refundSource)
+	takeSource    = joinPieces(takePieces, takeOrder)
+	takeScript    = goredis.NewScript(takeSource)
+	releaseScript = goredis.NewScript(releaseSource)
 )
 
 // takeOrder lists the pieces of the take script in the order they are

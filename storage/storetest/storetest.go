@@ -47,8 +47,8 @@ func Run(t *testing.T, newStore NewStore) {
 		{"exact_under_concurrency", testExactUnderConcurrency},
 		{"keys_never_share", testKeysNeverShare},
 		{"concurrency_units", testConcurrencyUnits},
-		{"give_back", testGiveBack},
-		{"ring_give_back", testRingGiveBack},
+		{"release", testRelease},
+		{"ring_release", testRingRelease},
 		{"ban", testBan},
 		{"reset", testReset},
 		{"override", testOverride},
@@ -151,7 +151,7 @@ func testVectors(t *testing.T, s *suite) {
 // back: refusals for costs in flight, bans begun on the settled count.
 func testBanVectors(t *testing.T, s *suite) {
 	req := func(vc vectors.BanCase, key string, cost int64) storage.Request {
-		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Ban: vc.Ban, GivesBack: true}
+		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Ban: vc.Ban, Releasable: true}
 	}
 	vectors.RunBans(t, func(t *testing.T, now time.Time, vc vectors.BanCase, key string, cost int64) algorithms.Decision {
 		s.clock.set(now)
@@ -316,21 +316,21 @@ func testConcurrencyUnits(t *testing.T, s *suite) {
 
 // testGiveBack: a cost given back (a response that does not count) comes
 // off the window it was charged in, and a GCRA bucket refills by it.
-func testGiveBack(t *testing.T, s *suite) {
+func testRelease(t *testing.T, s *suite) {
 	window := time.Minute
 	s.clock.set(s.clock.now().Truncate(window))
-	req := storage.Request{Zone: "gb", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 10, Window: window}, Cost: 3, GivesBack: true}
+	req := storage.Request{Zone: "gb", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 10, Window: window}, Cost: 3, Releasable: true}
 	counts := func() algorithms.WindowCounts {
 		t.Helper()
 		return s.keyState(t, "gb", "k", window).Counts.Windows()
 	}
-	giveBack := func(d algorithms.Decision) {
+	release := func(d algorithms.Decision) {
 		t.Helper()
 		s.release(t, []storage.Request{req}, []algorithms.Decision{d})
 	}
 	first := s.take(t, req)[0]
 	s.take(t, req)
-	giveBack(first)
+	release(first)
 	if got := counts(); got.Current != 3 {
 		t.Fatalf("after giving one back: %+v, want 3 counted", got)
 	}
@@ -338,16 +338,16 @@ func testGiveBack(t *testing.T, s *suite) {
 	// window.
 	s.clock.add(window)
 	second := s.take(t, req)[0]
-	giveBack(first)
+	release(first)
 	if got := counts(); got.Previous != 0 || got.Current != 3 {
 		t.Fatalf("after giving back a cost of the previous window: %+v, want 0 previous, 3 current", got)
 	}
-	giveBack(second)
+	release(second)
 	if got := counts(); got.Current != 0 {
 		t.Fatalf("after giving back the current window's: %+v, want nothing counted", got)
 	}
 
-	g := storage.Request{Zone: "gb", Key: "g", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 4, Window: time.Minute}, Cost: 4, GivesBack: true}
+	g := storage.Request{Zone: "gb", Key: "g", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 4, Window: time.Minute}, Cost: 4, Releasable: true}
 	d := s.take(t, g)[0]
 	if again := s.take(t, g)[0]; again.Allowed {
 		t.Fatalf("a gcra bucket emptied: %+v, want rejected", again)
@@ -361,7 +361,7 @@ func testGiveBack(t *testing.T, s *suite) {
 // testRingGiveBack: a sliding window's cost given back comes off the
 // sub-window it was charged in; the admin side reads the ring, and a
 // reset forgets it.
-func testRingGiveBack(t *testing.T, s *suite) {
+func testRingRelease(t *testing.T, s *suite) {
 	window := time.Minute
 	s.clock.set(s.clock.now().Truncate(window))
 	req := storage.Request{Zone: "rg", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 2, Window: window, Buckets: 6}, Cost: 1}
@@ -390,7 +390,7 @@ func testRingGiveBack(t *testing.T, s *suite) {
 // count.
 func loginRequest(key string) storage.Request {
 	return storage.Request{Zone: "login", Key: key, Algorithm: algorithms.FixedWindow,
-		Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Ban: time.Hour, GivesBack: true}
+		Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Ban: time.Hour, Releasable: true}
 }
 
 // fail takes q and, if it is allowed, ends it as a failed login: its

@@ -45,7 +45,7 @@ ALGS.c = {
   -- The units held count as a fixed window's count does, for a lease and
   -- for costs in flight.
   room = ALGS.f.room,
-  grant = ALGS.f.grant,
+  lease = ALGS.f.lease,
   settle = ALGS.f.settle,
   window = ALGS.f.window,
 }

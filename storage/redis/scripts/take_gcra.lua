@@ -71,7 +71,7 @@ ALGS.g = {
   end,
 
   -- The TAT moves on by units*T.
-  grant = function(j, zone, units)
+  lease = function(j, zone, units)
     local limit = zone.limit
     local cq, cr = muldiv(units, zone.window, limit)
     local nms, nf = s[j + W] + cq, s[j + C] + cr

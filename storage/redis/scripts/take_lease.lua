@@ -11,14 +11,14 @@
 
 -- grantLeases charges the leases the n zones of an entry ask for, its
 -- one request having just been allowed and charged.
-local function grantLeases(zones, n)
+local function leaseUnits(zones, n)
   for z = 1, n do
     local zone = zones[z]
     if zone.lease > 0 then
       local j, alg = zone.j, ALGS[zone.alg]
       local units = math.min(zone.lease, math.floor(alg.room(j, zone) / (2 * instances)))
       if units > 0 then
-        alg.grant(j, zone, units)
+        alg.lease(j, zone, units)
         out[zone.base + OUT_LEASED] = units
         if s[j + WRITE] == WRITE_NONE then
           s[j + WRITE] = WRITE_COUNTS

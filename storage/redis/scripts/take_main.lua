@@ -59,9 +59,9 @@ end
 -- current request's charge for each: their first n are the entry's, and a
 -- zone's table is reused from entry to entry, every field set anew.
 local k, a, o = 0, 3, 1
-local zones, charges = {}, {}
+local zones, decisions = {}, {}
 while a <= #ARGV do
-  local charge = ARGV[a] == '1'
+  local take = ARGV[a] == '1'
   local n = tonumber(ARGV[a + 1])
   local m = tonumber(ARGV[a + 2])
   a = a + 3
@@ -117,26 +117,26 @@ while a <= #ARGV do
       local ok = d.allowed and not bannedNow(zone)
       out[zone.base + OUT_ALLOWS] = ok and 1 or 0
       all = all and ok
-      charges[z] = d
+      decisions[z] = d
     end
     if not all then
       break
     end
-    if not charge then
+    if not take then
       -- Nothing changes: every one of them is allowed.
       allowed = m
       break
     end
     allowed = allowed + 1
     for z = 1, n do
-      commit(zones[z], charges[z])
+      commit(zones[z], decisions[z])
     end
   end
   out[first] = allowed
   if allowed < m then
     banRejecting(zones, n)
   end
-  if charge and m == 1 and allowed == 1 then
-    grantLeases(zones, n)
+  if take and m == 1 and allowed == 1 then
+    leaseUnits(zones, n)
   end
 end

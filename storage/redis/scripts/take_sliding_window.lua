@@ -117,7 +117,7 @@ ALGS.w = {
     return room
   end,
 
-  grant = function(j, zone, units)
+  lease = function(j, zone, units)
     local r = rings[j]
     local pos = s[j + W] % #r + 1
     r[pos] = r[pos] + units

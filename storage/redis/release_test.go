@@ -14,16 +14,16 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// TestRedisQueuedRefundsShareACall: while a refund call is in flight (to
+// TestRedisQueuedReleasesShareACall: while a refund call is in flight (to
 // a paused server), the give-backs that come meanwhile queue and go in the
 // next call, up to maxBatch in a call; every one is given back.
-func TestRedisQueuedRefundsShareACall(t *testing.T) {
+func TestRedisQueuedReleasesShareACall(t *testing.T) {
 	s := redistest.Standalone(t)
 	// A timeout longer than the test: the call held in flight waits for
 	// the paused server, not for its deadline.
 	r := newRedisStore(t, &Store{Timeout: caddy.Duration(time.Hour)}, s.URL())
-	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1, GivesBack: true}
-	q := r.client.refundQueue(r.counterKey("z", "k"))
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1, Releasable: true}
+	q := r.client.releaseQueue(r.counterKey("z", "k"))
 	queueIs := func(cond func() bool) func() bool {
 		return func() bool {
 			q.mu.Lock()
