@@ -396,13 +396,13 @@ func TestRedisFleetCountStatusLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	given := 0
+	released := 0
 	for _, in := range fleet {
-		given += metricCount(t, in.admin, `caddy_http_rate_limit_lease_units_total{outcome="given_back",zone="fleet"}`)
+		released += metricCount(t, in.admin, `caddy_http_rate_limit_lease_units_total{outcome="released_to_lease",zone="fleet"}`)
 	}
-	t.Logf("%d successful requests: %d script calls, %d units given back into leases", ok, calls, given)
-	if calls*5 > ok || given == 0 {
-		t.Fatalf("%d script calls and %d units given back into leases for %d successes: the give-backs do not use the leases", calls, given, ok)
+	t.Logf("%d successful requests: %d script calls, %d units released into leases", ok, calls, released)
+	if calls*5 > ok || released == 0 {
+		t.Fatalf("%d script calls and %d units released into leases for %d successes: the releases do not use the leases", calls, released, ok)
 	}
 	waitUsed(t, fleet[0].admin, "fleet", "hot", 0)
 
