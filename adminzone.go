@@ -18,7 +18,7 @@ func (z *Zone) Info() admin.ZoneInfo {
 	info := admin.ZoneInfo{Name: z.Name, Algorithm: z.Algorithm, Burst: z.Burst, Buckets: z.Buckets,
 		Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun}
 	if z.Algorithm == algorithms.Concurrency {
-		info.Lease = time.Duration(z.Lease).String()
+		info.Hold = z.hold().String()
 	} else {
 		info.Window = time.Duration(z.Window).String()
 	}

@@ -108,7 +108,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 //			window <duration>                       # not with concurrency
 //			algorithm sliding_tail|fixed_window|gcra|concurrency
 //			burst <n>                               # gcra
-//			lease <duration>                        # concurrency
+//			hold <duration>                         # concurrency (old name: lease)
 //			cost <METHOD|*> <n>
 //			max_delay <duration>
 //			max_waiting <n>
@@ -258,8 +258,11 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 		// A second line would silently replace the first; key and limit
 		// take their alternatives on one line. match and cost repeat.
 		once := dir
-		if dir == "events" {
+		switch dir {
+		case "events":
 			once = "limit"
+		case "lease":
+			once = "hold"
 		}
 		if dir != "match" && dir != "cost" {
 			if given[once] {
@@ -307,15 +310,21 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 			z.Window = caddy.Duration(dur)
 
-		case "lease":
+		case "hold", "lease":
+			// lease is hold's old name: it stays the zone's lease, so
+			// that what is refused names what was written.
 			dur, err := parseDuration(d)
 			if err == nil {
-				err = checkLease(dur)
+				err = checkHold(dur)
 			}
 			if err != nil {
 				return nil, fail(err)
 			}
-			z.Lease = caddy.Duration(dur)
+			if dir == "hold" {
+				z.Hold = caddy.Duration(dur)
+			} else {
+				z.Lease = caddy.Duration(dur)
+			}
 
 		case "burst":
 			var s string
@@ -445,7 +454,7 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 
 		default:
-			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, buckets, burst, lease, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix, status, count_status or ban)", z.Name, dir)
+			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, buckets, burst, hold, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix, status, count_status or ban)", z.Name, dir)
 		}
 	}
 	// What no line could check: the fields that are missing.

@@ -203,9 +203,12 @@ type Zone struct {
 	// Default: the limit.
 	Burst int64 `json:"burst,omitempty"`
 
-	// concurrency only: how long a shared store (Redis) keeps the units of
-	// a request whose instance died before releasing them. Set it above
-	// the longest a request may take. Default: 1m.
+	// concurrency only: how long a shared store (Redis) holds the units
+	// of a request whose instance died before releasing them. Set it
+	// above the longest a request may take. Default: 1m.
+	Hold caddy.Duration `json:"hold,omitempty"`
+
+	// The old name of hold, still accepted; a zone sets one or the other.
 	Lease caddy.Duration `json:"lease,omitempty"`
 
 	// Cost of a request by HTTP method; "*" sets the cost of other methods.
@@ -287,7 +290,7 @@ type Zone struct {
 	costs        [methodCount]int64
 	waiting      atomic.Int64
 	// period is the Window of the zone's rates: the window, or for a
-	// concurrency zone the lease.
+	// concurrency zone the hold.
 	period time.Duration
 	// policySeconds is the window in whole seconds, rounded up, for the
 	// RateLimit-Policy header.
@@ -425,10 +428,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	}
 	z.period = time.Duration(z.Window)
 	if z.Algorithm == algorithms.Concurrency {
-		if z.Lease == 0 {
-			z.Lease = caddy.Duration(DefaultLease)
-		}
-		z.period = time.Duration(z.Lease)
+		z.period = z.hold()
 	}
 	keys := z.KeyAlternatives
 	if len(keys) == 0 {
@@ -615,25 +615,31 @@ func (z *Zone) validate() error {
 
 // validateAlgorithmOptions checks the options that belong to some
 // algorithms only: a window for every algorithm but concurrency, burst for
-// gcra, lease for concurrency.
+// gcra, hold (or its old name, lease) for concurrency.
 func (z *Zone) validateAlgorithmOptions() error {
 	alg := z.Algorithm
 	if alg == "" {
 		alg = algorithms.SlidingTail
 	}
 	if alg == algorithms.Concurrency {
-		// Units in flight are given back anyway, and nothing frees up at a
+		// Units in flight are released anyway, and nothing frees up at a
 		// known instant for a ban to outlast.
 		if len(z.CountStatus) > 0 {
-			return errors.New("count_status: not for algorithm concurrency, which gives every request's units back when it is done (want a windowed or gcra zone)")
+			return errors.New("count_status: not for algorithm concurrency, which releases every request's units when it is done (want a windowed or gcra zone)")
 		}
 		if z.Ban != 0 {
 			return errors.New("ban: not for algorithm concurrency, which limits requests in flight, not a rate to exceed (want a windowed or gcra zone)")
 		}
 		if z.Window != 0 {
-			return fmt.Errorf("window: not used by algorithm concurrency, which limits requests in flight (want no window; lease bounds how long a dead instance's units stay held), got %s", time.Duration(z.Window))
+			return fmt.Errorf("window: not used by algorithm concurrency, which limits requests in flight (want no window; hold bounds how long a dead instance's units stay held), got %s", time.Duration(z.Window))
 		}
-		if err := checkLease(time.Duration(z.Lease)); z.Lease != 0 && err != nil {
+		if z.Hold != 0 && z.Lease != 0 {
+			return errors.New("lease: the old name of hold (want hold only, not both)")
+		}
+		if err := checkHold(time.Duration(z.Hold)); z.Hold != 0 && err != nil {
+			return fmt.Errorf("hold: %w", err)
+		}
+		if err := checkHold(time.Duration(z.Lease)); z.Lease != 0 && err != nil {
 			return fmt.Errorf("lease: %w", err)
 		}
 	} else {
@@ -643,8 +649,11 @@ func (z *Zone) validateAlgorithmOptions() error {
 		if err := checkWindow(time.Duration(z.Window)); err != nil {
 			return fmt.Errorf("window: %w", err)
 		}
+		if z.Hold != 0 {
+			return fmt.Errorf("hold: only for algorithm concurrency (want no hold with algorithm %s), got %s", alg, time.Duration(z.Hold))
+		}
 		if z.Lease != 0 {
-			return fmt.Errorf("lease: only for algorithm concurrency (want no lease with algorithm %s), got %s", alg, time.Duration(z.Lease))
+			return fmt.Errorf("lease: only for algorithm concurrency (want no lease, the old name of hold, with algorithm %s), got %s", alg, time.Duration(z.Lease))
 		}
 	}
 	if z.Buckets != 0 {
@@ -760,11 +769,23 @@ func checkBurst(n int64) error {
 	return nil
 }
 
-// DefaultLease is how long a shared store keeps concurrency units whose
-// holder never released them, when lease is not set.
-const DefaultLease = time.Minute
+// DefaultHold is how long a shared store holds concurrency units whose
+// holder never released them, when hold is not set.
+const DefaultHold = time.Minute
 
-func checkLease(d time.Duration) error {
+// hold is a concurrency zone's hold, whichever name it was set by
+// (validate refuses both), or DefaultHold.
+func (z *Zone) hold() time.Duration {
+	switch {
+	case z.Hold != 0:
+		return time.Duration(z.Hold)
+	case z.Lease != 0:
+		return time.Duration(z.Lease)
+	}
+	return DefaultHold
+}
+
+func checkHold(d time.Duration) error {
 	if d < time.Second {
 		return fmt.Errorf("want a duration of at least 1s, got %s", d)
 	}

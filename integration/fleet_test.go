@@ -91,7 +91,7 @@ func TestRedisFleetExact(t *testing.T) {
 // a slow upstream, 2 served and 4 rejected; every unit comes back, also
 // after 1,000 requests with random client aborts.
 func TestRedisConcurrencyFleet(t *testing.T) {
-	zone := "\t\t\tkey {header.X-Client}\n\t\t\tlimit 2\n\t\t\talgorithm concurrency\n\t\t\tlease 1m"
+	zone := "\t\t\tkey {header.X-Client}\n\t\t\tlimit 2\n\t\t\talgorithm concurrency\n\t\t\thold 1m"
 	// holders counts the holders Redis keeps for key (nil on a cluster,
 	// whose nodes the test does not ask).
 	run := func(t *testing.T, store string, holders func(key string) string) {
