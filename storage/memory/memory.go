@@ -166,7 +166,7 @@ func (m *Store) Take(_ context.Context, reqs []storage.Request, decisions []algo
 	return nil
 }
 
-// Release implements storage.Store: it gives back what Take charged
+// Release implements storage.Store: it releases what Take took for
 // reqs, and wakes requests waiting for concurrency units.
 func (m *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	m.counters.release(reqs, decisions)
@@ -174,7 +174,7 @@ func (m *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 }
 
 // Released implements storage.Store: the channel is closed at the next
-// Release, the moment units come back.
+// Release, the moment units are released.
 func (m *Store) Released() <-chan struct{} {
 	return m.counters.released.Wait()
 }
@@ -227,7 +227,7 @@ const DefaultSweepInterval = 10 * time.Second
 
 // maxCount bounds limits and costs the memory store accepts. Decide adds a
 // cost to a count only while the count stays within the limit, so no count
-// exceeds it and 32 bits hold every count. The handler never asks for
+// exceeds it and 32 bits hold every count. The handler never takes
 // more (its limits and costs are at most math.MaxInt32 too).
 const maxCount = math.MaxInt32
 
@@ -246,7 +246,7 @@ type slot struct {
 	// up (see expiry): the sweep runs every few seconds, so milliseconds
 	// would buy nothing, and 32 bits last until 2106.
 	expires uint32
-	// ref is CLOCK's reference bit: set when the key is asked for again,
+	// ref is CLOCK's reference bit: set when the key is requested again,
 	// cleared when the hand passes it.
 	ref bool
 	// kind is what decided the counts, which says how counts reads w
@@ -366,7 +366,7 @@ type counters struct {
 	now    func() time.Time
 	shards [shardCount]shard
 
-	// maxPerShard bounds each shard; read on every charge, so atomic
+	// maxPerShard bounds each shard; read on every take, so atomic
 	// rather than behind one lock that all shards would share.
 	maxPerShard atomic.Int64
 
@@ -464,7 +464,7 @@ type zoneKey struct{ zone, key string }
 
 func shardOf(h uint64) int { return int(h % shardCount) }
 
-// take decides and, if all are allowed, charges reqs atomically: the shards
+// take decides and, if all are allowed, takes reqs atomically: the shards
 // of all keys are locked together, in index order so that concurrent takes
 // cannot deadlock. Limits and costs must be within maxCount.
 func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision) {
@@ -491,7 +491,7 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 	}()
 
 	// Read the clock under the locks, so that no request decides with a
-	// time older than one that charged the same key before it.
+	// time older than one that took for the same key before it.
 	now := c.now()
 	nowMs := now.UnixMilli()
 	allowed := true
@@ -530,7 +530,7 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 		} else {
 			var counts algorithms.Counts
 			if j, ok := s.counts.lookup(hashes[i]); ok {
-				// A key asked for is in use, allowed or not: a key being
+				// A key requested is in use, allowed or not: a key being
 				// refused must not be the one evicted, or its counts would
 				// be lost.
 				s.counts.slots[j].ref = true
@@ -618,7 +618,7 @@ type pendingRing struct {
 
 // expiry is when counts stop mattering, in Unix seconds rounded up.
 // Windowed counts matter until the end of the next window: a sliding tail
-// weighs the current window as its previous one, and the first charge in
+// weighs the current window as its previous one, and the first take in
 // the next window reports what the current one came to (the period usage
 // metric), as the Redis store does. A GCRA key matters until its TAT,
 // when its bucket is full again, as if it had never been seen. Units held
@@ -646,7 +646,7 @@ func unixSeconds(ms int64) uint32 {
 
 // store writes counts for h. A new key first makes room: it evicts while
 // the shard holds bound keys. A new key starts with its reference bit
-// clear: it earns a second chance only by being asked for again, so a
+// clear: it earns a second chance only by being requested again, so a
 // flood of one-off keys (an attacker rotating addresses, say) evicts its
 // own keys before those of clients that keep coming back, and a shard in
 // which every key is referenced, where CLOCK would take whichever key the
@@ -667,11 +667,11 @@ func slotFor[S any, P slotPtr[S]](s *shard, t *table[S, P], h uint64, bound int,
 	return t.add(h), false
 }
 
-// release gives back what Take charged reqs, allowed with decisions: a
+// release releases what Take took for reqs, allowed with decisions: a
 // concurrency request's units, another's cost (algorithms.Release), and
 // ends the costs in flight of those whose store keeps them, whether their
-// cost comes back or, counted, stays. A concurrency key whose units are
-// all back is forgotten; other keys keep their expiry.
+// cost is released or, counted, stays. A concurrency key whose units are
+// all released is forgotten; other keys keep their expiry.
 func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decision) {
 	for i, r := range reqs {
 		h := c.keyHash(r.Zone, r.Key)
@@ -688,7 +688,7 @@ func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decisi
 	c.released.Signal()
 }
 
-// giveBack takes back the cost of r, allowed with d, from the counts of
+// release releases the cost of r, allowed with d, from the counts of
 // the key with hash h.
 func (s *shard) release(h uint64, r storage.Request, d algorithms.Decision) {
 	if r.Algorithm == algorithms.SlidingWindow {

@@ -628,10 +628,10 @@ var roundTripInstants = []time.Time{
 	time.Date(2100, 6, 1, 0, 0, 0, 7e6, time.UTC),
 }
 
-// TestMemorySlotRoundTrip: a slot keeps 32 bits of Counts.Window and finds
+// TestMemorySlotRoundTrip: a slot keeps 32 bits of Counts.W and finds
 // the rest from its expiry: window indexes for windows of 1 ms to 30
 // days, and GCRA TATs up to 30 days ahead, at instants from 1970 to 2100,
-// read back whole; so does a GCRA TAT moved back by a give-back of a
+// read back whole; so does a GCRA TAT moved back by a release of a
 // month.
 func TestMemorySlotRoundTrip(t *testing.T) {
 	month := 30 * 24 * time.Hour
@@ -654,7 +654,7 @@ func TestMemorySlotRoundTrip(t *testing.T) {
 					c.release([]storage.Request{r}, []algorithms.Decision{take1(c, r)})
 					back := algorithms.Release(alg, want, d, r.Rate, r.Cost)
 					if got, _ := c.inspect("g", "k", w.Milliseconds()); got != back {
-						t.Fatalf("gcra, window %s, at %s, given back: read back %+v, want %+v", w, at, got, back)
+						t.Fatalf("gcra, window %s, at %s, released: read back %+v, want %+v", w, at, got, back)
 					}
 				}
 			}

@@ -9,7 +9,7 @@ import (
 // The memory store keeps a sliding_window key's ring (algorithms.Ring) in
 // tables of their own. A slot holds the sub-window counts at the width
 // they need: 8 bits while every count is at most 255, 16 bits while at
-// most 65,535, 32 bits beyond (a key moves to a wider table when a charge
+// most 65,535, 32 bits beyond (a key moves to a wider table when a take
 // needs it). And it holds as many as the ring's buckets need: a ring of
 // the default 10 buckets or fewer takes a small slot, one of more (up to
 // 60) a wide one. So the common ring, 10 buckets of counts under 256, is
@@ -218,7 +218,7 @@ func (s *shard) storeRing(h uint64, r algorithms.Ring, expires uint32, was int, 
 	}
 }
 
-// giveBack takes the cost of a request allowed with d back from h's ring,
+// release releases the cost of a request allowed with d from h's ring,
 // kept for a window of w ms, if one is kept: a count that falls stays in
 // the table it is in.
 func (t *ringTables) release(h uint64, w int64, d algorithms.Decision, cost int64) {
@@ -309,7 +309,7 @@ func writeRing[S any, P ringPtr[S]](s *shard, t *table[S, P], h uint64, r algori
 	P(&t.slots[i]).set(r, expires, ok)
 }
 
-// releaseRing takes a cost, allowed with d, back from h's ring in t,
+// releaseRing releases a cost, allowed with d, from h's ring in t,
 // kept for a window of w ms, if t holds one, and reports whether it does.
 func releaseRing[S any, P ringPtr[S]](t *table[S, P], h uint64, w int64, d algorithms.Decision, cost int64) bool {
 	i, ok := t.lookup(h)

@@ -22,8 +22,8 @@ import (
 // <prefix>dial:{<zone>}, expiring with the dial. Every change also bumps
 // <prefix>admin:epoch. Each instance rereads the dials of the zones it
 // serves, and the epoch, once a second; when the epoch has moved it forgets
-// its cached rejections, so a key reset or given an override is asked
-// about afresh everywhere within a second.
+// its cached rejections, so a key reset or given an override is decided
+// afresh everywhere within a second.
 
 // dialRefresh is how often an instance rereads dials and the epoch.
 const dialRefresh = time.Second

@@ -119,9 +119,9 @@ func TestRedisBanUnderOverride(t *testing.T) {
 	}
 }
 
-// TestRedisReleaseNotCached: a zone whose costs come back keeps no
-// rejection in the deny cache, so a cost given back is usable at once, on
-// the server's clock (storetest checks the give-backs themselves).
+// TestRedisReleaseNotCached: a zone whose costs are released keeps no
+// rejection in the deny cache, so a cost released is usable at once, on
+// the server's clock (storetest checks the releases themselves).
 func TestRedisReleaseNotCached(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Store), s.URL())
@@ -134,11 +134,11 @@ func TestRedisReleaseNotCached(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d := redisTake(t, r, time.Time{}, one)[0]; !d.Allowed {
-		t.Fatalf("after the first was given back: %+v, want allowed", d)
+		t.Fatalf("after the first was released: %+v, want allowed", d)
 	}
 }
 
-// TestRedisLeaseRelease: with leases, costs given back go into the
+// TestRedisLeaseRelease: with leases, costs released go into the
 // lease without a call; Redis ends with exactly the costs kept.
 func TestRedisLeaseRelease(t *testing.T) {
 	s := redistest.Standalone(t)
@@ -160,9 +160,9 @@ func TestRedisLeaseRelease(t *testing.T) {
 	}
 	calls, _ := s.ScriptCalls()
 	if calls-before > 20 {
-		t.Fatalf("%d script calls for 500 requests and 450 give-backs, want few", calls-before)
+		t.Fatalf("%d script calls for 500 requests and 450 releases, want few", calls-before)
 	}
-	waitUntil(t, "the leases go back", func() bool { return leasedUnits(r) == 0 })
+	waitUntil(t, "the leases to be released", func() bool { return leasedUnits(r) == 0 })
 	if n := counted(t, s, r, "lgb", "k"); n != 50 {
 		t.Fatalf("Redis counts %d, want the 50 kept", n)
 	}
@@ -178,7 +178,7 @@ func mustInt(t *testing.T, s string) int64 {
 }
 
 // TestRedisNoLeaseForBans: a zone that bans takes no leases, however much
-// room it has: an instance spending leased units would admit a key that
+// room it has: an instance taking leased units would admit a key that
 // another instance has just banned.
 func TestRedisNoLeaseForBans(t *testing.T) {
 	s := redistest.Standalone(t)
@@ -196,8 +196,8 @@ func TestRedisNoLeaseForBans(t *testing.T) {
 	}
 }
 
-// TestBansAgreeWithMemory: random requests of zones that ban and give
-// costs back, taken and ended (their costs kept or given back) in random
+// TestBansAgreeWithMemory: random requests of zones that ban and release
+// costs, taken and ended (their costs kept or released) in random
 // order over a few windows, get the same decisions from Redis as from the
 // memory store, whose Go is the rules' reference, step by step: the same
 // refusals for costs in flight, the same bans.

@@ -8,19 +8,19 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// This file coalesces concurrent give-backs into shared refund calls, as
-// batch.go does for takes: while a refund call is in flight for a
-// slot, the give-backs for that slot queue, and the next call takes them
-// all. A concurrency zone gives back everything it takes and a zone with
+// This file coalesces concurrent releases into shared release calls, as
+// batch.go does for takes: while a release call is in flight for a slot,
+// the releases for that slot queue, and the next call sends them all. A
+// concurrency zone releases everything it takes and a zone with
 // count_status most of it, so without this such a zone would cost Redis a
-// script call per request for its give-backs alone, where its takes share
+// script call per request for its releases alone, where its takes share
 // one.
 
-// releaseArgs is how many arguments the refund script reads for each key.
+// releaseArgs is how many arguments the release script reads for each key.
 const releaseArgs = 7
 
-// appendReleaseArgs appends to dst the refund script's seven arguments
-// that take back the charge d of q, from the window d was decided in, in
+// appendReleaseArgs appends to dst the release script's seven arguments
+// that release the take d of q, from the window d was decided in, in
 // the script's clock, and end its time in flight if its zone keeps costs
 // in flight; or, for a q that is Counted, only that.
 func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision) []any {
@@ -42,7 +42,7 @@ func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision) []an
 	return append(dst, alg, d.Window, q.Cost, "", 0, window, cost)
 }
 
-// appendReleaseKeys appends to dst the refund script's keys for p: each
+// appendReleaseKeys appends to dst the release script's keys for p: each
 // zone's counters, and a concurrency zone's holders after them, which the
 // script touches too (see scripts/release.lua).
 func appendReleaseKeys(dst []string, p *releasePart) []string {
@@ -56,7 +56,7 @@ func appendReleaseKeys(dst []string, p *releasePart) []string {
 }
 
 // slotParts puts keys, and the arguments appendArgs appends for key i,
-// into refund parts: one per cluster slot, or one in all on a single
+// into release parts: one per cluster slot, or one in all on a single
 // server. groups[k] are the indexes of part k's keys.
 func (c *client) slotParts(keys []string, appendArgs func(dst []any, i int) []any) (parts []*releasePart, groups [][]int) {
 	if c.cluster {
@@ -80,7 +80,7 @@ func (c *client) slotParts(keys []string, appendArgs func(dst []any, i int) []an
 	return parts, groups
 }
 
-// A releasePart is the give-backs of one Release, one lease sweep or one
+// A releasePart is the releases of one Release, one lease sweep or one
 // rejected cluster request, in one slot.
 type releasePart struct {
 	keys []string
@@ -90,7 +90,7 @@ type releasePart struct {
 	err  error
 }
 
-// releaseQueue returns the refund queue for key's slot: one per cluster
+// releaseQueue returns the release queue for key's slot: one per cluster
 // slot, or one for a single server.
 func (c *client) releaseQueue(key string) *slotQueue[*releasePart] {
 	if len(c.releases) == 1 {
@@ -99,12 +99,12 @@ func (c *client) releaseQueue(key string) *slotQueue[*releasePart] {
 	return &c.releases[keySlot(key)]
 }
 
-// refund gives p back in the next refund call for its slot, each call
+// release releases p in the next release call for its slot, each call
 // bounded by timeout, and returns once that call has answered. If a call
 // is in flight, p queues for the call after it; if not, p's goroutine
 // sends the call itself (see slotQueue). A queued p waits for at most the
 // call in flight and its own, or a few more if over maxBatch queued ahead
-// of it: a give-back is not dropped because its request has ended.
+// of it: a release is not dropped because its request has ended.
 func (c *client) release(p *releasePart, timeout time.Duration) error {
 	q := c.releaseQueue(p.keys[0])
 	p.done = make(chan struct{})
@@ -120,7 +120,7 @@ func (c *client) release(p *releasePart, timeout time.Duration) error {
 	return p.err
 }
 
-// sendReleases gives back a batch of queued parts in one call, bounded by
+// sendReleases releases a batch of queued parts in one call, bounded by
 // timeout.
 func (c *client) sendReleases(batch []*releasePart, timeout time.Duration) {
 	var keys []string

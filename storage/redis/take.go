@@ -18,9 +18,9 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// This file is the Redis store's charging protocol: key names, the take
-// and refund scripts, and how zones in different cluster slots are
-// charged all or nothing.
+// This file is the Redis store's take protocol: key names, the take and
+// release scripts, and how zones in different cluster slots are taken
+// all or nothing.
 
 // counterKey names the Redis hash holding the counters of key in zone:
 // <prefix>{<key>}:<zone>. The braces make the key its own cluster hash
@@ -78,9 +78,9 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 		return fmt.Errorf("redis: %w", err)
 	}
 	// A decision that takes concurrency units is not given up when the
-	// client goes away: the script may have charged it, and only an
+	// client goes away: the script may have taken them, and only an
 	// answer tells the handler to release the units. Its timeout still
-	// bounds it; units a timed-out call took wait for their lease.
+	// bounds it; units a timed-out call took wait for their hold to end.
 	base := ctx
 	if takesUnits(reqs) {
 		base = context.WithoutCancel(ctx)
@@ -117,8 +117,8 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	return nil
 }
 
-// leaseAnswer is what a call that asks for leases (asks, one per zone; 0
-// for none) brings back for them: each zone's units granted and, for a
+// leaseAnswer is what a call that wants leases (wants, one per zone; 0
+// for none) brings back for them: each zone's units leased and, for a
 // gcra zone, the whole ms of the TAT its request left, before the lease,
 // in the script's clock, which is shift behind the local one.
 type leaseAnswer struct {
@@ -127,7 +127,7 @@ type leaseAnswer struct {
 	shift         time.Duration
 }
 
-// failureCounts reports whether err, from a decision asked for under ctx,
+// failureCounts reports whether err, from a take made under ctx,
 // counts against Redis in the circuit breaker. A client that went away says
 // nothing about Redis, and neither does a wait for a free connection: a
 // burst of traffic must not trip the breaker and so lift every limit.
@@ -135,12 +135,11 @@ func failureCounts(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && !errors.Is(err, goredis.ErrPoolTimeout)
 }
 
-// charge runs the take script over reqs. On one server or a sentinel's master
-// that is one call for all zones. On a cluster, zones whose keys lie in
-// different slots are decided one group of keys at a time; see
-// chargeSlotGroups.
-// A call that asks for leases (leases not nil) is one call: its keys
-// share a slot.
+// takeAll runs the take script over reqs. On one server or a sentinel's
+// master that is one call for all zones. On a cluster, zones whose keys
+// lie in different slots are decided one group of keys at a time; see
+// takeSlotGroups. A call that wants leases (leases not nil) is one call:
+// its keys share a slot.
 func (r *Store) takeAll(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
 	if !r.Cluster || sameTag(keys) {
 		return r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true, leases)
@@ -182,21 +181,20 @@ func hashTag(key string) string {
 	return key[open : open+end+1]
 }
 
-// chargeSlotGroups keeps the all-or-nothing rule on a cluster, where one script
-// cannot reach keys in different slots. Keys are grouped by hash tag and
-// each group is decided by one atomic script call, in order. Each group
-// charges its zones only if they all allow the request; once a group
-// rejects, the remaining groups are only asked for their decisions, and
-// every group already charged is refunded by a second script that is
-// atomic in its slot. Until that refund lands, a concurrent request for
-// the same key may see the charge and be rejected; no request is ever
-// allowed beyond a limit.
+// takeSlotGroups keeps the all-or-nothing rule on a cluster, where one
+// script cannot reach keys in different slots. Keys are grouped by hash
+// tag and each group is decided by one atomic script call, in order. Each
+// group takes its zones only if they all allow the request; once a group
+// rejects, the remaining groups only decide, and every group already
+// taken is released by a second script that is atomic in its slot. Until
+// that release lands, a concurrent request for the same key may see the
+// take and be rejected; no request is ever allowed beyond a limit.
 //
 // Once a group has rejected the request, Redis errors no longer make it a
 // store error, which on_store_error allow would let through: a group that
-// cannot be asked is reported as not rejecting, and a refund that fails is
-// logged and leaves its charge in place (counting too much, never too
-// little).
+// cannot be reached is reported as not rejecting, and a release that
+// fails is logged and leaves its take in place (counting too much, never
+// too little).
 func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64) error {
 	groups := tagGroups(keys)
 
@@ -243,11 +241,11 @@ func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *clien
 	if !rejected && firstErr == nil {
 		return nil
 	}
-	// Undo the charges with a fresh budget: the decision's own timeout may
+	// Undo the takes with a fresh budget: the decision's own timeout may
 	// be what ended it.
 	for _, p := range releases {
 		if err := c.release(p, time.Duration(r.Timeout)); err != nil {
-			r.logger.Error("refunding a request rejected in another cluster slot failed; its charge stays",
+			r.logger.Error("releasing a request rejected in another cluster slot failed; what it took stays",
 				zap.Int("zones", len(p.keys)), zap.Error(err))
 		}
 	}
@@ -293,7 +291,7 @@ const (
 
 // runTake decides reqs, whose keys all lie in one slot, in one script call
 // (shared with concurrent requests; see batch.go) by deadline, and
-// fills decisions, and leases with what it asks for.
+// fills decisions, and leases with the units leased.
 func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, take bool, leases *leaseAnswer) error {
 	t := &callPart{keys: keys, reqs: reqs, take: take, deadline: deadline}
 	if leases != nil {
@@ -401,7 +399,7 @@ func decideRingAgain(rate algorithms.Rate, v []int64, cost int64) (algorithms.De
 	return d, [3]int64{idx, used, retry}
 }
 
-// takesUnits reports whether reqs hold concurrency units once charged.
+// takesUnits reports whether reqs hold concurrency units once taken.
 func takesUnits(reqs []storage.Request) bool {
 	for _, q := range reqs {
 		if q.Algorithm == algorithms.Concurrency {
@@ -411,18 +409,19 @@ func takesUnits(reqs []storage.Request) bool {
 	return false
 }
 
-// Release implements storage.Store: each concurrency request leaves its key's
-// holders, and each other request's cost is taken back (refund.lua), in
-// one script call for all of them (one per hash tag on a cluster), atomic
-// in its slot and shared with the give-backs of concurrent requests. A
-// request the script finds no longer holding (its lease ended) is
+// Release implements storage.Store: each concurrency request leaves its
+// key's holders, and each other request's cost is released (release.lua),
+// in one script call for all of them (one per hash tag on a cluster),
+// atomic in its slot and shared with the releases of concurrent requests.
+// A request the script finds no longer holding (its hold ended) is
 // released already. A windowed cost this instance holds a lease of its
-// key for, in the same window, goes back to the lease instead, without a
-// call: the lease spends it again or returns it with its other units.
+// key for, in the same window, is released into the lease instead,
+// without a call: the lease has it taken again or releases it with its
+// other units.
 // The store's timeout bounds each call, whether or not ctx has ended.
 func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	// The leases are the acquired client's, as for Take: a reloaded
-	// config's own client may be closed, its leases no longer returned.
+	// config's own client may be closed, its leases no longer released.
 	c, own, err := r.acquire()
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
@@ -444,9 +443,9 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 	if len(keys) == 0 {
 		return nil
 	}
-	// The request's client may be gone; what it took goes back anyway, in
-	// a call shared with the give-backs of other requests (see
-	// refund.go). A slot that fails does not keep the others'.
+	// The request's client may be gone; what it took is released anyway,
+	// in a call shared with the releases of other requests (see
+	// release.go). A slot that fails does not keep the others'.
 	parts, groups := c.slotParts(keys, func(dst []any, i int) []any { return appendReleaseArgs(dst, held[i], heldDecisions[i]) })
 	var failed error
 	for k, p := range parts {
@@ -459,8 +458,8 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 }
 
 // Released implements storage.Store: closed at the next release by this
-// instance. Releases by other instances and ended leases are seen only by
-// asking.
+// instance. Releases by other instances and ended holds are seen only by
+// trying again.
 func (r *Store) Released() <-chan struct{} {
 	return r.client.released.Wait()
 }

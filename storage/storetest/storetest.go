@@ -25,7 +25,7 @@ type NewStore func(t *testing.T, now func() time.Time) storage.Store
 
 // Run plays the suite's subtests, each on a store of its own from
 // newStore. The subtests about the admin side (key state, resets,
-// overrides, and the give-backs they read back) skip a store that is not
+// overrides, and the releases they read back) skip a store that is not
 // a storage.Admin.
 //
 // A subtest's clock starts at the real clock's next minute, unless it
@@ -186,7 +186,7 @@ func testRefuses(t *testing.T, s *suite) {
 	}
 }
 
-// testAllOrNothing: a request that one of its zones rejects is charged in
+// testAllOrNothing: a request that one of its zones rejects is taken in
 // none of them.
 func testAllOrNothing(t *testing.T, s *suite) {
 	wide := storage.Request{Zone: "wide", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 10, Window: time.Hour}, Cost: 1}
@@ -267,7 +267,7 @@ func testKeysNeverShare(t *testing.T, s *suite) {
 
 // testConcurrencyUnits: a concurrency zone holds units until they are
 // released, rejects past its limit, wakes Released's waiters at a
-// release, and gives back nothing twice.
+// release, and releases nothing twice.
 func testConcurrencyUnits(t *testing.T, s *suite) {
 	var holder uint64
 	req := func(cost int64) storage.Request {
@@ -301,7 +301,7 @@ func testConcurrencyUnits(t *testing.T, s *suite) {
 	if d := s.take(t, c)[0]; !d.Allowed || d.Remaining != 1 {
 		t.Fatalf("after a release: %+v", d)
 	}
-	// Released twice, b and a give back nothing more: the whole limit is
+	// Released twice, b and a release nothing more: the whole limit is
 	// free again, and no more than it.
 	release(b, a, c, a)
 	all := req(3)
@@ -309,13 +309,13 @@ func testConcurrencyUnits(t *testing.T, s *suite) {
 		t.Fatalf("the whole limit after releasing everything: %+v", d)
 	}
 	if d := s.take(t, req(1))[0]; d.Allowed {
-		t.Fatalf("one more beside the whole limit: %+v, want rejected: a unit released twice came back twice", d)
+		t.Fatalf("one more beside the whole limit: %+v, want rejected: a unit released twice was released twice", d)
 	}
 	release(all)
 }
 
-// testGiveBack: a cost given back (a response that does not count) comes
-// off the window it was charged in, and a GCRA bucket refills by it.
+// testRelease: a cost released (a response that does not count) comes
+// off the window it was taken in, and a GCRA bucket refills by it.
 func testRelease(t *testing.T, s *suite) {
 	window := time.Minute
 	s.clock.set(s.clock.now().Truncate(window))
@@ -332,7 +332,7 @@ func testRelease(t *testing.T, s *suite) {
 	s.take(t, req)
 	release(first)
 	if got := counts(); got.Current != 3 {
-		t.Fatalf("after giving one back: %+v, want 3 counted", got)
+		t.Fatalf("after releasing one: %+v, want 3 counted", got)
 	}
 	// In the next window, the first window's cost comes off the previous
 	// window.
@@ -340,11 +340,11 @@ func testRelease(t *testing.T, s *suite) {
 	second := s.take(t, req)[0]
 	release(first)
 	if got := counts(); got.Previous != 0 || got.Current != 3 {
-		t.Fatalf("after giving back a cost of the previous window: %+v, want 0 previous, 3 current", got)
+		t.Fatalf("after releasing a cost of the previous window: %+v, want 0 previous, 3 current", got)
 	}
 	release(second)
 	if got := counts(); got.Current != 0 {
-		t.Fatalf("after giving back the current window's: %+v, want nothing counted", got)
+		t.Fatalf("after releasing the current window's: %+v, want nothing counted", got)
 	}
 
 	g := storage.Request{Zone: "gb", Key: "g", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 4, Window: time.Minute}, Cost: 4, Releasable: true}
@@ -354,12 +354,12 @@ func testRelease(t *testing.T, s *suite) {
 	}
 	s.release(t, []storage.Request{g}, []algorithms.Decision{d})
 	if d := s.take(t, g)[0]; !d.Allowed {
-		t.Fatalf("a gcra bucket emptied and given back: %+v, want full again", d)
+		t.Fatalf("a gcra bucket emptied and released: %+v, want full again", d)
 	}
 }
 
-// testRingGiveBack: a sliding window's cost given back comes off the
-// sub-window it was charged in; the admin side reads the ring, and a
+// testRingRelease: a sliding window's cost released comes off the
+// sub-window it was taken in; the admin side reads the ring, and a
 // reset forgets it.
 func testRingRelease(t *testing.T, s *suite) {
 	window := time.Minute
@@ -377,7 +377,7 @@ func testRingRelease(t *testing.T, s *suite) {
 		t.Fatalf("key state %+v, want a ring of 6 buckets holding 1, in sub-window %d", st.Ring, second.Window)
 	}
 	if d := s.take(t, req)[0]; !d.Allowed || d.Remaining != 0 {
-		t.Fatalf("after giving the first back: %+v, want allowed with none left", d)
+		t.Fatalf("after releasing the first: %+v, want allowed with none left", d)
 	}
 	s.resetKey(t, "rg", "k")
 	if d := s.take(t, req)[0]; !d.Allowed || d.Remaining != 1 {
@@ -386,7 +386,7 @@ func testRingRelease(t *testing.T, s *suite) {
 }
 
 // loginRequest is a request of a zone that allows two attempts a minute,
-// bans for an hour, and gives back the costs of responses it does not
+// bans for an hour, and releases the costs of responses it does not
 // count.
 func loginRequest(key string) storage.Request {
 	return storage.Request{Zone: "login", Key: key, Algorithm: algorithms.FixedWindow,

@@ -32,11 +32,11 @@ local function windowAt(j, w)
   return idx, elapsed, cur, prev
 end
 
--- windowCharge returns the charge of the zone's cost in window idx, whose
--- counts were cur and prev, elapsed ms into it.
+-- windowDecision returns the decision on the zone's cost in window idx,
+-- whose counts were cur and prev, elapsed ms into it.
 --
 -- The counters matter until the next window ends: a sliding tail weighs
--- them as its previous window, and for either algorithm the first charge
+-- them as its previous window, and for either algorithm the first take
 -- in the next window reports what they came to (the period usage
 -- metric). Both stores keep them that long.
 local function windowDecision(allowed, zone, idx, elapsed, cur, prev)
@@ -50,7 +50,7 @@ ALGS.f = {
     return windowDecision(zone.limit - zone.cost - cur >= 0, zone, idx, elapsed, cur, prev)
   end,
 
-  -- What the window has left, after the request just charged.
+  -- What the window has left, after the request just taken.
   room = function(j, zone)
     return zone.limit - s[j + C]
   end,

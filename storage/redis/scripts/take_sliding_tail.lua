@@ -31,7 +31,7 @@ ALGS.s = {
     return windowDecision(ok, zone, idx, elapsed, cur, prev)
   end,
 
-  -- What the window has left, after the request just charged, the
+  -- What the window has left, after the request just taken, the
   -- previous window weighed as decide weighs it.
   room = function(j, zone)
     local w = zone.window
