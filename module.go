@@ -414,7 +414,10 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	if err := checkZoneName(z.Name); err != nil {
 		return err
 	}
-	z.sfName = sfString(z.Name)
+	var err error
+	if z.sfName, err = sfString(z.Name); err != nil {
+		return fmt.Errorf("name: %w", err)
+	}
 	z.results, z.usage, z.bans = zoneSeries(z.Name, metricsOff, z.Ban > 0)
 	z.exceeded = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
 	if z.MaxWaiting == 0 {
@@ -434,7 +437,6 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	if len(keys) == 0 {
 		keys = Alternatives{"{http.vars.client_ip}"}
 	}
-	var err error
 	if z.counted, err = newStatusSet(z.CountStatus); err != nil {
 		return fmt.Errorf("count_status: %w", err)
 	}
