@@ -38,8 +38,8 @@ func (h *Handler) provisionOptions(store storage.Store) error {
 	if err := h.validateOptions(); err != nil {
 		return err
 	}
-	if mem, ok := store.(*memory.Store); ok && h.SweepInterval > 0 {
-		mem.SetSweepInterval(time.Duration(h.SweepInterval))
+	if sweeper, ok := store.(storage.Sweeper); ok && h.SweepInterval > 0 {
+		sweeper.SetSweepInterval(time.Duration(h.SweepInterval))
 	}
 	if h.Jitter > 0 && h.random == nil {
 		h.random = rand.Float64

@@ -366,7 +366,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if local, ok := store.(storage.LocalFallback); ok && h.OnStoreError == "local" {
 		h.fallback = local.Local()
 	}
-	if quiet, ok := store.(interface{ DisableMetrics() }); ok && h.DisableMetrics {
+	if quiet, ok := store.(storage.MetricsDisabler); ok && h.DisableMetrics {
 		quiet.DisableMetrics()
 	}
 
