@@ -235,6 +235,9 @@ func (h *Handler) unmarshalBlock(d *caddyfile.Dispenser) error {
 		return d.Err(errNoZone.Error())
 	}
 	// What no line could check: options that conflict.
+	if given["log_key"] && given["log_keys"] {
+		return d.Err(errLogKeyAndLogKeys.Error())
+	}
 	if err := h.validateOptions(); err != nil {
 		return d.Err(err.Error())
 	}
