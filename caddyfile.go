@@ -77,50 +77,48 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 //
 //	rate_limit [<matcher>] <key> <rate> [<zone_size> [<reject_status>]]
 //
-// or the block form:
+// or the block form, which holds at least one zone or a shed block:
 //
 //	rate_limit [<matcher>] {
-//		store <name> { ... }
+//		store memory|redis { ... }              # default: memory
 //		jwt { ... }
-//		headers x-ratelimit|ietf|both|off
-//		on_store_error allow|deny
-//		log_keys on|off
-//		admin_changes on|off
-//		shed [<name>] {
-//			priority <template>
-//			classes <class> [<class>...]
-//			capacity <n>
-//			good <utilization>
-//			bad <utilization>
-//			after <duration>
-//			full <duration>
-//			status <code>
-//			dry_run
-//		}
-//		jitter <fraction>
-//		sweep_interval <duration>
-//		log_key
+//		headers x-ratelimit|ietf|both|off       # default: x-ratelimit
+//		on_store_error allow|deny|local         # default: allow
+//		log_keys on|off                         # default: off
+//		admin_changes on|off                    # default: on
+//		shed [<name>] { ... }
+//		jitter <fraction>                       # 0 to 1
+//		sweep_interval <duration>               # memory store only
+//		log_key                                 # log_keys on; not with log_keys
 //		disable_metrics
-//		zone <name> {
-//			match { <matchers> }
+//		zone <name> {                           # one block per name
+//			match { <matchers> }                # repeatable
 //			key <template> [<template>...]
-//			limit <template|n> [<template|n>...]   # or: events
-//			window <duration>                       # not with concurrency
-//			algorithm sliding_tail|fixed_window|gcra|concurrency
-//			burst <n>                               # gcra
-//			lease <duration>                        # concurrency
-//			cost <METHOD|*> <n>
+//			limit <template|n> [<template|n>...] # required; or: events
+//			window <duration>                    # required; not with concurrency
+//			algorithm sliding_tail|fixed_window|sliding_window|gcra|concurrency
+//			buckets <n>                          # sliding_window only
+//			burst <n>                            # gcra only
+//			lease <duration>                     # concurrency only
+//			cost <METHOD|*> <n>                  # repeatable, once per method
 //			max_delay <duration>
 //			max_waiting <n>
 //			dry_run
 //			ipv4_prefix <bits>
 //			ipv6_prefix <bits>
-//			status <code>
+//			status <code>                        # 400 to 599
+//			count_status <code|class> [<code|class>...] # not with concurrency
+//			ban <duration>                       # not with concurrency
 //		}
 //	}
 //
-// Every value is checked as its line is read, with the check Validate
-// uses, so `caddy adapt` already refuses a bad one with its file and line.
+// The blocks of store, jwt and shed are read by their own
+// UnmarshalCaddyfile (memory.Store, redis.Store, jwtclaims.Config,
+// shed.Shed), whose comments show them. Every line but zone, match and
+// cost is given at most once. mholt/caddy-ratelimit's distributed and
+// storage are refused with what to write instead. Every value is checked
+// as its line is read, with the check Validate uses, so `caddy adapt`
+// already refuses a bad one with its file and line.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	_, err := h.unmarshal(d, DefaultZoneName)
 	return err
