@@ -31,10 +31,15 @@ func init() {
 // would (the matcher token, if any, becomes the route's matcher), and
 // names a one-liner's zone after its named matcher and its site, so that
 // each one-liner of the Caddyfile counts on its own (see oneLineNames).
+// That name is why the directive is registered with RegisterDirective:
+// RegisterHandlerDirective hands its setup function the tokens with the
+// matcher token already deleted (ExtractMatcherSet), and the matcher set
+// it makes of it does not keep the name.
 func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 	if !h.Next() {
 		return nil, h.ArgErr()
 	}
+	// The named matcher, read before ExtractMatcherSet deletes its token.
 	base := DefaultZoneName
 	if h.NextArg() {
 		if name, ok := strings.CutPrefix(h.Val(), "@"); ok {
