@@ -16,163 +16,25 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/d61b427a/caddy-rate-limit/internal/names"
+	// The Caddyfiles these tests adapt (the documents' examples,
+	// Caddyfile.example) use Caddy's standard directives beside
+	// rate_limit, as a real build has them.
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/badconfig"
 )
-
-// badCaddyfiles are rate_limit blocks that must be refused, with a word the
-// error must contain to name the directive and a value it must name.
-var badCaddyfiles = []struct {
-	Name, Block, Directive, Value string
-}{
-	{"unknown subdirective", `zone z { limit 1; window 1s; rate 5 }`, "unknown subdirective", "rate"},
-	{"unknown handler subdirective", `sync_interval 5s; zone z { limit 1; window 1s }`, "unknown subdirective", "sync_interval"},
-	{"mholt distributed", `distributed; zone z { limit 1; window 1s }`, "distributed", "store redis { address ... }"},
-	{"mholt distributed block", `distributed { read_interval 5s; write_interval 5s; purge_age 10s }; zone z { limit 1; window 1s }`, "distributed", "store redis { address ... }"},
-	{"mholt storage", `storage file_system { root /tmp/rl }; zone z { limit 1; window 1s }`, "storage", "store redis { address ... }"},
-	{"jitter above 1", `jitter 1.5; zone z { limit 1; window 1s }`, "jitter", "1.5"},
-	{"negative jitter", `jitter -0.1; zone z { limit 1; window 1s }`, "jitter", "-0.1"},
-	{"jitter not a number", `jitter 20%; zone z { limit 1; window 1s }`, "jitter", "20%"},
-	{"repeated jitter", `jitter 0.1; jitter 0.2; zone z { limit 1; window 1s }`, "jitter", "repeated"},
-	{"bad sweep_interval", `sweep_interval often; zone z { limit 1; window 1s }`, "sweep_interval", "often"},
-	{"tiny sweep_interval", `sweep_interval 1ms; zone z { limit 1; window 1s }`, "sweep_interval", "1ms"},
-	{"sweep_interval with redis", `store redis { address redis://127.0.0.1:1 }; sweep_interval 1m; zone z { limit 1; window 1s }`, "sweep_interval", "redis"},
-	{"log_key and log_keys", `log_keys off; log_key; zone z { limit 1; window 1s }`, "log_key", "log_keys"},
-	{"zone name not ASCII", `zone "zöne" { limit 1; window 1s }`, "name", "0xc3"},
-	{"zone name with a tab", "zone \"a\tb\" { limit 1; window 1s }", "name", "0x09"},
-	{"zone name too long", `zone ` + strings.Repeat("n", names.MaxLen+1) + ` { limit 1; window 1s }`, "name", "129"},
-	{"unknown algorithm", `zone z { limit 1; window 1s; algorithm leaky_bucket }`, "algorithm", "leaky_bucket"},
-	{"missing limit", `zone z { window 1s }`, "limit", "missing"},
-	{"zero limit", `zone z { limit 0; window 1s }`, "limit", "0"},
-	{"negative limit", `zone z { events -5; window 1s }`, "events", "-5"},
-	{"limit not a number", `zone z { limit lots; window 1s }`, "limit", "lots"},
-	{"missing window", `zone z { limit 1 }`, "window", "missing"},
-	{"zero window", `zone z { limit 1; window 0s }`, "window", "0s"},
-	{"bad window", `zone z { limit 1; window soon }`, "window", "soon"},
-	{"bad cost", `zone z { limit 1; window 1s; cost POST many }`, "cost", "many"},
-	{"negative cost", `zone z { limit 1; window 1s; cost POST -1 }`, "cost", "-1"},
-	{"unknown method", `zone z { limit 1; window 1s; cost FETCH 2 }`, "unknown HTTP method", "FETCH"},
-	{"duplicate zone", `zone z { limit 1; window 1s } zone z { limit 2; window 1s }`, "duplicate zone", "z"},
-	{"no zone", `headers ietf`, "zone", "at least one"},
-	{"bad headers", `headers loud; zone z { limit 1; window 1s }`, "headers", "loud"},
-	{"bad on_store_error", `on_store_error panic; zone z { limit 1; window 1s }`, "on_store_error", "panic"},
-	{"on_store_error locally", `on_store_error locally; zone z { limit 1; window 1s }`, "on_store_error", "allow, deny or local"},
-	{"bad log_keys", `log_keys maybe; zone z { limit 1; window 1s }`, "log_keys", "maybe"},
-	{"repeated log_keys", `log_keys on; log_keys off; zone z { limit 1; window 1s }`, "log_keys", "repeated"},
-	{"bad admin_changes", `admin_changes never; zone z { limit 1; window 1s }`, "admin_changes", "never"},
-	{"repeated admin_changes", `admin_changes off; admin_changes on; zone z { limit 1; window 1s }`, "admin_changes", "repeated"},
-	{"bad prefix", `zone z { limit 1; window 1s; ipv4_prefix 33 }`, "ipv4_prefix", "33"},
-	{"bad max_delay", `zone z { limit 1; window 1s; max_delay forever }`, "max_delay", "forever"},
-	{"unknown store", `store etcd; zone z { limit 1; window 1s }`, "store", "etcd"},
-	{"bad max_keys", `store memory { max_keys -1 }; zone z { limit 1; window 1s }`, "max_keys", "-1"},
-	{"unknown match", `zone z { match { nosuch x }; limit 1; window 1s }`, "match", "nosuch"},
-	{"repeated key", `zone z { key a; key b; limit 1; window 1s }`, "key", "repeated"},
-	{"repeated limit", `zone z { limit 1; limit 2; window 1s }`, "limit", "repeated"},
-	{"limit then events", `zone z { limit 1; events 2; window 1s }`, "events", "repeated"},
-	{"repeated window", `zone z { limit 1; window 1s; window 2s }`, "window", "repeated"},
-	{"burst outside gcra", `zone z { limit 10; window 1s; burst 5 }`, "burst", "sliding_tail"},
-	{"burst with fixed_window", `zone z { limit 10; window 1s; burst 5; algorithm fixed_window }`, "burst", "fixed_window"},
-	{"burst zero", `zone z { limit 10; window 1s; algorithm gcra; burst 0 }`, "burst", "0"},
-	{"burst not a number", `zone z { limit 10; window 1s; algorithm gcra; burst many }`, "burst", "many"},
-	{"repeated burst", `zone z { limit 10; window 1s; algorithm gcra; burst 2; burst 3 }`, "burst", "repeated"},
-	{"lease outside concurrency", `zone z { limit 10; window 1s; lease 1m }`, "lease", "sliding_tail"},
-	{"lease too short", `zone z { limit 10; algorithm concurrency; lease 10ms }`, "lease", "10ms"},
-	{"concurrency with a window", `zone z { limit 2; algorithm concurrency; window 1s }`, "window", "concurrency"},
-	{"concurrency with a burst", `zone z { limit 2; algorithm concurrency; burst 3 }`, "burst", "concurrency"},
-	{"gcra without a window", `zone z { limit 2; algorithm gcra }`, "window", "missing"},
-	{"repeated algorithm", `zone z { limit 1; window 1s; algorithm fixed_window; algorithm sliding_tail }`, "algorithm", "repeated"},
-	{"repeated cost method", `zone z { limit 1; window 1s; cost POST 2; cost POST 3 }`, "cost", "POST: repeated"},
-	{"repeated store", `store memory; store memory; zone z { limit 1; window 1s }`, "store", "repeated"},
-	{"repeated headers", `headers ietf; headers both; zone z { limit 1; window 1s }`, "headers", "repeated"},
-	{"repeated on_store_error", `on_store_error allow; on_store_error deny; zone z { limit 1; window 1s }`, "on_store_error", "repeated"},
-	{"repeated jwt", `jwt { secret a }; jwt { secret b }; zone z { limit 1; window 1s }`, "jwt", "repeated"},
-	{"repeated max_keys", `store memory { max_keys 5; max_keys 6 }; zone z { limit 1; window 1s }`, "max_keys", "repeated"},
-	{"repeated redis option", `store redis { address redis://127.0.0.1:1; pool_size 1; pool_size 2 }; zone z { limit 1; window 1s }`, "pool_size", "repeated"},
-	{"bad lease", `store redis { address redis://127.0.0.1:1; lease maybe }; zone z { limit 1; window 1s }`, "lease", "maybe"},
-	{"lease without a value", `store redis { address redis://127.0.0.1:1; lease }; zone z { limit 1; window 1s }`, "lease", "want on or off"},
-	{"zone status 3xx", `zone z { limit 1; window 1s; status 302 }`, "status", "302"},
-	{"zone status 600", `zone z { limit 1; window 1s; status 600 }`, "status", "600"},
-	{"zone status not a number", `zone z { limit 1; window 1s; status busy }`, "status", "busy"},
-	{"repeated zone status", `zone z { limit 1; window 1s; status 503; status 429 }`, "status", "repeated"},
-	{"buckets 1", `zone z { limit 1; window 1s; algorithm sliding_window; buckets 1 }`, "buckets", "1"},
-	{"buckets 61", `zone z { limit 1; window 1s; algorithm sliding_window; buckets 61 }`, "buckets", "61"},
-	{"buckets word", `zone z { limit 1; window 1s; algorithm sliding_window; buckets many }`, "buckets", "many"},
-	{"buckets outside sliding_window", `zone z { limit 1; window 1s; buckets 10 }`, "buckets", "sliding_tail"},
-	{"buckets finer than a millisecond", `zone z { limit 1; window 5ms; algorithm sliding_window; buckets 6 }`, "buckets", "5ms"},
-	{"default buckets finer than a millisecond", `zone z { limit 1; window 5ms; algorithm sliding_window }`, "window", "5ms"},
-	{"count_status 600", `zone z { limit 1; window 1s; count_status 401 600 }`, "count_status", "600"},
-	{"count_status 099", `zone z { limit 1; window 1s; count_status 099 }`, "count_status", "099"},
-	{"count_status class 6xx", `zone z { limit 1; window 1s; count_status 6xx }`, "count_status", "6xx"},
-	{"count_status word", `zone z { limit 1; window 1s; count_status failed }`, "count_status", "failed"},
-	{"count_status none", `zone z { limit 1; window 1s; count_status }`, "count_status", "none"},
-	{"count_status concurrency", `zone z { limit 1; algorithm concurrency; count_status 401 }`, "count_status", "concurrency"},
-	{"ban too short", `zone z { limit 1; window 1s; ban 500ms }`, "ban", "500ms"},
-	{"ban not a duration", `zone z { limit 1; window 1s; ban forever }`, "ban", "forever"},
-	{"ban concurrency", `zone z { limit 1; algorithm concurrency; ban 1h }`, "ban", "concurrency"},
-	{"repeated ban", `zone z { limit 1; window 1s; ban 1h; ban 2h }`, "ban", "repeated"},
-	{"shed no classes", `shed { classes; capacity 4 }`, "classes", "none"},
-	{"shed missing classes", `shed { capacity 4 }`, "classes", "missing"},
-	{"shed repeated class", `shed { classes critical low critical; capacity 4 }`, "classes", "critical"},
-	{"shed missing capacity", `shed { classes critical low }`, "capacity", "missing"},
-	{"shed zero capacity", `shed { classes critical low; capacity 0 }`, "capacity", "0"},
-	{"shed negative capacity", `shed { classes critical low; capacity -4 }`, "capacity", "-4"},
-	{"shed capacity not a number", `shed { classes critical low; capacity lots }`, "capacity", "lots"},
-	{"shed good at bad", `shed { classes critical low; capacity 4; good 0.8; bad 0.8 }`, "good", "0.8"},
-	{"shed good above default bad", `shed { classes critical low; capacity 4; good 0.9 }`, "good", "0.9"},
-	{"shed good 0", `shed { classes critical low; capacity 4; good 0 }`, "good", "0"},
-	{"shed bad above 1", `shed { classes critical low; capacity 4; bad 1.5 }`, "bad", "1.5"},
-	{"shed bad negative", `shed { classes critical low; capacity 4; bad -0.2 }`, "bad", "-0.2"},
-	{"shed good not a number", `shed { classes critical low; capacity 4; good NaN }`, "good", "NaN"},
-	{"shed good words", `shed { classes critical low; capacity 4; good most }`, "good", "most"},
-	{"shed zero after", `shed { classes critical low; capacity 4; after 0s }`, "after", "0s"},
-	{"shed negative full", `shed { classes critical low; capacity 4; full -1m }`, "full", "-1m"},
-	{"shed bad after", `shed { classes critical low; capacity 4; after later }`, "after", "later"},
-	{"shed status 200", `shed { classes critical low; capacity 4; status 200 }`, "status", "200"},
-	{"shed repeated capacity", `shed { classes critical low; capacity 4; capacity 8 }`, "capacity", "repeated"},
-	{"shed repeated classes", `shed { classes critical low; classes a b; capacity 4 }`, "classes", "repeated"},
-	{"shed repeated priority", `shed { priority a; priority b; classes critical low; capacity 4 }`, "priority", "repeated"},
-	{"shed repeated dry_run", `shed { classes critical low; capacity 4; dry_run; dry_run }`, "dry_run", "repeated"},
-	{"shed unknown subdirective", `shed { classes critical low; capacity 4; ratio 2 }`, "unknown subdirective", "ratio"},
-	{"repeated shed", `shed a { classes c; capacity 4 }; shed b { classes c; capacity 4 }`, "shed", "repeated"},
-	{"shedder name not ASCII", `shed café { classes c; capacity 4 }`, "shed", "café"},
-}
-
-// expand turns the one-line blocks above into Caddyfile syntax: `;` ends a
-// line, and braces open and close blocks.
-func expand(block string) string {
-	r := strings.NewReplacer("; ", "\n", "{ ", "{\n", " }", "\n}\n")
-	return r.Replace(block)
-}
-
-func badSite(block string) string {
-	return fmt.Sprintf(":9080 {\n\trate_limit {\n%s\n\t}\n\trespond \"ok\"\n}\n", expand(block))
-}
-
-// assertNames checks that err names the directive once and the bad
-// value, and says what was expected.
-func assertNames(t *testing.T, err string, directive, value string) {
-	t.Helper()
-	if !strings.Contains(err, directive) || !strings.Contains(err, value) {
-		t.Fatalf("error does not name %q and %q:\n%s", directive, value, err)
-	}
-	if n := len(regexp.MustCompile(`(^|[^a-z_.])`+regexp.QuoteMeta(directive)+`:`).FindAllString(err, -1)); n > 1 {
-		t.Fatalf("error names %q %d times:\n%s", directive, n, err)
-	}
-	if !strings.Contains(err, "want") && !strings.Contains(err, "required") && !strings.Contains(err, "module not registered") {
-		t.Fatalf("error does not say what was expected:\n%s", err)
-	}
-}
 
 // TestBadCaddyfileRefusedAtAdapt is what `caddy adapt` runs: the Caddyfile
 // adapter.
 func TestBadCaddyfileRefusedAtAdapt(t *testing.T) {
 	adapter := caddyconfig.GetAdapter("caddyfile")
-	for _, c := range badCaddyfiles {
+	for _, c := range badconfig.Caddyfiles {
 		t.Run(c.Name, func(t *testing.T) {
-			_, _, err := adapter.Adapt([]byte(badSite(c.Block)), nil)
+			_, _, err := adapter.Adapt([]byte(badconfig.Site(c.Block)), nil)
 			if err == nil {
 				t.Fatal("adapted without error")
 			}
-			assertNames(t, err.Error(), c.Directive, c.Value)
+			badconfig.AssertNames(t, err.Error(), c.Directive, c.Value)
 		})
 	}
 }
@@ -188,8 +50,8 @@ func FuzzCaddyfile(f *testing.F) {
 	f.Add("rate_limit {remote.ip_prefix.24} 5r/m 100 503")
 	f.Add("rate_limit {body.x} 1r/d")
 	f.Add("rate_limit {\nshed s {\npriority {header.X}\nclasses a b\ncapacity 4\ngood 0.5\nbad 0.9\nafter 1s\nfull 2s\nstatus 503\ndry_run\n}\nzone z {\nlimit 1\nwindow 1s\nstatus 503\n}\n}")
-	for _, c := range badCaddyfiles {
-		f.Add("rate_limit {\n" + expand(c.Block) + "\n}")
+	for _, c := range badconfig.Caddyfiles {
+		f.Add("rate_limit {\n" + badconfig.Expand(c.Block) + "\n}")
 	}
 	f.Fuzz(func(t *testing.T, input string) {
 		tokens, err := caddyfile.Tokenize([]byte(input), "fuzz")
@@ -238,7 +100,7 @@ func TestCaddyfileExampleIsValid(t *testing.T) {
 // module: its options are set and its mistakes are its own.
 func TestStoreBlockParses(t *testing.T) {
 	adapter := caddyconfig.GetAdapter("caddyfile")
-	out, _, err := adapter.Adapt([]byte(badSite(`store memory { max_keys 42 }; zone z { limit 1; window 1s }`)), nil)
+	out, _, err := adapter.Adapt([]byte(badconfig.Site(`store memory { max_keys 42 }; zone z { limit 1; window 1s }`)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -11,6 +10,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/badconfig"
+	"github.com/d61b427a/caddy-rate-limit/internal/docs"
 )
 
 // The documents' examples are tested here, so that they stay true to the
@@ -26,38 +28,6 @@ func docFiles(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	return append([]string{"README.md", "xcaddy.md"}, files...)
-}
-
-func readDoc(t *testing.T, file string) string {
-	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
-// docSection returns the part of text under the heading "## title", up to
-// the next heading of that level.
-func docSection(t *testing.T, file, title string) string {
-	t.Helper()
-	_, section, ok := strings.Cut(readDoc(t, file), "\n## "+title+"\n")
-	if !ok {
-		t.Fatalf("%s has no %q section", file, title)
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
-	return section
-}
-
-// fencedBlocks returns the contents of text's code blocks fenced as lang
-// ("" for none).
-func fencedBlocks(text, lang string) []string {
-	var out []string
-	for _, part := range strings.Split(text, "```"+lang+"\n")[1:] {
-		block, _, _ := strings.Cut(part, "```")
-		out = append(out, block)
-	}
-	return out
 }
 
 // grammar tells a block that sums up syntax (`zone <name> { ... }`) from
@@ -85,7 +55,7 @@ func adaptable(block string) string {
 func TestDocumentedCaddyfilesAdapt(t *testing.T) {
 	examples := 0
 	for _, file := range docFiles(t) {
-		for i, block := range fencedBlocks(readDoc(t, file), "caddyfile") {
+		for i, block := range docs.FencedBlocks(docs.Read(t, file), "caddyfile") {
 			if grammar.MatchString(block) {
 				continue
 			}
@@ -104,7 +74,7 @@ func TestDocumentedCaddyfilesAdapt(t *testing.T) {
 // each algorithm, the default (sliding_tail) among them
 // (TestDocumentedCaddyfilesAdapt adapts them).
 func TestAlgorithmsDocShowsEveryAlgorithm(t *testing.T) {
-	zones := fencedBlocks(readDoc(t, "docs/algorithms.md"), "caddyfile")
+	zones := docs.FencedBlocks(docs.Read(t, "docs/algorithms.md"), "caddyfile")
 	all := strings.Join(zones, "\n")
 	for _, a := range []string{"fixed_window", "sliding_window", "gcra", "concurrency"} {
 		if !strings.Contains(all, "algorithm "+a) {
@@ -120,14 +90,14 @@ func TestAlgorithmsDocShowsEveryAlgorithm(t *testing.T) {
 // docs/migrating.md is one Caddyfile block (adapted above), and the
 // refusal of distributed it quotes is the one `caddy adapt` gives.
 func TestMigrationDocQuotesTheRefusal(t *testing.T) {
-	if recipes := fencedBlocks(docSection(t, "docs/migrating.md", "Behind another handler"), "caddyfile"); len(recipes) != 1 {
+	if recipes := docs.FencedBlocks(docs.Section(t, "docs/migrating.md", "Behind another handler"), "caddyfile"); len(recipes) != 1 {
 		t.Fatalf("%d Caddyfile blocks in Behind another handler, want 1", len(recipes))
 	}
-	quoted := fencedBlocks(docSection(t, "docs/migrating.md", "Migrating from mholt/caddy-ratelimit"), "")
+	quoted := docs.FencedBlocks(docs.Section(t, "docs/migrating.md", "Migrating from mholt/caddy-ratelimit"), "")
 	if len(quoted) == 0 {
 		t.Fatal("the migration section quotes no refusal")
 	}
-	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(badSite(`distributed; zone z { events 1; window 1m }`)), nil)
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(badconfig.Site(`distributed; zone z { events 1; window 1m }`)), nil)
 	if err == nil {
 		t.Fatal("distributed adapted")
 	}
@@ -143,7 +113,7 @@ func TestMigrationDocQuotesTheRefusal(t *testing.T) {
 // config, field for field, and allows GET on /rate_limit/ only.
 func TestRemoteAdminDocIsCaddysJSON(t *testing.T) {
 	var block string
-	for _, b := range fencedBlocks(docSection(t, "docs/operating.md", "Who sees keys, who changes limits"), "json") {
+	for _, b := range docs.FencedBlocks(docs.Section(t, "docs/operating.md", "Who sees keys, who changes limits"), "json") {
 		if strings.Contains(b, `"remote"`) {
 			block = b
 		}

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/badconfig"
 )
 
 // TestBadJSONRefused covers mistakes only JSON can make (the Caddyfile
@@ -72,7 +74,7 @@ func TestBadJSONRefused(t *testing.T) {
 			if err == nil {
 				t.Fatal("validated")
 			}
-			assertNames(t, err.Error(), c.directive, c.value)
+			badconfig.AssertNames(t, err.Error(), c.directive, c.value)
 		})
 	}
 }

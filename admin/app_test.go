@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/badconfig"
 )
 
 // TestGlobalOption: the global option rate_limit { admin_changes off }
@@ -38,7 +40,7 @@ func TestGlobalOption(t *testing.T) {
 			if err == nil {
 				t.Fatal("adapted without error")
 			}
-			assertNames(t, err.Error(), c.directive, c.value)
+			badconfig.AssertNames(t, err.Error(), c.directive, c.value)
 		})
 	}
 	if err := (&App{AdminChanges: "never"}).Validate(); err == nil {

@@ -1,11 +1,11 @@
-package ratelimit_test
+package integration
 
 import (
 	"fmt"
-	ratelimit "github.com/d61b427a/caddy-rate-limit"
-
 	"net/http"
 	"testing"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/badconfig"
 )
 
 // TestBadConfigRefusedAtLoadKeepsOldConfig posts each bad Caddyfile to the
@@ -25,12 +25,12 @@ func TestBadConfigRefusedAtLoadKeepsOldConfig(t *testing.T) {
 `)
 	resp, _ := do(t, http.MethodGet, siteURL+"/")
 	status(t, resp, http.StatusOK)
-	for _, c := range ratelimit.BadCaddyfiles {
-		code, body := reload(t, ratelimit.BadSite(c.Block))
+	for _, c := range badconfig.Caddyfiles {
+		code, body := reload(t, badconfig.Site(c.Block))
 		if code == http.StatusOK {
 			t.Fatalf("%s: loaded", c.Name)
 		}
-		ratelimit.AssertNames(t, body, c.Directive, c.Value)
+		badconfig.AssertNames(t, body, c.Directive, c.Value)
 	}
 	resp, body := do(t, http.MethodGet, siteURL+"/")
 	status(t, resp, http.StatusOK)
@@ -42,10 +42,9 @@ func TestBadConfigRefusedAtLoadKeepsOldConfig(t *testing.T) {
 }
 
 func TestJSONConfig(t *testing.T) {
-	startCaddyWith(t, `{
-	"admin": {"listen": "`+adminAddr+`"},
+	startCaddy(t, `{
 	"apps": {"http": {"http_port": `+fmt.Sprint(sitePort)+`, "servers": {"srv": {
-		"listen": ["`+siteAddr+`"],
+		"listen": ["`+siteListen+`"],
 		"routes": [{"handle": [
 			{
 				"handler": "rate_limit",
@@ -64,7 +63,7 @@ func TestJSONConfig(t *testing.T) {
 			{"handler": "static_response", "body": "ok"}
 		]}]
 	}}}}
-}`, "json")
+}`)
 	resp, _ := do(t, http.MethodPost, siteURL+"/limited", "X-Api-Key: k")
 	status(t, resp, http.StatusOK)
 	if resp.Header.Get("RateLimit-Policy") != `"json_zone";q=2;w=3600` {

@@ -1,8 +1,7 @@
-package ratelimit_test
+package integration
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,7 +21,7 @@ import (
 func TestRedisFleetExact(t *testing.T) {
 	exact := func(t *testing.T, urls []string, client string) {
 		t.Helper()
-		codes := burst(urls, client, 150)
+		codes := burst(urls, 150, "X-Client: "+client)
 		if codes[200] != 30 || codes[429] != 120 {
 			t.Fatalf("client %s: answers by status %v, want exactly 30 × 200 and 120 × 429", client, codes)
 		}
@@ -98,16 +97,16 @@ func TestRedisConcurrencyFleet(t *testing.T) {
 	run := func(t *testing.T, store string, holders func(key string) string) {
 		g := newGate(t)
 		fleet := startFleet(t, 2, fleetSpec{store: store, zone: zone, upstream: g.url})
-		answers := sendAll(context.Background(), urls(fleet), "c1", 6)
+		answers := sendAll(context.Background(), urls(fleet), 6, "X-Client: c1")
 		g.waitArrivals(t, 2)
 		for range 4 {
-			if r := <-answers; r.err != nil || r.status != http.StatusTooManyRequests || r.retryAfter != "1" {
+			if r := receive(t, "an answer", answers); r.err != nil || r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") != "1" {
 				t.Fatalf("rejection: %+v, want 429 with Retry-After 1", r)
 			}
 		}
 		g.open(2)
 		for range 2 {
-			if r := <-answers; r.status != http.StatusOK {
+			if r := receive(t, "an answer", answers); r.status != http.StatusOK {
 				t.Fatalf("served: %+v", r)
 			}
 		}
@@ -162,7 +161,7 @@ func testFleetExact(t *testing.T, alg string) {
 	run := func(t *testing.T, store string) {
 		a := newApp(t)
 		fleet := startFleet(t, 3, fleetSpec{store: store, zone: perClient(30) + "\n\t\t\talgorithm " + alg, upstream: a.url})
-		codes := burst(urls(fleet), "one", 150)
+		codes := burst(urls(fleet), 150, "X-Client: one")
 		if codes[200] != 30 || codes[429] != 120 {
 			t.Fatalf("answers by status %v, want exactly 30 × 200 and 120 × 429", codes)
 		}
@@ -191,10 +190,10 @@ func TestRedisFleetUsageShedder(t *testing.T) {
 	zone := "\t\t\tmatch {\n\t\t\t\tnot path /critical*\n\t\t\t}\n\t\t\tkey fleet\n\t\t\talgorithm concurrency\n\t\t\tlimit 3\n\t\t\tstatus 503"
 	fleet := startFleet(t, 2, fleetSpec{store: "address " + s.URL(), zone: zone, upstream: g.url})
 
-	answers := sendAll(context.Background(), urls(fleet), "any", 8)
+	answers := sendAll(context.Background(), urls(fleet), 8, "X-Client: any")
 	g.waitArrivals(t, 3)
 	for range 5 {
-		if r := <-answers; r.err != nil || r.status != http.StatusServiceUnavailable || r.retryAfter != "1" {
+		if r := receive(t, "an answer", answers); r.err != nil || r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") != "1" {
 			t.Fatalf("shed: %+v, want 503 with Retry-After 1", r)
 		}
 	}
@@ -206,16 +205,16 @@ func TestRedisFleetUsageShedder(t *testing.T) {
 	for _, in := range fleet {
 		critical = append(critical, strings.TrimSuffix(in.url, "/work")+"/critical/charge")
 	}
-	criticalAnswers := sendAll(context.Background(), critical, "any", 4)
+	criticalAnswers := sendAll(context.Background(), critical, 4, "X-Client: any")
 	g.waitArrivals(t, 7) // all 4 reach the app while the fleet is full
 	g.open(7)
 	for range 4 {
-		if r := <-criticalAnswers; r.status != http.StatusOK {
+		if r := receive(t, "an answer", criticalAnswers); r.status != http.StatusOK {
 			t.Fatalf("critical: %+v, want 200", r)
 		}
 	}
 	for range 3 {
-		if r := <-answers; r.status != http.StatusOK {
+		if r := receive(t, "an answer", answers); r.status != http.StatusOK {
 			t.Fatalf("served: %+v, want 200", r)
 		}
 	}
@@ -230,13 +229,12 @@ func TestAdminAPIFleet(t *testing.T) {
 	s := redistest.Standalone(t)
 	fleet := startFleet(t, 2, fleetSpec{store: "address " + s.URL(), zone: perClient(2)})
 	site, admin := fleet[0].url, fleet[1].admin // requests to one, changes through the other
-	get := func(key string) int { return getURL(t, site, key) }
 	// eventually sends requests until one is answered want; how long that
 	// took (the instances reread the store once a second) is logged.
 	eventually := func(key string, want int) {
 		t.Helper()
 		start := time.Now()
-		waitFor(t, fmt.Sprintf("key %s to be answered %d", key, want), func() bool { return get(key) == want })
+		waitFor(t, fmt.Sprintf("key %s to be answered %d", key, want), func() bool { return get(t, site, key) == want })
 		t.Logf("key %s: %d after %v", key, want, time.Since(start).Round(time.Millisecond))
 	}
 	change := func(method, path, body string, want int) {
@@ -246,9 +244,9 @@ func TestAdminAPIFleet(t *testing.T) {
 		}
 	}
 	for range 3 {
-		get("f")
+		get(t, site, "f")
 	}
-	if code := get("f"); code != http.StatusTooManyRequests {
+	if code := get(t, site, "f"); code != http.StatusTooManyRequests {
 		t.Fatalf("exhausted key: %d", code)
 	}
 
@@ -259,44 +257,27 @@ func TestAdminAPIFleet(t *testing.T) {
 
 	change(http.MethodDelete, "/rate_limit/zones/fleet/keys/f", "", http.StatusNoContent)
 	eventually("f", http.StatusOK)
-	get("f")
-	if code := get("f"); code != http.StatusTooManyRequests {
+	get(t, site, "f")
+	if code := get(t, site, "f"); code != http.StatusTooManyRequests {
 		t.Fatalf("after a reset, the limit of 2 still holds: %d", code)
 	}
 
 	change(http.MethodPut, "/rate_limit/zones/fleet/keys/f/limit", `{"limit": 4, "ttl": "1h"}`, 200)
 	eventually("f", http.StatusOK)
-	get("f")
-	if code := get("f"); code != http.StatusTooManyRequests {
+	get(t, site, "f")
+	if code := get(t, site, "f"); code != http.StatusTooManyRequests {
 		t.Fatalf("the override of 4 holds: %d", code)
 	}
-}
-
-// fleetInstances reads N as an instance's admin API shows it for zone
-// fleet.
-func fleetInstances(t *testing.T, in instance) int {
-	t.Helper()
-	_, body := adminJSON(t, in.admin, http.MethodGet, "/rate_limit/zones", "")
-	var zones []struct {
-		Name      string
-		Instances int
-	}
-	if err := json.Unmarshal([]byte(body), &zones); err != nil {
-		t.Fatalf("GET /rate_limit/zones: %v: %s", err, body)
-	}
-	for _, z := range zones {
-		if z.Name == "fleet" {
-			return z.Instances
-		}
-	}
-	return 0
 }
 
 // waitForFleet waits until every instance counts all of them.
 func waitForFleet(t *testing.T, fleet []instance) {
 	t.Helper()
 	for _, in := range fleet {
-		waitFor(t, fmt.Sprintf("%s to count %d instances", in.admin, len(fleet)), func() bool { return fleetInstances(t, in) == len(fleet) })
+		waitFor(t, fmt.Sprintf("%s to count %d instances", in.admin, len(fleet)), func() bool {
+			z, _ := zoneState(t, in.admin, "fleet")
+			return z.Instances == len(fleet)
+		})
 	}
 }
 
@@ -374,7 +355,7 @@ func TestRedisFleetLeases(t *testing.T) {
 			t.Fatalf("Redis counts %d, %d were admitted", c, total)
 		}
 
-		codes := burst(urls(fleet), "burst", 450)
+		codes := burst(urls(fleet), 450, "X-Client: burst")
 		t.Logf("a burst of 450 for a limit of %d: %v", limit, codes)
 		if codes[200] > limit || codes[200]+codes[429] != 450 {
 			t.Fatalf("a burst of 450: %v", codes)
@@ -383,11 +364,11 @@ func TestRedisFleetLeases(t *testing.T) {
 
 		var taken, spent int
 		for _, in := range fleet {
-			if got := metricAt(t, in, `caddy_http_rate_limit_fleet_instances{store="redis"}`); got != "3" {
+			if got := metricValue(t, in.admin, `caddy_http_rate_limit_fleet_instances{store="redis"}`); got != "3" {
 				t.Errorf("%s: fleet_instances %q, want 3", in.admin, got)
 			}
-			taken += metricCountAt(t, in, `caddy_http_rate_limit_lease_units_total{outcome="taken",zone="fleet"}`)
-			spent += metricCountAt(t, in, `caddy_http_rate_limit_lease_units_total{outcome="spent",zone="fleet"}`)
+			taken += metricCount(t, in.admin, `caddy_http_rate_limit_lease_units_total{outcome="taken",zone="fleet"}`)
+			spent += metricCount(t, in.admin, `caddy_http_rate_limit_lease_units_total{outcome="spent",zone="fleet"}`)
 		}
 		t.Logf("lease units: %d taken, %d spent", taken, spent)
 		if spent == 0 || taken < spent {
@@ -456,25 +437,6 @@ func hashCount(t *testing.T, s *redistest.Server, key string) int64 {
 	return n
 }
 
-// metricAt reads one series from an instance's /metrics, "" if absent.
-func metricAt(t *testing.T, in instance, series string) string {
-	t.Helper()
-	_, body := adminDo(t, in.admin, http.MethodGet, "/metrics", "", "")
-	for line := range strings.Lines(body) {
-		if name, value, ok := strings.Cut(strings.TrimSpace(line), " "); ok && name == series {
-			return value
-		}
-	}
-	return ""
-}
-
-func metricCountAt(t *testing.T, in instance, series string) int {
-	t.Helper()
-	n := 0
-	fmt.Sscan(metricAt(t, in, series), &n)
-	return n
-}
-
 // TestRedisFleetHotKeyCalls: with lease on, a hot key is decided mostly
 // from leases: far fewer script calls than requests. (bench/load.sh
 // measures how few under load.)
@@ -490,7 +452,7 @@ func TestRedisFleetHotKeyCalls(t *testing.T) {
 	for _, in := range fleet {
 		wg.Go(func() {
 			for range each {
-				if got := getURL(t, in.url, "hot"); got != http.StatusOK {
+				if got := get(t, in.url, "hot"); got != http.StatusOK {
 					t.Errorf("%s: %d", in.url, got)
 					return
 				}
@@ -605,7 +567,7 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 		t.Helper()
 		passed := 0
 		for i := range 40 {
-			if getURL(t, fleet[i%3].url, key) == http.StatusOK {
+			if get(t, fleet[i%3].url, key) == http.StatusOK {
 				passed++
 			}
 		}

@@ -1,7 +1,6 @@
-package ratelimit_test
+package integration
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -46,13 +45,8 @@ func burstThenRefused(t *testing.T, url string, limit, want int, headers ...stri
 // zoneNames lists the zones the admin API shows.
 func zoneNames(t *testing.T) []string {
 	t.Helper()
-	_, body := adminJSON(t, adminURL, http.MethodGet, "/rate_limit/zones", "")
-	var zones []struct{ Name string }
-	if err := json.Unmarshal([]byte(body), &zones); err != nil {
-		t.Fatalf("GET /rate_limit/zones: %v: %s", err, body)
-	}
 	var out []string
-	for _, z := range zones {
+	for _, z := range zones(t, adminURL) {
 		out = append(out, z.Name)
 	}
 	return out
@@ -183,7 +177,7 @@ func TestRemoteIPIsTheClientIP(t *testing.T) {
 		}
 	})
 	t.Run("a trusted proxy: each forwarded client its own counter", func(t *testing.T) {
-		startCaddyWith(t, withGlobals("servers {\n\t\ttrusted_proxies static 127.0.0.0/8 ::1\n\t}")+site, "caddyfile")
+		startCaddy(t, withGlobals("servers {\n\t\ttrusted_proxies static 127.0.0.0/8 ::1\n\t}")+site)
 		for _, client := range []string{"198.51.100.1", "198.51.100.2"} {
 			for i, want := range []int{200, 200, 429} {
 				resp, body := do(t, http.MethodGet, siteURL+"/", "X-Forwarded-For: "+client)
@@ -244,13 +238,13 @@ func TestOneLinersInTwoSitesCountApart(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			startCaddy(t, oneLineSite(siteAddr, "rate_limit {header.X-Client} 2r/h")+oneLineSite(site2Addr, c.lineB))
-			wantStatuses(t, []int{getURL(t, siteURL+"/", "c"), getURL(t, siteURL+"/", "c"), getURL(t, siteURL+"/", "c")}, 200, 200, 429)
+			wantStatuses(t, []int{get(t, siteURL+"/", "c"), get(t, siteURL+"/", "c"), get(t, siteURL+"/", "c")}, 200, 200, 429)
 			for i := range c.limitB {
-				if got := getURL(t, site2URL+"/", "c"); got != http.StatusOK {
+				if got := get(t, site2URL+"/", "c"); got != http.StatusOK {
 					t.Fatalf("site B, request %d after site A refused: %d, want 200", i+1, got)
 				}
 			}
-			if got := getURL(t, site2URL+"/", "c"); got != http.StatusTooManyRequests {
+			if got := get(t, site2URL+"/", "c"); got != http.StatusTooManyRequests {
 				t.Fatalf("site B, request %d: %d, want 429", c.limitB+1, got)
 			}
 			want := []string{"default@" + siteAddr, "default@" + site2Addr}
@@ -270,7 +264,7 @@ func TestOneLinerKeepsItsCountsAcrossReloads(t *testing.T) {
 	siteA := oneLineSite(siteAddr, "rate_limit {header.X-Client} 2r/h")
 	startCaddy(t, oneLineSite(site2Addr, "rate_limit {header.X-Client} 5r/h")+siteA)
 	zoneA := "default@" + siteAddr
-	wantStatuses(t, []int{getURL(t, siteURL+"/", "c"), getURL(t, siteURL+"/", "c"), getURL(t, siteURL+"/", "c")}, 200, 200, 429)
+	wantStatuses(t, []int{get(t, siteURL+"/", "c"), get(t, siteURL+"/", "c"), get(t, siteURL+"/", "c")}, 200, 200, 429)
 	for _, c := range []struct{ name, lineB string }{
 		{"the same Caddyfile", "rate_limit {header.X-Client} 5r/h"},
 		{"the other site changed", "rate_limit {header.X-Client} 7r/m"},
@@ -279,7 +273,7 @@ func TestOneLinerKeepsItsCountsAcrossReloads(t *testing.T) {
 		if code, body := reload(t, oneLineSite(site2Addr, c.lineB)+siteA); code != http.StatusOK {
 			t.Fatalf("%s: reload refused: %d %s", c.name, code, body)
 		}
-		if got := getURL(t, siteURL+"/", "c"); got != http.StatusTooManyRequests {
+		if got := get(t, siteURL+"/", "c"); got != http.StatusTooManyRequests {
 			t.Fatalf("%s: site A after the reload: %d, want 429", c.name, got)
 		}
 		if used := keyState(t, adminURL, zoneA, "c").Used; used != 2 {

@@ -1,11 +1,11 @@
-package ratelimit_test
+package integration
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/d61b427a/caddy-rate-limit/internal/docs"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
 
@@ -69,18 +70,10 @@ func attempt(t *testing.T, url, password string) (int, string) {
 	return resp.StatusCode, resp.Header.Get("Retry-After")
 }
 
-// login logs in to url as alice with password and returns the response,
-// its body read.
+// login logs in to url as alice with password and returns the response.
 func login(t *testing.T, url, password string) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	req.SetBasicAuth("alice", password)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	resp, _ := do(t, http.MethodGet, url, basicAuth("alice", password))
 	return resp
 }
 
@@ -127,7 +120,7 @@ func testLogins(t *testing.T, fleet []instance) {
 	}
 	bans := 0
 	for _, in := range fleet {
-		bans += metricCountAt(t, in, `caddy_http_rate_limit_bans_total{zone="login"}`)
+		bans += metricCount(t, in.admin, `caddy_http_rate_limit_bans_total{zone="login"}`)
 	}
 	if bans != 1 {
 		t.Fatalf("bans_total sums to %d over the instances, want 1", bans)
@@ -145,18 +138,7 @@ func testLogins(t *testing.T, fleet []instance) {
 
 	// 50 wrong attempts at once: each takes its cost on admission, so at
 	// most five reach basic_auth, whose 401s they are.
-	codes := map[int]int{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for i := range 50 {
-		wg.Go(func() {
-			code, _ := attempt(t, fleet[i%len(fleet)].url, "wrong")
-			mu.Lock()
-			codes[code]++
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
+	codes := burst(urls(fleet), 50, basicAuth("alice", "wrong"))
 	if codes[http.StatusUnauthorized] > 5 || codes[http.StatusUnauthorized]+codes[http.StatusTooManyRequests] != 50 {
 		t.Fatalf("50 concurrent wrong attempts: %v; want at most five 401s, the rest 429", codes)
 	}
@@ -200,7 +182,7 @@ func TestLoginsMemory(t *testing.T) {
 // redisLines are the handler lines of instances that share the Redis
 // server s, with extra lines in the store block.
 func redisLines(s *redistest.Server, extra string) string {
-	return "store redis {\n\t\t\t\taddress " + s.URL() + "\n\t\t\t\ttimeout 5s\n\t\t\t\t" + extra + "\n\t\t\t}\n\t\t\ton_store_error deny"
+	return redisStore("address "+s.URL()+"\n"+extra) + "\non_store_error deny"
 }
 
 // TestLoginsRedisFleet: three instances on one Redis share the counts and
@@ -211,69 +193,10 @@ func TestLoginsRedisFleet(t *testing.T) {
 	testBanOutlastsTheWindow(t, startLogins(t, 3, redisLines(s, ""), quickZone, ""))
 }
 
-// heldApp is an app that holds every request it gets until release is
-// called, and tells each one's arrival on arrived: so a test knows which
-// requests are in flight.
-type heldApp struct {
-	addr    string
-	arrived chan struct{}
-	release func()
-}
-
-func startHeldApp(t *testing.T) *heldApp {
-	t.Helper()
-	open := make(chan struct{})
-	a := &heldApp{arrived: make(chan struct{}, 1000)}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		a.arrived <- struct{}{}
-		select {
-		case <-open:
-		case <-r.Context().Done():
-		}
-		_, _ = io.WriteString(w, "welcome")
-	}))
-	var once sync.Once
-	a.release = func() { once.Do(func() { close(open) }) }
-	t.Cleanup(func() {
-		a.release()
-		srv.Close()
-	})
-	a.addr = strings.TrimPrefix(srv.URL, "http://")
-	return a
-}
-
-// waitArrivals waits until n requests have reached the app.
-func (a *heldApp) waitArrivals(t *testing.T, n int) {
-	t.Helper()
-	for i := range n {
-		select {
-		case <-a.arrived:
-		case <-time.After(30 * time.Second):
-			t.Fatalf("%d of %d requests reached the app", i, n)
-		}
-	}
-}
-
 // loginsAtOnce sends n logins with password at once, spread over fleet,
-// and returns a channel that gets each one's response (status 0, with the
-// error in Status, if there was none).
-func loginsAtOnce(fleet []instance, password string, n int) <-chan *http.Response {
-	out := make(chan *http.Response, n)
-	for i := range n {
-		go func() {
-			req, _ := http.NewRequest(http.MethodGet, fleet[i%len(fleet)].url, nil)
-			req.SetBasicAuth("alice", password)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				out <- &http.Response{Status: err.Error(), Header: http.Header{}}
-				return
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			out <- resp
-		}()
-	}
-	return out
+// and returns a channel that gets each one's result.
+func loginsAtOnce(fleet []instance, password string, n int) <-chan result {
+	return sendAll(context.Background(), urls(fleet), n, basicAuth("alice", password))
 }
 
 // testInFlightIsNoBan: a browser loads eight assets at once with the right
@@ -281,20 +204,19 @@ func loginsAtOnce(fleet []instance, password string, n int) <-chan *http.Respons
 // fill the limit while the app holds them; the other three are refused
 // with Retry-After: 1, for costs in flight, and ban nothing: once the
 // five are done, their costs come back and the right password passes.
-func testInFlightIsNoBan(t *testing.T, fleet []instance, app *heldApp) {
+func testInFlightIsNoBan(t *testing.T, fleet []instance, app *gate) {
 	const key = "127.0.0.1"
 	answers := loginsAtOnce(fleet, "right", 8)
 	app.waitArrivals(t, 5)
 	for range 3 {
-		resp := receive(t, "an answer", answers)
-		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" {
-			t.Fatalf("a request past the five in flight: %d %s, Retry-After %q; want 429 and 1", resp.StatusCode, resp.Status, resp.Header.Get("Retry-After"))
+		if r := receive(t, "an answer", answers); r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") != "1" {
+			t.Fatalf("a request past the five in flight: %+v; want 429 and Retry-After 1", r)
 		}
 	}
-	app.release()
+	app.releaseAll()
 	for range 5 {
-		if resp := <-answers; resp.StatusCode != http.StatusOK {
-			t.Fatalf("a request in flight: %d %s, want 200", resp.StatusCode, resp.Status)
+		if r := receive(t, "an answer", answers); r.status != http.StatusOK {
+			t.Fatalf("a request in flight: %+v, want 200", r)
 		}
 	}
 	if info := keyState(t, fleet[0].admin, "login", key); !info.BanEnds.IsZero() {
@@ -309,14 +231,14 @@ func testInFlightIsNoBan(t *testing.T, fleet []instance, app *heldApp) {
 }
 
 func TestLoginsInFlightMemory(t *testing.T) {
-	app := startHeldApp(t)
-	testInFlightIsNoBan(t, startLogins(t, 1, "", loginZone, app.addr), app)
+	app := newGate(t)
+	testInFlightIsNoBan(t, startLogins(t, 1, "", loginZone, app.url), app)
 }
 
 func TestLoginsInFlightRedisFleet(t *testing.T) {
 	s := redistest.Standalone(t)
-	app := startHeldApp(t)
-	testInFlightIsNoBan(t, startLogins(t, 3, redisLines(s, ""), loginZone, app.addr), app)
+	app := newGate(t)
+	testInFlightIsNoBan(t, startLogins(t, 3, redisLines(s, ""), loginZone, app.url), app)
 }
 
 // readmeLoginZone is the zone of the README's basic_auth example, which
@@ -324,12 +246,10 @@ func TestLoginsInFlightRedisFleet(t *testing.T) {
 func readmeLoginZone(t *testing.T) string {
 	t.Helper()
 	zone := func(file, section string) string {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
+		var block string
+		if blocks := docs.FencedBlocks(docs.Section(t, file, section), "caddyfile"); len(blocks) > 0 {
+			block = blocks[0]
 		}
-		_, text, _ := strings.Cut(string(b), "\n## "+section+"\n")
-		_, block, _ := strings.Cut(text, "```caddyfile\n")
 		start := strings.Index(block, "zone login {")
 		end := strings.Index(block[max(start, 0):], "\n\t\t}")
 		if start < 0 || end < 0 {
@@ -337,8 +257,8 @@ func readmeLoginZone(t *testing.T) string {
 		}
 		return block[start : start+end+4]
 	}
-	readme := zone("README.md", "Stop password guessing")
-	if doc := zone("docs/brute-force.md", "basic_auth"); doc != readme {
+	readme := zone("../README.md", "Stop password guessing")
+	if doc := zone("../docs/brute-force.md", "basic_auth"); doc != readme {
 		t.Fatalf("docs/brute-force.md's basic_auth zone\n%s\nis not the README's\n%s", doc, readme)
 	}
 	return readme
@@ -351,14 +271,14 @@ func readmeLoginZone(t *testing.T) string {
 // in a row still ban, and then the right password is refused for the
 // hour. Meanwhile X-RateLimit-Reset and the RateLimit header's reset tell
 // the ban's end, as Retry-After does.
-func testPageLoad(t *testing.T, fleet []instance, app *heldApp) {
+func testPageLoad(t *testing.T, fleet []instance, app *gate) {
 	const key = "127.0.0.1"
 	answers := loginsAtOnce(fleet, "right", 20)
 	app.waitArrivals(t, 5)
-	app.release()
+	app.releaseAll()
 	for range 20 {
-		if resp := <-answers; resp.StatusCode != http.StatusOK {
-			t.Fatalf("a page load of 20 with the right password: %d %s, Retry-After %q; want every one 200", resp.StatusCode, resp.Status, resp.Header.Get("Retry-After"))
+		if r := receive(t, "an answer", answers); r.status != http.StatusOK {
+			t.Fatalf("a page load of 20 with the right password: %+v; want every one 200", r)
 		}
 	}
 	if code, retryAfter := attempt(t, fleet[len(fleet)-1].url, "right"); code != http.StatusOK {
@@ -406,16 +326,16 @@ func wantBanHeaders(t *testing.T, what string, resp *http.Response) {
 }
 
 func TestLoginsPageLoadMemory(t *testing.T) {
-	app := startHeldApp(t)
-	testPageLoad(t, startLogins(t, 1, "headers both", readmeLoginZone(t), app.addr), app)
+	app := newGate(t)
+	testPageLoad(t, startLogins(t, 1, "headers both", readmeLoginZone(t), app.url), app)
 }
 
 // TestLoginsPageLoadRedisFleet: the same on three instances sharing Redis
 // with leases on (which a zone that bans does not take).
 func TestLoginsPageLoadRedisFleet(t *testing.T) {
 	s := redistest.Standalone(t)
-	app := startHeldApp(t)
-	testPageLoad(t, startLogins(t, 3, redisLines(s, "lease on")+"\n\t\t\theaders both", readmeLoginZone(t), app.addr), app)
+	app := newGate(t)
+	testPageLoad(t, startLogins(t, 3, redisLines(s, "lease on")+"\n\t\t\theaders both", readmeLoginZone(t), app.url), app)
 }
 
 // TestRedisFleetCountStatusLeases: three instances with lease on and a
@@ -478,7 +398,7 @@ func TestRedisFleetCountStatusLeases(t *testing.T) {
 	}
 	given := 0
 	for _, in := range fleet {
-		given += metricCountAt(t, in, `caddy_http_rate_limit_lease_units_total{outcome="given_back",zone="fleet"}`)
+		given += metricCount(t, in.admin, `caddy_http_rate_limit_lease_units_total{outcome="given_back",zone="fleet"}`)
 	}
 	t.Logf("%d successful requests: %d script calls, %d units given back into leases", ok, calls, given)
 	if calls*5 > ok || given == 0 {

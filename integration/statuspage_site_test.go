@@ -1,9 +1,9 @@
-package ratelimit_test
+package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -22,8 +22,9 @@ const (
 )
 
 // statusSite is a Caddy process whose site serves the status page the
-// two ways the docs show, with the admin endpoint left as Caddy sets it
-// up (no origins):
+// two ways the docs show, with the admin endpoint refusing a browser's
+// navigation, as Caddy sets it up (its origins only its own address, for
+// the tests' requests):
 //
 //	/limits/*  handle_path, behind basic_auth (user ops, password secret)
 //	/ops*      handle, unstripped, for the loopback address only
@@ -31,8 +32,8 @@ const (
 // and everything else through rate_limit (log_keys on) with two zones,
 // api and login, and a load shedder, backend. /hold is answered by gate.
 type statusSite struct {
-	site  string // http://127.0.0.1:<port>
-	admin string // http://127.0.0.1:<port>
+	site  string // http://<loopback>:<port>
+	admin string // http://<loopback>:<port>
 	gate  *gate
 }
 
@@ -49,9 +50,9 @@ func startStatusSite(t *testing.T) statusSite {
 	if err != nil {
 		t.Fatal(err)
 	}
-	site, admin := freeLoopbackPort(t), freeLoopbackPort(t)
-	s := statusSite{site: fmt.Sprintf("http://127.0.0.1:%d", site), admin: fmt.Sprintf("http://127.0.0.1:%d", admin), gate: newGate(t)}
-	startProcess(t, processGlobals(t, admin, site)+fmt.Sprintf(`%s {
+	site, admin := freePort(), onLoopback(freePort())
+	s := statusSite{site: "http://" + onLoopback(site), admin: "http://" + admin, gate: newGate(t)}
+	startProcess(t, caddyGlobals(adminOption(admin), site, freePort(), "")+fmt.Sprintf(`%s {
 	handle_path /limits/* {
 		basic_auth {
 			ops %s
@@ -102,11 +103,11 @@ func startStatusSite(t *testing.T) statusSite {
 		key     string
 		n, okay int
 	}{{longIPv6, 60, 20}, {longAPIKey, 30, 20}, {"customer-42", 12, 12}, {"198.51.100.23", 5, 5}, {"2001:db8::1f", 3, 3}} {
-		if codes := burst(api, c.key, c.n); codes[http.StatusOK] != c.okay {
+		if codes := burst(api, c.n, "X-Client: "+c.key); codes[http.StatusOK] != c.okay {
 			t.Fatalf("%s's %d requests: %v, want %d allowed", c.key, c.n, codes, c.okay)
 		}
 	}
-	if codes := burst([]string{s.site + "/login"}, "203.0.113.7", 15); codes[http.StatusOK] != 3 {
+	if codes := burst([]string{s.site + "/login"}, 15, "X-Client: 203.0.113.7"); codes[http.StatusOK] != 3 {
 		t.Fatalf("203.0.113.7's 15 logins: %v, want 3 allowed", codes)
 	}
 	if code, body := adminJSON(t, s.admin, http.MethodPut, "/rate_limit/zones/login/dial", `{"mode": "dry_run", "ttl": "1h"}`); code != http.StatusOK {
@@ -119,22 +120,11 @@ func startStatusSite(t *testing.T) statusSite {
 // until the shedder sheds the other classes.
 func (s statusSite) saturate(t *testing.T) {
 	t.Helper()
-	for i := range 4 {
-		go func() {
-			req, _ := http.NewRequest(http.MethodGet, s.site+"/hold", nil)
-			req.Header.Set("X-Priority", "critical")
-			req.Header.Set("X-Client", fmt.Sprint("batch-", i))
-			if resp, err := client.Do(req); err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}()
-	}
+	sendAll(context.Background(), []string{s.site + "/hold"}, 4, "X-Priority: critical", "X-Client: batch")
 	s.gate.waitArrivals(t, 4)
 	waitFor(t, "the shedder to shed", func() bool {
-		_, body := adminJSON(t, s.admin, http.MethodGet, "/rate_limit/shed", "")
-		var all []shed.Info
-		return json.Unmarshal([]byte(body), &all) == nil && len(all) == 1 && all[0].Amount > 0
+		all := readAdmin[[]shed.Info](t, s.admin, "/rate_limit/shed")
+		return len(all) == 1 && all[0].Amount > 0
 	})
 }
 
@@ -142,21 +132,12 @@ func (s statusSite) saturate(t *testing.T) {
 // status, Location and body.
 func (s statusSite) request(t *testing.T, method, path, body string, auth bool) (int, string, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, s.site+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
+	var headers []string
 	if auth {
-		req.SetBasicAuth("ops", "secret")
+		headers = append(headers, basicAuth("ops", "secret"))
 	}
-	noRedirects := &http.Client{Transport: client.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := noRedirects.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header.Get("Location"), string(b)
+	resp, answer := request(t, client, method, s.site+path, body, headers...)
+	return resp.StatusCode, resp.Header.Get("Location"), answer
 }
 
 // TestStatusPageSiteRoutes: through a real Caddy, rate_limit_status
@@ -229,7 +210,7 @@ func TestStatusPageSiteRoutes(t *testing.T) {
 	if strings.Count(zones, `"dial"`) != 1 || !strings.Contains(zones, `"dial":{"mode":"dry_run"`) {
 		t.Errorf("zones after the refused writes: %s, want login's dry_run dial and no other", zones)
 	}
-	if codes := burst([]string{s.site + "/"}, longIPv6, 1); codes[http.StatusTooManyRequests] != 1 {
+	if codes := burst([]string{s.site + "/"}, 1, "X-Client: "+longIPv6); codes[http.StatusTooManyRequests] != 1 {
 		t.Errorf("%s after the refused writes: %v, want still refused", longIPv6, codes)
 	}
 }

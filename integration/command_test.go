@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"bytes"
@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -29,9 +28,6 @@ func rateLimitCLI(t *testing.T, args ...string) (string, string, error) {
 	t.Logf("$ caddy rate-limit %s\n%s%s", strings.Join(args, " "), stdout.String(), stderr.String())
 	return stdout.String(), stderr.String(), err
 }
-
-// hashForm is how a key is shown when log_keys is not on.
-var hashForm = regexp.MustCompile(`^#[0-9a-f]{16}$`)
 
 // tableRow returns the fields of the row of table (tabwriter output)
 // whose first field is first, or nil.
@@ -58,10 +54,9 @@ func topRows(out string) [][]string {
 // loggedError returns the message of the error Caddy logged as JSON to
 // stderr (not a terminal), or "".
 func loggedError(stderr string) string {
-	for _, line := range strings.Split(stderr, "\n") {
-		var entry struct{ Level, Msg string }
-		if json.Unmarshal([]byte(line), &entry) == nil && entry.Level == "error" {
-			return entry.Msg
+	for _, e := range logEntries(linesWith(stderr, `"level":"error"`)) {
+		if msg, ok := e["msg"].(string); ok {
+			return msg
 		}
 	}
 	return ""
@@ -109,9 +104,9 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 	// only reach the endpoint as one path segment if escaped.
 	const bot = "bot/7%"
 	for i := range 3 {
-		burst([]string{in.url}, fmt.Sprint("client-", i), 1)
+		burst([]string{in.url}, 1, fmt.Sprint("X-Client: client-", i))
 	}
-	if codes := burst([]string{in.url}, bot, 12); codes[200] != 5 || codes[429] != 7 {
+	if codes := burst([]string{in.url}, 12, "X-Client: "+bot); codes[200] != 5 || codes[429] != 7 {
 		t.Fatalf("12 requests from one client: %v, want 5 allowed and 7 rejected", codes)
 	}
 
@@ -205,7 +200,7 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 		t.Fatalf("an unknown zone logged %q, want the endpoint's message", msg)
 	}
 
-	nowhere := fmt.Sprintf("127.0.0.1:%d", freeLoopbackPort(t))
+	nowhere := onLoopback(freePort())
 	_, stderr, err = rateLimitCLI(t, "zones", "--address", nowhere)
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(loggedError(stderr), nowhere) {
 		t.Fatalf("an address nothing listens on: %v, logged %q; want exit status 1 naming it", err, loggedError(stderr))

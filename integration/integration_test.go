@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"bufio"
@@ -70,7 +70,7 @@ func TestRejectedBodyIsNeverRead(t *testing.T) {
 	// would wait until the deadline, so an answer proves the body was
 	// never read.
 	resp = send(t, func() (*http.Response, error) {
-		conn, err := net.Dial("tcp", siteHostPort)
+		conn, err := net.Dial("tcp", siteListen)
 		if err != nil {
 			return nil, err
 		}
@@ -464,7 +464,7 @@ func TestPlaceholders(t *testing.T) {
 func TestDryRunNeverRejects(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	a := newApp(t)
-	startCaddyWith(t, withGlobals(fmt.Sprintf(`log {
+	startCaddy(t, withGlobals(fmt.Sprintf(`log {
 		output file %s
 		level INFO
 	}`, logFile))+fmt.Sprintf(`
@@ -479,7 +479,7 @@ func TestDryRunNeverRejects(t *testing.T) {
 	header >X-Exceeded {http.rate_limit.exceeded}
 	reverse_proxy %s
 }
-`, a.url), "caddyfile")
+`, a.url))
 	var exceeded []string
 	for i := 0; i < 4; i++ {
 		resp, _ := do(t, http.MethodGet, siteURL+"/")
@@ -510,7 +510,7 @@ func TestDryRunNeverRejects(t *testing.T) {
 // is the client's address from X-Forwarded-For, not the proxy's, so clients
 // sharing one proxy do not share one counter.
 func TestClientIPHonoursTrustedProxies(t *testing.T) {
-	startCaddyWith(t, withGlobals(`servers {
+	startCaddy(t, withGlobals(`servers {
 		trusted_proxies static 127.0.0.0/8 ::1
 	}`)+`
 `+siteAddr+` {
@@ -522,7 +522,7 @@ func TestClientIPHonoursTrustedProxies(t *testing.T) {
 	}
 	respond "{http.rate_limit.key}"
 }
-`, "caddyfile")
+`)
 	for _, client := range []string{"198.51.100.1", "198.51.100.2"} {
 		resp, body := do(t, http.MethodGet, siteURL+"/", "X-Forwarded-For: "+client)
 		status(t, resp, http.StatusOK)
@@ -592,15 +592,14 @@ func TestRateLimitHeadersAreStructuredFields(t *testing.T) {
 		})
 	}
 	config, err := json.Marshal(map[string]any{
-		"admin": map[string]any{"listen": adminAddr},
 		"apps": map[string]any{"http": map[string]any{"http_port": sitePort, "servers": map[string]any{
-			"srv": map[string]any{"listen": []string{siteAddr}, "routes": routes},
+			"srv": map[string]any{"listen": []string{siteListen}, "routes": routes},
 		}}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	startCaddyWith(t, string(config), "json")
+	startCaddy(t, string(config))
 	for i, name := range sfNames {
 		for _, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
 			resp, _ := do(t, http.MethodGet, fmt.Sprintf("%s/%d", siteURL, i))

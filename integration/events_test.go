@@ -1,102 +1,14 @@
-package ratelimit_test
+package integration
 
 import (
-	"context"
-	"encoding/json"
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
-
-	ratelimit "github.com/d61b427a/caddy-rate-limit"
+	"github.com/d61b427a/caddy-rate-limit/internal/docs"
 )
-
-func init() {
-	caddy.RegisterModule(eventRecorder{})
-}
-
-// eventRecorder is an event handler that keeps what it is handed, so a
-// test can see the events a config's rate limiter emitted.
-type eventRecorder struct{}
-
-func (eventRecorder) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "events.handlers.rate_limit_test_recorder",
-		New: func() caddy.Module { return eventRecorder{} },
-	}
-}
-
-// recorded holds the first maxRecorded events handed to eventRecorder,
-// and counts all of them in total: a flood test's million events are
-// counted, not kept.
-var recorded struct {
-	sync.Mutex
-	events []caddy.Event
-	total  int
-}
-
-const maxRecorded = 10_000
-
-func (eventRecorder) Handle(_ context.Context, e caddy.Event) error {
-	recorded.Lock()
-	defer recorded.Unlock()
-	recorded.total++
-	if len(recorded.events) < maxRecorded {
-		recorded.events = append(recorded.events, e)
-	}
-	return nil
-}
-
-// recordedEvents returns the rate_limit_exceeded events recorded so far.
-func recordedEvents() []caddy.Event {
-	recorded.Lock()
-	defer recorded.Unlock()
-	var out []caddy.Event
-	for _, e := range recorded.events {
-		if e.Name() == "rate_limit_exceeded" {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// startCaddyWithEvents loads sites, as startCaddy does, with an events
-// app that hands every event to eventRecorder.
-func startCaddyWithEvents(t *testing.T, sites string) {
-	t.Helper()
-	startCaddyfileWithEvents(t, globalOptions+sites)
-}
-
-// startCaddyfileWithEvents loads a whole Caddyfile, with an events app
-// that hands every event to eventRecorder.
-func startCaddyfileWithEvents(t *testing.T, caddyfile string) {
-	t.Helper()
-	integration(t)
-	adapted, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(adapted, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	cfg["apps"].(map[string]any)["events"] = map[string]any{
-		"subscriptions": []any{map[string]any{
-			"events":   []string{"rate_limit_exceeded"},
-			"handlers": []any{map[string]any{"handler": "rate_limit_test_recorder"}},
-		}},
-	}
-	config, _ := json.Marshal(cfg)
-	recorded.Lock()
-	recorded.events, recorded.total = nil, 0
-	recorded.Unlock()
-	startCaddyWith(t, string(config), "json")
-}
 
 // TestExceededEvents: a flood of 10,000 rejected requests from one key in
 // one window emits one rate_limit_exceeded event, with the zone, the key,
@@ -104,7 +16,7 @@ func startCaddyfileWithEvents(t *testing.T, caddyfile string) {
 // the key is its hash, unless log_keys is on; a banned key's event says
 // when its ban ends.
 func TestExceededEvents(t *testing.T) {
-	startCaddyWithEvents(t, `
+	startCaddy(t, withEvents(t, `
 `+siteAddr+` {
 	rate_limit {
 		zone ev_flood {
@@ -127,10 +39,10 @@ func TestExceededEvents(t *testing.T) {
 	}
 	respond "ok"
 }
-`)
+`))
 	hc := &http.Client{}
 	send := func(url, client string) int {
-		resp, _ := doWith(t, hc, http.MethodGet, url, "X-Client: "+client)
+		resp, _ := request(t, hc, http.MethodGet, url, "", "X-Client: "+client)
 		return resp.StatusCode
 	}
 	rejected := 0
@@ -147,8 +59,9 @@ func TestExceededEvents(t *testing.T) {
 		t.Fatalf("%d events for 10,000 rejections of one key in one window, want 1", len(events))
 	}
 	d := events[0].Data
-	if ra := d["retry_after"].(int64); d["zone"] != "ev_flood" || d["key"] != ratelimit.HiddenKey("flood") || d["remote_ip"] != "127.0.0.1" || ra < 1 || ra > 3600 {
-		t.Fatalf("event data %v, want zone ev_flood, key flood's hash %s, remote_ip 127.0.0.1 and retry_after up to the window's end", d, ratelimit.HiddenKey("flood"))
+	hash := keyHash(t, adminURL, "ev_flood", "flood")
+	if ra := d["retry_after"].(int64); d["zone"] != "ev_flood" || d["key"] != hash || d["remote_ip"] != "127.0.0.1" || ra < 1 || ra > 3600 {
+		t.Fatalf("event data %v, want zone ev_flood, key flood's hash %s, remote_ip 127.0.0.1 and retry_after up to the window's end", d, hash)
 	}
 	send(siteURL, "other")
 	send(siteURL, "other")
@@ -173,7 +86,7 @@ func TestExceededEvents(t *testing.T) {
 // one rate_limit_exceeded line for each key, no more however many more of
 // their requests the window rejects, and no line but the events app's.
 func TestDocumentedEventsLog(t *testing.T) {
-	blocks := ratelimit.FencedBlocks(ratelimit.DocSection(t, "docs/operating.md", "Events"), "caddyfile")
+	blocks := docs.FencedBlocks(docs.Section(t, "../docs/operating.md", "Events"), "caddyfile")
 	if len(blocks) != 1 {
 		t.Fatalf("%d Caddyfile blocks in the Events section, want 1", len(blocks))
 	}
@@ -184,7 +97,7 @@ func TestDocumentedEventsLog(t *testing.T) {
 		t.Fatalf("the Events section's Caddyfile is not a global options block that writes %s:\n%s", documentedFile, blocks[0])
 	}
 	logFile := filepath.Join(t.TempDir(), "events.log")
-	startCaddyWith(t, withGlobals(strings.Replace(option, documentedFile, logFile, 1))+`
+	startCaddy(t, withGlobals(strings.Replace(option, documentedFile, logFile, 1))+`
 `+siteAddr+` {
 	rate_limit {
 		zone ev_log {
@@ -195,7 +108,7 @@ func TestDocumentedEventsLog(t *testing.T) {
 	}
 	respond "ok"
 }
-`, "caddyfile")
+`)
 
 	// Every request below must fall in one of the zone's windows, which
 	// are aligned to the epoch.
@@ -204,7 +117,7 @@ func TestDocumentedEventsLog(t *testing.T) {
 	// has every line by the time a request returns.
 	exceeded := func() []map[string]any {
 		var out []map[string]any
-		for _, e := range logEntries(t, logFile) {
+		for _, e := range logEntries(logLines(logFile)) {
 			if e["logger"] != "events" {
 				t.Fatalf("a line of another logger than events in the events log: %v", e)
 			}
@@ -224,7 +137,7 @@ func TestDocumentedEventsLog(t *testing.T) {
 		e := lines[i]
 		d, _ := e["data"].(map[string]any)
 		if e["msg"] != "event" || e["level"] != "debug" || e["origin"] != "http.handlers.rate_limit" ||
-			d["zone"] != "ev_log" || d["key"] != ratelimit.HiddenKey(key) || d["remote_ip"] != "127.0.0.1" {
+			d["zone"] != "ev_log" || d["key"] != keyHash(t, adminURL, "ev_log", key) || d["remote_ip"] != "127.0.0.1" {
 			t.Fatalf("line %d: %v, want the debug event of zone ev_log for key %s, shown as its hash", i+1, e, key)
 		}
 	}

@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"context"
@@ -12,9 +12,12 @@ import (
 )
 
 func TestMaxDelay(t *testing.T) {
+	// The zones of an hour must not turn during the test, or a zone that
+	// should refuse a request would let it through.
+	roomInWindow(time.Hour, 10*time.Second)
 	a := newApp(t)
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	startCaddyWith(t, withGlobals(fmt.Sprintf(`log {
+	startCaddy(t, withGlobals(fmt.Sprintf(`log {
 		output file %s
 		format json
 		level DEBUG
@@ -86,7 +89,7 @@ func TestMaxDelay(t *testing.T) {
 	}
 	reverse_proxy %s
 }
-`, a.url), "caddyfile")
+`, a.url))
 	t.Run("waits_until_allowed", func(t *testing.T) {
 		resp, _ := do(t, http.MethodGet, siteURL+"/")
 		status(t, resp, http.StatusOK)
@@ -134,12 +137,9 @@ func TestMaxDelay(t *testing.T) {
 		resp, _ := do(t, http.MethodGet, siteURL+"/")
 		status(t, resp, http.StatusOK)
 		hits := a.hits.Load()
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, siteURL+"/", nil)
-		if _, err := client.Do(req); err == nil {
-			t.Fatal("parked request answered before its client gave up")
+		if r := giveUp(t, siteURL+"/", 200*time.Millisecond); r.err == nil {
+			t.Fatalf("parked request answered before its client gave up: %+v", r)
 		}
-		cancel()
 		// max_waiting is 1: while the walked-away request holds its slot,
 		// the next is rejected at once (which charges nothing). Once the
 		// server has noticed the disconnect, the slot is free again and a
@@ -186,15 +186,7 @@ func TestMaxDelay(t *testing.T) {
 		// went away: then a request waits (until its client gives up)
 		// instead of being turned away.
 		waitFor(t, "the disconnected request to free its slot", func() bool {
-			waitCtx, waitCancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			defer waitCancel()
-			req, _ := http.NewRequestWithContext(waitCtx, http.MethodGet, siteURL+"/bounded", nil)
-			resp, err := client.Do(req)
-			if err != nil {
-				return true // it waited: the slot was free
-			}
-			resp.Body.Close()
-			return false
+			return giveUp(t, siteURL+"/bounded", 300*time.Millisecond).err != nil // it waited: the slot was free
 		})
 	})
 }

@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"context"
@@ -34,11 +34,11 @@ func TestConcurrencyThroughCaddy(t *testing.T) {
 	g := newGate(t)
 	startCaddy(t, concurrencySite(g.url, ""))
 
-	answers := sendAll(context.Background(), []string{siteURL}, "c1", 6)
+	answers := sendAll(context.Background(), []string{siteURL}, 6, "X-Client: c1")
 	g.waitArrivals(t, 2)
 	for range 4 {
 		r := receive(t, "an answer", answers)
-		if r.err != nil || r.status != http.StatusTooManyRequests || r.retryAfter != "1" || r.limitHdr != "" {
+		if r.err != nil || r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") != "1" || r.header.Get("X-RateLimit-Limit") != "" {
 			t.Fatalf("rejection: %+v, want 429 with Retry-After 1 and no window headers", r)
 		}
 	}
@@ -47,7 +47,7 @@ func TestConcurrencyThroughCaddy(t *testing.T) {
 	}
 	g.open(2)
 	for range 2 {
-		if r := <-answers; r.err != nil || r.status != http.StatusOK {
+		if r := receive(t, "an answer", answers); r.err != nil || r.status != http.StatusOK {
 			t.Fatalf("served: %+v", r)
 		}
 	}
@@ -58,17 +58,17 @@ func TestConcurrencyThroughCaddy(t *testing.T) {
 
 	// Clients that give up while the upstream works release their units.
 	ctx, cancel := context.WithCancel(context.Background())
-	gone := sendAll(ctx, []string{siteURL}, "c1", 2)
+	gone := sendAll(ctx, []string{siteURL}, 2, "X-Client: c1")
 	g.waitArrivals(t, 4)
 	cancel()
 	for range 2 {
-		if r := <-gone; r.err == nil {
+		if r := receive(t, "an answer", gone); r.err == nil {
 			t.Fatalf("a cancelled request was answered: %+v", r)
 		}
 	}
 	waitUsed(t, adminURL, "expensive", "c1", 0)
 	g.open(1)
-	if r := <-sendAll(context.Background(), []string{siteURL}, "c1", 1); r.status != http.StatusOK {
+	if r := receive(t, "an answer", sendAll(context.Background(), []string{siteURL}, 1, "X-Client: c1")); r.status != http.StatusOK {
 		t.Fatalf("after the aborts: %+v", r)
 	}
 }
@@ -78,21 +78,21 @@ func TestConcurrencyThroughCaddy(t *testing.T) {
 func TestConcurrencyMaxDelay(t *testing.T) {
 	g := newGate(t)
 	startCaddy(t, concurrencySite(g.url, "\t\t\tmax_delay 20s"))
-	first := sendAll(context.Background(), []string{siteURL}, "d", 2)
+	first := sendAll(context.Background(), []string{siteURL}, 2, "X-Client: d")
 	g.waitArrivals(t, 2)
-	late := sendAll(context.Background(), []string{siteURL}, "d", 1)
+	late := sendAll(context.Background(), []string{siteURL}, 1, "X-Client: d")
 	// The late request waits in the handler; each token lets one request
 	// finish, and the late one then takes the freed unit.
 	g.open(1)
-	if r := <-first; r.status != http.StatusOK {
+	if r := receive(t, "an answer", first); r.status != http.StatusOK {
 		t.Fatalf("first: %+v", r)
 	}
 	g.waitArrivals(t, 3)
 	g.open(2)
-	if r := <-late; r.status != http.StatusOK {
+	if r := receive(t, "an answer", late); r.status != http.StatusOK {
 		t.Fatalf("late: %+v, want 200 after waiting", r)
 	}
-	if r := <-first; r.status != http.StatusOK {
+	if r := receive(t, "an answer", first); r.status != http.StatusOK {
 		t.Fatalf("second: %+v", r)
 	}
 	waitUsed(t, adminURL, "expensive", "d", 0)
@@ -141,7 +141,7 @@ func TestGCRAThroughCaddy(t *testing.T) {
 		t.Fatalf("the app saw %d requests, want 3", n)
 	}
 	// A token comes back every 100 ms: one more passes once it has.
-	waitFor(t, "a token to come back", func() bool { return getURL(t, siteURL, "g") == http.StatusOK })
+	waitFor(t, "a token to come back", func() bool { return get(t, siteURL, "g") == http.StatusOK })
 }
 
 // TestConcurrencyEveryWayOutThroughCaddy: a concurrency zone's units come
@@ -182,14 +182,14 @@ func TestConcurrencyEveryWayOutThroughCaddy(t *testing.T) {
 		error 500
 	}
 	handle /down {
-		reverse_proxy 127.0.0.1:%d
+		reverse_proxy %s
 	}
 	handle /abort {
 		abort
 	}
 	respond "ok"
 }
-`, accessLog, freeLoopbackPort(t)))
+`, accessLog, onLoopback(freePort())))
 	for i, c := range []struct {
 		method, path string
 		status       int // 0: the connection is closed unanswered
@@ -206,7 +206,7 @@ func TestConcurrencyEveryWayOutThroughCaddy(t *testing.T) {
 		{http.MethodPost, "/", http.StatusTooManyRequests, "posts", "0"}, // rejected by posts
 	} {
 		allowed := `caddy_http_rate_limit_requests_total{result="allowed",zone="expensive"}`
-		before := metricCount(t, allowed)
+		before := metricCount(t, adminURL, allowed)
 		req, _ := http.NewRequest(c.method, siteURL+c.path, nil)
 		req.Header.Set("X-Client", "ways")
 		req.Header.Set("X-Request", fmt.Sprint(i))
@@ -227,12 +227,12 @@ func TestConcurrencyEveryWayOutThroughCaddy(t *testing.T) {
 		if c.status == http.StatusTooManyRequests {
 			admitted = 0
 		}
-		if n := metricCount(t, allowed) - before; n != admitted {
+		if n := metricCount(t, adminURL, allowed) - before; n != admitted {
 			t.Fatalf("%s %s: allowed by the zone %d times, want %d", c.method, c.path, n, admitted)
 		}
 		var entry map[string]any
 		waitFor(t, fmt.Sprintf("the access log line of %s %s", c.method, c.path), func() bool {
-			for _, e := range logEntries(t, accessLog) {
+			for _, e := range logEntries(logLines(accessLog)) {
 				if r, _ := e["request"].(map[string]any); r != nil && fmt.Sprint(r["headers"].(map[string]any)["X-Request"]) == fmt.Sprintf("[%d]", i) {
 					entry = e
 					return true
@@ -310,17 +310,17 @@ func TestGCRAOptionsThroughCaddy(t *testing.T) {
 	// token instead of being rejected. (The counters are the process's,
 	// so they are read before and after.)
 	delayed := `caddy_http_rate_limit_requests_total{result="delayed",zone="smooth_delay"}`
-	delayedBefore := metricCount(t, delayed)
+	delayedBefore := metricCount(t, adminURL, delayed)
 	resp, _ = do(t, http.MethodGet, siteURL+"/delay", "X-Client: o")
 	status(t, resp, http.StatusOK)
-	if n := metricCount(t, delayed) - delayedBefore; n != 1 {
+	if n := metricCount(t, adminURL, delayed) - delayedBefore; n != 1 {
 		t.Fatalf("%d requests delayed, want 1", n)
 	}
 
 	// dry_run: the third request in an hour is over the burst of 2, and
 	// passes with exceeded true.
 	dryRun := `caddy_http_rate_limit_requests_total{result="dry_run",zone="smooth_dry"}`
-	dryRunBefore := metricCount(t, dryRun)
+	dryRunBefore := metricCount(t, adminURL, dryRun)
 	for i, want := range []string{"smooth_dry 1 false", "smooth_dry 0 false", "smooth_dry 0 true"} {
 		resp, body := do(t, http.MethodGet, siteURL+"/dry", "X-Client: o")
 		status(t, resp, http.StatusOK)
@@ -328,7 +328,7 @@ func TestGCRAOptionsThroughCaddy(t *testing.T) {
 			t.Fatalf("dry run request %d: %q, want %q", i+1, body, want)
 		}
 	}
-	if n := metricCount(t, dryRun) - dryRunBefore; n != 1 {
+	if n := metricCount(t, adminURL, dryRun) - dryRunBefore; n != 1 {
 		t.Fatalf("%d dry-run rejections counted, want 1", n)
 	}
 }
@@ -388,9 +388,9 @@ func TestSlidingWindowOptionsThroughCaddy(t *testing.T) {
 	// one's sub-window to leave instead of being rejected.
 	get("/delay", "sw_delay 0 false", http.StatusOK)
 	delayed := `caddy_http_rate_limit_requests_total{result="delayed",zone="sw_delay"}`
-	delayedBefore := metricCount(t, delayed)
+	delayedBefore := metricCount(t, adminURL, delayed)
 	get("/delay", "", http.StatusOK)
-	if n := metricCount(t, delayed) - delayedBefore; n != 1 {
+	if n := metricCount(t, adminURL, delayed) - delayedBefore; n != 1 {
 		t.Fatalf("%d requests delayed, want 1", n)
 	}
 
@@ -459,5 +459,5 @@ func TestSlidingWindowThroughCaddy(t *testing.T) {
 	if !strings.Contains(body, `"algorithm":"sliding_window"`) || !strings.Contains(body, `"buckets":6`) {
 		t.Fatalf("zones %s, want the sliding window with its buckets", body)
 	}
-	waitFor(t, "the oldest sub-window to leave", func() bool { return getURL(t, siteURL, "s") == http.StatusOK })
+	waitFor(t, "the oldest sub-window to leave", func() bool { return get(t, siteURL, "s") == http.StatusOK })
 }

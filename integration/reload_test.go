@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"fmt"
@@ -55,7 +55,7 @@ func TestMemoryStoreStopsWhenUnused(t *testing.T) {
 	respond "%s"
 }
 `
-	memorySweeperRunning := func() bool { return goroutines("memory.(*counters).sweepLoop") > 0 }
+	memorySweeperRunning := func() bool { return goroutines(memorySweeper) > 0 }
 	startCaddy(t, fmt.Sprintf(limited, "v1"))
 	if !memorySweeperRunning() {
 		t.Fatal("no sweeper while a config uses the memory store")
@@ -89,7 +89,7 @@ func TestRedisReloadsUnderLoad(t *testing.T) {
 			// The timeouts are generous so that a busy machine causes no
 			// store error; the reloads change them, and so the client.
 			startCaddy(t, site("5s"))
-			get(t, "warm")
+			get(t, siteURL+"/", "warm")
 			baseClients, err := s.Clients("caddy-rate-limit")
 			if err != nil {
 				t.Fatal(err)
@@ -128,7 +128,7 @@ func TestRedisReloadsUnderLoad(t *testing.T) {
 			if code, body := reload(t, site("7s")); code != 200 {
 				t.Fatal(code, body)
 			}
-			get(t, "settle")
+			get(t, siteURL+"/", "settle")
 			waitFor(t, fmt.Sprintf("the Redis connections (%d at the start) and the goroutines (%d) to come back", baseClients, baseGoroutines), func() bool {
 				nc, _ := s.Clients("caddy-rate-limit")
 				return nc <= baseClients && runtime.NumGoroutine() <= baseGoroutines+2
@@ -145,7 +145,7 @@ func TestRedisReloads(t *testing.T) {
 	other := redistest.Standalone(t)
 	store := "address " + s.URL()
 	startCaddy(t, redisSite(store, 1000, ""))
-	get(t, "warm")
+	get(t, siteURL+"/", "warm")
 
 	clients := func(s *redistest.Server) int {
 		n, err := s.Clients("caddy-rate-limit")
@@ -165,7 +165,7 @@ func TestRedisReloads(t *testing.T) {
 		if code, body := reload(t, redisSite(store, 1000+i, "")); code != 200 {
 			t.Fatalf("reload %d: %d %s", i, code, body)
 		}
-		if code := get(t, "reload"); code != 200 {
+		if code := get(t, siteURL+"/", "reload"); code != 200 {
 			t.Fatalf("request after reload %d: %d", i, code)
 		}
 	}
@@ -184,7 +184,7 @@ func TestRedisReloads(t *testing.T) {
 	if code, body := reload(t, redisSite("address "+other.URL(), 1000, "")); code != 200 {
 		t.Fatal(code, body)
 	}
-	get(t, "moved")
+	get(t, siteURL+"/", "moved")
 	waitFor(t, "the Redis connections to settle", func() bool { return clients(s) == 0 && clients(other) >= 1 })
 	if code, body := reload(t, `
 `+siteAddr+` {

@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"context"
@@ -271,7 +271,9 @@ var mholtExamples = []struct {
 			roomInWindow(time.Minute, 2*time.Second)
 			// Two addresses of 127.0.0.0/24 share one counter.
 			for i, from := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.2"} {
-				resp, body := doFrom(t, from, siteURL+"/")
+				dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+				hc := &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}, Timeout: 30 * time.Second}
+				resp, body := request(t, hc, http.MethodGet, siteURL+"/", "")
 				want := http.StatusOK
 				if i == 2 {
 					want = http.StatusTooManyRequests
@@ -344,17 +346,6 @@ func twoThenLimited(t *testing.T) {
 	}
 }
 
-// roomInWindow waits, if need be, until the current window of the given
-// length (windows are aligned to the epoch) has at least room left, so
-// that a few requests all land in one window: across a boundary, a sliding
-// tail lets a little of the last window's count fade.
-func roomInWindow(window, room time.Duration) {
-	left := window - time.Duration(time.Now().UnixNano())%window
-	if left < room {
-		time.Sleep(left + 10*time.Millisecond)
-	}
-}
-
 // TestMholtReadmeExamples adapts each of mholtExamples as `caddy adapt`
 // does; runs those that adapt through Caddy and tries what their comments
 // say; and checks that those with distributed or storage are refused with
@@ -382,7 +373,7 @@ func TestMholtReadmeExamples(t *testing.T) {
 			if err != nil {
 				t.Fatalf("adapt: %v", err)
 			}
-			startCaddyWith(t, caddyfile, "caddyfile")
+			startCaddy(t, caddyfile)
 			ex.check(t)
 		})
 	}

@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 import (
 	"context"
@@ -7,14 +7,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
 
-	ratelimit "github.com/d61b427a/caddy-rate-limit"
+	"github.com/d61b427a/caddy-rate-limit/internal/docs"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 	"github.com/d61b427a/caddy-rate-limit/storage/memory"
@@ -24,8 +23,7 @@ import (
 // through a running Caddy, as an operator would with curl.
 func TestAdminAPIMemory(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	startCaddy(t, clientSite("admin_mem", 2, ""))
-	mustLoad(t, withGlobals(jsonLog(logFile, "INFO"))+clientSite("admin_mem", 2, ""))
+	startCaddy(t, withGlobals(jsonLog(logFile, "INFO"))+clientSite("admin_mem", 2, ""))
 	testAdminAPI(t, adminURL, "admin_mem", "memory", func(client string, n int) []int { return statuses(t, n, client) })
 
 	t.Run("dials and overrides outlive reloads", func(t *testing.T) {
@@ -36,7 +34,7 @@ func TestAdminAPIMemory(t *testing.T) {
 		if code, body := adminJSON(t, adminURL, http.MethodPut, base+"/dial", `{"mode": "dry_run"}`); code != 200 {
 			t.Fatal(code, body)
 		}
-		mustLoad(t, withGlobals(jsonLog(logFile, "INFO"))+clientSite("admin_mem", 3, ""))
+		mustReload(t, withGlobals(jsonLog(logFile, "INFO"))+clientSite("admin_mem", 3, ""))
 		wantStatuses(t, statuses(t, 6, "kept"), 200, 200, 200, 200, 200, 200) // dry run
 		if code, body := adminJSON(t, adminURL, http.MethodDelete, base+"/dial", ""); code != http.StatusNoContent {
 			t.Fatal(code, body)
@@ -80,7 +78,7 @@ func TestAdminAPIMemory(t *testing.T) {
 		}
 		// The key the operator typed is logged as its hash, as keys are
 		// by default.
-		waitForLog(t, logFile, 1, "rate limit admin: key reset", `"key":"`+ratelimit.HiddenKey("a/b c")+`"`)
+		waitForLog(t, logFile, 1, "rate limit admin: key reset", `"key":"`+keyHash(t, adminURL, "admin_mem", "a/b c")+`"`)
 		if lines := logLines(logFile, "rate limit admin", "a/b c"); len(lines) != 0 {
 			t.Fatalf("the key is in the admin change's log line: %s", lines)
 		}
@@ -97,39 +95,23 @@ func testAdminAPI(t *testing.T, base, zone, store string, send func(client strin
 	}
 
 	t.Run("list zones", func(t *testing.T) {
-		code, body := adminJSON(t, base, http.MethodGet, "/rate_limit/zones", "")
-		var zones []struct {
-			Name, Store, Window, Algorithm string
-			Limit                          []string
-		}
-		if code != 200 || json.Unmarshal([]byte(body), &zones) != nil {
-			t.Fatalf("%d %s", code, body)
-		}
-		found := false
-		for _, z := range zones {
-			if z.Name == zone {
-				found = z.Store == store && z.Window == "1h0m0s" && fmt.Sprint(z.Limit) == "[2]" && z.Algorithm == "sliding_tail"
-			}
-		}
-		if !found {
-			t.Fatalf("zone %s (store %s) not listed as configured: %s", zone, store, body)
+		z, ok := zoneState(t, base, zone)
+		if !ok || z.Store != store || z.Window != "1h0m0s" || fmt.Sprint(z.Limit) != "[2]" || z.Algorithm != "sliding_tail" {
+			t.Fatalf("zone %s: %+v (listed: %v), want store %s, limit 2 per 1h, sliding_tail", zone, z, ok, store)
 		}
 	})
 
 	t.Run("inspect and reset a key", func(t *testing.T) {
 		client := "a/b c" // a key that needs escaping in a path
 		wantStatuses(t, send(client, 3), 200, 200, 429)
-		code, body := adminJSON(t, base, http.MethodGet, keyPath(client), "")
-		var k keyInfo
-		if code != 200 || json.Unmarshal([]byte(body), &k) != nil || k.Key != client || k.Used != 2 || k.Current != 2 || k.Reset.IsZero() {
-			t.Fatalf("GET key: %d %s", code, body)
+		if k := keyState(t, base, zone, client); k.Key != client || k.Used != 2 || k.Current != 2 || k.Reset.IsZero() {
+			t.Fatalf("GET key: %+v, want %q with 2 used", k, client)
 		}
 		if code, body := adminJSON(t, base, http.MethodDelete, keyPath(client), ""); code != http.StatusNoContent {
 			t.Fatalf("DELETE key: %d %s", code, body)
 		}
 		wantStatuses(t, send(client, 3), 200, 200, 429)
-		code, body = adminJSON(t, base, http.MethodGet, keyPath("never-seen"), "")
-		if code != 200 || !strings.Contains(body, `"used":0`) {
+		if code, body := adminJSON(t, base, http.MethodGet, keyPath("never-seen"), ""); code != 200 || !strings.Contains(body, `"used":0`) {
 			t.Fatalf("unseen key: %d %s", code, body)
 		}
 	})
@@ -204,11 +186,7 @@ func docCurls(t *testing.T, files ...string) []string {
 	t.Helper()
 	var out []string
 	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.Lines(string(b)) {
+		for line := range strings.Lines(docs.Read(t, f)) {
 			if strings.HasPrefix(line, "curl ") {
 				out = append(out, strings.TrimSpace(line))
 			}
@@ -266,8 +244,8 @@ func TestDocumentedCurls(t *testing.T) {
 	respond "ok"
 }
 `)
-	get(t, "customer-42")
-	curls := docCurls(t, "README.md", "docs/operating.md")
+	get(t, siteURL+"/", "customer-42")
+	curls := docCurls(t, "../README.md", "../docs/operating.md")
 	if len(curls) < 8 {
 		t.Fatalf("%d curls in the README and docs/operating.md", len(curls))
 	}
@@ -366,21 +344,21 @@ func TestAdminChangesOff(t *testing.T) {
 		refused(t, `the rate_limit handler of zone "admin_changes"`)
 	})
 	t.Run("on again after a reload without it", func(t *testing.T) {
-		mustLoad(t, globalOptions+clientSite(zone, 2, ""))
+		mustReload(t, clientSite(zone, 2, ""))
 		allowed(t)
 	})
 	t.Run("global option", func(t *testing.T) {
-		mustLoad(t, withGlobals("rate_limit {\n\t\tadmin_changes off\n\t}")+clientSite(zone, 2, ""))
+		mustReload(t, withGlobals("rate_limit {\n\t\tadmin_changes off\n\t}")+clientSite(zone, 2, ""))
 		wantStatuses(t, statuses(t, 3, "k"), 200, 200, 429)
 		refused(t, "the global rate_limit option")
-		mustLoad(t, globalOptions+clientSite(zone, 2, ""))
+		mustReload(t, clientSite(zone, 2, ""))
 		allowed(t)
 	})
 	t.Run("a refused config leaves them on", func(t *testing.T) {
 		// Provisioned, then refused by its Validate: the limit 0.
-		bad := `{"admin": {"listen": "` + adminAddr + `"}, "apps": {"http": {"servers": {"s": {"listen": ["` + siteAddr + `"],
+		bad := `{"apps": {"http": {"servers": {"s": {"listen": ["` + siteListen + `"],
 			"routes": [{"handle": [{"handler": "rate_limit", "admin_changes": "off", "zones": [{"name": "` + zone + `", "limit": 0, "window": "1h"}]}]}]}}}}}`
-		if code, body := loadConfig(t, bad, "json"); code == http.StatusOK {
+		if code, body := reload(t, bad); code == http.StatusOK {
 			t.Fatalf("a zone with limit 0 was loaded: %s", body)
 		}
 		wantStatuses(t, statuses(t, 3, "k"), 200, 200, 429)

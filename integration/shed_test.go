@@ -1,9 +1,9 @@
-package ratelimit_test
+package integration
 
 import (
+	"context"
 	"github.com/d61b427a/caddy-rate-limit/shed"
 
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -52,47 +52,20 @@ func (a *slowApp) releaseAll() { a.once.Do(func() { close(a.release) }) }
 
 // hold sends n requests to /hold, each on its own connection, and waits
 // until the app holds them all. The returned channel gets each one's
-// status, or 0 for a failure, once the app lets it go. A request that
-// ends before the app holds it fails the test at once, saying how it
-// ended, rather than leaving the wait to run out.
-func (a *slowApp) hold(t *testing.T, n int, headers ...string) <-chan int {
+// result once the app lets it go. A request that ends before the app
+// holds it fails the test at once, saying how it ended, rather than
+// leaving the wait to run out.
+func (a *slowApp) hold(t *testing.T, n int, headers ...string) <-chan result {
 	t.Helper()
 	before := a.held.Load()
-	done := make(chan int, n)
-	var early sync.Map // request number → how it ended before being held
-	var ended atomic.Int64
-	for i := range n {
-		go func() {
-			req, _ := http.NewRequest(http.MethodGet, siteURL+"/hold", nil)
-			req.Close = true
-			for _, h := range headers {
-				name, value, _ := strings.Cut(h, ":")
-				req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
-			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				early.Store(i, err.Error())
-				ended.Add(1)
-				done <- 0
-				return
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			early.Store(i, fmt.Sprintf("%d %q", resp.StatusCode, body))
-			ended.Add(1)
-			done <- resp.StatusCode
-		}()
-	}
+	done := sendAll(context.Background(), []string{siteURL + "/hold"}, n, headers...)
 	waitFor(t, "the app to hold the requests", func() bool {
-		if a.held.Load() == before+int64(n) {
-			return true
+		select {
+		case r := <-done:
+			t.Fatalf("a request to /hold ended before the app held %d: %+v (the app holds %d)", n, r, a.held.Load()-before)
+		default:
 		}
-		if ended.Load() > 0 {
-			var how []string
-			early.Range(func(_, v any) bool { how = append(how, v.(string)); return true })
-			t.Fatalf("a request to /hold ended before the app held %d: %v (the app holds %d)", n, how, a.held.Load()-before)
-		}
-		return false
+		return a.held.Load() == before+int64(n)
 	})
 	return done
 }
@@ -101,15 +74,7 @@ func (a *slowApp) hold(t *testing.T, n int, headers ...string) <-chan int {
 // no such shedder runs.
 func shedState(t *testing.T, name string) (info shed.Info, ok bool) {
 	t.Helper()
-	code, body := adminJSON(t, adminURL, http.MethodGet, "/rate_limit/shed", "")
-	if code != http.StatusOK {
-		t.Fatalf("GET /rate_limit/shed: %d %s", code, body)
-	}
-	var all []shed.Info
-	if err := json.Unmarshal([]byte(body), &all); err != nil {
-		t.Fatalf("GET /rate_limit/shed: %v: %s", err, body)
-	}
-	for _, s := range all {
+	for _, s := range readAdmin[[]shed.Info](t, adminURL, "/rate_limit/shed") {
 		if s.Name == name {
 			return s, true
 		}
@@ -140,7 +105,7 @@ func TestShedThroughCaddy(t *testing.T) {
 	const after, full = 2 * time.Second, 4 * time.Second
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	a := newSlowApp(t)
-	startCaddyWith(t, withGlobals(fmt.Sprintf(`log {
+	startCaddy(t, withGlobals(fmt.Sprintf(`log {
 		output file %s
 		format json
 		level INFO
@@ -172,9 +137,9 @@ func TestShedThroughCaddy(t *testing.T) {
 		respond "{http.error.message}, retry in {http.response.header.Retry-After}s" 503
 	}
 }
-`, after, full, a.url), "caddyfile")
+`, after, full, a.url))
 	metric := func(class string) int {
-		return metricCount(t, fmt.Sprintf(`caddy_http_rate_limit_shed_total{class=%q,shedder="vector"}`, class))
+		return metricCount(t, adminURL, fmt.Sprintf(`caddy_http_rate_limit_shed_total{class=%q,shedder="vector"}`, class))
 	}
 	shedBefore := map[string]int{"critical": metric("critical"), "normal": metric("normal"), "low": metric("low")}
 
@@ -271,8 +236,8 @@ func TestShedThroughCaddy(t *testing.T) {
 	a.releaseAll()
 	released := time.Now()
 	for range 4 {
-		if code := <-held; code != http.StatusOK {
-			t.Fatalf("held critical request: %d", code)
+		if r := receive(t, "a held request to end", held); r.status != http.StatusOK {
+			t.Fatalf("held critical request: %+v", r)
 		}
 	}
 	if s, _ := probe(); chance(s, "low") != 1 {
@@ -295,10 +260,8 @@ func TestShedThroughCaddy(t *testing.T) {
 			t.Fatalf("the app saw shed request %s", id)
 		}
 	}
-	code, body := adminJSON(t, adminURL, http.MethodGet, "/rate_limit/zones/shed_zone/keys/probes", "")
-	var key keyInfo
-	if code != http.StatusOK || json.Unmarshal([]byte(body), &key) != nil || key.Used != int64(served) {
-		t.Fatalf("zone key of the probes: %d %s; want used %d (the served probes only; %d were shed)", code, body, served, len(shedIDs))
+	if key := keyState(t, adminURL, "shed_zone", "probes"); key.Used != int64(served) {
+		t.Fatalf("zone key of the probes: %+v; want used %d (the served probes only; %d were shed)", key, served, len(shedIDs))
 	}
 
 	// Visibility: the metrics count what was shed, by class; the amount
@@ -311,7 +274,7 @@ func TestShedThroughCaddy(t *testing.T) {
 	if shedBy["critical"] != 0 || shedBy["normal"] == 0 || shedBy["low"] <= shedBy["normal"] {
 		t.Fatalf("shed by class: %v", shedBy)
 	}
-	if g := metricValue(t, `caddy_http_rate_limit_shed_amount{shedder="vector"}`); g == "" || strings.HasPrefix(g, "0.") || g[0] != '-' && g != "0" {
+	if g := metricValue(t, adminURL, `caddy_http_rate_limit_shed_amount{shedder="vector"}`); g == "" || strings.HasPrefix(g, "0.") || g[0] != '-' && g != "0" {
 		t.Fatalf("shed_amount gauge %q, want at most 0", g)
 	}
 	waitForLog(t, logFile, 1, `"msg":"load shedding stopped"`, `"shedder":"vector"`, `"level":"info"`)

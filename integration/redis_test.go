@@ -1,7 +1,6 @@
-package ratelimit_test
+package integration
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -18,23 +17,6 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
-
-// redisSite is clientSite's zone per_client in the Redis store configured
-// by store (the store block's body), with extra handler options.
-func redisSite(store string, limit int, extra string) string {
-	return clientSite("per_client", limit, redisStore(store)+"\n"+extra)
-}
-
-// redisStore is a store redis block with body store. Unless store sets its
-// own, the timeout is generous: on a busy machine (the race detector, two
-// suites at once) a script call can take longer than the default 50ms,
-// and a test that is not about timeouts must not fail for that.
-func redisStore(store string) string {
-	if !strings.Contains(store, "timeout") {
-		store += "\ntimeout 5s"
-	}
-	return "store redis {\n" + store + "\n}"
-}
 
 // TestRedisStoreConfig loads Redis store configs as an operator would: bad
 // ones are refused by `caddy adapt` or POST /load with a message naming
@@ -66,7 +48,7 @@ func TestRedisStoreConfig(t *testing.T) {
 	t.Setenv("RL_TEST_BAD_REDIS_URL", "redis://rl:hunter2@127.0.0.1:port")
 	startCaddy(t, redisSite("address {env.RL_TEST_REDIS_URL}", 2, ""))
 	for i, want := range []int{200, 200, 429} {
-		if code := get(t, "env"); code != want {
+		if code := get(t, siteURL+"/", "env"); code != want {
 			t.Fatalf("request %d: %d, want %d", i, code, want)
 		}
 	}
@@ -93,15 +75,14 @@ func TestRedisStoreConfig(t *testing.T) {
 			t.Errorf("load error shows the password: %s", body)
 		}
 	}
-	if code := get(t, "env"); code != http.StatusTooManyRequests {
+	if code := get(t, siteURL+"/", "env"); code != http.StatusTooManyRequests {
 		t.Fatalf("after bad reloads: %d, want the running config's 429", code)
 	}
 
 	// The JSON form from docs/redis.md.
-	code, body := loadConfig(t, fmt.Sprintf(`{
-	"admin": {"listen": "`+adminAddr+`"},
+	code, body := reload(t, fmt.Sprintf(`{
 	"apps": {"http": {"http_port": `+fmt.Sprint(sitePort)+`, "servers": {"srv0": {
-		"listen": ["`+siteAddr+`"],
+		"listen": ["`+siteListen+`"],
 		"routes": [{"handle": [
 			{
 				"handler": "rate_limit",
@@ -117,12 +98,12 @@ func TestRedisStoreConfig(t *testing.T) {
 			{"handler": "static_response", "body": "ok"}
 		]}]
 	}}}}
-}`, s.URL()), "json")
+}`, s.URL()))
 	if code != http.StatusOK {
 		t.Fatalf("JSON config: %d %s", code, body)
 	}
 	for i, want := range []int{200, 429} {
-		if code := get(t, "json"); code != want {
+		if code := get(t, siteURL+"/", "json"); code != want {
 			t.Fatalf("JSON config, request %d: %d, want %d", i, code, want)
 		}
 	}
@@ -163,7 +144,7 @@ func TestRedisMultiZone(t *testing.T) {
 }
 `, s.URL()))
 	for i, want := range []int{200, 200, 429, 429, 429} {
-		if code := get(t, "multi"); code != want {
+		if code := get(t, siteURL+"/", "multi"); code != want {
 			t.Fatalf("request %d: %d, want %d", i, code, want)
 		}
 	}
@@ -193,7 +174,7 @@ func TestRedisFailure(t *testing.T) {
 		var slowest, fast []time.Duration
 		for i := range 40 {
 			start := time.Now()
-			code := get(t, client)
+			code := get(t, siteURL+"/", client)
 			took := time.Since(start)
 			if code != want {
 				t.Fatalf("request %d during the outage: %d, want %d", i, code, want)
@@ -216,29 +197,23 @@ func TestRedisFailure(t *testing.T) {
 	recovered := func(t *testing.T, client string) {
 		t.Helper()
 		start := time.Now()
-		waitFor(t, "limiting to resume", func() bool { return get(t, client) == http.StatusTooManyRequests })
+		waitFor(t, "limiting to resume", func() bool { return get(t, siteURL+"/", client) == http.StatusTooManyRequests })
 		t.Logf("limiting resumed after %v", time.Since(start))
 	}
 
 	// Limiting works before the outage. A busy machine may let a request
 	// time out (and through, uncounted), so this waits for the 429
 	// rather than expecting it of the second request.
-	if code := get(t, "a"); code != 200 {
+	if code := get(t, siteURL+"/", "a"); code != 200 {
 		t.Fatal(code)
 	}
-	waitFor(t, "key a to be limited", func() bool { return get(t, "a") == http.StatusTooManyRequests })
+	waitFor(t, "key a to be limited", func() bool { return get(t, siteURL+"/", "a") == http.StatusTooManyRequests })
 
 	t.Run("killed", func(t *testing.T) {
 		s.Kill()
 		outage(t, "b", http.StatusOK)
 		// Let through without an answer from Redis: no counts to claim.
-		req, _ := http.NewRequest(http.MethodGet, siteURL+"/", nil)
-		req.Header.Set("X-Client", "b")
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
+		resp, _ := do(t, http.MethodGet, siteURL+"/", "X-Client: b")
 		if h := resp.Header.Get("X-RateLimit-Limit") + resp.Header.Get("X-RateLimit-Remaining"); h != "" {
 			t.Fatalf("failed-open response claims counts: %v", resp.Header)
 		}
@@ -261,16 +236,16 @@ func TestRedisFailure(t *testing.T) {
 
 	t.Run("errors logged with a count, not per request", func(t *testing.T) {
 		logFile := filepath.Join(t.TempDir(), "caddy.log")
-		mustLoad(t, withGlobals(jsonLog(logFile, "INFO"))+redisSite(store, 1, ""))
+		mustReload(t, withGlobals(jsonLog(logFile, "INFO"))+redisSite(store, 1, ""))
 		s.Kill()
 		const requests = 200
 		for range requests {
-			if code := get(t, "log"); code != http.StatusOK {
+			if code := get(t, siteURL+"/", "log"); code != http.StatusOK {
 				t.Fatalf("status %d during the outage", code)
 			}
 		}
 		var lines, counted int
-		for _, e := range logEntries(t, logFile) {
+		for _, e := range logEntries(logLines(logFile)) {
 			if e["msg"] == "rate limit store error" {
 				lines++
 				n, _ := e["errors_since_last_log"].(float64)
@@ -315,8 +290,8 @@ func TestRedisClientsGoingAway(t *testing.T) {
 	s := redistest.Standalone(t)
 	startCaddy(t, redisSite("address "+s.URL(), 1000000, ""))
 	const sent = 3000
-	served := sendGivingUp([]string{siteURL + "/"}, "away", sent)
-	if code := get(t, "after"); code != http.StatusOK {
+	served := sendGivingUp([]string{siteURL + "/"}, sent, "X-Client: away")
+	if code := get(t, siteURL+"/", "after"); code != http.StatusOK {
 		t.Fatalf("after the clients went away: %d, want 200", code)
 	}
 	// The window is an hour: if it rolled during the test, p holds what
@@ -345,10 +320,9 @@ func TestRedisOutageDenyLogIsBounded(t *testing.T) {
 	store := "address " + s.URL() + "\ntimeout 50ms"
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	globals := withGlobals(jsonLog(logFile, "INFO"))
-	startCaddy(t, redisSite(store, 1, "on_store_error deny"))
-	mustLoad(t, globals+redisSite(store, 1, "on_store_error deny"))
+	startCaddy(t, globals+redisSite(store, 1, "on_store_error deny"))
 	storeErrors := `caddy_http_rate_limit_store_errors_total{store="redis"}`
-	errorsBefore := metricCount(t, storeErrors)
+	errorsBefore := metricCount(t, adminURL, storeErrors)
 	s.Kill()
 
 	l := startLoad(t, 8, "outage")
@@ -357,16 +331,16 @@ func TestRedisOutageDenyLogIsBounded(t *testing.T) {
 	if failed != 0 || len(byStatus) != 1 || byStatus[http.StatusServiceUnavailable] == 0 {
 		t.Fatalf("answers during the outage by status %v, %d without an answer (%v): want only 503", byStatus, failed, lastErr)
 	}
-	if n := metricCount(t, storeErrors) - errorsBefore; n != byStatus[http.StatusServiceUnavailable] {
+	if n := metricCount(t, adminURL, storeErrors) - errorsBefore; n != byStatus[http.StatusServiceUnavailable] {
 		t.Errorf("store errors metric grew by %d for %d × 503", n, byStatus[http.StatusServiceUnavailable])
 	}
-	resp, _ := do(t, http.MethodGet, siteURL+"/", "X-Client: "+"outage")
+	resp, _ := do(t, http.MethodGet, siteURL+"/", "X-Client: outage")
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" {
 		t.Fatalf("during the outage: %d, Retry-After %q; want 503 with Retry-After 1", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
 
 	var storeLines, errorLines int
-	for _, e := range logEntries(t, logFile) {
+	for _, e := range logEntries(logLines(logFile)) {
 		if e["msg"] == "rate limit store error" {
 			storeLines++
 			if e["level"] != "warn" {
@@ -388,12 +362,12 @@ func TestRedisOutageDenyLogIsBounded(t *testing.T) {
 	}
 
 	t.Run("handle_errors shapes the 503", func(t *testing.T) {
-		mustLoad(t, globals+strings.Replace(redisSite(store, 1, "on_store_error deny"), "\trespond \"ok\"\n", `	respond "ok"
+		mustReload(t, globals+strings.Replace(redisSite(store, 1, "on_store_error deny"), "\trespond \"ok\"\n", `	respond "ok"
 	handle_errors 503 {
 		respond "store down: {err.status_code}"
 	}
 `, 1))
-		resp, body := do(t, http.MethodGet, siteURL+"/", "X-Client: "+"shaped")
+		resp, body := do(t, http.MethodGet, siteURL+"/", "X-Client: shaped")
 		if resp.StatusCode != http.StatusServiceUnavailable || body != "store down: 503" || resp.Header.Get("Retry-After") != "1" {
 			t.Fatalf("%d %q, Retry-After %q; want the error route's 503 with Retry-After 1", resp.StatusCode, body, resp.Header.Get("Retry-After"))
 		}
@@ -410,41 +384,35 @@ func TestClientGoneIsNotAStoreError(t *testing.T) {
 	store := "address " + s.URL() + "\ntimeout 1s"
 	dir := t.TempDir()
 	logFile, accessLog := filepath.Join(dir, "caddy.log"), filepath.Join(dir, "access.log")
-	startCaddy(t, redisSite(store, 5, "on_store_error deny"))
 	site := strings.Replace(redisSite(store, 5, "on_store_error deny"), "\trespond \"ok\"\n",
 		"\trespond \"ok\"\n\tlog {\n\t\toutput file "+accessLog+"\n\t\tformat json\n\t}\n", 1)
-	mustLoad(t, withGlobals(jsonLog(logFile, "INFO"))+site)
-	if code := get(t, "gone"); code != http.StatusOK {
+	startCaddy(t, withGlobals(jsonLog(logFile, "INFO"))+site)
+	if code := get(t, siteURL+"/", "gone"); code != http.StatusOK {
 		t.Fatalf("before the pause: %d", code)
 	}
 
 	storeErrors := `caddy_http_rate_limit_store_errors_total{store="redis"}`
-	errorsBefore := metricCount(t, storeErrors)
+	errorsBefore := metricCount(t, adminURL, storeErrors)
 	if err := s.Pause(); err != nil {
 		t.Fatal(err)
 	}
 	defer s.Resume()
 	// The request waits for the paused Redis until its client gives up.
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, siteURL+"/", nil)
-	req.Header.Set("X-Client", "gone")
-	if resp, err := client.Do(req); err == nil {
-		resp.Body.Close()
-		t.Fatalf("answered %d while Redis is paused", resp.StatusCode)
+	if r := giveUp(t, siteURL+"/", 300*time.Millisecond, "X-Client: gone"); r.err == nil {
+		t.Fatalf("answered %+v while Redis is paused", r)
 	}
 	waitForLog(t, accessLog, 1, `"status":499`)
 	if n := len(logLines(logFile, "rate limit store error")); n != 0 {
 		b, _ := os.ReadFile(logFile)
 		t.Fatalf("a client that went away was logged as a store error:\n%s", b)
 	}
-	if n := metricCount(t, storeErrors) - errorsBefore; n != 0 {
+	if n := metricCount(t, adminURL, storeErrors) - errorsBefore; n != 0 {
 		t.Fatalf("a client that went away counted %d store errors", n)
 	}
 	if err := s.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	if code := get(t, "gone"); code != http.StatusOK {
+	if code := get(t, siteURL+"/", "gone"); code != http.StatusOK {
 		t.Fatalf("after the pause: %d", code)
 	}
 }
@@ -461,7 +429,7 @@ func TestRedisServerVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	startCaddyWith(t, withGlobals(jsonLog(logFile, "INFO"))+redisSite("address "+s.URL(), 1, ""), "caddyfile")
+	startCaddy(t, withGlobals(jsonLog(logFile, "INFO"))+redisSite("address "+s.URL(), 1, ""))
 	waitForLog(t, logFile, 1, `"msg":"Redis server version"`, `"server":"`+s.Addr+`"`, `"version":"`+version+`"`)
 	wantStatuses(t, statuses(t, 2, "v"), 200, 429)
 
@@ -470,7 +438,7 @@ func TestRedisServerVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	redistest.ServeOld(t, l, "4.0.14")
-	code, body := loadConfig(t, withGlobals(jsonLog(logFile, "INFO"))+redisSite("address redis://"+l.Addr().String(), 100, ""), "caddyfile")
+	code, body := reload(t, withGlobals(jsonLog(logFile, "INFO"))+redisSite("address redis://"+l.Addr().String(), 100, ""))
 	if code != http.StatusBadRequest || !strings.Contains(body, "version 4.0.14") || !strings.Contains(body, "needs Redis 5.0 or later") {
 		t.Fatalf("load with a Redis 4.0.14: %d %s, want 400 naming 4.0.14 and 5.0", code, body)
 	}

@@ -1,8 +1,6 @@
-package ratelimit_test
+package integration
 
 import (
-	ratelimit "github.com/d61b427a/caddy-rate-limit"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +15,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/badconfig"
 )
 
 // TestCLIRefusesBadConfig runs the built Caddy's adapt, validate and run
@@ -40,7 +40,8 @@ func TestCLIRefusesBadConfig(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "Caddyfile")
-			config := fmt.Sprintf("{\n\tadmin off\n\tpersist_config off\n}\nhttp://127.0.0.1:%d {\n\trate_limit {\n%s\n\t}\n\trespond \"ok\"\n}\n", freeLoopbackPort(t), ratelimit.Expand(c.block))
+			port := freePort()
+			config := caddyGlobals("admin off", port, freePort(), "") + fmt.Sprintf("http://%s {\n\trate_limit {\n%s\n\t}\n\trespond \"ok\"\n}\n", onLoopback(port), badconfig.Expand(c.block))
 			if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -62,7 +63,7 @@ func TestCLIRefusesBadConfig(t *testing.T) {
 				if !errors.As(err, &exit) {
 					t.Fatalf("caddy %s: %v, want a non-zero exit\n%s", command, err, out)
 				}
-				ratelimit.AssertNames(t, string(out), c.directive, c.value)
+				badconfig.AssertNames(t, string(out), c.directive, c.value)
 			}
 		})
 	}
@@ -73,30 +74,31 @@ func TestCLIRefusesBadConfig(t *testing.T) {
 // and tries what its comments suggest: per-key limits, a POST that costs
 // 5, the JSON 429 from handle_errors and a customer-wide limit across keys.
 func TestCaddyfileExampleRuns(t *testing.T) {
-	src, err := os.ReadFile("Caddyfile.example")
+	src, err := os.ReadFile("../Caddyfile.example")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(src), "http://localhost:{$PORT:8080} {") {
 		t.Fatal("Caddyfile.example no longer serves http://localhost:{$PORT:8080}")
 	}
-	port := freeLoopbackPort(t)
+	// The example's site, localhost, is bound to the suite's address, so
+	// requests go there and name localhost as their Host.
+	port := freePort()
 	t.Setenv("PORT", strconv.Itoa(port))
-	site := fmt.Sprintf("localhost:%d", port)
-	config := strings.Replace(string(src), "{\n\tauto_https off\n}", fmt.Sprintf("{\n\tauto_https off\n\tadmin 127.0.0.1:%d\n\tpersist_config off\n}", freeLoopbackPort(t)), 1)
-	startProcess(t, config, "http://"+site+"/")
+	host := fmt.Sprintf("Host: localhost:%d", port)
+	config := strings.Replace(string(src), "{\n\tauto_https off\n}",
+		fmt.Sprintf("{\n\tauto_https off\n\t%s\n\tdefault_bind %s\n\tpersist_config off\n}", adminOption(onLoopback(freePort())), loopback), 1)
+	startProcess(t, config, "http://"+onLoopback(port)+"/", host)
 
 	get := func(method, path string, headers ...string) (int, string) {
 		t.Helper()
-		resp, body := do(t, method, "http://"+site+path, headers...)
+		resp, body := do(t, method, "http://"+onLoopback(port)+path, append(headers, host)...)
 		return resp.StatusCode, body
 	}
 
 	// The example's API windows are 10 s, aligned to the epoch. Start
 	// early in one, so that every request below falls in it.
-	if into := time.Duration(time.Now().UnixNano()) % (10 * time.Second); into > 4*time.Second {
-		time.Sleep(10*time.Second - into)
-	}
+	roomInWindow(10*time.Second, 6*time.Second)
 
 	// 10 units per 10 s per API key: ten GETs pass, the eleventh is
 	// turned away with the example's JSON body.

@@ -1,4 +1,4 @@
-package ratelimit_test
+package integration
 
 // Tests of the jwt block through a real in-process Caddy, with
 // tokens minted here. Zones get a fresh name per test run, because the
@@ -50,14 +50,6 @@ func bearer(token string) string { return "Authorization: Bearer " + token }
 // jwtZone names a zone uniquely for this test run.
 func jwtZone(name string) string {
 	return fmt.Sprintf("%s_%d", name, time.Now().UnixNano())
-}
-
-// startJWTCaddy sets the secret's environment variable and loads the
-// Caddyfile sites, with extra global options if given.
-func startJWTCaddy(t *testing.T, extraGlobals, sites string) {
-	t.Helper()
-	t.Setenv(jwtSecretEnv, jwtSecret)
-	startCaddyWith(t, withGlobals(extraGlobals)+sites, "caddyfile")
 }
 
 // jwtResult is what a test site reports about a request.
@@ -113,7 +105,8 @@ func jwtUserSite(t *testing.T, zone, limit string) string {
 // its algorithm; no token keys it by IP; later handlers see {jwt.sub}.
 func TestJWTUserBeforeIP(t *testing.T) {
 	k := jwtKeys()
-	startJWTCaddy(t, "", jwtUserSite(t, jwtZone("jwt_user"), "100"))
+	t.Setenv(jwtSecretEnv, jwtSecret)
+	startCaddy(t, jwtUserSite(t, jwtZone("jwt_user"), "100"))
 
 	anon := jwtGet(t, siteURL+"/")
 	if !strings.HasPrefix(anon.key, "ip:") || anon.used != 1 || anon.body != anon.key+"|sub=" {
@@ -151,7 +144,8 @@ func TestJWTUserBeforeIP(t *testing.T) {
 // one each time), not in a fresh bucket of the claimed user.
 func TestJWTRejectedTokensFallBackToIP(t *testing.T) {
 	k := jwtKeys()
-	startJWTCaddy(t, "", jwtUserSite(t, jwtZone("jwt_forged"), "1000"))
+	t.Setenv(jwtSecretEnv, jwtSecret)
+	startCaddy(t, jwtUserSite(t, jwtZone("jwt_forged"), "1000"))
 	now := time.Now().Unix()
 	mallory := jwt.MapClaims{"sub": "mallory"}
 	valid := jwtHS256(t, mallory)
@@ -199,7 +193,8 @@ func TestJWTRejectedTokensFallBackToIP(t *testing.T) {
 // TestJWTForgedTokenDoesNotEscapeAnExhaustedIP: once the IP's bucket is
 // spent, a forged token is rejected with it, while a real user is not.
 func TestJWTForgedTokenDoesNotEscapeAnExhaustedIP(t *testing.T) {
-	startJWTCaddy(t, "", jwtUserSite(t, jwtZone("jwt_exhausted"), "2"))
+	t.Setenv(jwtSecretEnv, jwtSecret)
+	startCaddy(t, jwtUserSite(t, jwtZone("jwt_exhausted"), "2"))
 	for i := 0; i < 2; i++ {
 		if got := jwtGet(t, siteURL+"/"); got.status != http.StatusOK {
 			t.Fatalf("request %d: %+v", i, got)
@@ -225,7 +220,8 @@ func TestJWTPublicKeyTypes(t *testing.T) {
 	for _, pem := range [][]byte{k.RSAPublicPEM, jwttest.PublicPEM(&k.EC256.PublicKey), jwttest.PublicPEM(&k.EC384.PublicKey), jwttest.PublicPEM(k.Ed.Public())} {
 		keys = append(keys, "public_key "+jwttest.WriteFile(t, "key.pem", pem))
 	}
-	startJWTCaddy(t, "", jwtSite(strings.Join(keys, "\n\t\t\t"), jwtZone("jwt_keys"), "100", ""))
+	t.Setenv(jwtSecretEnv, jwtSecret)
+	startCaddy(t, jwtSite(strings.Join(keys, "\n\t\t\t"), jwtZone("jwt_keys"), "100", ""))
 
 	tests := []struct {
 		method jwt.SigningMethod
@@ -265,7 +261,8 @@ func TestJWTTokenSources(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.from, func(t *testing.T) {
-			startJWTCaddy(t, "", jwtSite(fmt.Sprintf("from %s\n\t\t\tsecret {env.%s}", tt.from, jwtSecretEnv), jwtZone("jwt_sources"), "100", ""))
+			t.Setenv(jwtSecretEnv, jwtSecret)
+			startCaddy(t, jwtSite(fmt.Sprintf("from %s\n\t\t\tsecret {env.%s}", tt.from, jwtSecretEnv), jwtZone("jwt_sources"), "100", ""))
 			if got := jwtGet(t, tt.url, tt.headers...); got.key != "user:alice" {
 				t.Fatalf("key %q, want user:alice", got.key)
 			}
@@ -285,7 +282,8 @@ func TestJWTClaimsForLaterHandlers(t *testing.T) {
 		_, _ = io.WriteString(w, "user="+r.Header.Get("X-User")+" org="+r.Header.Get("X-Org"))
 	}))
 	t.Cleanup(backend.Close)
-	startJWTCaddy(t, "", fmt.Sprintf(`
+	t.Setenv(jwtSecretEnv, jwtSecret)
+	startCaddy(t, fmt.Sprintf(`
 `+siteAddr+` {
 	rate_limit {
 		jwt {
@@ -342,7 +340,8 @@ func jwtRawHS256(payload string) string {
 // TestJWTQuotaClaim: `limit {jwt.quota} 600` takes a sensible positive
 // integer from a verified token, and the default otherwise.
 func TestJWTQuotaClaim(t *testing.T) {
-	startJWTCaddy(t, "", jwtSite("secret {env."+jwtSecretEnv+"}", jwtZone("jwt_quota"), "{jwt.quota} 600", ""))
+	t.Setenv(jwtSecretEnv, jwtSecret)
+	startCaddy(t, jwtSite("secret {env."+jwtSecretEnv+"}", jwtZone("jwt_quota"), "{jwt.quota} 600", ""))
 
 	tests := []struct {
 		name, quota string // quota: the claim as raw JSON; "" for none
@@ -432,7 +431,8 @@ func TestJWTTiersWithMap(t *testing.T) {
 		t.Fatalf("handler order %s, want map before rate_limit", order)
 	}
 
-	startJWTCaddy(t, "", site)
+	t.Setenv(jwtSecretEnv, jwtSecret)
+	startCaddy(t, site)
 	tests := []struct {
 		name, token, limit string
 	}{
@@ -482,7 +482,8 @@ func handlerOrder(t *testing.T, config []byte) []string {
 // so timing cannot make the test flaky). A customer's keys together stop
 // at the customer limit; another customer is unaffected.
 func TestJWTCustomerWideLimit(t *testing.T) {
-	startJWTCaddy(t, "", fmt.Sprintf(`
+	t.Setenv(jwtSecretEnv, jwtSecret)
+	startCaddy(t, fmt.Sprintf(`
 `+siteAddr+` {
 	rate_limit {
 		jwt {
@@ -542,7 +543,8 @@ func TestJWTCustomerWideLimit(t *testing.T) {
 // Each must be answered normally, counted by IP. Round trips are logged;
 // BenchmarkHostileTokens in jwtclaims measures the token path alone.
 func TestJWTBadInputThroughCaddy(t *testing.T) {
-	startJWTCaddy(t, "servers {\n\t\tmax_header_size 4MB\n\t}", jwtUserSite(t, jwtZone("jwt_hostile"), "1000"))
+	t.Setenv(jwtSecretEnv, jwtSecret)
+	startCaddy(t, withGlobals("servers {\n\t\tmax_header_size 4MB\n\t}")+jwtUserSite(t, jwtZone("jwt_hostile"), "1000"))
 	base := jwtGet(t, siteURL+"/")
 	sent := 0
 	for name, auth := range jwttest.HostileAuthorizations() {
@@ -609,10 +611,9 @@ func TestJWTConfigRefusedAtLoad(t *testing.T) {
 func TestJWTJSONConfig(t *testing.T) {
 	t.Setenv(jwtSecretEnv, jwtSecret)
 	zone := jwtZone("jwt_json")
-	startCaddyWith(t, fmt.Sprintf(`{
-	"admin": {"listen": "`+adminAddr+`"},
+	startCaddy(t, fmt.Sprintf(`{
 	"apps": {"http": {"http_port": `+fmt.Sprint(sitePort)+`, "servers": {"srv": {
-		"listen": ["`+siteAddr+`"],
+		"listen": ["`+siteListen+`"],
 		"routes": [{"handle": [
 			{
 				"handler": "rate_limit",
@@ -635,7 +636,7 @@ func TestJWTJSONConfig(t *testing.T) {
 			{"handler": "static_response", "body": "{http.rate_limit.key}|"}
 		]}]
 	}}}}
-}`, jwtSecretEnv, jwttest.WriteFile(t, "key.pem", jwttest.PublicPEM(&jwtKeys().EC256.PublicKey)), jwtIssuer, zone), "json")
+}`, jwtSecretEnv, jwttest.WriteFile(t, "key.pem", jwttest.PublicPEM(&jwtKeys().EC256.PublicKey)), jwtIssuer, zone))
 	now := time.Now().Unix()
 	tests := []struct {
 		name, token, key, limit string
@@ -659,7 +660,8 @@ func TestJWTReloadDropsOldKey(t *testing.T) {
 	t.Setenv("RL_TEST_JWT_NEW_SECRET", "a brand new secret of 32 bytes..")
 	zone := jwtZone("jwt_reload")
 	site := func(secretVar string) string { return jwtSite("secret {env."+secretVar+"}", zone, "100", "") }
-	startJWTCaddy(t, "", site(jwtSecretEnv))
+	t.Setenv(jwtSecretEnv, jwtSecret)
+	startCaddy(t, site(jwtSecretEnv))
 	token := jwtHS256(t, jwt.MapClaims{"sub": "alice"})
 	for range 2 { // the second is served from the cache
 		if got := jwtGet(t, siteURL+"/", bearer(token)); got.key != "user:alice" {
@@ -678,7 +680,8 @@ func TestJWTReloadDropsOldKey(t *testing.T) {
 // in one route, {jwt.*} comes from the first, for both.
 func TestJWTFirstHandlerAnswers(t *testing.T) {
 	t.Setenv("RL_TEST_JWT_SECOND_SECRET", "the second handler's secret, 32B")
-	startJWTCaddy(t, "", fmt.Sprintf(`
+	t.Setenv(jwtSecretEnv, jwtSecret)
+	startCaddy(t, fmt.Sprintf(`
 `+siteAddr+` {
 	route {
 		rate_limit {

@@ -1,11 +1,10 @@
-package ratelimit_test
+package integration
 
 import (
 	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,15 +23,14 @@ import (
 func TestStatusPageInBrowser(t *testing.T) {
 	integration(t)
 	browser := chromium(t)
-	site, admin := freeLoopbackPort(t), freeLoopbackPort(t)
+	site, admin := freePort(), onLoopback(freePort())
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	// A browser's navigation to the admin endpoint carries neither Origin
 	// nor Referer; Caddy lets it in only where the empty origin is allowed,
 	// as docs/operating.md tells operators to do for the status page.
-	adminBlock := fmt.Sprintf("admin 127.0.0.1:%d {\n\t\torigins 127.0.0.1:%d \"\"\n\t}\n\t%s", admin, admin, jsonLog(logFile, "INFO"))
-	globals := strings.Replace(processGlobals(t, admin, site), fmt.Sprintf("admin 127.0.0.1:%d", admin), adminBlock, 1)
-	siteURL := fmt.Sprintf("http://127.0.0.1:%d/", site)
-	startProcess(t, globals+fmt.Sprintf(`http://127.0.0.1:%d {
+	globals := caddyGlobals(adminOption(admin, `""`), site, freePort(), jsonLog(logFile, "INFO"))
+	siteURL := "http://" + onLoopback(site) + "/"
+	startProcess(t, globals+"http://"+onLoopback(site)+` {
 	rate_limit {
 		# Keys as they are, so that the page shows a key that is HTML.
 		log_keys on
@@ -48,22 +46,22 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	respond "ok"
 }
-`, site), siteURL)
+`, siteURL)
 
 	urls := []string{siteURL}
-	if codes := burst(urls, "runaway", 40); codes[http.StatusOK] != 5 || codes[http.StatusTooManyRequests] != 35 {
+	if codes := burst(urls, 40, "X-Client: runaway"); codes[http.StatusOK] != 5 || codes[http.StatusTooManyRequests] != 35 {
 		t.Fatalf("runaway's 40 requests: %v, want 5 allowed and 35 rejected", codes)
 	}
-	burst(urls, "<b>x</b>", 2)
+	burst(urls, 2, "X-Client: <b>x</b>")
 	for _, key := range []string{"alice", "bob"} {
-		burst(urls, key, 1)
+		burst(urls, 1, "X-Client: "+key)
 	}
 
 	// Six seconds of the page's virtual time, which Chromium runs at once
 	// and stops while a fetch is under way: the first fetches and two
 	// refreshes.
 	start := time.Now()
-	dom := headless(t, browser, fmt.Sprintf("http://127.0.0.1:%d/rate_limit/", admin), "--virtual-time-budget=6000", "--dump-dom")
+	dom := headless(t, browser, "http://"+admin+"/rate_limit/", "--virtual-time-budget=6000", "--dump-dom")
 	t.Logf("Chromium rendered the page in %v", time.Since(start).Round(time.Millisecond))
 	_, status, _ := strings.Cut(dom, `id="status"`)
 	if status, _, _ = strings.Cut(status, "</p>"); !strings.Contains(status, "Updated") {
