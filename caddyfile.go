@@ -31,10 +31,15 @@ func init() {
 // would (the matcher token, if any, becomes the route's matcher), and
 // names a one-liner's zone after its named matcher and its site, so that
 // each one-liner of the Caddyfile counts on its own (see oneLineNames).
+// That name is why the directive is registered with RegisterDirective:
+// RegisterHandlerDirective hands its setup function the tokens with the
+// matcher token already deleted (ExtractMatcherSet), and the matcher set
+// it makes of it does not keep the name.
 func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 	if !h.Next() {
 		return nil, h.ArgErr()
 	}
+	// The named matcher, read before ExtractMatcherSet deletes its token.
 	base := DefaultZoneName
 	if h.NextArg() {
 		if name, ok := strings.CutPrefix(h.Val(), "@"); ok {
@@ -77,50 +82,48 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 //
 //	rate_limit [<matcher>] <key> <rate> [<zone_size> [<reject_status>]]
 //
-// or the block form:
+// or the block form, which holds at least one zone or a shed block:
 //
 //	rate_limit [<matcher>] {
-//		store <name> { ... }
+//		store memory|redis { ... }              # default: memory
 //		jwt { ... }
-//		headers x-ratelimit|ietf|both|off
-//		on_store_error allow|deny
-//		log_keys on|off
-//		admin_changes on|off
-//		shed [<name>] {
-//			priority <template>
-//			classes <class> [<class>...]
-//			capacity <n>
-//			good <utilization>
-//			bad <utilization>
-//			after <duration>
-//			full <duration>
-//			status <code>
-//			dry_run
-//		}
-//		jitter <fraction>
-//		sweep_interval <duration>
-//		log_key
+//		headers x-ratelimit|ietf|both|off       # default: x-ratelimit
+//		on_store_error allow|deny|local         # default: allow
+//		log_keys on|off                         # default: off
+//		admin_changes on|off                    # default: on
+//		shed [<name>] { ... }
+//		jitter <fraction>                       # 0 to 1
+//		sweep_interval <duration>               # memory store only
+//		log_key                                 # log_keys on; not with log_keys
 //		disable_metrics
-//		zone <name> {
-//			match { <matchers> }
+//		zone <name> {                           # one block per name
+//			match { <matchers> }                # repeatable
 //			key <template> [<template>...]
-//			limit <template|n> [<template|n>...]   # or: events
-//			window <duration>                       # not with concurrency
-//			algorithm sliding_tail|fixed_window|gcra|concurrency
-//			burst <n>                               # gcra
-//			hold <duration>                         # concurrency (old name: lease)
-//			cost <METHOD|*> <n>
+//			limit <template|n> [<template|n>...] # required; or: events
+//			window <duration>                    # required; not with concurrency
+//			algorithm sliding_tail|fixed_window|sliding_window|gcra|concurrency
+//			buckets <n>                          # sliding_window only
+//			burst <n>                            # gcra only
+//			hold <duration>                      # concurrency only (old name: lease)
+//			cost <METHOD|*> <n>                  # repeatable, once per method
 //			max_delay <duration>
 //			max_waiting <n>
 //			dry_run
 //			ipv4_prefix <bits>
 //			ipv6_prefix <bits>
-//			status <code>
+//			status <code>                        # 400 to 599
+//			count_status <code|class> [<code|class>...] # not with concurrency
+//			ban <duration>                       # not with concurrency
 //		}
 //	}
 //
-// Every value is checked as its line is read, with the check Validate
-// uses, so `caddy adapt` already refuses a bad one with its file and line.
+// The blocks of store, jwt and shed are read by their own
+// UnmarshalCaddyfile (memory.Store, redis.Store, jwtclaims.Config,
+// shed.Shed), whose comments show them. Every line but zone, match and
+// cost is given at most once. mholt/caddy-ratelimit's distributed and
+// storage are refused with what to write instead. Every value is checked
+// as its line is read, with the check Validate uses, so `caddy adapt`
+// already refuses a bad one with its file and line.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	_, err := h.unmarshal(d, DefaultZoneName)
 	return err
@@ -235,6 +238,9 @@ func (h *Handler) unmarshalBlock(d *caddyfile.Dispenser) error {
 		return d.Err(errNoZone.Error())
 	}
 	// What no line could check: options that conflict.
+	if given["log_key"] && given["log_keys"] {
+		return d.Err(errLogKeyAndLogKeys.Error())
+	}
 	if err := h.validateOptions(); err != nil {
 		return d.Err(err.Error())
 	}

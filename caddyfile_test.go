@@ -3,8 +3,12 @@ package ratelimit
 import (
 	"encoding/json"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"maps"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -378,6 +382,7 @@ func TestConcurrencyHoldAndItsOldName(t *testing.T) {
 			if zone[name] != float64(90*time.Second) {
 				t.Fatalf("adapted zone %v, want %s 90s", zone, name)
 			}
+			delete(handlers[0], "handler") // the module's name, which Caddy reads
 			config, err := json.Marshal(handlers[0])
 			if err != nil {
 				t.Fatal(err)
@@ -395,5 +400,80 @@ func TestConcurrencyHoldAndItsOldName(t *testing.T) {
 	h := provisionHandler(t, `{"zones":[{"name":"c","limit":[2],"algorithm":"concurrency"}]}`)
 	if h.Zones[0].period != DefaultHold {
 		t.Fatalf("without a hold the zone's rate keeps units for %s, want the default %s", h.Zones[0].period, DefaultHold)
+	}
+}
+
+// TestUnmarshalCaddyfileDocShowsTheSyntax: the grammar in the doc comment
+// of Handler.UnmarshalCaddyfile shows every subdirective the parser
+// accepts, handler and zone alike (as its refusal of an unknown one
+// lists them), each on a line of its own at its level, and every value
+// of those that take one of a list.
+func TestUnmarshalCaddyfileDocShowsTheSyntax(t *testing.T) {
+	file, err := parser.ParseFile(token.NewFileSet(), "caddyfile.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc string
+	for _, decl := range file.Decls {
+		if fn, ok := decl.(*ast.FuncDecl); ok && fn.Name.Name == "UnmarshalCaddyfile" && fn.Recv != nil {
+			doc = fn.Doc.Text()
+		}
+	}
+	// lines maps the first word of each grammar line at a depth of tabs
+	// (2: the handler's block, 3: a zone's) to the line.
+	lines := func(depth int) map[string]string {
+		out := make(map[string]string)
+		indent := strings.Repeat("\t", depth)
+		for _, l := range strings.Split(doc, "\n") {
+			if rest, ok := strings.CutPrefix(l, indent); ok && rest != "" && rest[0] != '\t' {
+				out[strings.Fields(rest)[0]] = rest
+			}
+		}
+		return out
+	}
+	handlerLines, zoneLines := lines(2), lines(3)
+
+	// wanted reads the list of "(want a, b or c)" in an error.
+	wanted := func(err error) []string {
+		t.Helper()
+		if err == nil {
+			t.Fatal("accepted")
+		}
+		m := regexp.MustCompile(`want ([a-z0-9_-]+(?:, [a-z0-9_-]+)* or [a-z0-9_-]+)`).FindStringSubmatch(err.Error())
+		if m == nil {
+			t.Fatalf("no list of what is wanted in %q", err)
+		}
+		return strings.Split(strings.Replace(m[1], " or ", ", ", 1), ", ")
+	}
+	unknown := func(block string) error {
+		tokens, err := caddyfile.Tokenize([]byte(block), "Caddyfile")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return new(Handler).UnmarshalCaddyfile(caddyfile.NewDispenser(tokens))
+	}
+	for _, dir := range wanted(unknown("rate_limit {\nnot_a_subdirective\n}")) {
+		if handlerLines[dir] == "" {
+			t.Errorf("handler subdirective %s: not in the doc comment", dir)
+		}
+	}
+	for _, dir := range wanted(unknown("rate_limit {\nzone z {\nnot_a_subdirective\n}\n}")) {
+		if zoneLines[dir] == "" {
+			t.Errorf("zone subdirective %s: not in the doc comment", dir)
+		}
+	}
+	for _, c := range []struct {
+		line string
+		err  error
+	}{
+		{handlerLines["headers"], checkHeaders("?")},
+		{handlerLines["on_store_error"], checkOnStoreError("?")},
+		{handlerLines["log_keys"], checkOnOff("?")},
+		{handlerLines["admin_changes"], checkOnOff("?")},
+		{zoneLines["algorithm"], checkAlgorithm("?")},
+	} {
+		if values := strings.Join(wanted(c.err), "|"); !strings.Contains(c.line, " "+values) {
+			t.Errorf("doc comment line %q: want the values %s", c.line, values)
+		}
 	}
 }

@@ -18,7 +18,9 @@ import (
 // This file holds what lets a config written for mholt/caddy-ratelimit
 // carry over: its handler options (jitter, sweep_interval, log_key,
 // disable_metrics), and a refusal that says what to write instead for the
-// two it has that this module does not (distributed, storage).
+// two it has that this module does not (distributed, storage). log_key,
+// distributed and storage are read here, in JSON and in the Caddyfile,
+// and kept in no field of the handler: log_key becomes log_keys on.
 
 // migrateToRedis is what the refusal of distributed and storage says.
 const migrateToRedis = "want store redis { address ... } instead, which shares exact counters between instances"
@@ -30,6 +32,41 @@ var (
 	errStorage     = errors.New("storage: not supported (mholt/caddy-ratelimit's sync storage); " + migrateToRedis)
 )
 
+// errLogKeyAndLogKeys refuses log_key beside log_keys, which it would
+// silently overrule or be overruled by.
+var errLogKeyAndLogKeys = errors.New("log_key: want either log_key or log_keys, not both (log_key is log_keys on)")
+
+// UnmarshalJSON reads the handler's JSON config, and the three fields of
+// mholt/caddy-ratelimit the handler keeps no field for: log_key, which
+// sets log_keys on, and distributed and storage, which are refused with
+// what to write instead. Like Caddy, it refuses fields it does not know.
+func (h *Handler) UnmarshalJSON(b []byte) error {
+	// config is Handler without its methods, so that decoding it does not
+	// come back here.
+	type config Handler
+	var raw struct {
+		*config
+		LogKey      bool            `json:"log_key"`
+		Distributed json.RawMessage `json:"distributed"`
+		Storage     json.RawMessage `json:"storage"`
+	}
+	raw.config = (*config)(h)
+	if err := caddy.StrictUnmarshalJSON(b, &raw); err != nil {
+		return err
+	}
+	switch {
+	case present(raw.Distributed):
+		return errDistributed
+	case present(raw.Storage):
+		return errStorage
+	case raw.LogKey && h.LogKeys != "":
+		return errLogKeyAndLogKeys
+	case raw.LogKey:
+		h.LogKeys = "on"
+	}
+	return nil
+}
+
 // provisionOptions refuses what validateOptions refuses, before anything
 // is set up, and applies mholt/caddy-ratelimit's handler options that need
 // setting up: the memory store's sweep interval and the jitter's random
@@ -38,8 +75,8 @@ func (h *Handler) provisionOptions(store storage.Store) error {
 	if err := h.validateOptions(); err != nil {
 		return err
 	}
-	if mem, ok := store.(*memory.Store); ok && h.SweepInterval > 0 {
-		mem.SetSweepInterval(time.Duration(h.SweepInterval))
+	if sweeper, ok := store.(storage.Sweeper); ok && h.SweepInterval > 0 {
+		sweeper.SetSweepInterval(time.Duration(h.SweepInterval))
 	}
 	if h.Jitter > 0 && h.random == nil {
 		h.random = rand.Float64
@@ -50,12 +87,6 @@ func (h *Handler) provisionOptions(store storage.Store) error {
 // validateOptions checks the handler-level options of mholt/caddy-ratelimit
 // and how they sit with this module's own.
 func (h *Handler) validateOptions() error {
-	if present(h.Distributed) {
-		return errDistributed
-	}
-	if present(h.Storage) {
-		return errStorage
-	}
 	if err := checkJitter(h.Jitter); err != nil {
 		return fmt.Errorf("jitter: %w", err)
 	}
@@ -66,9 +97,6 @@ func (h *Handler) validateOptions() error {
 		if backend := storeBackend(h.StoreRaw); backend != "memory" {
 			return fmt.Errorf("sweep_interval: applies to the memory store only; want it removed with store %s, whose keys expire on their own", backend)
 		}
-	}
-	if h.LogKey && h.LogKeys != "" {
-		return fmt.Errorf("log_key: want either log_key or log_keys, not both (log_key is log_keys on)")
 	}
 	return nil
 }
@@ -90,8 +118,9 @@ func storeBackend(raw json.RawMessage) string {
 }
 
 // unmarshalOption reads one of mholt/caddy-ratelimit's handler-level
-// subdirectives; distributed and storage are refused, with what to write
-// instead.
+// subdirectives; log_key sets log_keys on (unmarshalBlock refuses it
+// beside log_keys), and distributed and storage are refused, with what
+// to write instead.
 func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 	switch dir := d.Val(); dir {
 	case "jitter":
@@ -126,7 +155,7 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser) error {
 			return d.ArgErr()
 		}
 		if dir == "log_key" {
-			h.LogKey = true
+			h.LogKeys = "on"
 		} else {
 			h.DisableMetrics = true
 		}

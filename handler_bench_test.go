@@ -32,6 +32,9 @@ func BenchmarkHandler(b *testing.B) {
 		{"no_match", `{"zones":[{"name":"bench_no_match","match":[{"path":["/elsewhere"]}],"limit":[1],"window":"1m"}]}`, false},
 		{"allowed", `{"zones":[{"name":"bench_allowed","limit":[2000000000],"window":"1m"}]}`, false},
 		{"rejected", `{"zones":[{"name":"bench_rejected","limit":[1],"window":"1h"}]}`, false},
+		// allowed, answering every header: X-RateLimit-* and the IETF
+		// RateLimit and RateLimit-Policy, which carry the zone's name.
+		{"allowed_all_headers", `{"headers":"both","zones":[{"name":"bench_all_headers","limit":[2000000000],"window":"1m"}]}`, false},
 		// allowed, each request with a key never seen before.
 		{"allowed_rotating", `{"zones":[{"name":"bench_rotating","key":["{http.request.header.X-Api-Key}"],"limit":[2000000000],"window":"1m"}]}`, true},
 		{"gcra_allowed", `{"zones":[{"name":"bench_gcra","limit":[2000000000],"window":"1m","algorithm":"gcra"}]}`, false},

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dunglas/httpsfv"
+
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
 
@@ -207,20 +209,20 @@ func (h *Handler) retryAfter(at, now time.Time) int64 {
 	return retryAfterSeconds(at.Add(extra), now)
 }
 
-// sfString writes s, which checkName accepted, as an RFC 8941 (Structured
-// Field Values) String: in double quotes, with only `\` and `"` escaped by
-// a backslash. Go's %q is not that: it escapes other bytes in ways an RFC
-// 8941 parser refuses.
-func sfString(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' || s[i] == '"' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte('"')
-	return b.String()
+// sfString writes a zone's name, which names.Check accepted, as an RFC
+// 8941 (Structured Field Values) String, for the RateLimit and
+// RateLimit-Policy headers: in double quotes, with only `\` and `"`
+// escaped by a backslash (Go's %q escapes other bytes in ways an RFC 8941
+// parser refuses). names.Check accepts only the bytes such a String can
+// hold, so it fails only for a name that skipped the check.
+//
+// It is called once per zone, when the zone is provisioned. Each request
+// then writes its numbers after the encoded name with fmt.Sprintf: to
+// marshal the whole header through httpsfv instead (an Item and its
+// Params, per request) would take about 31 allocations and 1.5 KB per
+// request answering both kinds of headers, where this takes 9 and 385 B
+// (BenchmarkHandler/allowed_all_headers); the numbers are integers,
+// which need no escaping.
+func sfString(name string) (string, error) {
+	return httpsfv.Marshal(httpsfv.NewItem(name))
 }

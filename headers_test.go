@@ -24,24 +24,34 @@ func TestSFStringEveryPrintableByte(t *testing.T) {
 		if err := names.Check(name); err != nil {
 			t.Fatalf("%q refused: %v", name, err)
 		}
-		assertSFString(t, sfString(name), name)
+		assertSFString(t, name)
 	}
-	assertSFString(t, sfString(string(all)), string(all))
+	assertSFString(t, string(all))
 	for _, bad := range []string{"zöne", "a\tb", "a\nb", "a\x00", "\x7f", strings.Repeat("n", names.MaxLen+1)} {
 		if names.Check(bad) == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}
+	// A byte the check refuses cannot be written in a String at all.
+	for _, bad := range []string{"zöne", "a\tb", "a\x00", "\x7f"} {
+		if field, err := sfString(bad); err == nil {
+			t.Errorf("%q written as %s", bad, field)
+		}
+	}
 }
 
-func assertSFString(t *testing.T, field, want string) {
+func assertSFString(t *testing.T, name string) {
 	t.Helper()
+	field, err := sfString(name)
+	if err != nil {
+		t.Fatalf("%q: %v", name, err)
+	}
 	item, err := httpsfv.UnmarshalItem([]string{field})
 	if err != nil {
 		t.Fatalf("%s: not an RFC 8941 Item: %v", field, err)
 	}
-	if got, ok := item.Value.(string); !ok || got != want {
-		t.Fatalf("%s reads as %#v, want %q", field, item.Value, want)
+	if got, ok := item.Value.(string); !ok || got != name {
+		t.Fatalf("%s reads as %#v, want %q", field, item.Value, name)
 	}
 }
 

@@ -1,26 +1,22 @@
 package ratelimit
 
 import (
-	"sync"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/promreg"
 )
 
-// metrics are the module's Prometheus collectors. They are created once
-// per process and registered with the registry of every config that uses
-// the handler (Caddy makes a new registry on each load), so counts
-// survive reloads. Labels are bounded sets (zone and result, store), never
-// a key: a label per key would grow without end.
-var metrics = struct {
-	once          sync.Once
+// metrics are the handler's Prometheus collectors, made by the process's
+// first registerMetrics and registered with the registry of every config
+// that uses the handler (see promreg.Once). Labels are bounded sets (zone
+// and result, store), never a key: a label per key would grow without end.
+var metrics struct {
 	requests      *prometheus.CounterVec
 	storeErrors   *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
 	periodUsage   *prometheus.HistogramVec
 	bans          *prometheus.CounterVec
-}{}
+}
 
 // Values of the result label.
 const (
@@ -33,37 +29,35 @@ const (
 
 var resultNames = [resultCount]string{"allowed", "rejected", "delayed", "dry_run"}
 
-// registerMetrics creates the collectors on first use and registers them
-// with registry.
-func registerMetrics(registry *prometheus.Registry) error {
+// registerMetrics makes the collectors on its first call and registers
+// them with registry.
+var registerMetrics = promreg.Once(func() []prometheus.Collector {
 	const ns, sub = promreg.Namespace, promreg.Subsystem
-	metrics.once.Do(func() {
-		metrics.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "requests_total",
-			Help: "Requests counted against a zone, by result: allowed, rejected, delayed (held by max_delay, then allowed) or dry_run (would have been rejected).",
-		}, []string{"zone", "result"})
-		metrics.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
-			Help: "Decisions the store could not answer; on_store_error applied.",
-		}, []string{"store"})
-		metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
-			Help:    "How long a remote store took to answer one decision.",
-			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
-		}, []string{"store"})
-		metrics.periodUsage = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "period_usage_ratio",
-			Help: "Once per key and finished window, the share of its limit the key used: how close users run to their limits " +
-				"(histogram_quantile(0.999, ...)). Observed by the instance whose charge rolls the key into a new window.",
-			Buckets: []float64{.05, .1, .25, .5, .75, .9, .95, .99, 1, 1.25, 1.5, 2, 5},
-		}, []string{"zone"})
-		metrics.bans = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "bans_total",
-			Help: "Keys a zone with a ban banned: counted by the instance whose rejection began the ban.",
-		}, []string{"zone"})
-	})
-	return promreg.Register(registry, metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage, metrics.bans)
-}
+	metrics.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "requests_total",
+		Help: "Requests counted against a zone, by result: allowed, rejected, delayed (held by max_delay, then allowed) or dry_run (would have been rejected).",
+	}, []string{"zone", "result"})
+	metrics.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "store_errors_total",
+		Help: "Decisions the store could not answer; on_store_error applied.",
+	}, []string{"store"})
+	metrics.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "store_duration_seconds",
+		Help:    "How long a remote store took to answer one decision.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+	}, []string{"store"})
+	metrics.periodUsage = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "period_usage_ratio",
+		Help: "Once per key and finished window, the share of its limit the key used: how close users run to their limits " +
+			"(histogram_quantile(0.999, ...)). Observed by the instance whose charge rolls the key into a new window.",
+		Buckets: []float64{.05, .1, .25, .5, .75, .9, .95, .99, 1, 1.25, 1.5, 2, 5},
+	}, []string{"zone"})
+	metrics.bans = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "bans_total",
+		Help: "Keys a zone with a ban banned: counted by the instance whose rejection began the ban.",
+	}, []string{"zone"})
+	return []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage, metrics.bans}
+})
 
 // zoneSeries returns a zone's series: its caddy_http_rate_limit_requests_total
 // counters by result, looked up once so that counting costs one atomic

@@ -95,8 +95,18 @@ type Handler struct {
 	// request consumes nothing. Default: none.
 	Shed *shed.Shed `json:"shed,omitempty"`
 
+	// "off" turns off the admin API's routes that change state, for the
+	// whole Caddy process while this config runs: a key's reset, per-key
+	// limit overrides and zone dials answer 403 Forbidden; the routes that
+	// read keep working. Default: "on". The admin API is one per process,
+	// so one handler (or the global rate_limit option) with "off" is
+	// enough; "on" cannot overrule it.
+	AdminChanges string `json:"admin_changes,omitempty"`
+
 	// The handler options of mholt/caddy-ratelimit, under its names, so
-	// that its configs carry over (see docs/migrating.md).
+	// that its configs carry over (see docs/migrating.md). Its log_key,
+	// which is log_keys on, and its distributed and storage, which are
+	// refused, have no field here: UnmarshalJSON reads them.
 
 	// Adds to Retry-After a uniformly random extra of 0 to this fraction
 	// of the wait (0.2: up to 20% more), so that rejected clients do not
@@ -109,26 +119,9 @@ type Handler struct {
 	// config asks for applies. Default: 10s. Memory store only.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
-	// "off" turns off the admin API's routes that change state, for the
-	// whole Caddy process while this config runs: a key's reset, per-key
-	// limit overrides and zone dials answer 403 Forbidden; the routes that
-	// read keep working. Default: "on". The admin API is one per process,
-	// so one handler (or the global rate_limit option) with "off" is
-	// enough; "on" cannot overrule it.
-	AdminChanges string `json:"admin_changes,omitempty"`
-
-	// Show keys as they are: the same as "log_keys": "on" (by default
-	// keys are shown as hashes). Not allowed together with log_keys.
-	LogKey bool `json:"log_key,omitempty"`
-
 	// This handler records no rate-limit metrics: its zones and its store
 	// add no series to the caddy_http_rate_limit_* metrics.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
-
-	// mholt/caddy-ratelimit's distributed mode and its sync storage,
-	// refused with what to write instead: "store": {"backend": "redis"}.
-	Distributed json.RawMessage `json:"distributed,omitempty"`
-	Storage     json.RawMessage `json:"storage,omitempty"`
 
 	// random draws the jitter, uniformly from [0, 1).
 	random func() float64
@@ -138,8 +131,8 @@ type Handler struct {
 
 	store  storage.Store
 	logger *zap.Logger
-	// showKeys is log_keys on (or log_key): keys are shown as they are,
-	// not as hashes.
+	// showKeys is log_keys on: keys are shown as they are, not as
+	// hashes.
 	showKeys bool
 	// Which headers report sets, from Headers.
 	xRateLimitHeaders, ietfHeaders bool
@@ -337,7 +330,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.now = time.Now
 	h.storeErrorLog = new(logEvery)
-	h.showKeys = h.LogKeys == "on" || h.LogKey
+	h.showKeys = h.LogKeys == "on"
 	if h.AdminChanges == "off" {
 		admin.TurnChangesOff(h, h.description())
 	}
@@ -369,7 +362,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if local, ok := store.(storage.LocalFallback); ok && h.OnStoreError == "local" {
 		h.fallback = local.Local()
 	}
-	if quiet, ok := store.(interface{ DisableMetrics() }); ok && h.DisableMetrics {
+	if quiet, ok := store.(storage.MetricsDisabler); ok && h.DisableMetrics {
 		quiet.DisableMetrics()
 	}
 
@@ -417,7 +410,10 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	if err := checkZoneName(z.Name); err != nil {
 		return err
 	}
-	z.sfName = sfString(z.Name)
+	var err error
+	if z.sfName, err = sfString(z.Name); err != nil {
+		return fmt.Errorf("name: %w", err)
+	}
 	z.results, z.usage, z.bans = zoneSeries(z.Name, metricsOff, z.Ban > 0)
 	z.exceeded = fmt.Errorf("rate limit exceeded in zone %q", z.Name)
 	if z.MaxWaiting == 0 {
@@ -434,7 +430,6 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	if len(keys) == 0 {
 		keys = Alternatives{"{http.vars.client_ip}"}
 	}
-	var err error
 	if z.counted, err = newStatusSet(z.CountStatus); err != nil {
 		return fmt.Errorf("count_status: %w", err)
 	}

@@ -1,7 +1,9 @@
 // Package storage is the contract between the rate_limit handler and the
 // stores that keep its counters: Store and Request, the admin side
 // (Admin, Override, ZoneDial, KeyState), the rule that bounds keys
-// (BoundKey), and the small pieces every store needs alike. A store is a
+// (BoundKey), what a store may offer beyond Store (LocalFallback, Fleet,
+// Sweeper, MetricsDisabler), which the handler finds by type assertion,
+// and the small pieces every store needs alike. A store is a
 // Caddy guest module in the http.handlers.rate_limit.stores namespace,
 // in a package of its own (storage/memory, storage/redis), so other
 // stores can be plugged in without touching the handler; storage/storetest
@@ -106,6 +108,23 @@ type LocalFallback interface {
 // many there are: N, the instances that announced themselves lately.
 type Fleet interface {
 	Instances() int
+}
+
+// Sweeper is a store that sweeps out, on an interval, the keys whose
+// counts no longer matter: the memory store, whose keys nothing else
+// expires. A handler with sweep_interval asks it for that interval,
+// after the store's Provision; 0 withdraws the request. A store whose
+// keys expire on their own (Redis) has no interval to set.
+type Sweeper interface {
+	SetSweepInterval(d time.Duration)
+}
+
+// MetricsDisabler is a store that adds series of its own to the
+// rate-limit metrics (Redis: its leases' units), which a handler with
+// disable_metrics turns off after the store's Provision: the handler
+// leaves out its own series, but only the store knows of the store's.
+type MetricsDisabler interface {
+	DisableMetrics()
 }
 
 // MaxKeyLen is the longest key every store keeps as it is.

@@ -6,6 +6,7 @@ package promreg
 
 import (
 	"errors"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -16,6 +17,18 @@ const (
 	Namespace = "caddy"
 	Subsystem = "http_rate_limit"
 )
+
+// Once returns the function that registers a package's collectors: the
+// first call in the process makes them with create, which also keeps them
+// where the package counts into them; every call registers them with its
+// registry, as Register does. Collectors made once outlive the registry
+// of any one config, so a reload keeps their counts.
+func Once(create func() []prometheus.Collector) func(*prometheus.Registry) error {
+	made := sync.OnceValue(create)
+	return func(registry *prometheus.Registry) error {
+		return Register(registry, made()...)
+	}
+}
 
 // Register registers cs with registry, if there is one (a store used
 // outside a Caddy config has none); a collector already registered there

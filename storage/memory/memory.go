@@ -825,6 +825,7 @@ func (s *shard) sweep(now uint32) (overrides int) {
 // Interface guards
 var (
 	_ storage.Store         = (*Store)(nil)
+	_ storage.Sweeper       = (*Store)(nil)
 	_ caddy.Provisioner     = (*Store)(nil)
 	_ caddy.Validator       = (*Store)(nil)
 	_ caddy.CleanerUpper    = (*Store)(nil)

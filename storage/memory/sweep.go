@@ -19,9 +19,10 @@ func CheckSweepInterval(d time.Duration) error {
 	return nil
 }
 
-// SetSweepInterval asks for the keys whose counts no longer matter to be
-// swept (their slots emptied, and a table left mostly empty shrunk) every
-// d; 0 withdraws the request. Call it after Provision.
+// SetSweepInterval implements storage.Sweeper: it asks for the keys whose
+// counts no longer matter to be swept (their slots emptied, and a table
+// left mostly empty shrunk) every d; 0 withdraws the request. Call it
+// after Provision.
 //
 // The counters, and so the sweeper, are shared by every config using the
 // memory store, and during a reload the old and the new config both use

@@ -1,8 +1,6 @@
 package redis
 
 import (
-	"sync"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/promreg"
@@ -10,15 +8,14 @@ import (
 )
 
 // metrics are the Redis store's own Prometheus collectors: its leases and
-// the fleet it sees (and the entries it holds, below). They are created once per process and registered
-// with the registry of every config that uses the store (Caddy makes a new
-// registry on each load), so counts survive reloads. Labels are bounded
+// the fleet it sees (and the entries it holds, below). They are made by
+// the process's first registerMetrics and registered with the registry of
+// every config that uses the store (see promreg.Once). Labels are bounded
 // sets (zone and outcome, store), never a key.
-var metrics = struct {
-	once       sync.Once
+var metrics struct {
 	leaseUnits *prometheus.CounterVec
 	instances  *prometheus.GaugeVec
-}{}
+}
 
 // Values of the outcome label of lease_units_total.
 const (
@@ -31,22 +28,20 @@ const (
 
 var leaseOutcomeNames = [leaseOutcomes]string{"leased", "taken", "released", "released_to_lease"}
 
-// registerMetrics creates the collectors on first use and registers them
-// with registry, if any.
-func registerMetrics(registry *prometheus.Registry) error {
+// registerMetrics makes the collectors on its first call and registers
+// them, and the entries collector, with registry, if any.
+var registerMetrics = promreg.Once(func() []prometheus.Collector {
 	const ns, sub = promreg.Namespace, promreg.Subsystem
-	metrics.once.Do(func() {
-		metrics.leaseUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "lease_units_total",
-			Help: "Units of a zone's limits that this instance leased from Redis (leased), took from its leases for requests without a call (taken), released back to Redis untaken (released), and had released into a lease instead of Redis by requests that did not count (released_to_lease, count_status).",
-		}, []string{"zone", "outcome"})
-		metrics.instances = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "fleet_instances",
-			Help: "The live instances sharing the store, as this instance last read them: those that announced themselves in the last 5 seconds.",
-		}, []string{"store"})
-	})
-	return promreg.Register(registry, metrics.leaseUnits, metrics.instances, entriesCollector)
-}
+	metrics.leaseUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "lease_units_total",
+		Help: "Units of a zone's limits that this instance leased from Redis (leased), took from its leases for requests without a call (taken), released back to Redis untaken (released), and had released into a lease instead of Redis by requests that did not count (released_to_lease, count_status).",
+	}, []string{"zone", "outcome"})
+	metrics.instances = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "fleet_instances",
+		Help: "The live instances sharing the store, as this instance last read them: those that announced themselves in the last 5 seconds.",
+	}, []string{"store"})
+	return []prometheus.Collector{metrics.leaseUnits, metrics.instances, entriesCollector}
+})
 
 // entries reports how many entries the Redis store's per-key structures
 // in this process hold, as caddy_http_rate_limit_store_entries{store=

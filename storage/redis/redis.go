@@ -207,8 +207,8 @@ func (r *Store) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// DisableMetrics makes the store count its leases in no series, for a
-// handler with disable_metrics.
+// DisableMetrics implements storage.MetricsDisabler: the store counts its
+// leases in no series, for a handler with disable_metrics.
 func (r *Store) DisableMetrics() {
 	r.metricsOff = true
 }
@@ -594,11 +594,12 @@ func (r *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // Interface guards
 var (
-	_ storage.Store         = (*Store)(nil)
-	_ storage.LocalFallback = (*Store)(nil)
-	_ storage.Fleet         = (*Store)(nil)
-	_ caddy.Provisioner     = (*Store)(nil)
-	_ caddy.Validator       = (*Store)(nil)
-	_ caddy.CleanerUpper    = (*Store)(nil)
-	_ caddyfile.Unmarshaler = (*Store)(nil)
+	_ storage.Store           = (*Store)(nil)
+	_ storage.LocalFallback   = (*Store)(nil)
+	_ storage.Fleet           = (*Store)(nil)
+	_ storage.MetricsDisabler = (*Store)(nil)
+	_ caddy.Provisioner       = (*Store)(nil)
+	_ caddy.Validator         = (*Store)(nil)
+	_ caddy.CleanerUpper      = (*Store)(nil)
+	_ caddyfile.Unmarshaler   = (*Store)(nil)
 )
