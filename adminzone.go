@@ -39,8 +39,8 @@ func (z *Zone) KeyInfo(ctx context.Context, key string) (admin.KeyInfo, error) {
 		return admin.KeyInfo{}, err
 	}
 	// Decide for a request of no cost against no limit reports what
-	// counts now, without charging anything. A GCRA bucket is measured
-	// against the limit the key was last charged with, kept with its
+	// counts now, without taking anything. A GCRA bucket is measured
+	// against the limit the key last took with, kept with its
 	// TAT: Used is then the units its bucket lacks, Reset when it is
 	// full. A concurrency key's Used is the units in flight.
 	rate := algorithms.Rate{Units: maxLimit, Window: z.period}

@@ -36,7 +36,7 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// Handler limits how many requests (or cost units) each key may spend per
+// Handler limits how many requests (or cost units) each key may take per
 // window in each zone, and answers requests over a limit with 429 Too Many
 // Requests before they reach the handlers after it.
 //
@@ -159,7 +159,7 @@ type Handler struct {
 }
 
 // Zone is one limit: which requests it applies to, how they are keyed and
-// how much each key may spend per window.
+// how much each key may take per window.
 type Zone struct {
 	// The zone's name. Zones with the same name share counters.
 	Name string `json:"name"`
@@ -192,7 +192,7 @@ type Zone struct {
 	// cost a counter each. Default: 10.
 	Buckets int `json:"buckets,omitempty"`
 
-	// gcra only: how many cost units a key may spend at once, its bucket.
+	// gcra only: how many cost units a key may take at once, its bucket.
 	// Default: the limit.
 	Burst int64 `json:"burst,omitempty"`
 
@@ -237,7 +237,7 @@ type Zone struct {
 	// Only responses with these statuses use the limit: codes ("401") and
 	// classes ("4xx"), from 100 to 599. A request is admitted only if its
 	// key has room for its cost, which is taken at once, as always; when
-	// the response is done, the cost is given back unless its status is
+	// the response is done, the cost is released unless its status is
 	// listed. So concurrent requests can never use more than the limit.
 	// A status carried by a handler error (basic_auth fails with 401)
 	// counts as that status; a client gone before any answer, as 499.
@@ -252,7 +252,7 @@ type Zone struct {
 	// refused while the settled count alone had room for it was refused
 	// for costs of requests still in flight, which ban nothing; it is
 	// answered with Retry-After: 1, or held by max_delay until those
-	// costs come back. With a shared store the ban holds on every
+	// costs are released. With a shared store the ban holds on every
 	// instance. At least 1s; default: no ban. Not for concurrency zones.
 	Ban caddy.Duration `json:"ban,omitempty"`
 

@@ -203,7 +203,7 @@ func loginsAtOnce(fleet []instance, password string, n int) <-chan result {
 // password from a key with a limit of five failures. The five admitted
 // fill the limit while the app holds them; the other three are refused
 // with Retry-After: 1, for costs in flight, and ban nothing: once the
-// five are done, their costs come back and the right password passes.
+// five are done, their costs are released and the right password passes.
 func testInFlightIsNoBan(t *testing.T, fleet []instance, app *gate) {
 	const key = "127.0.0.1"
 	answers := loginsAtOnce(fleet, "right", 8)
