@@ -53,7 +53,7 @@ func (c *zoneCheck) holds() bool {
 	return c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded
 }
 
-// releases reports whether the allowed check c gives its cost back once
+// releases reports whether the allowed check c releases its cost once
 // the response is done with status: its zone counts only some statuses
 // (count_status), not this one. A dry-run zone that would have rejected
 // took nothing.

@@ -337,8 +337,8 @@ func sum(ns []int64) int64 {
 // a 3-master cluster. A key that every instance requests beyond its limit
 // is admitted no more than its limit, and at least 98% of it; Redis counts
 // exactly what was admitted. A burst of 150 at once admits no more than
-// the limit either, and once the leases have gone back Redis counts what
-// was admitted. Every instance counts the fleet (N = 3).
+// the limit either, and once the leases have been released Redis counts
+// what was admitted. Every instance counts the fleet (N = 3).
 func TestRedisFleetLeases(t *testing.T) {
 	const limit = 300
 	run := func(t *testing.T, store string, counted func(key string) int64) {
@@ -395,7 +395,7 @@ func TestRedisFleetLeases(t *testing.T) {
 // three instances on one Redis, leases taken from only in the sub-window
 // they were counted in. A key every instance requests beyond its limit is
 // admitted no more than its limit, and at least 98% of it; the app sees
-// exactly the admitted requests; once the leases have gone back, the
+// exactly the admitted requests; once the leases have been released, the
 // key's ring in Redis counts exactly them.
 func TestRedisFleetSlidingWindowLeases(t *testing.T) {
 	const limit = 300

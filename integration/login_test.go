@@ -339,8 +339,8 @@ func TestLoginsPageLoadRedisFleet(t *testing.T) {
 }
 
 // TestRedisFleetCountStatusLeases: three instances with lease on and a
-// zone that counts only 5xx. Successful requests of a hot key are given
-// back into the leases without calls and leave nothing counted; failing
+// zone that counts only 5xx. Successful requests of a hot key are
+// released into the leases without calls and leave nothing counted; failing
 // ones get through at most the limit, and Redis ends counting exactly the
 // failures that got through.
 func TestRedisFleetCountStatusLeases(t *testing.T) {

@@ -318,7 +318,7 @@ type shard struct {
 	// lock of their own for requests to wait on.
 	overrides map[uint64]storage.Override
 	// inFlight holds, by key hash, the costs in flight of keys of zones
-	// that bans and give costs back (see algorithms.Settled): only while
+	// that ban and release costs (see algorithms.Settled): only while
 	// such requests are in flight, so apart from the slots, which it
 	// would make 8 bytes larger for every key.
 	inFlight map[uint64]algorithms.WindowCounts

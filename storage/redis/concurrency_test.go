@@ -92,7 +92,7 @@ func TestRedisConcurrencyHold(t *testing.T) {
 }
 
 // TestRedisReleaseManyZones: a request holding units in several zones
-// gives them all back in one script call on one server, and in one call
+// releases them all in one script call on one server, and in one call
 // per hash tag on a cluster, where its keys lie in different slots.
 func TestRedisReleaseManyZones(t *testing.T) {
 	reqs := []storage.Request{

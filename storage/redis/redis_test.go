@@ -1697,7 +1697,7 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				ban = time.Duration(1+rng.Int64N(3600)) * time.Second
 			}
-			// Half the zones that ban give costs back, and keep their
+			// Half the zones that ban release costs, and keep their
 			// costs in flight.
 			reqs = append(reqs, storage.Request{Algorithm: alg, Rate: l, Cost: cost, Ban: ban, Releasable: ban > 0 && rng.IntN(2) == 0})
 		}
