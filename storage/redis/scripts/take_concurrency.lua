@@ -25,7 +25,7 @@ ALGS.c = {
         gone = gone + (tonumber(string.match(mem, '/(%d+)$')) or 0)
       end
       redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
-      -- Written back with at least a lease to live, so that a hash the
+      -- Written back with at least a hold to live, so that a hash the
       -- reaping recreates does not outlive its holders.
       s[j + W], s[j + C] = s[j + W] or 0, math.max(s[j + C] - gone, 0)
       if s[j + T] < now + w then
