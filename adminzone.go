@@ -18,7 +18,7 @@ func (z *Zone) Info() admin.ZoneInfo {
 	info := admin.ZoneInfo{Name: z.Name, Algorithm: z.Algorithm, Burst: z.Burst, Buckets: z.Buckets,
 		Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun}
 	if z.Algorithm == algorithms.Concurrency {
-		info.Lease = time.Duration(z.Lease).String()
+		info.Hold = z.hold().String()
 	} else {
 		info.Window = time.Duration(z.Window).String()
 	}
@@ -39,13 +39,13 @@ func (z *Zone) KeyInfo(ctx context.Context, key string) (admin.KeyInfo, error) {
 		return admin.KeyInfo{}, err
 	}
 	// Decide for a request of no cost against no limit reports what
-	// counts now, without charging anything. A GCRA bucket is measured
-	// against the limit the key was last charged with, kept with its
+	// counts now, without taking anything. A GCRA bucket is measured
+	// against the limit the key last took with, kept with its
 	// TAT: Used is then the units its bucket lacks, Reset when it is
 	// full. A concurrency key's Used is the units in flight.
 	rate := algorithms.Rate{Units: maxLimit, Window: z.period}
 	if z.Algorithm == algorithms.GCRA {
-		rate = algorithms.Rate{Units: max(st.Counts.Previous, 1), Window: z.period, Burst: z.Burst}
+		rate = algorithms.Rate{Units: max(st.Counts.TATLimit(), 1), Window: z.period, Burst: z.Burst}
 	}
 	if z.Algorithm == algorithms.SlidingWindow {
 		// Used is the sum of the ring's sub-windows; Current the
@@ -59,7 +59,8 @@ func (z *Zone) KeyInfo(ctx context.Context, key string) (admin.KeyInfo, error) {
 	d, rolled := algorithms.Decide(z.Algorithm, st.Counts, time.Now(), rate, 0)
 	info := admin.KeyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}
 	if z.Algorithm.Windowed() {
-		info.Current, info.Previous, info.PreviousWeighted = rolled.Current, rolled.Previous, d.Used-rolled.Current
+		c := rolled.Windows()
+		info.Current, info.Previous, info.PreviousWeighted = c.Current, c.Previous, d.Used-c.Current
 	}
 	return info, nil
 }

@@ -104,7 +104,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 //			algorithm sliding_tail|fixed_window|sliding_window|gcra|concurrency
 //			buckets <n>                          # sliding_window only
 //			burst <n>                            # gcra only
-//			lease <duration>                     # concurrency only
+//			hold <duration>                      # concurrency only (old name: lease)
 //			cost <METHOD|*> <n>                  # repeatable, once per method
 //			max_delay <duration>
 //			max_waiting <n>
@@ -264,8 +264,11 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 		// A second line would silently replace the first; key and limit
 		// take their alternatives on one line. match and cost repeat.
 		once := dir
-		if dir == "events" {
+		switch dir {
+		case "events":
 			once = "limit"
+		case "lease":
+			once = "hold"
 		}
 		if dir != "match" && dir != "cost" {
 			if given[once] {
@@ -313,15 +316,21 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 			z.Window = caddy.Duration(dur)
 
-		case "lease":
+		case "hold", "lease":
+			// lease is hold's old name: it stays the zone's lease, so
+			// that what is refused names what was written.
 			dur, err := parseDuration(d)
 			if err == nil {
-				err = checkLease(dur)
+				err = checkHold(dur)
 			}
 			if err != nil {
 				return nil, fail(err)
 			}
-			z.Lease = caddy.Duration(dur)
+			if dir == "hold" {
+				z.Hold = caddy.Duration(dur)
+			} else {
+				z.Lease = caddy.Duration(dur)
+			}
 
 		case "burst":
 			var s string
@@ -451,7 +460,7 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 
 		default:
-			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, buckets, burst, lease, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix, status, count_status or ban)", z.Name, dir)
+			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, buckets, burst, hold, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix, status, count_status or ban)", z.Name, dir)
 		}
 	}
 	// What no line could check: the fields that are missing.

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -363,6 +364,42 @@ func TestOneLineFormatUnchanged(t *testing.T) {
 	src := ":9080 {\n\t@auth path /login*\n\trate_limit @auth {remote.ip} 5r/m\n\trate_limit {remote.ip} 10r/s 10000 503\n\trespond \"ok\"\n}\n"
 	if got := string(caddyfile.Format([]byte(src))); got != src {
 		t.Fatalf("caddy fmt made\n%s\nof\n%s", got, src)
+	}
+}
+
+// TestConcurrencyHoldAndItsOldName: a concurrency zone's hold, written
+// hold or by its old name lease, in a Caddyfile or in JSON, is how long
+// the zone's rate keeps units (the Window its store is handed), and the
+// admin API shows it as the hold.
+func TestConcurrencyHoldAndItsOldName(t *testing.T) {
+	for _, name := range []string{"hold", "lease"} {
+		t.Run(name, func(t *testing.T) {
+			handlers, err := adaptSite(t, "\trate_limit {\n\t\tzone c {\n\t\t\tlimit 2\n\t\t\talgorithm concurrency\n\t\t\t"+name+" 90s\n\t\t}\n\t}")
+			if err != nil {
+				t.Fatal(err)
+			}
+			zone := handlers[0]["zones"].([]any)[0].(map[string]any)
+			if zone[name] != float64(90*time.Second) {
+				t.Fatalf("adapted zone %v, want %s 90s", zone, name)
+			}
+			delete(handlers[0], "handler") // the module's name, which Caddy reads
+			config, err := json.Marshal(handlers[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := provisionHandler(t, string(config))
+			z := h.Zones[0]
+			if z.period != 90*time.Second {
+				t.Fatalf("the zone's rate keeps units for %s, want 1m30s", z.period)
+			}
+			if info := z.Info(); info.Hold != "1m30s" {
+				t.Fatalf("admin API's zone %+v, want hold 1m30s", info)
+			}
+		})
+	}
+	h := provisionHandler(t, `{"zones":[{"name":"c","limit":[2],"algorithm":"concurrency"}]}`)
+	if h.Zones[0].period != DefaultHold {
+		t.Fatalf("without a hold the zone's rate keeps units for %s, want the default %s", h.Zones[0].period, DefaultHold)
 	}
 }
 

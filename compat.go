@@ -94,8 +94,8 @@ func (h *Handler) validateOptions() error {
 		return fmt.Errorf("sweep_interval: %w", err)
 	}
 	if h.SweepInterval != 0 {
-		if backend := storeBackend(h.StoreRaw); backend != "memory" {
-			return fmt.Errorf("sweep_interval: applies to the memory store only; want it removed with store %s, whose keys expire on their own", backend)
+		if store := configuredStore(h.StoreRaw); store != "memory" {
+			return fmt.Errorf("sweep_interval: applies to the memory store only; want it removed with store %s, whose keys expire on their own", store)
 		}
 	}
 	return nil
@@ -106,15 +106,17 @@ func present(raw json.RawMessage) bool {
 	return len(raw) > 0 && string(raw) != "null"
 }
 
-// storeBackend names the store a handler's store config asks for.
-func storeBackend(raw json.RawMessage) string {
+// configuredStore names the store a handler's store config picks: its
+// "backend", the key Caddy names a store module by (the inline key of
+// StoreRaw).
+func configuredStore(raw json.RawMessage) string {
 	var s struct {
-		Backend string `json:"backend"`
+		Module string `json:"backend"`
 	}
-	if len(raw) == 0 || json.Unmarshal(raw, &s) != nil || s.Backend == "" {
+	if len(raw) == 0 || json.Unmarshal(raw, &s) != nil || s.Module == "" {
 		return "memory"
 	}
-	return s.Backend
+	return s.Module
 }
 
 // unmarshalOption reads one of mholt/caddy-ratelimit's handler-level

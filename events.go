@@ -38,7 +38,7 @@ const exceededSlots = 1 << 13
 var exceededSeed = maphash.MakeSeed()
 
 // first reports whether key has had no event in window yet, and notes
-// that it has now. Of requests of one key that ask at once, one is first.
+// that it has now. Of requests of one key that come at once, one is first.
 func (e *exceededKeys) first(key string, window int64) bool {
 	slots := e.slots.Load()
 	if slots == nil {

@@ -10,7 +10,7 @@ import (
 )
 
 // TestExceededKeysOncePerWindow: each of many keys is first once in a
-// window and again in the next; of many requests of one key asking at
+// window and again in the next; of many requests of one key coming at
 // once, exactly one is first.
 func TestExceededKeysOncePerWindow(t *testing.T) {
 	var e exceededKeys

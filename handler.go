@@ -33,8 +33,8 @@ type loadShedder interface {
 	Leave()
 }
 
-// zoneCheck is one zone's check of a request: the zone, what is asked of
-// the store and the store's answer.
+// zoneCheck is one zone's check of a request: the zone, what it takes
+// from the store and the store's answer.
 type zoneCheck struct {
 	zone     *Zone
 	req      storage.Request
@@ -53,11 +53,11 @@ func (c *zoneCheck) holds() bool {
 	return c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded
 }
 
-// givesBack reports whether the allowed check c gives its cost back once
+// releases reports whether the allowed check c releases its cost once
 // the response is done with status: its zone counts only some statuses
 // (count_status), not this one. A dry-run zone that would have rejected
 // took nothing.
-func (c *zoneCheck) givesBack(status int) bool {
+func (c *zoneCheck) releases(status int) bool {
 	return c.zone.countsStatus && !c.dryRunExceeded && c.req.Cost > 0 && !c.zone.counted.has(status)
 }
 
@@ -108,12 +108,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 		req := storage.Request{
-			Zone:      z.Name,
-			Key:       z.resolveKey(values),
-			Algorithm: z.Algorithm,
-			Rate:      algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst, Buckets: z.Buckets},
-			Cost:      z.costs[methodIndex(r.Method)],
-			GivesBack: z.countsStatus,
+			Zone:       z.Name,
+			Key:        z.resolveKey(values),
+			Algorithm:  z.Algorithm,
+			Rate:       algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst, Buckets: z.Buckets},
+			Cost:       z.costs[methodIndex(r.Method)],
+			Releasable: z.countsStatus,
 		}
 		if !dryRun {
 			req.Ban = time.Duration(z.Ban)
@@ -127,14 +127,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.serveNext(w, r, next)
 	}
 
-	s.question.store = h.store
-	v, rejected, err := h.decide(r.Context(), s.checks, &s.question)
+	s.take.store = h.store
+	v, rejected, err := h.decide(r.Context(), s.checks, &s.take)
 	if v == unanswered && h.fallback != nil && r.Context().Err() == nil {
 		// on_store_error local: the store failed, and this instance
 		// decides on its own, with its share of every limit.
 		h.storeError(err)
-		s.question.store = h.fallback
-		v, rejected, err = h.decide(r.Context(), s.checks, &s.question)
+		s.take.store = h.fallback
+		v, rejected, err = h.decide(r.Context(), s.checks, &s.take)
 	}
 	for i := range s.checks {
 		c := &s.checks[i]
@@ -160,7 +160,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			c.zone.results[resultAllowed].Inc()
 		}
 		if c.decision.Rolled && !c.dryRunExceeded {
-			// This check charged the key and moved it into a new window: report what
+			// This check took for the key and moved it into a new window: report what
 			// it used of its limit in the one that finished.
 			c.zone.usage.Observe(float64(c.decision.Finished) / float64(c.decision.Limit))
 		}
@@ -178,7 +178,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	// Runs before the scratch goes back to the pool, and on every way
 	// out: a response, an error, a panic, a client gone.
-	defer h.release(r.Context(), &s.question, s.checks, rec)
+	defer h.release(r.Context(), &s.take, s.checks, rec)
 	err = h.serveNext(w, r, next)
 	if rec != nil {
 		rec.finish(r, err)
@@ -245,7 +245,7 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 	return false
 }
 
-// release gives back, once Caddy is done with the request, what checks
+// release releases, once Caddy is done with the request, what checks
 // took and should not keep: the units of concurrency zones, and the cost
 // of zones that count only some statuses when the response's status, as
 // rec recorded it, is not one of them. A zone that also bans is told of
@@ -253,15 +253,15 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 // in flight (storage.Request.TracksInFlight). The client may be gone, so
 // the request's context may be done: stores release regardless (Store).
 // A release that fails is a store error; a shared store then keeps what
-// it counted until its lease or window ends.
-func (h *Handler) release(ctx context.Context, q *question, checks []zoneCheck, rec *statusRecorder) {
+// it counted until its hold or window ends.
+func (h *Handler) release(ctx context.Context, q *take, checks []zoneCheck, rec *statusRecorder) {
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
 	for i := range checks {
 		c := &checks[i]
 		req := c.req
 		switch {
-		case c.holds() || rec != nil && c.givesBack(rec.final()):
-			// Units, or a cost, to give back.
+		case c.holds() || rec != nil && c.releases(rec.final()):
+			// Units, or a cost, to release.
 		case !c.dryRunExceeded && req.TracksInFlight():
 			// A cost the response's status keeps, no longer in flight.
 			req.Counted = true
@@ -284,7 +284,7 @@ func (h *Handler) release(ctx context.Context, q *question, checks []zoneCheck, 
 // through its interface would otherwise go to the heap on every request.
 type scratch struct {
 	checks []zoneCheck
-	question
+	take
 	// recorder records the response's status for zones that count only
 	// some statuses.
 	recorder statusRecorder
@@ -292,8 +292,8 @@ type scratch struct {
 
 var scratchPool = sync.Pool{New: func() any {
 	return &scratch{
-		checks:   make([]zoneCheck, 0, 4),
-		question: question{reqs: make([]storage.Request, 0, 4), decisions: make([]algorithms.Decision, 0, 4)},
+		checks: make([]zoneCheck, 0, 4),
+		take:   take{reqs: make([]storage.Request, 0, 4), decisions: make([]algorithms.Decision, 0, 4)},
 	}
 }}
 
@@ -341,21 +341,21 @@ var connectionClose = []string{"close"}
 type verdict int
 
 const (
-	// allowed: every zone allows the request, and it has been charged
-	// (dry-run zones that would reject it are marked and not charged).
+	// allowed: every zone allows the request, and it has been taken
+	// (dry-run zones that would reject it are marked and take nothing).
 	allowed verdict = iota
-	// rejectedByZone: a zone rejects the request; nothing was charged.
+	// rejectedByZone: a zone rejects the request; nothing was taken.
 	rejectedByZone
 	// unanswered: the store failed, or the client went away while the
 	// request waited; on_store_error decides what happens.
 	unanswered
 )
 
-// decide asks the store until the request is allowed, rejected, or
+// decide takes from the store until the request is allowed, rejected, or
 // unanswered. It returns the check whose rejection stands, for a rejected
 // request, and the error, for an unanswered one. A request rejected within
-// its zones' max_delay waits for its retry instant and asks again.
-func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *question) (verdict, *zoneCheck, error) {
+// its zones' max_delay waits for its retry instant and tries again.
+func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *take) (verdict, *zoneCheck, error) {
 	var start time.Time
 	if h.delays {
 		start = time.Now()
@@ -363,20 +363,20 @@ func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *question) (
 	var waiting waitingZones
 	defer waiting.leave()
 	for {
-		// Asked for before the store is, so that no release between the
+		// Called before the store is, so that no release between the
 		// store's answer and the wait goes unseen.
 		var released <-chan struct{}
 		if h.delays && waitsForReleases(checks) {
 			released = q.store.Released()
 		}
-		err := q.ask(ctx, h.storeLatency, checks)
+		err := q.run(ctx, h.storeLatency, checks)
 		if err != nil {
 			return unanswered, nil, err
 		}
 		rejected, dryRunSaidNo := h.rejection(checks)
 		if rejected == nil {
 			if dryRunSaidNo {
-				// Only dry-run zones said no, so nothing was charged: ask
+				// Only dry-run zones said no, so nothing was taken: try
 				// again without them.
 				continue
 			}
@@ -394,7 +394,7 @@ func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *question) (
 			// The rejection that frees up last frees up when requests
 			// in flight end: a concurrency zone's units, or the costs
 			// that filled a count_status zone's limit. Wait for them
-			// to come back.
+			// to be released.
 			deadline = waitingLimit(checks, start)
 			err = waitForRelease(ctx, released, deadline)
 		} else {
@@ -406,14 +406,14 @@ func (h *Handler) decide(ctx context.Context, checks []zoneCheck, q *question) (
 	}
 }
 
-// releasePoll is how often a request held for concurrency units asks
+// releasePoll is how often a request held for concurrency units tries
 // again when no release of this instance wakes it: units released by
-// another instance sharing the store, or by a lease ending, are seen
-// only by asking.
+// another instance sharing the store, or by a hold ending, are seen
+// only by trying.
 const releasePoll = 25 * time.Millisecond
 
 // waitingLimit is the last instant the rejecting zones let a request
-// asked for at start wait: the earliest end of their max_delay.
+// that came at start wait: the earliest end of their max_delay.
 func waitingLimit(checks []zoneCheck, start time.Time) time.Time {
 	var until time.Time
 	for _, c := range checks {
@@ -429,7 +429,7 @@ func waitingLimit(checks []zoneCheck, start time.Time) time.Time {
 
 // waitForRelease waits until released is closed, the next poll, or
 // until, whichever comes first, or until ctx is done. Past until, the
-// next asking finds the request still rejected and beyond max_delay.
+// next try finds the request still rejected and beyond max_delay.
 func waitForRelease(ctx context.Context, released <-chan struct{}, until time.Time) error {
 	timer := time.NewTimer(min(time.Until(until)+time.Millisecond, releasePoll))
 	defer timer.Stop()
@@ -443,10 +443,10 @@ func waitForRelease(ctx context.Context, released <-chan struct{}, until time.Ti
 	}
 }
 
-// question is what decide asks the store: the checks still in play, with
-// room for the store's answers, reused from one asking to the next.
-type question struct {
-	// store is what is asked: the handler's store, or its local fallback
+// take is what decide takes from the store: the checks still in play,
+// with room for the store's answers, reused from one try to the next.
+type take struct {
+	// store is what is taken from: the handler's store, or its local fallback
 	// (on_store_error local) when the store failed.
 	store     storage.Store
 	reqs      []storage.Request
@@ -455,11 +455,11 @@ type question struct {
 	waited bool
 }
 
-// ask takes the checks still in play from the store, all or nothing: all
-// but the dry-run zones that already said they would reject, which are
-// asked no more. Each check gets its decision. If latency is set, it
+// run takes the checks still in play from the store, all or nothing: all
+// but the dry-run zones that already said they would reject, which take
+// no more. Each check gets its decision. If latency is set, it
 // observes how long the store took.
-func (q *question) ask(ctx context.Context, latency prometheus.Observer, checks []zoneCheck) error {
+func (q *take) run(ctx context.Context, latency prometheus.Observer, checks []zoneCheck) error {
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
 	for _, c := range checks {
 		if !c.dryRunExceeded {
@@ -532,7 +532,7 @@ func waitsForReleases(checks []zoneCheck) bool {
 // waitingZones are the zones a request waits in because of max_delay.
 type waitingZones []*Zone
 
-// enter reports whether a request asked for at start may wait until
+// enter reports whether a request that came at start may wait until
 // deadline, when the last rejecting zone would allow it, and counts it as
 // waiting in each rejecting zone. It may only if every rejecting zone
 // allows a delay that long, could ever allow it (a cost above the limit
@@ -645,7 +645,7 @@ func anyDryRunExceeded(checks []zoneCheck) bool {
 // logEvery lets a kind of log line through at most once a second, and
 // counts the lines it held back meanwhile, so that traffic (a flood of
 // fresh keys banned, a dry run over its limit, a store outage) cannot
-// flood the log. It takes no lock: one of the requests that ask at once
+// flood the log. It takes no lock: one of the requests that come at once
 // past the second gets the line.
 type logEvery struct {
 	next     atomic.Int64 // Unix ns before which lines are held back

@@ -38,7 +38,7 @@ func BenchmarkHandler(b *testing.B) {
 		// allowed, each request with a key never seen before.
 		{"allowed_rotating", `{"zones":[{"name":"bench_rotating","key":["{http.request.header.X-Api-Key}"],"limit":[2000000000],"window":"1m"}]}`, true},
 		{"gcra_allowed", `{"zones":[{"name":"bench_gcra","limit":[2000000000],"window":"1m","algorithm":"gcra"}]}`, false},
-		// allowed, and given back after the response: its status, 200,
+		// allowed, and released after the response: its status, 200,
 		// is not one the zone counts.
 		{"count_status_allowed", `{"zones":[{"name":"bench_count_status","limit":[2000000000],"window":"1m","count_status":["401"]}]}`, false},
 		// Taken and released on every request: the key's slot is made

@@ -321,7 +321,7 @@ func TestConcurrencyReleasedOnEveryWayOut(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return st.Counts.Current
+		return st.Counts.Held()
 	}
 	// next checks the units are held while the request is served, then
 	// ends it the way the case says.
@@ -367,8 +367,9 @@ func TestConcurrencyReleasedOnEveryWayOut(t *testing.T) {
 	}
 
 	t.Run("rejected by another zone", func(t *testing.T) {
-		// posts_ways has spent its one POST: concurrency would admit this
-		// one, but the take charges no zone when one of them rejects.
+		// posts_ways has taken its one POST: concurrency would admit this
+		// one, but a take takes nothing in any zone when one of them
+		// rejects.
 		r, _ := testRequest(context.Background(), http.MethodPost, "192.0.2.7")
 		reached := false
 		err := h.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {

@@ -49,7 +49,7 @@ var registerMetrics = promreg.Once(func() []prometheus.Collector {
 	metrics.periodUsage = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "period_usage_ratio",
 		Help: "Once per key and finished window, the share of its limit the key used: how close users run to their limits " +
-			"(histogram_quantile(0.999, ...)). Observed by the instance whose charge rolls the key into a new window.",
+			"(histogram_quantile(0.999, ...)). Observed by the instance whose take rolls the key into a new window.",
 		Buckets: []float64{.05, .1, .25, .5, .75, .9, .95, .99, 1, 1.25, 1.5, 2, 5},
 	}, []string{"zone"})
 	metrics.bans = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -36,7 +36,7 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// Handler limits how many requests (or cost units) each key may spend per
+// Handler limits how many requests (or cost units) each key may take per
 // window in each zone, and answers requests over a limit with 429 Too Many
 // Requests before they reach the handlers after it.
 //
@@ -159,7 +159,7 @@ type Handler struct {
 }
 
 // Zone is one limit: which requests it applies to, how they are keyed and
-// how much each key may spend per window.
+// how much each key may take per window.
 type Zone struct {
 	// The zone's name. Zones with the same name share counters.
 	Name string `json:"name"`
@@ -192,13 +192,16 @@ type Zone struct {
 	// cost a counter each. Default: 10.
 	Buckets int `json:"buckets,omitempty"`
 
-	// gcra only: how many cost units a key may spend at once, its bucket.
+	// gcra only: how many cost units a key may take at once, its bucket.
 	// Default: the limit.
 	Burst int64 `json:"burst,omitempty"`
 
-	// concurrency only: how long a shared store (Redis) keeps the units of
-	// a request whose instance died before releasing them. Set it above
-	// the longest a request may take. Default: 1m.
+	// concurrency only: how long a shared store (Redis) holds the units
+	// of a request whose instance died before releasing them. Set it
+	// above the longest a request may take. Default: 1m.
+	Hold caddy.Duration `json:"hold,omitempty"`
+
+	// The old name of hold, still accepted; a zone sets one or the other.
 	Lease caddy.Duration `json:"lease,omitempty"`
 
 	// Cost of a request by HTTP method; "*" sets the cost of other methods.
@@ -234,7 +237,7 @@ type Zone struct {
 	// Only responses with these statuses use the limit: codes ("401") and
 	// classes ("4xx"), from 100 to 599. A request is admitted only if its
 	// key has room for its cost, which is taken at once, as always; when
-	// the response is done, the cost is given back unless its status is
+	// the response is done, the cost is released unless its status is
 	// listed. So concurrent requests can never use more than the limit.
 	// A status carried by a handler error (basic_auth fails with 401)
 	// counts as that status; a client gone before any answer, as 499.
@@ -249,7 +252,7 @@ type Zone struct {
 	// refused while the settled count alone had room for it was refused
 	// for costs of requests still in flight, which ban nothing; it is
 	// answered with Retry-After: 1, or held by max_delay until those
-	// costs come back. With a shared store the ban holds on every
+	// costs are released. With a shared store the ban holds on every
 	// instance. At least 1s; default: no ban. Not for concurrency zones.
 	Ban caddy.Duration `json:"ban,omitempty"`
 
@@ -280,7 +283,7 @@ type Zone struct {
 	costs        [methodCount]int64
 	waiting      atomic.Int64
 	// period is the Window of the zone's rates: the window, or for a
-	// concurrency zone the lease.
+	// concurrency zone the hold.
 	period time.Duration
 	// policySeconds is the window in whole seconds, rounded up, for the
 	// RateLimit-Policy header.
@@ -421,10 +424,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	}
 	z.period = time.Duration(z.Window)
 	if z.Algorithm == algorithms.Concurrency {
-		if z.Lease == 0 {
-			z.Lease = caddy.Duration(DefaultLease)
-		}
-		z.period = time.Duration(z.Lease)
+		z.period = z.hold()
 	}
 	keys := z.KeyAlternatives
 	if len(keys) == 0 {
@@ -610,25 +610,31 @@ func (z *Zone) validate() error {
 
 // validateAlgorithmOptions checks the options that belong to some
 // algorithms only: a window for every algorithm but concurrency, burst for
-// gcra, lease for concurrency.
+// gcra, hold (or its old name, lease) for concurrency.
 func (z *Zone) validateAlgorithmOptions() error {
 	alg := z.Algorithm
 	if alg == "" {
 		alg = algorithms.SlidingTail
 	}
 	if alg == algorithms.Concurrency {
-		// Units in flight are given back anyway, and nothing frees up at a
+		// Units in flight are released anyway, and nothing frees up at a
 		// known instant for a ban to outlast.
 		if len(z.CountStatus) > 0 {
-			return errors.New("count_status: not for algorithm concurrency, which gives every request's units back when it is done (want a windowed or gcra zone)")
+			return errors.New("count_status: not for algorithm concurrency, which releases every request's units when it is done (want a windowed or gcra zone)")
 		}
 		if z.Ban != 0 {
 			return errors.New("ban: not for algorithm concurrency, which limits requests in flight, not a rate to exceed (want a windowed or gcra zone)")
 		}
 		if z.Window != 0 {
-			return fmt.Errorf("window: not used by algorithm concurrency, which limits requests in flight (want no window; lease bounds how long a dead instance's units stay held), got %s", time.Duration(z.Window))
+			return fmt.Errorf("window: not used by algorithm concurrency, which limits requests in flight (want no window; hold bounds how long a dead instance's units stay held), got %s", time.Duration(z.Window))
 		}
-		if err := checkLease(time.Duration(z.Lease)); z.Lease != 0 && err != nil {
+		if z.Hold != 0 && z.Lease != 0 {
+			return errors.New("lease: the old name of hold (want hold only, not both)")
+		}
+		if err := checkHold(time.Duration(z.Hold)); z.Hold != 0 && err != nil {
+			return fmt.Errorf("hold: %w", err)
+		}
+		if err := checkHold(time.Duration(z.Lease)); z.Lease != 0 && err != nil {
 			return fmt.Errorf("lease: %w", err)
 		}
 	} else {
@@ -638,8 +644,11 @@ func (z *Zone) validateAlgorithmOptions() error {
 		if err := checkWindow(time.Duration(z.Window)); err != nil {
 			return fmt.Errorf("window: %w", err)
 		}
+		if z.Hold != 0 {
+			return fmt.Errorf("hold: only for algorithm concurrency (want no hold with algorithm %s), got %s", alg, time.Duration(z.Hold))
+		}
 		if z.Lease != 0 {
-			return fmt.Errorf("lease: only for algorithm concurrency (want no lease with algorithm %s), got %s", alg, time.Duration(z.Lease))
+			return fmt.Errorf("lease: only for algorithm concurrency (want no lease, the old name of hold, with algorithm %s), got %s", alg, time.Duration(z.Lease))
 		}
 	}
 	if z.Buckets != 0 {
@@ -755,11 +764,23 @@ func checkBurst(n int64) error {
 	return nil
 }
 
-// DefaultLease is how long a shared store keeps concurrency units whose
-// holder never released them, when lease is not set.
-const DefaultLease = time.Minute
+// DefaultHold is how long a shared store holds concurrency units whose
+// holder never released them, when hold is not set.
+const DefaultHold = time.Minute
 
-func checkLease(d time.Duration) error {
+// hold is a concurrency zone's hold, whichever name it was set by
+// (validate refuses both), or DefaultHold.
+func (z *Zone) hold() time.Duration {
+	switch {
+	case z.Hold != 0:
+		return time.Duration(z.Hold)
+	case z.Lease != 0:
+		return time.Duration(z.Lease)
+	}
+	return DefaultHold
+}
+
+func checkHold(d time.Duration) error {
 	if d < time.Second {
 		return fmt.Errorf("want a duration of at least 1s, got %s", d)
 	}

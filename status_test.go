@@ -37,14 +37,14 @@ func used(t *testing.T, h *Handler, zone, key string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return st.Counts.Current
+	return st.Counts.Windows().Current
 }
 
-// TestCountStatusGivesBack: a count_status zone keeps the cost of a
+// TestCountStatusReleases: a count_status zone keeps the cost of a
 // request only if the response's status is listed, however the response
 // ends: written, carried by a handler error (basic_auth's 401), a panic
 // (Caddy's 500), or a client gone (499).
-func TestCountStatusGivesBack(t *testing.T) {
+func TestCountStatusReleases(t *testing.T) {
 	h := provisionHandler(t, `{"zones":[{"name":"cs_ends","limit":[100],"window":"1h","algorithm":"fixed_window","count_status":["401","5xx"]}]}`)
 	withClock(t, h, vectors.Start)
 	cases := []struct {

@@ -178,7 +178,7 @@ type ZoneInfo struct {
 	Window    string               `json:"window,omitempty"`
 	Burst     int64                `json:"burst,omitempty"`
 	Buckets   int                  `json:"buckets,omitempty"`
-	Lease     string               `json:"lease,omitempty"`
+	Hold      string               `json:"hold,omitempty"`
 	Limit     []string             `json:"limit"`
 	Store     string               `json:"store"`
 	DryRun    bool                 `json:"dry_run,omitempty"`

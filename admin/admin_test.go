@@ -43,7 +43,7 @@ func (z *testZone) Admin() storage.Admin {
 
 func (z *testZone) KeyInfo(ctx context.Context, key string) (KeyInfo, error) {
 	st, err := z.store.KeyState(ctx, z.info.Name, key, time.Minute)
-	return KeyInfo{Zone: z.info.Name, Key: key, Used: st.Counts.Current, Override: st.Override}, err
+	return KeyInfo{Zone: z.info.Name, Key: key, Used: st.Counts.Windows().Current, Override: st.Override}, err
 }
 
 func (z *testZone) Top(n int) ([]TopKey, int64) {
@@ -80,7 +80,7 @@ func (s *testStore) change(format string, args ...any) {
 func (s *testStore) KeyState(_ context.Context, zone, key string, _ time.Duration) (storage.KeyState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := storage.KeyState{Counts: algorithms.Counts{Current: 1}}
+	st := storage.KeyState{Counts: algorithms.WindowCounts{Current: 1}.Counts()}
 	if o, ok := s.overrides[zone+"/"+key]; ok {
 		st.Override = &o
 	}

@@ -318,8 +318,8 @@ func showZones(w io.Writer, answer []byte) error {
 	fmt.Fprintln(tw, "NAME\tALGORITHM\tLIMIT\tWINDOW\tSTORE\tDIAL\tINSTANCES")
 	for _, z := range zones {
 		window := z.Window
-		if z.Lease != "" {
-			window = z.Lease + " lease"
+		if z.Hold != "" {
+			window = z.Hold + " hold"
 		}
 		instances := "-"
 		if z.Instances > 0 {

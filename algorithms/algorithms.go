@@ -1,6 +1,6 @@
 // Package algorithms holds the rate-limiting arithmetic as pure functions of
 // (counts, now, limit, cost): no clocks, no I/O, no locks. Every store keeps
-// the same Counts and asks Decide for the answer, so the in-memory store and
+// the same Counts and has Decide compute the answer, so the in-memory store and
 // the Redis script agree on every decision.
 //
 // Time is counted in whole milliseconds since the Unix epoch and windows are
@@ -47,11 +47,11 @@ func (a Algorithm) Valid() bool {
 // window and its period usage can be observed.
 func (a Algorithm) Windowed() bool { return a == FixedWindow || a == SlidingTail }
 
-// Rate is how many cost units may be spent per Window: the limit, over
-// the window. For GCRA, Burst is how many may be spent at once (0: Units).
+// Rate is how many cost units may be taken per Window: the limit, over
+// the window. For GCRA, Burst is how many may be taken at once (0: Units).
 // For SlidingWindow, Buckets is how many sub-windows the window is cut
 // into. For Concurrency, Units is how many may be held at once and Window is
-// the lease: how long a shared store keeps units whose holder never
+// the hold: how long a shared store keeps units whose holder never
 // released them (an instance that died).
 type Rate struct {
 	Units  int64
@@ -90,15 +90,48 @@ func (l Rate) Validate() error {
 	return nil
 }
 
-// Counts is what a store keeps for one key: the cost spent in the window with
-// index Window (floor(now/window)) and in the window before it. GCRA keeps
-// its theoretical arrival time in the same three numbers (see gcraTAT), and
-// Concurrency the units held in Current.
+// Counts is what a store keeps for one key: three numbers, which the
+// store keeps as they are without reading them (the memory store in a
+// slot, the Redis store as the fields w, c and p of the key's hash, whose
+// names these are). What they stand for is the key's algorithm's, so its
+// code reads and makes them through a view of its own:
+//   - fixed_window and sliding_tail: WindowCounts (Windows);
+//   - gcra: its theoretical arrival time (see gcraTAT; TATMillis and
+//     TATLimit read its parts);
+//   - concurrency: the units held (Held).
+//
+// A sliding_window key keeps a Ring instead.
 type Counts struct {
+	W int64
+	C int64
+	P int64
+}
+
+// WindowCounts are a windowed key's counts, and a key's costs in flight
+// (see TakeInFlight): Current is the cost taken in the window with index
+// Window (floor(now/window)), Previous the cost taken in the window
+// before it.
+type WindowCounts struct {
 	Window   int64
 	Current  int64
 	Previous int64
 }
+
+// Windows reads c as a windowed key's counts.
+func (c Counts) Windows() WindowCounts {
+	return WindowCounts{Window: c.W, Current: c.C, Previous: c.P}
+}
+
+// Counts is w as a store keeps it.
+func (w WindowCounts) Counts() Counts {
+	return Counts{W: w.Window, C: w.Current, P: w.Previous}
+}
+
+// Held reads c as a concurrency key's counts: the units its requests hold.
+func (c Counts) Held() int64 { return c.C }
+
+// heldCounts is what a concurrency key holding units keeps.
+func heldCounts(units int64) Counts { return Counts{C: units} }
 
 // Decision is the answer for one request.
 type Decision struct {
@@ -118,14 +151,14 @@ type Decision struct {
 	RetryAt time.Time
 	// Rolled tells that the key's stored counts were of an earlier window
 	// than the request's: this request rolls the key into a new window,
-	// and Finished is what the key used in the last window it was charged
+	// and Finished is what the key used in the last window it was taken
 	// in. Stores write the roll only with an allowed request, so across a
 	// fleet exactly one allowed request reports each finished window.
 	Rolled   bool
 	Finished int64
 	// Window is the index of the window the request was decided in, in
-	// the clock of the store that decided it: what GiveBack needs to take
-	// the cost back from the same window, and InFlightWindow to tell
+	// the clock of the store that decided it: what Release needs to
+	// release the cost from the same window, and InFlightWindow to tell
 	// which of a key's costs in flight it was. A sliding window's is the
 	// sub-window's; a gcra decision's, the window's of the rate (which
 	// its TAT does not need); a concurrency decision has none.
@@ -136,7 +169,7 @@ type Decision struct {
 	BanEnds    time.Time
 	BanStarted bool
 	// InFlight tells, for a request rejected in a zone that bans and
-	// whose costs may be given back (count_status), that the key's
+	// whose costs may be released (count_status), that the key's
 	// settled count had room for it: only the costs of its requests
 	// still in flight filled the limit (see Settled). Such a refusal
 	// begins no ban, and, as a concurrency zone's, frees up when those
@@ -147,7 +180,7 @@ type Decision struct {
 
 // Ban returns d as a rejection while the key is banned until ends: not
 // allowed, nothing remaining, and a retry only once the ban is over,
-// which is also when the key's limit is next worth asking about (Reset).
+// which is also when the key's limit is next worth trying (Reset).
 func (d Decision) Ban(ends time.Time, started bool) Decision {
 	d.Allowed = false
 	d.Remaining = 0
@@ -167,13 +200,14 @@ func (d Decision) RefusedInFlight(now time.Time) Decision {
 // fits in l and returns the decision with the counts to store: c rolled
 // forward, plus cost when the request was allowed. A rejected request adds
 // nothing.
-func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decision, Counts) {
+func Decide(alg Algorithm, counts Counts, now time.Time, l Rate, cost int64) (Decision, Counts) {
 	switch alg {
 	case GCRA:
-		return decideGCRA(c, now, l, cost)
+		return decideGCRA(counts, now, l, cost)
 	case Concurrency:
-		return decideConcurrency(c, now, l, cost)
+		return decideConcurrency(counts, now, l, cost)
 	}
+	c := counts.Windows()
 	w := l.Window.Milliseconds()
 	nowMs := now.UnixMilli()
 	idx := WindowIndex(nowMs, w)
@@ -184,11 +218,11 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decisio
 		// length. Deciding as of that window would reset centuries from
 		// now; the counts start afresh, as they do when the window shrinks
 		// (the old index is then far behind).
-		c = Counts{}
+		c = WindowCounts{}
 	case c.Window > idx:
 		// The counts were written in the next window: a clock stepped
 		// back, or another request read the time after this one but
-		// charged first. Decide as of the start of their window rather
+		// took first. Decide as of the start of their window rather
 		// than forget what it counted.
 		idx, nowMs = c.Window, c.Window*w
 	}
@@ -216,55 +250,56 @@ func Decide(alg Algorithm, c Counts, now time.Time, l Rate, cost int64) (Decisio
 	}
 	d.Used = used
 	d.Remaining = max(l.Units-used, 0)
-	return d, c
+	return d, c.Counts()
 }
 
-// GiveBack returns the counts of a key after the cost of a request that d
-// allowed is taken back: the request is done and should not count
-// (count_status), or, for concurrency, has released its units. A windowed
-// cost comes off the window it was charged in, d.Window, whether that is
-// still the current window or has become the previous one; a cost charged
-// in an older window no longer counts and is left alone. A GCRA cost moves
+// Release returns the counts of a key after the cost of a request that d
+// allowed is released: the request is done and should not count
+// (count_status), or, for concurrency, no longer holds its units. A
+// windowed cost comes off the window it was taken in, d.Window, whether
+// that is still the current window or has become the previous one; a cost
+// taken in an older window no longer counts and is left alone. A GCRA cost moves
 // the TAT back by cost×window/limit, for the limit d was decided against,
 // as if the request had never come. No count goes below zero.
-func GiveBack(alg Algorithm, c Counts, d Decision, l Rate, cost int64) Counts {
+func Release(alg Algorithm, counts Counts, d Decision, l Rate, cost int64) Counts {
 	switch alg {
 	case Concurrency:
-		return Release(c, cost)
+		return releaseHeld(counts, cost)
 	case GCRA:
-		if c == (Counts{}) || d.Limit <= 0 {
-			return c // the key is gone: nothing to give back
+		if counts == (Counts{}) || d.Limit <= 0 {
+			return counts // the key is gone: nothing to release
 		}
-		tat := gcraTAT(c, d.Limit).sub(span(cost, l.Window.Milliseconds(), d.Limit), d.Limit)
+		tat := gcraTAT(counts, d.Limit).sub(span(cost, l.Window.Milliseconds(), d.Limit), d.Limit)
 		return gcraCounts(tat, d.Limit)
 	}
+	c := counts.Windows()
 	switch c.Window {
 	case d.Window:
 		c.Current = max(c.Current-cost, 0)
 	case d.Window + 1:
 		c.Previous = max(c.Previous-cost, 0)
 	}
-	return c
+	return c.Counts()
 }
 
 // Roll moves counts kept for window c.Window <= idx to the window with
 // index idx: the old current window becomes the previous one if it is
 // adjacent, and anything older is forgotten. (Decide never rolls counts
 // backwards.)
-func Roll(c Counts, idx int64) Counts {
+func Roll(c WindowCounts, idx int64) WindowCounts {
 	switch c.Window {
 	case idx:
 		return c
 	case idx - 1:
-		return Counts{Window: idx, Previous: c.Current}
+		return WindowCounts{Window: idx, Previous: c.Current}
 	default:
-		return Counts{Window: idx}
+		return WindowCounts{Window: idx}
 	}
 }
 
 // retryAt returns the first millisecond at which a request of the given cost
 // would be allowed, given counts c for window idx and nothing else counted.
-func retryAt(alg Algorithm, c Counts, idx, w, limit, cost int64) int64 {
+func retryAt(alg Algorithm, c WindowCounts, idx, w, limit, cost int64) int64 {
 	start, next := idx*w, (idx+1)*w
 	if cost > limit {
 		return next

@@ -37,7 +37,7 @@ func TestRetryAtIsFirstAllowedInstant(t *testing.T) {
 			for cur := int64(0); cur <= 7; cur++ {
 				for cost := int64(1); cost <= 7; cost++ {
 					for _, at := range []time.Duration{0, time.Millisecond, 1499 * time.Millisecond, 2999 * time.Millisecond} {
-						c := algorithms.Counts{Window: start.UnixMilli() / 3000, Current: cur, Previous: prev}
+						c := algorithms.WindowCounts{Window: start.UnixMilli() / 3000, Current: cur, Previous: prev}.Counts()
 						now := start.Add(at)
 						d, after := algorithms.Decide(alg, c, now, l, cost)
 						if d.Allowed {
@@ -72,7 +72,7 @@ func TestHugeNumbersDoNotOverflow(t *testing.T) {
 	w := l.Window.Milliseconds()
 	idx := vectors.Start.UnixMilli() / w
 	now := time.UnixMilli(idx*w + w/2)
-	c := algorithms.Counts{Window: idx - 1, Current: math.MaxInt32}
+	c := algorithms.WindowCounts{Window: idx - 1, Current: math.MaxInt32}.Counts()
 	d, _ := algorithms.Decide(algorithms.SlidingTail, c, now, l, 1)
 	// half of the previous window is still inside: floor(MaxInt32/2) used
 	if want := int64(math.MaxInt32/2) + 1; d.Used != want || !d.Allowed {
@@ -97,7 +97,7 @@ func BenchmarkDecide(b *testing.B) {
 	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
 		b.Run(string(alg), func(b *testing.B) {
 			b.ReportAllocs()
-			c := algorithms.Counts{Window: now.UnixMilli()/60000 - 1, Current: 1000}
+			c := algorithms.WindowCounts{Window: now.UnixMilli()/60000 - 1, Current: 1000}.Counts()
 			for b.Loop() {
 				_, c = algorithms.Decide(alg, c, now, l, 1)
 			}
@@ -106,7 +106,7 @@ func BenchmarkDecide(b *testing.B) {
 }
 
 // TestRolledReportsTheFinishedWindow: a decision that moves a key into a
-// new window reports what the key used in the last window it was charged
+// new window reports what the key used in the last window it was taken
 // in; a new key and a key within its window report no roll.
 func TestRolledReportsTheFinishedWindow(t *testing.T) {
 	rate := algorithms.Rate{Units: 10, Window: time.Minute}
@@ -180,7 +180,7 @@ func TestGCRARetryAtIsFirstAllowedInstant(t *testing.T) {
 	}
 }
 
-// TestGCRAKeepsTheRateExactly spends one unit at every first allowed
+// TestGCRAKeepsTheRateExactly takes one unit at every first allowed
 // instant, 5,000 times, at 3 per second with a burst of 2: the burst at
 // once, then the k-th unit at exactly ceil((k−1)·1000/3) ms, with no drift
 // from rounding. (With a burst of 1 a request that comes the fraction of a
@@ -232,15 +232,18 @@ func TestConcurrency(t *testing.T) {
 		}
 		c = next
 	}
-	if c.Current != 3 {
-		t.Fatalf("held %d, want 3", c.Current)
+	if c.Held() != 3 {
+		t.Fatalf("held %d, want 3", c.Held())
 	}
-	c = algorithms.Release(c, 2)
+	c = algorithms.Release(algorithms.Concurrency, c, algorithms.Decision{}, l, 2)
 	if d, _ := algorithms.Decide(algorithms.Concurrency, c, now, l, 2); !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("after release: %+v", d)
 	}
-	if c = algorithms.Release(algorithms.Release(c, 1), 1); c.Current != 0 {
-		t.Fatalf("released below zero: %d", c.Current)
+	release := func(c algorithms.Counts, units int64) algorithms.Counts {
+		return algorithms.Release(algorithms.Concurrency, c, algorithms.Decision{}, l, units)
+	}
+	if c = release(release(c, 1), 1); c.Held() != 0 {
+		t.Fatalf("released below zero: %d", c.Held())
 	}
 }
 
@@ -257,10 +260,10 @@ func BenchmarkDecideGCRA(b *testing.B) {
 	}
 }
 
-// TestGiveBackUndoesACharge: a cost given back right after it was charged
+// TestReleaseUndoesATake: a cost released right after it was taken
 // leaves the key deciding as if the request had never come, for every
 // algorithm and many states.
-func TestGiveBackUndoesACharge(t *testing.T) {
+func TestReleaseUndoesATake(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 27))
 	for _, alg := range []algorithms.Algorithm{algorithms.SlidingTail, algorithms.FixedWindow, algorithms.GCRA, algorithms.Concurrency} {
 		l := algorithms.Rate{Units: 9, Window: 3 * time.Second}
@@ -270,22 +273,22 @@ func TestGiveBackUndoesACharge(t *testing.T) {
 			now = now.Add(time.Duration(rng.IntN(700)) * time.Millisecond)
 			cost := int64(1 + rng.IntN(3))
 			before, _ := algorithms.Decide(alg, c, now, l, 0)
-			d, charged := algorithms.Decide(alg, c, now, l, cost)
+			d, taken := algorithms.Decide(alg, c, now, l, cost)
 			if !d.Allowed {
-				c = charged
+				c = taken
 				if alg == algorithms.Concurrency {
 					c = algorithms.Counts{}
 				}
 				continue
 			}
-			back := algorithms.GiveBack(alg, charged, d, l, cost)
+			back := algorithms.Release(alg, taken, d, l, cost)
 			after, _ := algorithms.Decide(alg, back, now, l, 0)
 			if after.Remaining != before.Remaining || after.Used != before.Used {
-				t.Fatalf("%s step %d: given back, remaining %d used %d; before the charge %d and %d",
+				t.Fatalf("%s step %d: released, remaining %d used %d; before the take %d and %d",
 					alg, i, after.Remaining, after.Used, before.Remaining, before.Used)
 			}
 			if rng.IntN(2) == 0 {
-				c = charged // keep some charges, so the key fills up
+				c = taken // keep some takes, so the key fills up
 			} else {
 				c = back
 			}
@@ -293,23 +296,23 @@ func TestGiveBackUndoesACharge(t *testing.T) {
 	}
 }
 
-// TestGiveBackWindows: a windowed cost comes off the window it was charged
+// TestReleaseWindows: a windowed cost comes off the window it was taken
 // in, current or since become the previous one, never off a later one,
 // and no count goes below zero.
-func TestGiveBackWindows(t *testing.T) {
+func TestReleaseWindows(t *testing.T) {
 	l := algorithms.Rate{Units: 10, Window: time.Second}
 	d := algorithms.Decision{Allowed: true, Window: 100}
 	for _, tc := range []struct {
 		name     string
-		in, want algorithms.Counts
+		in, want algorithms.WindowCounts
 	}{
-		{"same window", algorithms.Counts{Window: 100, Current: 5, Previous: 2}, algorithms.Counts{Window: 100, Current: 3, Previous: 2}},
-		{"now the previous window", algorithms.Counts{Window: 101, Current: 4, Previous: 5}, algorithms.Counts{Window: 101, Current: 4, Previous: 3}},
-		{"long gone", algorithms.Counts{Window: 102, Current: 4, Previous: 5}, algorithms.Counts{Window: 102, Current: 4, Previous: 5}},
-		{"never below zero", algorithms.Counts{Window: 100, Current: 1}, algorithms.Counts{Window: 100}},
-		{"a reset key", algorithms.Counts{}, algorithms.Counts{}},
+		{"same window", algorithms.WindowCounts{Window: 100, Current: 5, Previous: 2}, algorithms.WindowCounts{Window: 100, Current: 3, Previous: 2}},
+		{"now the previous window", algorithms.WindowCounts{Window: 101, Current: 4, Previous: 5}, algorithms.WindowCounts{Window: 101, Current: 4, Previous: 3}},
+		{"long gone", algorithms.WindowCounts{Window: 102, Current: 4, Previous: 5}, algorithms.WindowCounts{Window: 102, Current: 4, Previous: 5}},
+		{"never below zero", algorithms.WindowCounts{Window: 100, Current: 1}, algorithms.WindowCounts{Window: 100}},
+		{"a reset key", algorithms.WindowCounts{}, algorithms.WindowCounts{}},
 	} {
-		if got := algorithms.GiveBack(algorithms.FixedWindow, tc.in, d, l, 2); got != tc.want {
+		if got := algorithms.Release(algorithms.FixedWindow, tc.in.Counts(), d, l, 2).Windows(); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
 	}
@@ -335,12 +338,12 @@ func TestSettled(t *testing.T) {
 	now := vectors.Start.Add(90 * time.Second) // in window 1 of a minute
 	minute := algorithms.Rate{Units: 10, Window: time.Minute}
 	w := algorithms.WindowIndex(vectors.Start.UnixMilli(), time.Minute.Milliseconds())
-	inFlight := algorithms.TakeInFlight(algorithms.TakeInFlight(algorithms.Counts{}, w, 2), w+1, 3)
-	if want := (algorithms.Counts{Window: w + 1, Current: 3, Previous: 2}); inFlight != want {
+	inFlight := algorithms.TakeInFlight(algorithms.TakeInFlight(algorithms.WindowCounts{}, w, 2), w+1, 3)
+	if want := (algorithms.WindowCounts{Window: w + 1, Current: 3, Previous: 2}); inFlight != want {
 		t.Fatalf("in flight %+v, want %+v", inFlight, want)
 	}
-	counts := algorithms.Counts{Window: w + 1, Current: 4, Previous: 5}
-	if got, want := algorithms.Settled(algorithms.SlidingTail, counts, inFlight, now, minute), (algorithms.Counts{Window: w + 1, Current: 1, Previous: 3}); got != want {
+	counts := algorithms.WindowCounts{Window: w + 1, Current: 4, Previous: 5}.Counts()
+	if got, want := algorithms.Settled(algorithms.SlidingTail, counts, inFlight, now, minute).Windows(), (algorithms.WindowCounts{Window: w + 1, Current: 1, Previous: 3}); got != want {
 		t.Errorf("sliding tail settled %+v, want %+v", got, want)
 	}
 	if got := algorithms.Settled(algorithms.FixedWindow, algorithms.Counts{}, inFlight, now, minute); got != (algorithms.Counts{}) {
@@ -356,7 +359,7 @@ func TestSettled(t *testing.T) {
 
 	gcra := algorithms.Rate{Units: 2, Window: time.Minute}
 	d, tat := algorithms.Decide(algorithms.GCRA, algorithms.Counts{}, now, gcra, 2)
-	one := algorithms.TakeInFlight(algorithms.Counts{}, d.Window, 1)
+	one := algorithms.TakeInFlight(algorithms.WindowCounts{}, d.Window, 1)
 	if after, _ := algorithms.Decide(algorithms.GCRA, algorithms.Settled(algorithms.GCRA, tat, one, now, gcra), now, gcra, 0); after.Remaining != 1 {
 		t.Errorf("gcra bucket emptied by 2, one in flight: %d remaining settled, want 1", after.Remaining)
 	}
@@ -364,13 +367,13 @@ func TestSettled(t *testing.T) {
 	// Two windows on, the costs taken in window w are forgotten; the end
 	// of one of them leaves the costs of window w+2 alone.
 	later := algorithms.TakeInFlight(inFlight, w+2, 1)
-	if want := (algorithms.Counts{Window: w + 2, Current: 1, Previous: 3}); later != want {
+	if want := (algorithms.WindowCounts{Window: w + 2, Current: 1, Previous: 3}); later != want {
 		t.Fatalf("in flight two windows on %+v, want %+v", later, want)
 	}
 	if got := algorithms.EndInFlight(later, w, 2); got != later {
 		t.Errorf("the end of a cost of window %d took %+v to %+v", w, later, got)
 	}
-	if got, want := algorithms.EndInFlight(later, w+1, 5), (algorithms.Counts{Window: w + 2, Current: 1}); got != want {
+	if got, want := algorithms.EndInFlight(later, w+1, 5), (algorithms.WindowCounts{Window: w + 2, Current: 1}); got != want {
 		t.Errorf("the end of a cost of the previous window: %+v, want %+v (never below zero)", got, want)
 	}
 }

@@ -7,7 +7,7 @@ import "time"
 // Nothing frees up at a known instant, so a rejection's RetryAt is now:
 // no cache may hold it, and clients are told to retry in a second.
 func decideConcurrency(c Counts, now time.Time, l Rate, cost int64) (Decision, Counts) {
-	held := max(c.Current, 0)
+	held := max(c.Held(), 0)
 	d := Decision{Limit: l.Units, Reset: now}
 	if held+cost <= l.Units {
 		d.Allowed = true
@@ -17,11 +17,11 @@ func decideConcurrency(c Counts, now time.Time, l Rate, cost int64) (Decision, C
 	}
 	d.Used = held
 	d.Remaining = max(l.Units-held, 0)
-	return d, Counts{Current: held}
+	return d, heldCounts(held)
 }
 
-// Release returns the counts of a concurrency key after a request that
-// held cost units is done. The count never goes below zero.
-func Release(c Counts, cost int64) Counts {
-	return Counts{Current: max(c.Current-cost, 0)}
+// releaseHeld returns the counts of a concurrency key after a request
+// that held cost units is done. The count never goes below zero.
+func releaseHeld(c Counts, cost int64) Counts {
+	return heldCounts(max(c.Held()-cost, 0))
 }

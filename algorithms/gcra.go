@@ -68,23 +68,32 @@ func span(n, window, limit int64) fracTime {
 	return fracTime{q, r}
 }
 
-// gcraTAT reads the TAT a store keeps in Counts: Window holds its whole
-// milliseconds, Current its fraction in units of 1/Previous ms. An empty
-// Counts is the epoch, which is the past.
+// gcraTAT reads the TAT a store keeps in Counts, for limit: W holds its
+// whole milliseconds, C its fraction in units of 1/P ms, P being the limit
+// it was computed for (TATLimit), which the fraction is rescaled from. An
+// empty Counts is the epoch, which is the past.
 func gcraTAT(c Counts, limit int64) fracTime {
-	if c.Previous <= 0 || c.Current <= 0 {
-		return fracTime{c.Window, 0}
+	if c.P <= 0 || c.C <= 0 {
+		return fracTime{c.W, 0}
 	}
-	if c.Previous == limit {
-		return fracTime{c.Window, c.Current}
+	if c.P == limit {
+		return fracTime{c.W, c.C}
 	}
-	f, _ := mulDivMod(c.Current, limit, c.Previous)
-	return fracTime{c.Window, min(f, limit-1)}
+	f, _ := mulDivMod(c.C, limit, c.P)
+	return fracTime{c.W, min(f, limit-1)}
 }
 
+// gcraCounts is what a gcra key whose TAT is tat, for limit, keeps.
 func gcraCounts(tat fracTime, limit int64) Counts {
-	return Counts{Window: tat.ms, Current: tat.frac, Previous: limit}
+	return Counts{W: tat.ms, C: tat.frac, P: limit}
 }
+
+// TATMillis reads c as a gcra key's counts: its TAT's whole milliseconds.
+func (c Counts) TATMillis() int64 { return c.W }
+
+// TATLimit reads c as a gcra key's counts: the limit its TAT was computed
+// for, the last the key was decided against (0 for an empty key).
+func (c Counts) TATLimit() int64 { return c.P }
 
 // BurstFor returns the units a GCRA bucket holds for a request decided
 // against limit: the rate's Burst, or by default the limit itself.
@@ -140,7 +149,7 @@ func max2(a, b fracTime) fracTime {
 
 // Interval returns n·window/limit, the time n units take to accrue at
 // the rate of limit per window, as whole milliseconds and a fraction in
-// units of 1/limit ms: the amount a GCRA charge of n moved the TAT.
+// units of 1/limit ms: the amount a GCRA take of n moved the TAT.
 func Interval(n int64, window time.Duration, limit int64) (ms, frac int64) {
 	s := span(n, window.Milliseconds(), limit)
 	return s.ms, s.frac

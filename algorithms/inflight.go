@@ -2,11 +2,11 @@ package algorithms
 
 import "time"
 
-// A zone that gives a request's cost back after its response unless the
+// A zone that releases a request's cost after its response unless the
 // response's status is counted (count_status) takes the cost at
 // admission, so that concurrent attempts can never use more than the
 // limit. A browser that loads a page's eight assets with the right
-// password then fills a limit of five with costs that will all come back.
+// password then fills a limit of five with costs that will all be released.
 // If that zone also bans, only its settled count, the costs kept after
 // their responses, may begin a ban: a request the limit refuses while the
 // settled count alone has room for it was refused only for costs in
@@ -18,7 +18,7 @@ import "time"
 // and not yet done, Previous those taken in window Window-1. A cost taken
 // earlier has left the key's counts, whatever the algorithm (a sliding
 // tail counts a window's costs until the next window ends; a sliding
-// window's sub-windows leave sooner; a gcra charge has drained from the
+// window's sub-windows leave sooner; a gcra take has drained from the
 // bucket within a window when the burst is at most the limit, as by
 // default), so it is forgotten: a cost a store took and never heard back
 // about (an instance that died, an answer lost) stops weighing on the
@@ -40,7 +40,7 @@ func InFlightWindow(alg Algorithm, d Decision, l Rate) int64 {
 
 // TakeInFlight returns a key's costs in flight p after a request taken in
 // window adds cost to them.
-func TakeInFlight(p Counts, window, cost int64) Counts {
+func TakeInFlight(p WindowCounts, window, cost int64) WindowCounts {
 	switch {
 	case p.Window < window:
 		p = Roll(p, window)
@@ -56,7 +56,7 @@ func TakeInFlight(p Counts, window, cost int64) Counts {
 // EndInFlight returns a key's costs in flight p once a request taken in
 // window, whose cost was cost, is done: its cost comes off the window it
 // was taken in, if that is still remembered. No count goes below zero.
-func EndInFlight(p Counts, window, cost int64) Counts {
+func EndInFlight(p WindowCounts, window, cost int64) WindowCounts {
 	switch p.Window {
 	case window:
 		p.Current = max(p.Current-cost, 0)
@@ -70,28 +70,29 @@ func EndInFlight(p Counts, window, cost int64) Counts {
 // requests in flight, as stored: the counts the key would have if those
 // requests had not come, for Decide to judge. Windowed costs come off the
 // windows they were taken in; a gcra TAT moves back by the costs in
-// flight, as GiveBack moves it, for the limit l.Units.
-func Settled(alg Algorithm, c, p Counts, now time.Time, l Rate) Counts {
+// flight, as Release moves it, for the limit l.Units.
+func Settled(alg Algorithm, counts Counts, p WindowCounts, now time.Time, l Rate) Counts {
 	if alg == GCRA {
 		units := inFlightUnits(p, now, l)
 		if units == 0 {
-			return c
+			return counts
 		}
-		return GiveBack(GCRA, c, Decision{Limit: l.Units}, l, units)
+		return Release(GCRA, counts, Decision{Limit: l.Units}, l, units)
 	}
+	c := counts.Windows()
 	if p.Window > c.Window {
-		// Costs in flight taken after the counts were last charged: the
+		// Costs in flight taken in a later window than the counts': the
 		// counts were forgotten (a reset), and hold none of them.
-		return c
+		return counts
 	}
 	p = Roll(p, c.Window)
-	return Counts{Window: c.Window, Current: max(c.Current-p.Current, 0), Previous: max(c.Previous-p.Previous, 0)}
+	return WindowCounts{Window: c.Window, Current: max(c.Current-p.Current, 0), Previous: max(c.Previous-p.Previous, 0)}.Counts()
 }
 
 // SettledRing returns a sliding window key's ring r, as stored, less the
 // costs p of its requests in flight, taken off the newest sub-windows
 // first: those of requests still in flight are the most recent.
-func SettledRing(r Ring, p Counts, now time.Time, l Rate) Ring {
+func SettledRing(r Ring, p WindowCounts, now time.Time, l Rate) Ring {
 	units := inFlightUnits(p, now, l)
 	n := int64(r.Buckets)
 	for k := r.Index; units > 0 && r.Buckets > 0 && k > r.Index-n-1; k-- {
@@ -104,7 +105,7 @@ func SettledRing(r Ring, p Counts, now time.Time, l Rate) Ring {
 }
 
 // inFlightUnits returns the costs in flight p remembers at now.
-func inFlightUnits(p Counts, now time.Time, l Rate) int64 {
+func inFlightUnits(p WindowCounts, now time.Time, l Rate) int64 {
 	if idx := WindowIndex(now.UnixMilli(), l.Window.Milliseconds()); p.Window < idx {
 		p = Roll(p, idx)
 	}

@@ -153,10 +153,10 @@ func DecideRing(r Ring, now time.Time, l Rate, cost int64) (Decision, Ring) {
 	return d, r
 }
 
-// GiveBackRing returns r after the cost of a request that d allowed is
-// taken back from the sub-window it was charged in, d.Window, if that
+// ReleaseRing returns r after the cost of a request that d allowed is
+// released from the sub-window it was taken in, d.Window, if that
 // still counts. No count goes below zero.
-func GiveBackRing(r Ring, d Decision, cost int64) Ring {
+func ReleaseRing(r Ring, d Decision, cost int64) Ring {
 	n := int64(r.Buckets)
 	if r.Buckets == 0 || d.Window > r.Index || r.Index-d.Window > n {
 		return r

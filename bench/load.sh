@@ -34,20 +34,20 @@
 #   memory_sliding_window_many_keys  memory_many_keys with algorithm
 #                     sliding_window
 #   memory_concurrency  memory_allowed with algorithm concurrency (each
-#                     request takes a unit and gives it back)
-#   redis_concurrency  the same on Redis: a take and a give-back a request
+#                     request takes a unit and releases it)
+#   redis_concurrency  the same on Redis: a take and a release a request
 #   memory_count_status  memory_allowed with count_status 5xx: every answer
-#                     is a 200, so every request's cost is given back after
-#                     its response (what the give-back costs; compare the two)
+#                     is a 200, so every request's cost is released after
+#                     its response (what the release costs; compare the two)
 #   memory_rejected   rate_limit, memory store, every request answered 429
 #   memory_many_keys  rate_limit, memory store, 100,000 distinct keys
 #                     (X-Key header drawn at random by wrk), all allowed
 #   redis_allowed     rate_limit, Redis store, one key, every request allowed
 #   redis_lease_allowed  redis_allowed with lease on
-#   redis_count_status  redis_allowed with count_status 5xx: a refund call
+#   redis_count_status  redis_allowed with count_status 5xx: a release call
 #                     after each response
-#   redis_lease_count_status  redis_count_status with lease on: the costs go
-#                     back into the lease
+#   redis_lease_count_status  redis_count_status with lease on: the costs are
+#                     released into the lease
 #   redis_many_keys   rate_limit, Redis store, 10,000 distinct keys drawn at
 #                     random, all allowed
 #   redis_many_keys_lease  redis_many_keys with lease on
@@ -513,7 +513,7 @@ CADDY
 fi
 
 # bytes_per_key: RSS growth of the memory store between 20,000 and 200,000
-# distinct keys, each charged once, for each algorithm.
+# distinct keys, each taken once, for each algorithm.
 if [[ $BYTES == 1 ]]; then
 	go build -o "$OUT/keys" ./bench/keys
 	echo

@@ -140,7 +140,7 @@ func testAdminAPI(t *testing.T, base, zone, store string, send func(client strin
 		}{
 			{`{"mode": "off"}`, []int{200, 200}},
 			{`{"mode": "dry_run"}`, []int{200, 200}},
-			// dry-run requests over the limit were not charged: 2 counted of 6
+			// dry-run requests over the limit took nothing: 2 counted of 6
 			{`{"mode": "enforce", "limit": 6, "ttl": "1h"}`, []int{200, 200, 200, 200, 429}},
 		} {
 			if code, body := adminJSON(t, base, http.MethodPut, "/rate_limit/zones/"+zone+"/dial", c.body); code != 200 {

@@ -28,7 +28,7 @@ func concurrencySite(upstream, extra string) string {
 }
 
 // TestConcurrencyThroughCaddy: with limit 2 and a slow upstream, 6
-// requests at once get exactly 2 through; the units come back after the
+// requests at once get exactly 2 through; the units are released after the
 // responses and after clients give up.
 func TestConcurrencyThroughCaddy(t *testing.T) {
 	g := newGate(t)
@@ -74,7 +74,7 @@ func TestConcurrencyThroughCaddy(t *testing.T) {
 }
 
 // TestConcurrencyMaxDelay: with max_delay a request over the limit waits
-// for units and is served when one comes back, not rejected.
+// for units and is served when one is released, not rejected.
 func TestConcurrencyMaxDelay(t *testing.T) {
 	g := newGate(t)
 	startCaddy(t, concurrencySite(g.url, "\t\t\tmax_delay 20s"))

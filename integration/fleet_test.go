@@ -88,10 +88,10 @@ func TestRedisFleetExact(t *testing.T) {
 
 // TestRedisConcurrencyFleet: two instances sharing Redis, standalone and
 // cluster, hold limit 2 between them exactly: 6 requests at once through
-// a slow upstream, 2 served and 4 rejected; every unit comes back, also
+// a slow upstream, 2 served and 4 rejected; every unit is released, also
 // after 1,000 requests with random client aborts.
 func TestRedisConcurrencyFleet(t *testing.T) {
-	zone := "\t\t\tkey {header.X-Client}\n\t\t\tlimit 2\n\t\t\talgorithm concurrency\n\t\t\tlease 1m"
+	zone := "\t\t\tkey {header.X-Client}\n\t\t\tlimit 2\n\t\t\talgorithm concurrency\n\t\t\thold 1m"
 	// holders counts the holders Redis keeps for key (nil on a cluster,
 	// whose nodes the test does not ask).
 	run := func(t *testing.T, store string, holders func(key string) string) {
@@ -334,11 +334,11 @@ func sum(ns []int64) int64 {
 }
 
 // TestRedisFleetLeases: three instances with lease on, on one Redis and on
-// a 3-master cluster. A key that every instance asks for beyond its limit
+// a 3-master cluster. A key that every instance requests beyond its limit
 // is admitted no more than its limit, and at least 98% of it; Redis counts
 // exactly what was admitted. A burst of 150 at once admits no more than
-// the limit either, and once the leases have gone back Redis counts what
-// was admitted. Every instance counts the fleet (N = 3).
+// the limit either, and once the leases have been released Redis counts
+// what was admitted. Every instance counts the fleet (N = 3).
 func TestRedisFleetLeases(t *testing.T) {
 	const limit = 300
 	run := func(t *testing.T, store string, counted func(key string) int64) {
@@ -360,19 +360,19 @@ func TestRedisFleetLeases(t *testing.T) {
 		if codes[200] > limit || codes[200]+codes[429] != 450 {
 			t.Fatalf("a burst of 450: %v", codes)
 		}
-		waitFor(t, "the leases of the burst to go back", func() bool { return counted("burst") == int64(codes[200]) })
+		waitFor(t, "the leases of the burst to be released", func() bool { return counted("burst") == int64(codes[200]) })
 
-		var taken, spent int
+		var leased, taken int
 		for _, in := range fleet {
 			if got := metricValue(t, in.admin, `caddy_http_rate_limit_fleet_instances{store="redis"}`); got != "3" {
 				t.Errorf("%s: fleet_instances %q, want 3", in.admin, got)
 			}
+			leased += metricCount(t, in.admin, `caddy_http_rate_limit_lease_units_total{outcome="leased",zone="fleet"}`)
 			taken += metricCount(t, in.admin, `caddy_http_rate_limit_lease_units_total{outcome="taken",zone="fleet"}`)
-			spent += metricCount(t, in.admin, `caddy_http_rate_limit_lease_units_total{outcome="spent",zone="fleet"}`)
 		}
-		t.Logf("lease units: %d taken, %d spent", taken, spent)
-		if spent == 0 || taken < spent {
-			t.Fatalf("lease units: %d taken, %d spent; want leases spent, none before taken", taken, spent)
+		t.Logf("lease units: %d leased, %d taken", leased, taken)
+		if taken == 0 || leased < taken {
+			t.Fatalf("lease units: %d leased, %d taken; want leases taken from, none before leased", leased, taken)
 		}
 	}
 	t.Run("standalone", func(t *testing.T) {
@@ -392,10 +392,10 @@ func TestRedisFleetLeases(t *testing.T) {
 }
 
 // TestRedisFleetSlidingWindowLeases: a sliding_window zone with lease on,
-// three instances on one Redis, leases spent only in the sub-window they
-// were counted in. A key every instance asks for beyond its limit is
+// three instances on one Redis, leases taken from only in the sub-window
+// they were counted in. A key every instance requests beyond its limit is
 // admitted no more than its limit, and at least 98% of it; the app sees
-// exactly the admitted requests; once the leases have gone back, the
+// exactly the admitted requests; once the leases have been released, the
 // key's ring in Redis counts exactly them.
 func TestRedisFleetSlidingWindowLeases(t *testing.T) {
 	const limit = 300
@@ -423,7 +423,7 @@ func TestRedisFleetSlidingWindowLeases(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "the leases to go back", func() bool { return ring() == total })
+	waitFor(t, "the leases to be released", func() bool { return ring() == total })
 }
 
 // hashCount reads the c field of a counter hash on s.
@@ -553,7 +553,7 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 	fleetWide := func(t *testing.T, since time.Time) {
 		t.Helper()
 		for i, in := range fleet {
-			waitFor(t, in.url+" to ask Redis again", func() bool {
+			waitFor(t, in.url+" to take in Redis again", func() bool {
 				resp, _ := do(t, http.MethodGet, in.url, fmt.Sprintf("X-Client: probe-%d-%d", i, time.Now().UnixNano()))
 				return resp.StatusCode == http.StatusOK && resp.Header.Get("X-RateLimit-Limit") == "30"
 			})
@@ -599,11 +599,11 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 }
 
 // TestRedisFleetInstanceDiesHoldingLease: an instance killed while it
-// holds a lease takes its unspent units with it: they stay counted in
+// holds a lease takes its untaken units with it: they stay counted in
 // Redis, so the fleet admits that many fewer in the window, and never
 // more than the limit. The loss is at most one lease: a 2N-th of what was
 // left when it was taken, plus the requests the dying instance had
-// spent units on but never answered.
+// taken units for but never answered.
 func TestRedisFleetInstanceDiesHoldingLease(t *testing.T) {
 	const limit, workers = 600, 4
 	s := redistest.Standalone(t)

@@ -18,11 +18,11 @@ import (
 // keys through every per-key structure on the request path, and shows by
 // their counts that none grows with the keys:
 //
-//   - /mem: each key is charged in a memory zone (the store's keys, bound
+//   - /mem: each key is taken in a memory zone (the store's keys, bound
 //     by max_keys), then refused and banned by a second zone (the bans,
 //     the rate_limit_exceeded events' dedup), with three overrides in
 //     force; both zones count the key in their top keys.
-//   - /redis: each key asks a Redis zone with lease on (a key seen once
+//   - /redis: each key takes in a Redis zone with lease on (a key seen once
 //     leaves no lease record) and a zone with room for one request. The
 //     last 100,000 keys come twice: the second request makes a lease
 //     record (at most 16,384) and is refused by the second zone, which the
@@ -133,13 +133,13 @@ func TestMillionKeysStayBounded(t *testing.T) {
 		store, kind string
 		least, most int
 	}{
-		// Every key was charged in flood_keys; the store keeps its bound.
+		// Every key was taken in flood_keys; the store keeps its bound.
 		{"memory", "keys", 1, storeBound},
 		// Bans are kept up to the store's bound too, the first to end
 		// going first.
 		{"memory", "bans", 1, storeBound},
 		{"memory", "overrides", 3, 3},
-		// The lease table: records only for keys asked for twice, at most
+		// The lease table: records only for keys requested twice, at most
 		// 16,384 (docs/redis.md).
 		{"redis", "leases", 1, 16_384},
 		{"redis", "denials", 1, 65_536},

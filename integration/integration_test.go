@@ -138,7 +138,7 @@ func TestCostPerMethod(t *testing.T) {
 		{http.MethodOptions, 200, "6"},
 		{http.MethodGet, 200, "4"},
 		{http.MethodPost, 200, "0"},
-		{http.MethodOptions, 200, "0"}, // free even when the budget is spent
+		{http.MethodOptions, 200, "0"}, // free even when the budget is all taken
 		{http.MethodGet, 429, "0"},
 	}
 	for i, s := range steps {
@@ -313,7 +313,7 @@ func TestMultipleZones(t *testing.T) {
 	resp, _ = do(t, http.MethodGet, siteURL+"/other")
 	status(t, resp, http.StatusOK)
 	if got := resp.Header.Get("X-RateLimit-Used"); got != "2" {
-		t.Fatalf("wide zone used %s, want 2: rejected requests were charged", got)
+		t.Fatalf("wide zone used %s, want 2: rejected requests were taken", got)
 	}
 	if a.hits.Load() != 2 {
 		t.Fatalf("app saw %d", a.hits.Load())

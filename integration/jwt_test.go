@@ -191,7 +191,7 @@ func TestJWTRejectedTokensFallBackToIP(t *testing.T) {
 }
 
 // TestJWTForgedTokenDoesNotEscapeAnExhaustedIP: once the IP's bucket is
-// spent, a forged token is rejected with it, while a real user is not.
+// empty, a forged token is rejected with it, while a real user is not.
 func TestJWTForgedTokenDoesNotEscapeAnExhaustedIP(t *testing.T) {
 	t.Setenv(jwtSecretEnv, jwtSecret)
 	startCaddy(t, jwtUserSite(t, jwtZone("jwt_exhausted"), "2"))
@@ -508,7 +508,7 @@ func TestJWTCustomerWideLimit(t *testing.T) {
 	send := func(apiKey, token string) int {
 		return jwtGet(t, siteURL+"/", "X-Api-Key: "+apiKey, token).status
 	}
-	// Key A spends its 4; its 5th is rejected by per_key and costs the
+	// Key A takes its 4; its 5th is rejected by per_key and costs the
 	// customer nothing.
 	for i := 1; i <= 5; i++ {
 		want := http.StatusOK

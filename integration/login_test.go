@@ -203,7 +203,7 @@ func loginsAtOnce(fleet []instance, password string, n int) <-chan result {
 // password from a key with a limit of five failures. The five admitted
 // fill the limit while the app holds them; the other three are refused
 // with Retry-After: 1, for costs in flight, and ban nothing: once the
-// five are done, their costs come back and the right password passes.
+// five are done, their costs are released and the right password passes.
 func testInFlightIsNoBan(t *testing.T, fleet []instance, app *gate) {
 	const key = "127.0.0.1"
 	answers := loginsAtOnce(fleet, "right", 8)
@@ -339,8 +339,8 @@ func TestLoginsPageLoadRedisFleet(t *testing.T) {
 }
 
 // TestRedisFleetCountStatusLeases: three instances with lease on and a
-// zone that counts only 5xx. Successful requests of a hot key are given
-// back into the leases without calls and leave nothing counted; failing
+// zone that counts only 5xx. Successful requests of a hot key are
+// released into the leases without calls and leave nothing counted; failing
 // ones get through at most the limit, and Redis ends counting exactly the
 // failures that got through.
 func TestRedisFleetCountStatusLeases(t *testing.T) {
@@ -396,13 +396,13 @@ func TestRedisFleetCountStatusLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	given := 0
+	released := 0
 	for _, in := range fleet {
-		given += metricCount(t, in.admin, `caddy_http_rate_limit_lease_units_total{outcome="given_back",zone="fleet"}`)
+		released += metricCount(t, in.admin, `caddy_http_rate_limit_lease_units_total{outcome="released_to_lease",zone="fleet"}`)
 	}
-	t.Logf("%d successful requests: %d script calls, %d units given back into leases", ok, calls, given)
-	if calls*5 > ok || given == 0 {
-		t.Fatalf("%d script calls and %d units given back into leases for %d successes: the give-backs do not use the leases", calls, given, ok)
+	t.Logf("%d successful requests: %d script calls, %d units released into leases", ok, calls, released)
+	if calls*5 > ok || released == 0 {
+		t.Fatalf("%d script calls and %d units released into leases for %d successes: the releases do not use the leases", calls, released, ok)
 	}
 	waitUsed(t, fleet[0].admin, "fleet", "hot", 0)
 

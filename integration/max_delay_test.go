@@ -113,7 +113,7 @@ func TestMaxDelay(t *testing.T) {
 	})
 	t.Run("held_only_as_long_as_every_zone_allows", func(t *testing.T) {
 		// pair_short would hold a request for up to 2 s, pair_long for up
-		// to 2 h. Once both are spent, the request would have to wait for
+		// to 2 h. Once both are taken, the request would have to wait for
 		// pair_long's hour, which is beyond pair_short's max_delay.
 		resp, _ := do(t, http.MethodGet, siteURL+"/pair")
 		status(t, resp, http.StatusOK)
@@ -132,7 +132,7 @@ func TestMaxDelay(t *testing.T) {
 		}
 	})
 	t.Run("disconnect_releases_and_consumes_nothing", func(t *testing.T) {
-		// Spend this window, then park one request and walk away.
+		// Take this window's slot, then park one request and walk away.
 		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
 		resp, _ := do(t, http.MethodGet, siteURL+"/")
 		status(t, resp, http.StatusOK)
@@ -141,7 +141,7 @@ func TestMaxDelay(t *testing.T) {
 			t.Fatalf("parked request answered before its client gave up: %+v", r)
 		}
 		// max_waiting is 1: while the walked-away request holds its slot,
-		// the next is rejected at once (which charges nothing). Once the
+		// the next is rejected at once (which takes nothing). Once the
 		// server has noticed the disconnect, the slot is free again and a
 		// request waits for the next window.
 		waitFor(t, "the walked-away request to free its slot", func() bool {
@@ -153,7 +153,7 @@ func TestMaxDelay(t *testing.T) {
 			t.Fatalf("app saw %d requests after the disconnect, want 1", got)
 		}
 		// The abandoned request consumed nothing: the one that waited got
-		// the next window's only slot and reports it spent exactly once.
+		// the next window's only slot and reports it taken exactly once.
 		if used := resp.Header.Get("X-RateLimit-Used"); used != "1" {
 			t.Fatalf("used %s in the new window, want 1", used)
 		}

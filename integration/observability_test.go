@@ -158,7 +158,7 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
-// TestPeriodUsage: once a key's window has finished, the charge that moves
+// TestPeriodUsage: once a key's window has finished, the take that moves
 // it into the next window observes the share of the limit it used, with
 // either store.
 func TestPeriodUsage(t *testing.T) {

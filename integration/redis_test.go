@@ -188,7 +188,7 @@ func TestRedisFailure(t *testing.T) {
 		sort.Slice(fast, func(i, j int) bool { return fast[i] < fast[j] })
 		median := fast[len(fast)/2]
 		// Durations depend on the machine, so they are logged, not
-		// asserted; storage's TestRedisTimeoutAndBreaker shows why each
+		// asserted; the Redis store's TestRedisTimeoutAndBreaker shows why each
 		// request failed (timeout, refused, breaker open).
 		t.Logf("first 3 requests took %v; then median %v (breaker open)", slowest, median)
 	}
@@ -283,8 +283,8 @@ func TestRedisFailure(t *testing.T) {
 // random 0 to 3 ms, as clients going away under load do. They give up
 // while queued for a shared script call, while it is in flight and after
 // it answered. Caddy must stay up (a request's arguments are read by its
-// call until it answers; see TestRedisSentRequestHeldUntilAnswered in
-// storage), every request answered 200 must be counted, and no more than
+// call until it answers; see the Redis store's
+// TestRedisSentRequestHeldUntilAnswered), every request answered 200 must be counted, and no more than
 // were sent.
 func TestRedisClientsGoingAway(t *testing.T) {
 	s := redistest.Standalone(t)

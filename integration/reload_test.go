@@ -222,8 +222,8 @@ func TestReloadLongerWindow(t *testing.T) {
 			} else if code, body := reload(t, fmt.Sprintf(site, alg, "1m")); code != http.StatusOK {
 				t.Fatalf("reload: %d %s", code, body)
 			}
-			// Spend the key's limit (a fixed window may roll over between
-			// these, which spends it all the same by the third).
+			// Take the key's limit (a fixed window may roll over between
+			// these, which takes it all the same by the third).
 			for range 3 {
 				do(t, http.MethodGet, siteURL+"/")
 			}

@@ -24,7 +24,7 @@ import (
 // Namespace is the Caddy module namespace of stores.
 const Namespace = "http.handlers.rate_limit.stores"
 
-// Request asks for Cost units of Key's budget in Zone. Key has been
+// Request takes Cost units of Key's budget in Zone. Key has been
 // bounded by BoundKey; stores keep it as it is.
 type Request struct {
 	Zone      string
@@ -34,23 +34,23 @@ type Request struct {
 	Cost      int64
 	// Holder tells apart, for a concurrency request, the requests of this
 	// process that hold units of one key at once: a shared store keeps
-	// each holder with its own lease, and Release names it.
+	// each holder with its own hold, and Release names it.
 	Holder uint64
 	// Ban, if set, bans the key for that long the first time this zone
 	// rejects it: until the ban ends, every request of the key in the
 	// zone is rejected, whatever its counts. Stores honour a ban only for
 	// requests that carry one, so a zone whose ban is removed (or a dry
-	// run) is never refused by one. With GivesBack, only the key's
+	// run) is never refused by one. With Releasable, only the key's
 	// settled count may begin a ban (see TracksInFlight).
 	Ban time.Duration
-	// GivesBack tells that the handler may give the cost back once the
+	// Releasable tells that the handler may release the cost once the
 	// request is done (count_status): the key's counts can fall before
 	// time frees them, so a store may not take one rejection as standing
 	// for the next (a remote store's cache of rejections), unless the key
 	// is banned.
-	GivesBack bool
+	Releasable bool
 	// Counted, in a Release of a request that TracksInFlight, tells that
-	// its response was one the zone counts: its cost stays charged, and
+	// its response was one the zone counts: its cost stays taken, and
 	// is only no longer in flight.
 	Counted bool
 }
@@ -58,42 +58,42 @@ type Request struct {
 // TracksInFlight reports whether a store keeps q's cost, once allowed,
 // as in flight until its Release, which the handler then calls whatever
 // the response (with Counted if its cost stays). Only a zone that bans
-// and gives costs back needs to: a request it rejects begins a ban only
+// and releases costs needs to: a request it rejects begins a ban only
 // if the key's settled count, the costs kept after their responses,
 // leaves it no room (algorithms.Settled); one refused only for costs
 // still in flight is marked so (Decision.InFlight), and bans nothing.
 func (q Request) TracksInFlight() bool {
-	return q.GivesBack && q.Ban > 0 && q.Cost > 0
+	return q.Releasable && q.Ban > 0 && q.Cost > 0
 }
 
 // Store keeps counters per zone and key.
 type Store interface {
 	// Take decides every request in reqs and writes one decision per
 	// request into decisions, which has the same length. Only if every
-	// request is allowed are they all charged; otherwise nothing is, so a
+	// request is allowed are they all taken; otherwise nothing is, so a
 	// request rejected by one zone consumes nothing in the others. A
 	// non-nil error means no decision was made; a remote store whose
-	// answer timed out may still have charged the request.
+	// answer timed out may still have taken the request.
 	Take(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error
 
-	// Release gives back what Take charged the allowed requests in reqs,
+	// Release releases what Take took for the allowed requests in reqs,
 	// with decisions their decisions from Take (same length): a
 	// concurrency request's units, once Caddy is done with it, and another
 	// request's cost when it is done and should not count (count_status),
-	// taken back from the window it was charged in (algorithms.GiveBack).
-	// A request that TracksInFlight is released when it is done, whatever
-	// its response: its cost stops being in flight, and comes back unless
-	// it is Counted. Release is called at most once per allowed request,
-	// when ctx, the request's, may be done (its client gone): a store
-	// gives back all the same, keeping ctx's values only. A shared store
-	// that cannot be reached keeps the units until their lease ends, and
-	// the costs until their window does: never more permissive.
+	// from the window it was taken in (algorithms.Release). A request
+	// that TracksInFlight is released when it is done, whatever its
+	// response: its cost stops being in flight, and is released unless it
+	// is Counted. Release is called at most once per allowed request, when
+	// ctx, the request's, may be done (its client gone): a store releases
+	// all the same, keeping ctx's values only. A shared store that cannot
+	// be reached keeps the units until their hold ends, and the costs
+	// until their window does: never more permissive.
 	Release(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error
 
 	// Released returns a channel closed at this instance's next Release,
-	// so a request held by max_delay for units can ask again at once.
-	// Units released elsewhere (another instance, a lease ending) close
-	// it not; waiters on a shared store also ask again from time to time.
+	// so a request held by max_delay for units can try again at once.
+	// Units released elsewhere (another instance, a hold ending) close
+	// it not; waiters on a shared store also try again from time to time.
 	Released() <-chan struct{}
 }
 

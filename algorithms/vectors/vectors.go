@@ -117,8 +117,8 @@ var Cases = []Case{
 	},
 	{
 		// A request whose clock reads a time before the window its key was
-		// last charged in (a clock stepped back, or a request that read
-		// the time just before another charged the next window) is decided
+		// last taken in (a clock stepped back, or a request that read
+		// the time just before another took in the next window) is decided
 		// in that later window: it must not forget what was counted there.
 		Name:      "fixed_window/clock_steps_back",
 		Algorithm: algorithms.FixedWindow,
@@ -382,7 +382,7 @@ var Cases = []Case{
 	},
 }
 
-// TakeFunc charges one request of cost for key at instant now against the
+// TakeFunc takes one request of cost for key at instant now against the
 // case's algorithm and limit, the way a store would.
 type TakeFunc func(t *testing.T, now time.Time, c Case, key string, cost int64) algorithms.Decision
 
@@ -452,7 +452,7 @@ func (o Outcome) String() string {
 // BanStep is one event of a BanCase at At after Start: a request of Cost
 // taken, or, with Ends set, the end of the request that step number Ends
 // (counted from 1) took: its cost stays if its response counted (Kept),
-// and comes back if not.
+// and is released if not.
 type BanStep struct {
 	At   time.Duration
 	Cost int64
@@ -588,7 +588,7 @@ var BanCases = []BanCase{
 type BanTake func(t *testing.T, now time.Time, c BanCase, key string, cost int64) algorithms.Decision
 
 // BanEnd ends, at now, the request of cost for key that d allowed: its
-// cost stays if kept, and comes back if not.
+// cost stays if kept, and is released if not.
 type BanEnd func(t *testing.T, now time.Time, c BanCase, key string, cost int64, d algorithms.Decision, kept bool)
 
 // RunBans plays every ban case through take and end. Keys are prefixed

@@ -15,7 +15,7 @@ import (
 // and bans for an hour.
 func loginRequest(key string) storage.Request {
 	return storage.Request{Zone: "login", Key: key, Algorithm: algorithms.FixedWindow,
-		Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Ban: time.Hour, GivesBack: true}
+		Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Ban: time.Hour, Releasable: true}
 }
 
 // failMemory takes req and, if it is allowed, ends it as a failed login:

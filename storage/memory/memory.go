@@ -166,7 +166,7 @@ func (m *Store) Take(_ context.Context, reqs []storage.Request, decisions []algo
 	return nil
 }
 
-// Release implements storage.Store: it gives back what Take charged
+// Release implements storage.Store: it releases what Take took for
 // reqs, and wakes requests waiting for concurrency units.
 func (m *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	m.counters.release(reqs, decisions)
@@ -174,7 +174,7 @@ func (m *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 }
 
 // Released implements storage.Store: the channel is closed at the next
-// Release, the moment units come back.
+// Release, the moment units are released.
 func (m *Store) Released() <-chan struct{} {
 	return m.counters.released.Wait()
 }
@@ -227,7 +227,7 @@ const DefaultSweepInterval = 10 * time.Second
 
 // maxCount bounds limits and costs the memory store accepts. Decide adds a
 // cost to a count only while the count stays within the limit, so no count
-// exceeds it and 32 bits hold every count. The handler never asks for
+// exceeds it and 32 bits hold every count. The handler never takes
 // more (its limits and costs are at most math.MaxInt32 too).
 const maxCount = math.MaxInt32
 
@@ -236,21 +236,20 @@ const maxCount = math.MaxInt32
 // pointers, so the collector never scans a table, and it is 20 bytes:
 // 28 with its key.
 type slot struct {
-	// window, current and previous are algorithms.Counts; the counts fit
-	// in 32 bits since they never exceed maxCount. window keeps the low
-	// 32 bits of Counts.Window (a window index, or a GCRA key's TAT in
-	// ms), and counts finds the rest from expires: the whole would take 8
-	// bytes and, with its alignment, make the slot 32.
-	window            uint32
-	current, previous uint32
+	// w, c and p are algorithms.Counts' W, C and P; C and P fit in 32
+	// bits since they never exceed maxCount. w keeps the low 32 bits of
+	// W (a window index, or a GCRA key's TAT in ms), and counts finds the
+	// rest from expires: the whole would take 8 bytes and, with its
+	// alignment, make the slot 32.
+	w, c, p uint32
 	// expires is when the counts stop mattering, in Unix seconds rounded
 	// up (see expiry): the sweep runs every few seconds, so milliseconds
 	// would buy nothing, and 32 bits last until 2106.
 	expires uint32
-	// ref is CLOCK's reference bit: set when the key is asked for again,
+	// ref is CLOCK's reference bit: set when the key is requested again,
 	// cleared when the hand passes it.
 	ref bool
-	// kind is what decided the counts, which says how counts reads window
+	// kind is what decided the counts, which says how counts reads w
 	// back: slotWindowed, slotGCRA or slotConcurrency.
 	kind uint8
 }
@@ -273,26 +272,26 @@ func slotKind(a algorithms.Algorithm) uint8 {
 
 // set stores counts decided by alg, which matter until expires.
 func (e *slot) set(c algorithms.Counts, alg algorithms.Algorithm, expires uint32, ref bool) {
-	*e = slot{window: uint32(c.Window), current: uint32(c.Current), previous: uint32(c.Previous),
+	*e = slot{w: uint32(c.W), c: uint32(c.C), p: uint32(c.P),
 		expires: expires, ref: ref, kind: slotKind(alg)}
 }
 
 // counts returns the slot's counts, for a window of w ms. The expiry
-// that expiry derived from the whole Counts.Window places it within a
-// second: a GCRA key's TAT lies in the second before it, and for windowed
-// counts, the end of the window after theirs does, so their index is at
-// most 1000/w + 1 below the expiry's. Of the numbers with the slot's low
-// 32 bits, the one nearest that is the window. (Counts read for another
-// window than they were kept for, after a reload changed it, come out
-// with an index far from the clock's, all but surely, and Decide starts
-// them afresh. A concurrency key's Window is always 0.)
+// that expiry derived from the whole Counts.W places it within a second:
+// a GCRA key's TAT lies in the second before it, and for windowed counts,
+// the end of the window after theirs does, so their index is at most
+// 1000/w + 1 below the expiry's. Of the numbers with the slot's low 32
+// bits, the one nearest that is W. (Counts read for another window than
+// they were kept for, after a reload changed it, come out with an index
+// far from the clock's, all but surely, and Decide starts them afresh. A
+// concurrency key's W is always 0.)
 func (e *slot) counts(w int64) algorithms.Counts {
-	c := algorithms.Counts{Current: int64(e.current), Previous: int64(e.previous)}
+	c := algorithms.Counts{C: int64(e.c), P: int64(e.p)}
 	switch e.kind {
 	case slotGCRA:
-		c.Window = nearest(e.window, int64(e.expires)*1000-1000)
+		c.W = nearest(e.w, int64(e.expires)*1000-1000)
 	case slotWindowed:
-		c.Window = nearest(e.window, algorithms.WindowIndex(int64(e.expires)*1000, w)-2)
+		c.W = nearest(e.w, algorithms.WindowIndex(int64(e.expires)*1000, w)-2)
 	}
 	return c
 }
@@ -319,10 +318,10 @@ type shard struct {
 	// lock of their own for requests to wait on.
 	overrides map[uint64]storage.Override
 	// inFlight holds, by key hash, the costs in flight of keys of zones
-	// that bans and give costs back (see algorithms.Settled): only while
+	// that ban and release costs (see algorithms.Settled): only while
 	// such requests are in flight, so apart from the slots, which it
 	// would make 8 bytes larger for every key.
-	inFlight map[uint64]algorithms.Counts
+	inFlight map[uint64]algorithms.WindowCounts
 	// Pad to a multiple of a cache line (64 bytes), so that locking one
 	// shard does not steal the line of its neighbour from another CPU.
 	_ [576 - 560]byte
@@ -367,7 +366,7 @@ type counters struct {
 	now    func() time.Time
 	shards [shardCount]shard
 
-	// maxPerShard bounds each shard; read on every charge, so atomic
+	// maxPerShard bounds each shard; read on every take, so atomic
 	// rather than behind one lock that all shards would share.
 	maxPerShard atomic.Int64
 
@@ -465,7 +464,7 @@ type zoneKey struct{ zone, key string }
 
 func shardOf(h uint64) int { return int(h % shardCount) }
 
-// take decides and, if all are allowed, charges reqs atomically: the shards
+// take decides and, if all are allowed, takes reqs atomically: the shards
 // of all keys are locked together, in index order so that concurrent takes
 // cannot deadlock. Limits and costs must be within maxCount.
 func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision) {
@@ -492,7 +491,7 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 	}()
 
 	// Read the clock under the locks, so that no request decides with a
-	// time older than one that charged the same key before it.
+	// time older than one that took for the same key before it.
 	now := c.now()
 	nowMs := now.UnixMilli()
 	allowed := true
@@ -531,7 +530,7 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 		} else {
 			var counts algorithms.Counts
 			if j, ok := s.counts.lookup(hashes[i]); ok {
-				// A key asked for is in use, allowed or not: a key being
+				// A key requested is in use, allowed or not: a key being
 				// refused must not be the one evicted, or its counts would
 				// be lost.
 				s.counts.slots[j].ref = true
@@ -589,7 +588,7 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 // key with hash h.
 func (s *shard) takeInFlight(h uint64, window, cost int64) {
 	if s.inFlight == nil {
-		s.inFlight = make(map[uint64]algorithms.Counts)
+		s.inFlight = make(map[uint64]algorithms.WindowCounts)
 	}
 	s.inFlight[h] = algorithms.TakeInFlight(s.inFlight[h], window, cost)
 }
@@ -619,7 +618,7 @@ type pendingRing struct {
 
 // expiry is when counts stop mattering, in Unix seconds rounded up.
 // Windowed counts matter until the end of the next window: a sliding tail
-// weighs the current window as its previous one, and the first charge in
+// weighs the current window as its previous one, and the first take in
 // the next window reports what the current one came to (the period usage
 // metric), as the Redis store does. A GCRA key matters until its TAT,
 // when its bucket is full again, as if it had never been seen. Units held
@@ -628,12 +627,12 @@ type pendingRing struct {
 func expiry(r storage.Request, c algorithms.Counts) uint32 {
 	switch r.Algorithm {
 	case algorithms.GCRA:
-		return unixSeconds(c.Window + 1 + 999)
+		return unixSeconds(c.TATMillis() + 1 + 999)
 	case algorithms.Concurrency:
 		return pinned
 	}
 	w := r.Rate.Window.Milliseconds()
-	return unixSeconds((c.Window+2)*w + 999)
+	return unixSeconds((c.Windows().Window+2)*w + 999)
 }
 
 // pinned is the expiry of a slot that neither the sweep nor eviction may
@@ -647,7 +646,7 @@ func unixSeconds(ms int64) uint32 {
 
 // store writes counts for h. A new key first makes room: it evicts while
 // the shard holds bound keys. A new key starts with its reference bit
-// clear: it earns a second chance only by being asked for again, so a
+// clear: it earns a second chance only by being requested again, so a
 // flood of one-off keys (an attacker rotating addresses, say) evicts its
 // own keys before those of clients that keep coming back, and a shard in
 // which every key is referenced, where CLOCK would take whichever key the
@@ -668,11 +667,11 @@ func slotFor[S any, P slotPtr[S]](s *shard, t *table[S, P], h uint64, bound int,
 	return t.add(h), false
 }
 
-// release gives back what Take charged reqs, allowed with decisions: a
-// concurrency request's units, another's cost (algorithms.GiveBack), and
+// release releases what Take took for reqs, allowed with decisions: a
+// concurrency request's units, another's cost (algorithms.Release), and
 // ends the costs in flight of those whose store keeps them, whether their
-// cost comes back or, counted, stays. A concurrency key whose units are
-// all back is forgotten; other keys keep their expiry.
+// cost is released or, counted, stays. A concurrency key whose units are
+// all released is forgotten; other keys keep their expiry.
 func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decision) {
 	for i, r := range reqs {
 		h := c.keyHash(r.Zone, r.Key)
@@ -682,23 +681,23 @@ func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decisi
 			s.endInFlight(h, algorithms.InFlightWindow(r.Algorithm, decisions[i], r.Rate), r.Cost)
 		}
 		if !r.Counted {
-			s.giveBack(h, r, decisions[i])
+			s.release(h, r, decisions[i])
 		}
 		s.mu.Unlock()
 	}
 	c.released.Signal()
 }
 
-// giveBack takes back the cost of r, allowed with d, from the counts of
+// release releases the cost of r, allowed with d, from the counts of
 // the key with hash h.
-func (s *shard) giveBack(h uint64, r storage.Request, d algorithms.Decision) {
+func (s *shard) release(h uint64, r storage.Request, d algorithms.Decision) {
 	if r.Algorithm == algorithms.SlidingWindow {
-		s.rings.giveBack(h, r.Rate.Window.Milliseconds(), d, r.Cost)
+		s.rings.release(h, r.Rate.Window.Milliseconds(), d, r.Cost)
 	} else if j, ok := s.counts.lookup(h); ok {
 		e := &s.counts.slots[j]
-		n := algorithms.GiveBack(r.Algorithm, e.counts(r.Rate.Window.Milliseconds()), d, r.Rate, r.Cost)
+		n := algorithms.Release(r.Algorithm, e.counts(r.Rate.Window.Milliseconds()), d, r.Rate, r.Cost)
 		switch {
-		case r.Algorithm == algorithms.Concurrency && n.Current == 0:
+		case r.Algorithm == algorithms.Concurrency && n.Held() == 0:
 			s.counts.remove(j)
 		case r.Algorithm == algorithms.Concurrency:
 			e.set(n, r.Algorithm, e.expires, e.ref) // still pinned

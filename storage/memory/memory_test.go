@@ -68,7 +68,7 @@ func TestMemoryReleasedKeyForgotten(t *testing.T) {
 	c, _ := newTestCounters(t, DefaultMaxKeys)
 	req := storage.Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 2, Holder: 1}
 	d := take1(c, req)
-	if got, ok := c.inspect("conc", "k", time.Minute.Milliseconds()); !ok || got.Current != 2 {
+	if got, ok := c.inspect("conc", "k", time.Minute.Milliseconds()); !ok || got.Held() != 2 {
 		t.Fatalf("held %+v (%v), want 2", got, ok)
 	}
 	c.release([]storage.Request{req}, []algorithms.Decision{d})
@@ -143,7 +143,7 @@ func TestMemoryClockKeepsUsedKeys(t *testing.T) {
 		}
 	}
 	for _, k := range hot {
-		if got, ok := c.inspect("z", k, l.Window.Milliseconds()); !ok || got.Current != int64(uses) {
+		if got, ok := c.inspect("z", k, l.Window.Milliseconds()); !ok || got.Windows().Current != int64(uses) {
 			t.Fatalf("hot key %s: %+v %v, want %d uses counted", k, got, ok, uses)
 		}
 	}
@@ -166,7 +166,7 @@ func TestMemoryInspectAndReset(t *testing.T) {
 	clock.Set(vectors.Start.Add(time.Minute))
 	take1(c, storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
 	idx := algorithms.WindowIndex(vectors.Start.Add(time.Minute).UnixMilli(), time.Minute.Milliseconds())
-	want := algorithms.Counts{Window: idx, Current: 1, Previous: 2}
+	want := algorithms.WindowCounts{Window: idx, Current: 1, Previous: 2}.Counts()
 	if got, ok := c.inspect("z", "k", l.Window.Milliseconds()); !ok || got != want {
 		t.Fatalf("inspect: %+v %v, want %+v", got, ok, want)
 	}
@@ -231,7 +231,7 @@ func TestMemoryShardTable(t *testing.T) {
 			exp := uint32(rng.IntN(100))
 			before := s.counts.n
 			_, had := s.counts.lookup(h)
-			s.store(h, algorithms.Counts{Current: 1}, algorithms.FixedWindow, exp, bound, 0)
+			s.store(h, algorithms.WindowCounts{Current: 1}.Counts(), algorithms.FixedWindow, exp, bound, 0)
 			if !had {
 				// evictions, if any, took keys the model must forget
 				for k := range model {
@@ -628,10 +628,10 @@ var roundTripInstants = []time.Time{
 	time.Date(2100, 6, 1, 0, 0, 0, 7e6, time.UTC),
 }
 
-// TestMemorySlotRoundTrip: a slot keeps 32 bits of Counts.Window and finds
+// TestMemorySlotRoundTrip: a slot keeps 32 bits of Counts.W and finds
 // the rest from its expiry: window indexes for windows of 1 ms to 30
 // days, and GCRA TATs up to 30 days ahead, at instants from 1970 to 2100,
-// read back whole; so does a GCRA TAT moved back by a give-back of a
+// read back whole; so does a GCRA TAT moved back by a release of a
 // month.
 func TestMemorySlotRoundTrip(t *testing.T) {
 	month := 30 * 24 * time.Hour
@@ -652,9 +652,9 @@ func TestMemorySlotRoundTrip(t *testing.T) {
 					clock.Set(at)
 					r.Zone, r.Key = "g", "k"
 					c.release([]storage.Request{r}, []algorithms.Decision{take1(c, r)})
-					back := algorithms.GiveBack(alg, want, d, r.Rate, r.Cost)
+					back := algorithms.Release(alg, want, d, r.Rate, r.Cost)
 					if got, _ := c.inspect("g", "k", w.Milliseconds()); got != back {
-						t.Fatalf("gcra, window %s, at %s, given back: read back %+v, want %+v", w, at, got, back)
+						t.Fatalf("gcra, window %s, at %s, released: read back %+v, want %+v", w, at, got, back)
 					}
 				}
 			}

@@ -9,7 +9,7 @@ import (
 // The memory store keeps a sliding_window key's ring (algorithms.Ring) in
 // tables of their own. A slot holds the sub-window counts at the width
 // they need: 8 bits while every count is at most 255, 16 bits while at
-// most 65,535, 32 bits beyond (a key moves to a wider table when a charge
+// most 65,535, 32 bits beyond (a key moves to a wider table when a take
 // needs it). And it holds as many as the ring's buckets need: a ring of
 // the default 10 buckets or fewer takes a small slot, one of more (up to
 // 60) a wide one. So the common ring, 10 buckets of counts under 256, is
@@ -218,14 +218,14 @@ func (s *shard) storeRing(h uint64, r algorithms.Ring, expires uint32, was int, 
 	}
 }
 
-// giveBack takes the cost of a request allowed with d back from h's ring,
+// release releases the cost of a request allowed with d from h's ring,
 // kept for a window of w ms, if one is kept: a count that falls stays in
 // the table it is in.
-func (t *ringTables) giveBack(h uint64, w int64, d algorithms.Decision, cost int64) {
+func (t *ringTables) release(h uint64, w int64, d algorithms.Decision, cost int64) {
 	// A key's ring is in one table at a time: stop at the one that has it.
-	_ = giveBackRing(&t.small8, h, w, d, cost) || giveBackRing(&t.small16, h, w, d, cost) ||
-		giveBackRing(&t.small32, h, w, d, cost) || giveBackRing(&t.wide8, h, w, d, cost) ||
-		giveBackRing(&t.wide16, h, w, d, cost) || giveBackRing(&t.wide32, h, w, d, cost)
+	_ = releaseRing(&t.small8, h, w, d, cost) || releaseRing(&t.small16, h, w, d, cost) ||
+		releaseRing(&t.small32, h, w, d, cost) || releaseRing(&t.wide8, h, w, d, cost) ||
+		releaseRing(&t.wide16, h, w, d, cost) || releaseRing(&t.wide32, h, w, d, cost)
 }
 
 func (t *ringTables) forgetIn(kind int, h uint64) bool {
@@ -309,13 +309,13 @@ func writeRing[S any, P ringPtr[S]](s *shard, t *table[S, P], h uint64, r algori
 	P(&t.slots[i]).set(r, expires, ok)
 }
 
-// giveBackRing takes a cost, allowed with d, back from h's ring in t,
+// releaseRing releases a cost, allowed with d, from h's ring in t,
 // kept for a window of w ms, if t holds one, and reports whether it does.
-func giveBackRing[S any, P ringPtr[S]](t *table[S, P], h uint64, w int64, d algorithms.Decision, cost int64) bool {
+func releaseRing[S any, P ringPtr[S]](t *table[S, P], h uint64, w int64, d algorithms.Decision, cost int64) bool {
 	i, ok := t.lookup(h)
 	if ok {
 		e := P(&t.slots[i])
-		e.set(algorithms.GiveBackRing(e.ring(w), d, cost), e.expiry(), e.referenced())
+		e.set(algorithms.ReleaseRing(e.ring(w), d, cost), e.expiry(), e.referenced())
 	}
 	return ok
 }

@@ -37,7 +37,7 @@ type slotPtr[S any] interface {
 	// expiry is when the slot's counts stop mattering, in Unix seconds;
 	// pinned for a slot that may be neither swept nor evicted.
 	expiry() uint32
-	// referenced is CLOCK's reference bit: set when the key is asked for
+	// referenced is CLOCK's reference bit: set when the key is requested
 	// again, cleared when the hand passes it.
 	referenced() bool
 	setReferenced(bool)
@@ -78,7 +78,7 @@ func (t *table[S, P]) add(h uint64) int {
 
 // evict forgets one key, chosen by CLOCK (second chance): the hand passes
 // over the slots, clearing reference bits, and takes the first key whose
-// bit is already clear or whose counts have expired. A key asked for
+// bit is already clear or whose counts have expired. A key requested
 // since the hand last passed survives, so keys in use stay and idle ones
 // go, much as with LRU but without a list threaded through every entry.
 // Pinned keys (units held in flight) are never taken: forgetting them
@@ -139,7 +139,7 @@ func (t *table[S, P]) resize(n int) {
 
 // sweep removes the entries that expired by now, and shrinks a table left
 // less than 1/8 full (after a burst of keys, say) to between 1/4 and 1/2
-// full, so the memory a burst took is given back.
+// full, so the memory a burst took is freed.
 func (t *table[S, P]) sweep(now uint32) {
 	for i := 0; i < len(t.keys); {
 		if t.keys[i] != 0 && P(&t.slots[i]).expiry() <= now {

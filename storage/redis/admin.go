@@ -22,8 +22,8 @@ import (
 // <prefix>dial:{<zone>}, expiring with the dial. Every change also bumps
 // <prefix>admin:epoch. Each instance rereads the dials of the zones it
 // serves, and the epoch, once a second; when the epoch has moved it forgets
-// its cached rejections, so a key reset or given an override is asked
-// about afresh everywhere within a second.
+// its cached rejections, so a key reset or given an override is decided
+// afresh everywhere within a second.
 
 // dialRefresh is how often an instance rereads dials and the epoch.
 const dialRefresh = time.Second
@@ -47,7 +47,7 @@ func (r *Store) KeyState(ctx context.Context, zone, key string, _ time.Duration)
 	}
 	// The server's instants, moved to the local clock.
 	local := func(ms int64) time.Time { return time.Now().Add(time.Duration(ms-vals[0]) * time.Millisecond) }
-	st := storage.KeyState{Counts: algorithms.Counts{Window: vals[1], Current: vals[2], Previous: vals[3]}}
+	st := storage.KeyState{Counts: algorithms.Counts{W: vals[1], C: vals[2], P: vals[3]}}
 	if vals[4] != 0 {
 		st.Override = &storage.Override{Limit: vals[4]}
 		if vals[5] != 0 {

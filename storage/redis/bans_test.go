@@ -23,7 +23,7 @@ import (
 // and bans for an hour.
 func loginRequest(key string) storage.Request {
 	return storage.Request{Zone: "login", Key: key, Algorithm: algorithms.FixedWindow,
-		Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Ban: time.Hour, GivesBack: true}
+		Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Ban: time.Hour, Releasable: true}
 }
 
 // failRedis takes req from r on the server's clock and, if it is
@@ -119,13 +119,13 @@ func TestRedisBanUnderOverride(t *testing.T) {
 	}
 }
 
-// TestRedisGiveBackNotCached: a zone whose costs come back keeps no
-// rejection in the deny cache, so a cost given back is usable at once, on
-// the server's clock (storetest checks the give-backs themselves).
-func TestRedisGiveBackNotCached(t *testing.T) {
+// TestRedisReleaseNotCached: a zone whose costs are released keeps no
+// rejection in the deny cache, so a cost released is usable at once, on
+// the server's clock (storetest checks the releases themselves).
+func TestRedisReleaseNotCached(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Store), s.URL())
-	one := storage.Request{Zone: "gb", Key: "one", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: time.Hour}, Cost: 1, GivesBack: true}
+	one := storage.Request{Zone: "gb", Key: "one", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: time.Hour}, Cost: 1, Releasable: true}
 	held := redisTake(t, r, time.Time{}, one)[0]
 	if d := redisTake(t, r, time.Time{}, one)[0]; d.Allowed {
 		t.Fatalf("second of one: %+v, want rejected", d)
@@ -134,17 +134,17 @@ func TestRedisGiveBackNotCached(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d := redisTake(t, r, time.Time{}, one)[0]; !d.Allowed {
-		t.Fatalf("after the first was given back: %+v, want allowed", d)
+		t.Fatalf("after the first was released: %+v, want allowed", d)
 	}
 }
 
-// TestRedisLeaseGiveBack: with leases, costs given back go into the
+// TestRedisLeaseRelease: with leases, costs released go into the
 // lease without a call; Redis ends with exactly the costs kept.
-func TestRedisLeaseGiveBack(t *testing.T) {
+func TestRedisLeaseRelease(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, fmt.Sprintf("lgb%d:", time.Now().UnixNano()), 0)
 	fleetOf(t, s, 1, r)
-	req := storage.Request{Zone: "lgb", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1, GivesBack: true}
+	req := storage.Request{Zone: "lgb", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1000, Window: time.Hour}, Cost: 1, Releasable: true}
 	before, _ := s.ScriptCalls()
 	for i := range 500 {
 		d := redisTake(t, r, time.Time{}, req)[0]
@@ -160,9 +160,9 @@ func TestRedisLeaseGiveBack(t *testing.T) {
 	}
 	calls, _ := s.ScriptCalls()
 	if calls-before > 20 {
-		t.Fatalf("%d script calls for 500 requests and 450 give-backs, want few", calls-before)
+		t.Fatalf("%d script calls for 500 requests and 450 releases, want few", calls-before)
 	}
-	waitUntil(t, "the leases go back", func() bool { return leasedUnits(r) == 0 })
+	waitUntil(t, "the leases to be released", func() bool { return leasedUnits(r) == 0 })
 	if n := counted(t, s, r, "lgb", "k"); n != 50 {
 		t.Fatalf("Redis counts %d, want the 50 kept", n)
 	}
@@ -178,7 +178,7 @@ func mustInt(t *testing.T, s string) int64 {
 }
 
 // TestRedisNoLeaseForBans: a zone that bans takes no leases, however much
-// room it has: an instance spending leased units would admit a key that
+// room it has: an instance taking leased units would admit a key that
 // another instance has just banned.
 func TestRedisNoLeaseForBans(t *testing.T) {
 	s := redistest.Standalone(t)
@@ -196,8 +196,8 @@ func TestRedisNoLeaseForBans(t *testing.T) {
 	}
 }
 
-// TestBansAgreeWithMemory: random requests of zones that ban and give
-// costs back, taken and ended (their costs kept or given back) in random
+// TestBansAgreeWithMemory: random requests of zones that ban and release
+// costs, taken and ended (their costs kept or released) in random
 // order over a few windows, get the same decisions from Redis as from the
 // memory store, whose Go is the rules' reference, step by step: the same
 // refusals for costs in flight, the same bans.
@@ -213,7 +213,7 @@ func TestBansAgreeWithMemory(t *testing.T) {
 		t.Run(string(alg), func(t *testing.T) {
 			inFlight, bans := 0, 0
 			for k := range 20 {
-				req := storage.Request{Zone: "agree", Key: fmt.Sprint(alg, k), Algorithm: alg, GivesBack: true,
+				req := storage.Request{Zone: "agree", Key: fmt.Sprint(alg, k), Algorithm: alg, Releasable: true,
 					Rate: algorithms.Rate{Units: 1 + rng.Int64N(6), Window: time.Duration(1000+rng.Int64N(20000)) * time.Millisecond},
 					Ban:  time.Duration(1+rng.Int64N(10)) * time.Second}
 				if alg == algorithms.SlidingWindow {

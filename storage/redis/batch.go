@@ -38,14 +38,14 @@ const maxBatch = 128
 
 // A callPart is one request's part of a take script call.
 type callPart struct {
-	keys   []string
-	reqs   []storage.Request
-	charge bool
-	// asks are the units each zone would lease beyond its cost (see
+	keys []string
+	reqs []storage.Request
+	take bool
+	// wants are the units each zone would lease beyond its cost (see
 	// lease.go); nil for none.
-	asks []int64
+	wants []int64
 	// deadline bounds the request's decision: the store's timeout from
-	// when it was asked.
+	// when it was taken.
 	deadline time.Time
 
 	// state goes from partWaiting to partSent when a call picks the
@@ -70,7 +70,7 @@ const (
 )
 
 // A slotQueue queues the parts of calls for one slot (take's requests,
-// refund's give-backs) while a call is in flight. The caller that finds
+// release's releases) while a call is in flight. The caller that finds
 // no call in flight sends the next itself (lead); the parts that queue
 // meanwhile go in calls sent by a goroutine of their own (drain).
 type slotQueue[P any] struct {
@@ -182,8 +182,8 @@ func keySlot(key string) int {
 //
 // A queued request needs no timer of its own to keep its deadline: each
 // call is bounded by the earliest deadline among its requests, and every
-// request ahead of t in the queue, or in the call in flight, was asked
-// for earlier under the same timeout (one client per timeout), so its
+// request ahead of t in the queue, or in the call in flight, was taken
+// earlier under the same timeout (one client per timeout), so its
 // deadline comes no later than t's.
 func (c *client) take(ctx context.Context, t *callPart) error {
 	b := c.batcher(t.keys[0])
@@ -194,7 +194,7 @@ func (c *client) take(ctx context.Context, t *callPart) error {
 			return t.err
 		case <-ctx.Done():
 			// The decision is given up; only a request never sent is
-			// known to be uncharged. One sent is read by its call (t.reqs
+			// known to have taken nothing. One sent is read by its call (t.reqs
 			// is the caller's, reused once Take returns) until the call
 			// has answered, which its deadline bounds.
 			if !t.state.CompareAndSwap(partWaiting, partAbandoned) {
@@ -248,7 +248,7 @@ func (c *client) sendTakes(batch []*callPart) {
 
 // call runs the take script once for parts, whose keys all lie in one
 // slot, and hands each take its part of the answer. A clock of 0 means
-// the server's. Takes that ask the same (one hot key under load) go to
+// the server's. Takes that are the same (one hot key under load) go to
 // the script as one entry, whose arguments it reads once and whose answer
 // is a few numbers, however many requests it stands for.
 func (c *client) call(ctx context.Context, clock int64, parts []*callPart) {
@@ -276,17 +276,17 @@ func (c *client) call(ctx context.Context, clock int64, parts []*callPart) {
 	for i := 0; i < len(parts); i += parts[i].same {
 		t := parts[i]
 		// Constants, so that making them arguments allocates nothing.
-		if t.charge {
+		if t.take {
 			args = append(args, "1", len(t.reqs), t.same)
 		} else {
 			args = append(args, "0", len(t.reqs), t.same)
 		}
 		for z, q := range t.reqs {
-			var ask int64
-			if t.asks != nil {
-				ask = t.asks[z]
+			var want int64
+			if t.wants != nil {
+				want = t.wants[z]
 			}
-			zone := scriptZone(q, ask)
+			zone := scriptZone(q, want)
 			args = append(args, zone[:]...)
 		}
 	}
@@ -315,7 +315,7 @@ func (c *client) call(ctx context.Context, clock int64, parts []*callPart) {
 	}
 }
 
-// groupParts orders parts so that those asking the same (see sameAsk) are
+// groupParts orders parts so that those that are the same (see sameEntry) are
 // next to each other, each key's in the order they came, and sets the
 // first take's same to how many there are from it. It returns how many
 // entries that makes, and how many zones they count.
@@ -325,7 +325,7 @@ func groupParts(parts []*callPart) (entries, zones int) {
 	}
 	for i := 0; i < len(parts); {
 		end := i + 1
-		for end < len(parts) && sameAsk(parts[i], parts[end]) {
+		for end < len(parts) && sameEntry(parts[i], parts[end]) {
 			end++
 		}
 		parts[i].same = end - i
@@ -336,32 +336,33 @@ func groupParts(parts []*callPart) (entries, zones int) {
 	return entries, zones
 }
 
-// sameAsk reports whether a and b ask the script the same: the same zones
-// and keys, with the same algorithm, rate, cost, ban and give-backs. Concurrency requests
-// never do: each holds its units under a name of its own; nor does one
-// that asks for a lease, which only an entry of one request is granted.
-func sameAsk(a, b *callPart) bool {
-	if a.charge != b.charge || len(a.keys) != len(b.keys) || a.asks != nil || b.asks != nil {
+// sameEntry reports whether a and b make the same entry of the take
+// script: the same zones and keys, with the same algorithm, rate, cost,
+// ban and releases. Concurrency requests never do: each holds its units
+// under a name of its own; nor does one that wants a lease, which only an
+// entry of one request is leased.
+func sameEntry(a, b *callPart) bool {
+	if a.take != b.take || len(a.keys) != len(b.keys) || a.wants != nil || b.wants != nil {
 		return false
 	}
 	for i, qa := range a.reqs {
 		qb := b.reqs[i]
 		if a.keys[i] != b.keys[i] || qa.Algorithm != qb.Algorithm || qa.Rate != qb.Rate || qa.Cost != qb.Cost || qa.Ban != qb.Ban ||
-			qa.GivesBack != qb.GivesBack || qa.Algorithm == algorithms.Concurrency {
+			qa.Releasable != qb.Releasable || qa.Algorithm == algorithms.Concurrency {
 			return false
 		}
 	}
 	return true
 }
 
-// replay hands each of an entry's parts, which ask the same, its part of
+// replay hands each of an entry's parts, which are the same, its part of
 // the script's answer: zoneValues values per zone, as the script would have
 // answered it alone (see take.lua). The script answers the counters and
 // ban as they were before the entry, how many of its requests were
 // allowed (the first ones), and each zone's verdict on the first one
 // rejected, and whether that was a refusal only for costs in flight;
 // what each later request saw is the counters the allowed ones before it
-// left, computed by charging them one after the other as the script did,
+// left, computed by taking them one after the other as the script did,
 // and the ban the first rejected one began, if it began one (the ones
 // after it were refused for the same costs in flight, if it was).
 func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
@@ -379,11 +380,10 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 		} else {
 			prev := vals[(i-1)*n : i*n]
 			copy(v, prev)
-			if lead.charge && int64(i-1) < allowed {
+			if lead.take && int64(i-1) < allowed {
 				for z, q := range lead.reqs {
-					_, counts := decideAgain(q, prev[zoneValues*z:], now)
-					zv := v[zoneValues*z:]
-					zv[outWindow], zv[outCurrent], zv[outPrevious] = counts.Window, counts.Current, counts.Previous
+					_, next := decideAgain(q, prev[zoneValues*z:], now)
+					copy(v[zoneValues*z+outW:zoneValues*z+outP+1], next[:])
 				}
 			}
 		}
@@ -391,9 +391,9 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 			zv, ze := v[zoneValues*z:], entry[zoneValues*z:]
 			if q.Algorithm == algorithms.SlidingWindow {
 				// The retry instant is the first rejected request's.
-				zv[outPrevious] = 0
+				zv[outP] = 0
 				if int64(i) >= allowed {
-					zv[outPrevious] = ze[outPrevious]
+					zv[outP] = ze[outP]
 				}
 			}
 			if int64(i) < allowed {
@@ -430,16 +430,16 @@ func evalInts(ctx context.Context, rdb goredis.UniversalClient, src string, args
 	return cmd.Result()
 }
 
-// scriptZone is the take script's arguments for the zone of q, which asks
-// for a lease of ask units (0 for none).
-func scriptZone(q storage.Request, ask int64) [zoneArgs]any {
+// scriptZone is the take script's arguments for the zone of q, which
+// wants a lease of want units (0 for none).
+func scriptZone(q storage.Request, want int64) [zoneArgs]any {
 	var a [zoneArgs]any
 	a[argAlgorithm] = scriptAlgorithm(q.Algorithm)
 	a[argLimit] = q.Rate.Units
 	a[argWindow] = q.Rate.Window.Milliseconds()
 	a[argCost] = q.Cost
 	a[argExtra] = scriptExtra(q)
-	a[argLease] = ask
+	a[argLease] = want
 	a[argBan] = q.Ban.Milliseconds()
 	a[argInFlight] = scriptFlag(q.TracksInFlight())
 	return a
@@ -487,7 +487,7 @@ func scriptExtra(q storage.Request) any {
 
 // holderName names a concurrency request in its key's set of holders:
 // this process, the request, and its cost, which the take script reads
-// back when the holder's lease ends.
+// back when the holder's hold ends.
 func holderName(q storage.Request) string {
 	return processID + ":" + strconv.FormatUint(q.Holder, 10) + "/" + strconv.FormatInt(q.Cost, 10)
 }

@@ -21,17 +21,17 @@ type client struct {
 	rdb     goredis.UniversalClient
 	breaker breaker
 	denies  denyCache
-	// batchers coalesce concurrent decisions, and refunds concurrent
-	// give-backs: one per cluster slot, or one for a single server.
+	// batchers coalesce concurrent takes, and releases concurrent
+	// releases: one per cluster slot, or one for a single server.
 	batchers []slotQueue[*callPart]
-	refunds  []slotQueue[*refundPart]
+	releases []slotQueue[*releasePart]
 	// released wakes the requests waiting for concurrency units that a
 	// config on this client released: every handler and config sharing
 	// the connections, across reloads, as the memory store's does.
 	released storage.ReleaseSignal
 
 	// watchers reread the admin API's dials, one per key prefix, and
-	// announce this instance; they, and the goroutine that gives back
+	// announce this instance; they, and the goroutine that releases
 	// leases, stop when closed is closed.
 	watchersMu sync.Mutex
 	watchers   map[string]*dialWatcher
@@ -40,7 +40,7 @@ type client struct {
 
 	// fleet is N, the live instances sharing this Redis.
 	fleet fleet
-	// leases are this instance's leases (lease on), given back by the
+	// leases are this instance's leases (lease on), released by the
 	// goroutine leasing starts.
 	leases  leaseTable
 	leasing sync.Once
@@ -62,17 +62,17 @@ func newClient(opts *goredis.UniversalOptions, logger *zap.Logger) *client {
 	// Every connection checks its server's version first.
 	withCheck := *opts
 	withCheck.OnConnect = (&versionCheck{logger: logger}).onConnect
-	c := &client{rdb: goredis.NewUniversalClient(&withCheck), batchers: make([]slotQueue[*callPart], 1), refunds: make([]slotQueue[*refundPart], 1),
+	c := &client{rdb: goredis.NewUniversalClient(&withCheck), batchers: make([]slotQueue[*callPart], 1), releases: make([]slotQueue[*releasePart], 1),
 		closed: make(chan struct{}), cluster: opts.IsClusterMode, logger: logger, now: time.Now}
 	if opts.IsClusterMode {
 		c.batchers = make([]slotQueue[*callPart], clusterSlots)
-		c.refunds = make([]slotQueue[*refundPart], clusterSlots)
+		c.releases = make([]slotQueue[*releasePart], clusterSlots)
 	}
 	c.denies.init()
 	return c
 }
 
-// Destruct gives back the leases this instance holds and closes the
+// Destruct releases the leases this instance holds and closes the
 // connections; the UsagePool calls it when the last config using this
 // Redis is cleaned up.
 func (c *client) Destruct() error {
@@ -85,7 +85,7 @@ func (c *client) Destruct() error {
 }
 
 // Circuit breaker settings: after breakerThreshold consecutive failures,
-// Redis is not asked for breakerCooldown; then one request probes it while
+// Redis is not called for breakerCooldown; then one request probes it while
 // the others keep failing fast, until the probe succeeds.
 const (
 	breakerThreshold = 3
@@ -105,7 +105,7 @@ type breaker struct {
 	lastErr   error
 }
 
-// allow returns nil if Redis may be asked now.
+// allow returns nil if Redis may be called now.
 func (b *breaker) allow(now time.Time) error {
 	if b.failures.Load() < breakerThreshold {
 		return nil
@@ -155,7 +155,7 @@ const (
 // denyCache remembers rejections until their retry instant: until then a
 // request of the same or a higher cost for the same key and limit would be
 // rejected too, since counts only grow until time frees them. That does
-// not hold for a zone whose costs may be given back (count_status), whose
+// not hold for a zone whose costs may be released (count_status), whose
 // rejections are remembered only when they ban the key; a banned key's
 // requests are rejected whatever their cost.
 type denyCache struct {
@@ -213,7 +213,7 @@ func (c *denyCache) shard(key string) *denyShard {
 // lookup answers reqs from the cache if any of them is a known rejection,
 // and reports whether it did. The zones it does not know about are
 // reported as allowed with their full limit: the request is rejected
-// anyway, and nothing is charged, as after any rejection.
+// anyway, and nothing is taken, as after any rejection.
 func (c *denyCache) lookup(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) bool {
 	if c.size.Load() == 0 {
 		return false
@@ -253,7 +253,7 @@ func (c *denyCache) lookup(keys []string, reqs []storage.Request, decisions []al
 // store remembers the rejections among decisions.
 func (c *denyCache) store(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) {
 	for i, d := range decisions {
-		if d.Allowed || !d.RetryAt.After(now) || reqs[i].GivesBack && d.BanEnds.IsZero() {
+		if d.Allowed || !d.RetryAt.After(now) || reqs[i].Releasable && d.BanEnds.IsZero() {
 			continue
 		}
 		s := c.shard(keys[i])

@@ -64,13 +64,13 @@ func TestRedisHolderSetNamedApart(t *testing.T) {
 	}
 }
 
-// TestRedisConcurrencyLease: units of a holder that never releases (its
-// instance died) come back when the lease ends, and its late release
-// gives back nothing twice.
-func TestRedisConcurrencyLease(t *testing.T) {
+// TestRedisConcurrencyHold: units of a holder that never releases (its
+// instance died) are released when the hold ends, and its late release
+// releases nothing twice.
+func TestRedisConcurrencyHold(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Store), s.URL())
-	rate := algorithms.Rate{Units: 2, Window: time.Second} // a lease of 1s
+	rate := algorithms.Rate{Units: 2, Window: time.Second} // a hold of 1s
 	dead := storage.Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: rate, Cost: 2, Holder: 1}
 	alive := storage.Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: rate, Cost: 1, Holder: 2}
 	t0 := vectors.Start
@@ -78,10 +78,10 @@ func TestRedisConcurrencyLease(t *testing.T) {
 		t.Fatal(d)
 	}
 	if d := redisTake(t, r, t0.Add(999*time.Millisecond), alive)[0]; d.Allowed {
-		t.Fatal("allowed while the dead holder's lease runs")
+		t.Fatal("allowed while the dead holder's hold runs")
 	}
 	if d := redisTake(t, r, t0.Add(time.Second), alive)[0]; !d.Allowed || d.Remaining != 1 {
-		t.Fatalf("after the lease: %+v", d)
+		t.Fatalf("after the hold: %+v", d)
 	}
 	if err := release(r, dead); err != nil {
 		t.Fatal(err)
@@ -92,7 +92,7 @@ func TestRedisConcurrencyLease(t *testing.T) {
 }
 
 // TestRedisReleaseManyZones: a request holding units in several zones
-// gives them all back in one script call on one server, and in one call
+// releases them all in one script call on one server, and in one call
 // per hash tag on a cluster, where its keys lie in different slots.
 func TestRedisReleaseManyZones(t *testing.T) {
 	reqs := []storage.Request{
@@ -119,7 +119,7 @@ func TestRedisReleaseManyZones(t *testing.T) {
 			return n
 		}
 		// Loaded first, so that the release's calls are EVALSHA alone.
-		if err := refundScript.Load(context.Background(), r.client.rdb).Err(); err != nil {
+		if err := releaseScript.Load(context.Background(), r.client.rdb).Err(); err != nil {
 			t.Fatal(err)
 		}
 		before := evalsha()
@@ -151,7 +151,7 @@ func TestRedisReleaseManyZones(t *testing.T) {
 	})
 }
 
-// TestRedisScriptsDeclareHolders: the take and refund scripts are handed
+// TestRedisScriptsDeclareHolders: the take and release scripts are handed
 // a concurrency key's holder set in KEYS, right after its counters: a
 // script must declare every key it touches, since Redis Cluster routes a
 // call, and Redis replicates its effects, by them. The server's slow log,
@@ -179,7 +179,7 @@ func TestRedisScriptsDeclareHolders(t *testing.T) {
 	want := []string{r.counterKey("conc", "k"), r.holderKey("conc", "k")}
 	for _, script := range []struct {
 		name, src string
-	}{{"take", takeSource}, {"refund", refundSource}} {
+	}{{"take", takeSource}, {"release", releaseSource}} {
 		sha := goredis.NewScript(script.src).Hash()
 		calls := 0
 		for _, e := range entries {

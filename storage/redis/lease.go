@@ -15,48 +15,49 @@ import (
 
 // This file holds the Redis store's leases (`lease on`): units of a key's
 // limit that one script call counts in Redis for this instance, which its
-// later requests for the key then spend without a call.
+// later requests for the key then take without a call.
 //
 // The rules that keep a fleet on leases from admitting more than exact
 // decisions would:
-//   - Every unit is counted in Redis (take.lua) before any request spends
+//   - Every unit is counted in Redis (take.lua) before any request takes
 //     it, and a lease is never larger than floor(room / 2N) of what the key
 //     has left, so the last units of a window are decided one at a time.
-//   - A windowed lease is spent only in the window it was counted in (a
-//     sliding window's, in the sub-window). A
-//     gcra lease's next unit is spent only while the key's bucket would
-//     not have refilled past it: by the TAT that unit was counted at, so
-//     that spending it later counts exactly as a charge at that instant.
-//   - Unspent units go back (refund.lua) when the lease has gone unused
-//     for leaseIdle, when it can no longer be spent (its window ended, or
-//     its gcra deadline passed) and on shutdown; taking back what was
-//     counted and never spent leaves Redis with the exact counts.
+//   - A windowed lease is taken from only in the window it was counted in
+//     (a sliding window's, in the sub-window). A gcra lease's next unit is
+//     taken only while the key's bucket would not have refilled past it:
+//     by the TAT that unit was counted at, so that taking it later counts
+//     exactly as a take at that instant.
+//   - Untaken units are released (release.lua) when the lease has gone
+//     unused for leaseIdle, when it can no longer be taken from (its
+//     window ended, or its gcra deadline passed) and on shutdown;
+//     releasing what was counted and never taken leaves Redis with the
+//     exact counts.
 //   - A reset, an override or a dial (the admin epoch moved) drops every
-//     lease unreturned: their units stay counted, which is never more
+//     lease unreleased: their units stay counted, which is never more
 //     permissive, and a reset key starts afresh without them.
 //
-// An instance that dies holding a lease takes its unspent units with it:
+// An instance that dies holding a lease takes its untaken units with it:
 // they stay counted until its window ends (gcra: until the bucket refills
 // past them), so the fleet admits at most that many fewer in that window.
 
 // Lease sizes: a key's first request on an instance takes no lease (an
 // exact decision), nor do its later ones until one comes soon after the
-// one before (see seenFilter); that one asks for one unit more than its
-// cost, and each lease that is spent before it is returned doubles the
-// next, up to maxLease; one returned unspent halves it.
+// one before (see seenFilter); that one wants one unit more than its
+// cost, and each lease that is all taken before it is released doubles
+// the next, up to maxLease; one released untaken halves it.
 const (
 	maxLease = 4096
-	// leaseIdle is how long a lease may go unused before its units go
-	// back.
+	// leaseIdle is how long a lease may go unused before its units are
+	// released.
 	leaseIdle = 100 * time.Millisecond
-	// leaseSweep is how often the returns are looked for.
+	// leaseSweep is how often the units to release are looked for.
 	leaseSweep = 25 * time.Millisecond
 	// leaseForget is how long a key's record of demand outlives its last
 	// lease.
 	leaseForget = 10 * time.Second
 )
 
-// The table's bounds. A lease is worth something only to a key asked for
+// The table's bounds. A lease is worth something only to a key requested
 // more often than every leaseIdle, and maxLeaseRecords such keys make
 // over 160,000 requests a second on one instance; a key without a record
 // is decided by Redis, as without leases. A shard holds
@@ -77,12 +78,12 @@ const (
 type lease struct {
 	key  string // the counter key
 	zone string
-	// rate and alg are what the requests that may spend it ask: a
-	// request with another rate (a limit template that resolved
+	// rate and alg are what the requests that may take from it take
+	// with: a request with another rate (a limit template that resolved
 	// otherwise, a dial) goes to Redis.
 	rate algorithms.Rate
 	alg  algorithms.Algorithm
-	// units are the unspent units; window is the window they were counted
+	// units are the untaken units; window is the window they were counted
 	// in (windowed algorithms) and expires when it ends, in the local
 	// clock.
 	units   int64
@@ -90,68 +91,68 @@ type lease struct {
 	expires time.Time
 	// gcra: the TAT at which the first leased unit was counted, in ms of
 	// the local clock, and the limit it was counted for; unit k (from 0)
-	// may be spent until tat + k·T.
+	// may be taken until tat + k·T.
 	tat   int64
 	limit int64
 	// capacity is the zone's limit (gcra: its burst) as Redis decided it;
 	// remaining what Redis reported left at the lease, counting the
-	// leased units as left, and spent the units spent since; reset is the
+	// leased units as left, and taken the units taken since; reset is the
 	// window's end (gcra: when the bucket is full again).
 	capacity  int64
 	remaining int64
-	spent     int64
+	taken     int64
 	reset     time.Time
 	lastUsed  time.Time
-	// want is the lease the key's next call asks for; refilling tells
-	// that one is being asked for.
-	want      int64
-	refilling bool
-	series    *leaseSeries
+	// want is the lease the key's next call wants; leasing tells that a
+	// call is leasing units for it.
+	want    int64
+	leasing bool
+	series  *leaseSeries
 	// prev and next link the record into its shard's lru; heldAt is its
 	// place in the shard's held, plus one (0: not there).
 	prev, next *lease
 	heldAt     int
 }
 
-// spendable reports whether the lease may pay for q at now.
-func (l *lease) spendable(q storage.Request, now time.Time) bool {
+// takable reports whether q may take its cost from the lease at now.
+func (l *lease) takable(q storage.Request, now time.Time) bool {
 	if l.units < q.Cost || l.rate != q.Rate || l.alg != q.Algorithm {
 		return false
 	}
 	if l.alg == algorithms.GCRA {
-		return now.UnixMilli() <= l.deadline(l.spent)
+		return now.UnixMilli() <= l.deadline(l.taken)
 	}
 	return now.Before(l.expires)
 }
 
 // deadline is the last instant (ms, local clock) at which a gcra lease's
-// unit k may be spent: the TAT it was counted at, rounded down.
+// unit k may be taken: the TAT it was counted at, rounded down.
 func (l *lease) deadline(k int64) int64 {
 	ms, _ := algorithms.Interval(k, l.rate.Window, l.limit)
 	return l.tat + ms
 }
 
-// usable reports whether any of the lease's units may still be spent at
+// usable reports whether any of the lease's units may still be taken at
 // now, for any request.
 func (l *lease) usable(now time.Time) bool {
 	if l.units == 0 {
 		return false
 	}
 	if l.alg == algorithms.GCRA {
-		return now.UnixMilli() <= l.deadline(l.spent)
+		return now.UnixMilli() <= l.deadline(l.taken)
 	}
 	return now.Before(l.expires)
 }
 
 // The table's bookkeeping is bounded whatever the number of distinct keys
 // a flood brings, in memory and in the work of one request or one sweep:
-//   - A key gets a record only when it is asked for again within one or
-//     two periods of leaseIdle (seenFilter): a key asked for once costs a
+//   - A key gets a record only when it is requested again within one or
+//     two periods of leaseIdle (seenFilter): a key requested once costs a
 //     slot of a fixed array, no record.
 //   - The table keeps at most maxLeaseRecords records, in leaseShards
 //     shards with a lock each. A full shard forgets its least recently
 //     used record without units to make room, else the least recently
-//     used not being refilled, whose units go back with the next sweep.
+//     used not being leased, whose units are released with the next sweep.
 //   - The sweep takes one shard's lock at a time, and looks only at the
 //     shard's records holding units and at those long unused.
 
@@ -171,14 +172,14 @@ type leaseShard struct {
 	// the most (lru.prev).
 	lru lease
 	// held are the records holding units, the only ones with units to
-	// give back.
+	// release.
 	held []*lease
-	// back are units to give back that a new lease of their key, or a
+	// back are units to release that a new lease of their key, or a
 	// record forgotten to make room, left behind.
 	back []heldUnits
 }
 
-// heldUnits are a lease's units to give back, with what returning them
+// heldUnits are a lease's units to release, with what releasing them
 // needs: the counter key, and what they were counted as.
 type heldUnits struct {
 	key    string
@@ -190,8 +191,8 @@ type heldUnits struct {
 	series *leaseSeries
 }
 
-// unspent is what l holds, to give back.
-func (l *lease) unspent() heldUnits {
+// untaken is what l holds, to release.
+func (l *lease) untaken() heldUnits {
 	return heldUnits{key: l.key, alg: l.alg, rate: l.rate, units: l.units, limit: l.limit, window: l.window, series: l.series}
 }
 
@@ -201,13 +202,13 @@ func (l *lease) unspent() heldUnits {
 const seenSlots = 1 << 16
 
 // seenFilter tells, without a lock and in fixed memory, whether a key was
-// asked for in the current period of leaseIdle or the one before: a slot
+// requested in the current period of leaseIdle or the one before: a slot
 // per key, picked by its hash's low bits, holds its hash's high bits and
 // the period. A key whose slot another key took meanwhile is taken for
 // unseen, and earns its record at a later request.
 type seenFilter []atomic.Uint64
 
-// saw marks the key of hash h as asked for at now, and reports whether it
+// saw marks the key of hash h as requested at now, and reports whether it
 // had been lately.
 func (f seenFilter) saw(h uint64, now time.Time) bool {
 	const periodMask = 1<<16 - 1
@@ -243,7 +244,7 @@ func (t *leaseTable) shard(key string) *leaseShard {
 func (s *leaseShard) touch(l *lease, now time.Time) {
 	l.lastUsed = now
 	if s.lru.prev == l {
-		return // already (a hot key's record, spent again and again)
+		return // already (a hot key's record, taken from again and again)
 	}
 	if l.next != nil {
 		l.prev.next, l.next.prev = l.next, l.prev
@@ -284,7 +285,7 @@ func (s *leaseShard) forget(l *lease) {
 }
 
 // add makes a record for key and returns it, making room in a full shard,
-// or returns nil if the records it looked at are all being refilled.
+// or returns nil if the records it looked at are all being leased.
 func (s *leaseShard) add(key string, q storage.Request, now time.Time) *lease {
 	if len(s.m) >= leaseShardRecords && !s.makeRoom() {
 		return nil
@@ -299,13 +300,13 @@ func (s *leaseShard) add(key string, q storage.Request, now time.Time) *lease {
 }
 
 // makeRoom forgets one of the leaseEvictProbe least recently used
-// records: the first without units, else the first not being refilled,
-// whose units go back with the next sweep. It reports whether it did.
+// records: the first without units, else the first not being leased,
+// whose units are released with the next sweep. It reports whether it did.
 func (s *leaseShard) makeRoom() bool {
 	var victim *lease
 	n := 0
 	for l := s.lru.next; l != &s.lru && n < leaseEvictProbe; l, n = l.next, n+1 {
-		if l.refilling {
+		if l.leasing {
 			continue
 		}
 		if l.units == 0 {
@@ -320,7 +321,7 @@ func (s *leaseShard) makeRoom() bool {
 		return false
 	}
 	if victim.units > 0 {
-		s.back = append(s.back, victim.unspent())
+		s.back = append(s.back, victim.untaken())
 	}
 	s.forget(victim)
 	return true
@@ -340,11 +341,11 @@ func (t *leaseTable) unlockAll(set uint64) {
 	}
 }
 
-// spend pays for every request of reqs from its lease, all or none, and
+// take takes every request of reqs from its lease, all or none, and
 // reports whether it did. decisions get what the requests would have been
 // told by Redis: allowed, with the remaining that Redis reported at the
-// lease less what this instance spent since.
-func (t *leaseTable) spend(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) bool {
+// lease less what this instance took since.
+func (t *leaseTable) take(keys []string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) bool {
 	var buf [4]*leaseShard
 	shards := buf[:0]
 	var set uint64
@@ -357,43 +358,43 @@ func (t *leaseTable) spend(keys []string, reqs []storage.Request, decisions []al
 	defer t.unlockAll(set)
 	for i, q := range reqs {
 		l := shards[i].m[keys[i]]
-		if l == nil || !l.spendable(q, now) {
+		if l == nil || !l.takable(q, now) {
 			return false
 		}
 	}
 	for i, q := range reqs {
 		s := shards[i]
-		s.spendFrom(s.m[keys[i]], q, &decisions[i], now)
+		s.takeFrom(s.m[keys[i]], q, &decisions[i], now)
 	}
 	return true
 }
 
-// spendFrom pays for q from l, which may pay for it, and writes its
+// takeFrom takes q's cost from l, which has room for it, and writes its
 // decision into d.
-func (s *leaseShard) spendFrom(l *lease, q storage.Request, d *algorithms.Decision, now time.Time) {
+func (s *leaseShard) takeFrom(l *lease, q storage.Request, d *algorithms.Decision, now time.Time) {
 	l.units -= q.Cost
-	l.spent += q.Cost
+	l.taken += q.Cost
 	s.touch(l, now)
-	remaining := max(l.remaining-l.spent, 0)
+	remaining := max(l.remaining-l.taken, 0)
 	*d = algorithms.Decision{Allowed: true, Limit: l.limit, Remaining: remaining, Used: l.capacity - remaining, Reset: l.reset, Window: l.window}
-	l.series.add(leaseSpent, q.Cost)
+	l.series.add(leaseTaken, q.Cost)
 }
 
-// asks returns, for a call that reqs make to Redis, the lease each zone
-// asks for (nil for none): what its key's demand on this instance wants,
-// for a key with a record and not being refilled already. A key gets a
-// record when asked for again soon after (seenFilter); until then it asks
-// for none. A request with a concurrency zone, which always asks Redis,
-// asks for no lease: it could never spend one. Nor does one with a zone
-// that bans: a ban must hold on every instance at once, so each of its
-// requests asks Redis.
-func (t *leaseTable) asks(keys []string, reqs []storage.Request, now time.Time) []int64 {
+// wants returns, for a call that reqs make to Redis, the lease each zone
+// wants (nil for none): what its key's demand on this instance wants, for
+// a key with a record and not being leased already. A key gets a record
+// when requested again soon after (seenFilter); until then it wants none.
+// A request with a concurrency zone, which always takes in Redis, wants
+// no lease: it could never take from one. Nor does one with a zone that
+// bans: a ban must hold on every instance at once, so each of its
+// requests takes in Redis.
+func (t *leaseTable) wants(keys []string, reqs []storage.Request, now time.Time) []int64 {
 	for _, q := range reqs {
 		if q.Algorithm == algorithms.Concurrency || q.Ban > 0 {
 			return nil
 		}
 	}
-	var asks []int64
+	var wants []int64
 	for i, q := range reqs {
 		h := t.hash(keys[i])
 		s := &t.shards[leaseShardOf(h)]
@@ -402,73 +403,73 @@ func (t *leaseTable) asks(keys []string, reqs []storage.Request, now time.Time) 
 		if l == nil && t.seen.saw(h, now) {
 			l = s.add(keys[i], q, now)
 		}
-		if l != nil && !l.refilling {
-			if asks == nil {
-				asks = make([]int64, len(reqs))
+		if l != nil && !l.leasing {
+			if wants == nil {
+				wants = make([]int64, len(reqs))
 			}
-			asks[i] = l.want
-			l.refilling = true
+			wants[i] = l.want
+			l.leasing = true
 		}
 		s.mu.Unlock()
 	}
-	return asks
+	return wants
 }
 
-// unasked marks the keys of a call that asked for leases (asks, from
-// asks) and failed as no longer being refilled.
-func (t *leaseTable) unasked(keys []string, asks []int64) {
+// leaseFailed marks the keys of a call that wanted leases (wants, from
+// wants) and failed as no longer being leased.
+func (t *leaseTable) leaseFailed(keys []string, wants []int64) {
 	for i, k := range keys {
-		if asks[i] == 0 {
+		if wants[i] == 0 {
 			continue
 		}
 		s := t.shard(k)
 		s.mu.Lock()
 		if l := s.m[k]; l != nil {
-			l.refilling = false
+			l.leasing = false
 		}
 		s.mu.Unlock()
 	}
 }
 
-// granted records what a call that asked for leases brought (a): for each
-// zone, with the decision of its request, the units granted and the
-// counts Redis left, and the series that counts units. Units still held
-// of an earlier lease in the same window are kept.
-func (t *leaseTable) granted(keys []string, reqs []storage.Request, a *leaseAnswer, decisions []algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
+// leased records what a call that wanted leases brought (a): for each
+// zone, with the decision of its request, the units leased and what the
+// request left in Redis, and the series that counts units. Units still
+// held of an earlier lease in the same window are kept.
+func (t *leaseTable) leased(keys []string, reqs []storage.Request, a *leaseAnswer, decisions []algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
 	for i, q := range reqs {
-		if a.asks[i] == 0 {
+		if a.wants[i] == 0 {
 			continue
 		}
 		s := t.shard(keys[i])
 		s.mu.Lock()
 		if l := s.m[keys[i]]; l != nil { // else dropped meanwhile (an admin change)
-			s.grant(l, q, a, i, decisions[i], now, series)
+			s.addLease(l, q, a, i, decisions[i], now, series)
 		}
 		s.mu.Unlock()
 	}
 }
 
-// grant records in l, the record of zone i of a call that asked for
-// leases (a), what the call brought for it.
-func (s *leaseShard) grant(l *lease, q storage.Request, a *leaseAnswer, i int, d algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
-	l.refilling = false
-	g, counts := a.grants[i], a.counts[i]
-	if !d.Allowed || g == 0 {
+// addLease records in l, the record of zone i of a call that wanted
+// leases (a), the units the call leased for it.
+func (s *leaseShard) addLease(l *lease, q storage.Request, a *leaseAnswer, i int, d algorithms.Decision, now time.Time, series func(zone string) *leaseSeries) {
+	l.leasing = false
+	units := a.leased[i]
+	if !d.Allowed || units == 0 {
 		return
 	}
-	// Units still held are kept if they may be spent as part of the new
-	// lease: a windowed lease's, in the same window. Others go back: a
-	// gcra unit counted before this request must not be spent as late
+	// Units still held are kept if they may be taken as part of the new
+	// lease: a windowed lease's, in the same window. Others are released:
+	// a gcra unit counted before this request must not be taken as late
 	// as the new lease's.
 	held := l.units
 	if held > 0 && (!l.usable(now) || l.rate != q.Rate || l.alg != q.Algorithm ||
-		q.Algorithm == algorithms.GCRA || l.window != counts.Window) {
-		s.back = append(s.back, l.unspent())
+		q.Algorithm == algorithms.GCRA || l.window != d.Window) {
+		s.back = append(s.back, l.untaken())
 		held = 0
 	}
 	l.rate, l.alg, l.limit = q.Rate, q.Algorithm, d.Limit
 	s.touch(l, now)
-	l.units, l.spent = held+g, 0
+	l.units, l.taken = held+units, 0
 	s.hold(l)
 	l.remaining = d.Remaining + held
 	l.capacity = d.Limit
@@ -476,39 +477,39 @@ func (s *leaseShard) grant(l *lease, q storage.Request, a *leaseAnswer, i int, d
 	if q.Algorithm == algorithms.GCRA {
 		l.capacity = q.Rate.BurstFor(d.Limit)
 		// The first leased unit was counted at the TAT the request
-		// left (its whole ms, rounded down: spending by then is never
+		// left (its whole ms, rounded down: taking it by then is never
 		// late); the bucket is full again once the lease's TAT has
 		// passed.
-		ms, _ := algorithms.Interval(g, q.Rate.Window, d.Limit)
-		l.tat = time.UnixMilli(counts.Window).Add(a.shift).UnixMilli()
-		l.reset = time.UnixMilli(counts.Window + ms + 1).Add(a.shift)
+		ms, _ := algorithms.Interval(units, q.Rate.Window, d.Limit)
+		l.tat = time.UnixMilli(a.tats[i]).Add(a.shift).UnixMilli()
+		l.reset = time.UnixMilli(a.tats[i] + ms + 1).Add(a.shift)
 	} else if q.Algorithm == algorithms.SlidingWindow {
-		// Spent only in the sub-window it was counted in: a unit
-		// counted earlier than it is spent would leave the window
+		// Taken only in the sub-window it was counted in: a unit
+		// counted earlier than it is taken would leave the window
 		// early.
 		n, w := q.Rate.BucketsOr(), q.Rate.Window.Milliseconds()
-		l.window = counts.Window
+		l.window = d.Window
 		l.expires = time.UnixMilli(algorithms.SubWindowStart(l.window+1, w, n)).Add(a.shift)
 		l.reset = d.Reset
 	} else {
-		l.window = counts.Window
+		l.window = d.Window
 		l.expires, l.reset = d.Reset, d.Reset
 	}
-	if g >= a.asks[i] {
+	if units >= a.wants[i] {
 		l.want = min(2*l.want, maxLease)
 	}
-	l.series.add(leaseTaken, g)
+	l.series.add(leaseLeased, units)
 }
 
-// giveBack puts the cost of q, allowed with d, back into this instance's
+// release puts the cost of q, allowed with d, back into this instance's
 // lease of its key, and reports whether it did. It does if the lease may
-// still be spent, by the same requests, in the window (a sliding window:
-// the sub-window) q was charged in: a unit counted in Redis for that
-// window is as good as a leased one, so the lease spends it again or returns it with the rest. A gcra
-// cost is never put back: each leased unit stands for an instant of the
-// bucket, and one charged at another instant is not interchangeable with
-// them.
-func (t *leaseTable) giveBack(key string, q storage.Request, d algorithms.Decision, now time.Time) bool {
+// still be taken from, by the same requests, in the window (a sliding
+// window: the sub-window) q was taken in: a unit counted in Redis for
+// that window is as good as a leased one, so the lease has it taken again
+// or releases it with the rest. A gcra cost is never put back: each
+// leased unit stands for an instant of the bucket, and one taken at
+// another instant is not interchangeable with them.
+func (t *leaseTable) release(key string, q storage.Request, d algorithms.Decision, now time.Time) bool {
 	if !q.Algorithm.Windowed() && q.Algorithm != algorithms.SlidingWindow {
 		return false
 	}
@@ -516,18 +517,18 @@ func (t *leaseTable) giveBack(key string, q storage.Request, d algorithms.Decisi
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.m[key]
-	if l == nil || l.units+l.spent == 0 || l.window != d.Window || l.rate != q.Rate || l.alg != q.Algorithm || !now.Before(l.expires) {
+	if l == nil || l.units+l.taken == 0 || l.window != d.Window || l.rate != q.Rate || l.alg != q.Algorithm || !now.Before(l.expires) {
 		return false
 	}
 	l.units += q.Cost
-	l.spent = max(l.spent-q.Cost, 0)
+	l.taken = max(l.taken-q.Cost, 0)
 	s.hold(l)
-	l.series.add(leaseGivenBack, q.Cost)
+	l.series.add(leaseReleasedToLease, q.Cost)
 	return true
 }
 
-// due takes out of the table the units to give back at now: those of
-// leases unused for leaseIdle, or that can no longer be spent, and those
+// due takes out of the table the units to release at now: those of
+// leases unused for leaseIdle, or that can no longer be taken from, and those
 // left behind. It forgets the demand of keys long unused. It holds one
 // shard's lock at a time.
 func (t *leaseTable) due(now time.Time) []heldUnits {
@@ -538,7 +539,7 @@ func (t *leaseTable) due(now time.Time) []heldUnits {
 	return out
 }
 
-// due appends to out the shard's units to give back at now. What it
+// due appends to out the shard's units to release at now. What it
 // finds under the lock it gathers in the shard's own list, so the lock is
 // held for the shard's work alone, not for copying out.
 func (s *leaseShard) due(now time.Time, out []heldUnits) []heldUnits {
@@ -550,7 +551,7 @@ func (s *leaseShard) due(now time.Time, out []heldUnits) []heldUnits {
 		l := s.held[i]
 		idle := now.Sub(l.lastUsed) >= leaseIdle
 		if l.units > 0 && (idle || !l.usable(now)) {
-			back = append(back, l.unspent())
+			back = append(back, l.untaken())
 			if idle {
 				l.want = max(1, l.want/2)
 			}
@@ -561,7 +562,7 @@ func (s *leaseShard) due(now time.Time, out []heldUnits) []heldUnits {
 		}
 	}
 	for l := s.lru.next; l != nil && l != &s.lru; {
-		if l.units > 0 || l.refilling || now.Sub(l.lastUsed) < leaseForget {
+		if l.units > 0 || l.leasing || now.Sub(l.lastUsed) < leaseForget {
 			break
 		}
 		next := l.next
@@ -584,7 +585,7 @@ func (t *leaseTable) records() int {
 	return n
 }
 
-// drop forgets every lease without giving its units back, and which keys
+// drop forgets every lease without releasing its units, and which keys
 // were seen, so that each starts afresh: the admin API changed a key, a
 // limit or a dial.
 func (t *leaseTable) drop() {
@@ -602,7 +603,7 @@ func (t *leaseTable) drop() {
 	}
 }
 
-// all takes out every unit held, for giving them back on shutdown.
+// all takes out every unit held, for releasing them on shutdown.
 func (t *leaseTable) all() []heldUnits {
 	var out []heldUnits
 	for i := range t.shards {
@@ -612,7 +613,7 @@ func (t *leaseTable) all() []heldUnits {
 		s.back = nil
 		for _, l := range s.held {
 			if l.units > 0 {
-				out = append(out, l.unspent())
+				out = append(out, l.untaken())
 				l.units = 0
 			}
 			l.heldAt = 0
@@ -624,12 +625,12 @@ func (t *leaseTable) all() []heldUnits {
 	return out
 }
 
-// returnLeases gives back the unspent units of leases, in refund calls
-// shared with concurrent give-backs (see refund), one per cluster slot
+// releaseLeases releases the untaken units of leases, in release calls
+// shared with concurrent releases (see release), one per cluster slot
 // (one in all on a single server), each bounded by timeout. A lease's
-// units go back as a charge of them in its window would (for gcra: at
-// the limit it was counted against).
-func (c *client) returnLeases(held []heldUnits, timeout time.Duration) {
+// units are released as a take of them in its window would be (for
+// gcra: at the limit it was counted against).
+func (c *client) releaseLeases(held []heldUnits, timeout time.Duration) {
 	if len(held) == 0 {
 		return
 	}
@@ -639,24 +640,24 @@ func (c *client) returnLeases(held []heldUnits, timeout time.Duration) {
 	}
 	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
 		h := held[i]
-		return appendRefundArgs(dst, storage.Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window})
+		return appendReleaseArgs(dst, storage.Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window})
 	})
 	for k, p := range parts {
-		if err := c.refund(p, timeout); err != nil {
+		if err := c.release(p, timeout); err != nil {
 			// The units stay counted until their window ends: never
 			// more permissive.
-			c.logger.Warn("giving back leased rate limit units", zap.Int("keys", len(p.keys)), zap.Error(err))
+			c.logger.Warn("releasing leased rate limit units", zap.Int("keys", len(p.keys)), zap.Error(err))
 			continue
 		}
 		for _, i := range groups[k] {
-			held[i].series.add(leaseReturned, held[i].units)
+			held[i].series.add(leaseReleased, held[i].units)
 		}
 	}
 }
 
 // startLeases readies the lease table and starts, once, the goroutine
-// that gives back the units that are due; it gives back all of them when
-// the client is closed.
+// that releases the units that are due; it releases all of them when the
+// client is closed.
 func (c *client) startLeases() {
 	c.leasing.Do(func() {
 		c.leases.init()
@@ -674,11 +675,11 @@ func (c *client) sweepLeases() {
 	for {
 		select {
 		case <-c.closed:
-			c.returnLeases(c.leases.all(), time.Second)
+			c.releaseLeases(c.leases.all(), time.Second)
 			return
 		case <-ticker.C:
 			if due := c.leases.due(c.now()); len(due) > 0 {
-				c.returnLeases(due, time.Second)
+				c.releaseLeases(due, time.Second)
 			}
 		}
 	}

@@ -86,12 +86,12 @@ func (t *leaseTable) count() (records int, units int64) {
 	return records, units
 }
 
-// TestRedisLeaseSpendsWithoutCalls: a key asked for again and again on one
+// TestRedisLeaseTakesWithoutCalls: a key requested again and again on one
 // instance is decided from leases after its first request: far fewer
 // script calls than requests, every unit counted in Redis before it is
-// spent, and the unspent units given back once the key goes unused, which
-// leaves Redis with exactly the units spent.
-func TestRedisLeaseSpendsWithoutCalls(t *testing.T) {
+// taken, and the untaken units released once the key goes unused, which
+// leaves Redis with exactly the units taken.
+func TestRedisLeaseTakesWithoutCalls(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, "lease1:", 0)
 	req := storage.Request{Zone: "z", Key: "hot", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
@@ -104,7 +104,7 @@ func TestRedisLeaseSpendsWithoutCalls(t *testing.T) {
 		if !d.Allowed || d.Limit != 1<<30 || d.Remaining != 1<<30-int64(i)-1 {
 			t.Fatalf("request %d: %+v, want allowed with %d remaining", i, d, 1<<30-i-1)
 		}
-		// Units are counted before they are spent.
+		// Units are counted before they are taken.
 		if c := counted(t, s, r, "z", "hot"); c < int64(i)+1 {
 			t.Fatalf("after request %d Redis counts %d", i, c)
 		}
@@ -117,16 +117,16 @@ func TestRedisLeaseSpendsWithoutCalls(t *testing.T) {
 	if calls > requests/20 {
 		t.Fatalf("%d script calls for %d requests of one key, want leases to decide most", calls, requests)
 	}
-	// The units go back once the lease is unused, and Redis then counts
-	// exactly those spent.
-	waitUntil(t, "the unspent units to go back", func() bool { return counted(t, s, r, "z", "hot") == requests })
+	// The units are released once the lease is unused, and Redis then
+	// counts exactly those taken.
+	waitUntil(t, "the untaken units to be released", func() bool { return counted(t, s, r, "z", "hot") == requests })
 	if n := leasedUnits(r); n != 0 {
 		t.Fatalf("%d units still leased", n)
 	}
 }
 
 // TestRedisLeaseFleetNeverOver: three instances, each with four clients
-// asking for one key far beyond its limit, admit no more than the limit
+// taking for one key far beyond its limit, admit no more than the limit
 // (and, every instance wanting more to the end, all but a few units of
 // it); what Redis counts at the end is exactly what was admitted.
 func TestRedisLeaseFleetNeverOver(t *testing.T) {
@@ -147,7 +147,7 @@ func TestRedisLeaseFleetNeverOver(t *testing.T) {
 				for range 4 {
 					wg.Go(func() {
 						// Until a run of rejections: by then this instance's
-						// lease is spent and Redis has nothing left.
+						// lease is all taken and Redis has nothing left.
 						for misses := 0; misses < 20; {
 							d := make([]algorithms.Decision, 1)
 							if err := r.Take(context.Background(), []storage.Request{req}, d); err != nil {
@@ -208,7 +208,7 @@ func TestRedisLeaseCap(t *testing.T) {
 	}
 }
 
-// TestRedisLeaseGCRA: a gcra lease spends no unit later than the TAT it
+// TestRedisLeaseGCRA: a gcra lease has no unit taken later than the TAT it
 // was counted at, so a fleet on leases admits no more than the bucket and
 // its refill allow, and Redis ends with the units admitted.
 func TestRedisLeaseGCRA(t *testing.T) {
@@ -235,7 +235,7 @@ func TestRedisLeaseGCRA(t *testing.T) {
 
 // TestRedisLeaseDroppedOnAdminChange: a reset through another instance
 // moves the admin epoch; at its next refresh the instance holding a lease
-// drops it, unreturned, and asks Redis again.
+// drops it, unreleased, and takes in Redis again.
 func TestRedisLeaseDroppedOnAdminChange(t *testing.T) {
 	s := redistest.Standalone(t)
 	a, b := leaseStore(t, s, "admin:", 0), leaseStore(t, s, "admin:", 1)
@@ -326,10 +326,10 @@ func TestRedisLocalFallback(t *testing.T) {
 	}
 }
 
-// TestRedisLeaseReturnedOnShutdown: the leases a client holds go back
-// when the last config using it is cleaned up, so Redis counts exactly
-// the units spent.
-func TestRedisLeaseReturnedOnShutdown(t *testing.T) {
+// TestRedisLeaseReleasedOnShutdown: the leases a client holds are
+// released when the last config using it is cleaned up, so Redis counts
+// exactly the units taken.
+func TestRedisLeaseReleasedOnShutdown(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, "shutdown:", 0)
 	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1 << 20, Window: time.Hour}, Cost: 1}
@@ -343,13 +343,13 @@ func TestRedisLeaseReturnedOnShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c := counted(t, s, r, "z", "k"); c != 100 {
-		t.Fatalf("Redis counts %d after shutdown, want the 100 spent", c)
+		t.Fatalf("Redis counts %d after shutdown, want the 100 taken", c)
 	}
 }
 
 // TestRedisNoLeaseBesideConcurrency: a request that a concurrency zone
-// also counts asks Redis every time, and takes no lease for its other
-// zones, which it could never spend.
+// also counts takes in Redis every time, and wants no lease for its other
+// zones, which it could never take from.
 func TestRedisNoLeaseBesideConcurrency(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := leaseStore(t, s, "conc:", 0)
@@ -374,9 +374,9 @@ func TestRedisNoLeaseBesideConcurrency(t *testing.T) {
 	}
 }
 
-// TestRedisLeaseKeySeenOnce: keys asked for once each, as a flood of
+// TestRedisLeaseKeySeenOnce: keys requested once each, as a flood of
 // fresh keys sends them, leave no record in the lease table and are
-// decided by Redis; a key asked for again soon after gets a record and a
+// decided by Redis; a key requested again soon after gets a record and a
 // lease.
 func TestRedisLeaseKeySeenOnce(t *testing.T) {
 	s := redistest.Standalone(t)
@@ -389,17 +389,17 @@ func TestRedisLeaseKeySeenOnce(t *testing.T) {
 		}
 	}
 	if n := r.client.leases.records(); n != 0 {
-		t.Fatalf("%d lease records after 1000 keys asked for once each, want none", n)
+		t.Fatalf("%d lease records after 1000 keys requested once each, want none", n)
 	}
 	req.Key = "again"
 	redisTake(t, r, time.Time{}, req)
 	redisTake(t, r, time.Time{}, req)
 	if n, units := r.client.leases.count(); n != 1 || units == 0 {
-		t.Fatalf("%d records holding %d units after a key asked for twice, want its record and a lease", n, units)
+		t.Fatalf("%d records holding %d units after a key requested twice, want its record and a lease", n, units)
 	}
 }
 
-// TestLeaseTableFreshKeysAllocateNothing: asking for a key seen for the
+// TestLeaseTableFreshKeysAllocateNothing: a request for a key seen for the
 // first time allocates nothing that outlives the request.
 func TestLeaseTableFreshKeysAllocateNothing(t *testing.T) {
 	var table leaseTable
@@ -413,7 +413,7 @@ func TestLeaseTableFreshKeysAllocateNothing(t *testing.T) {
 	allocs := testing.AllocsPerRun(1000, func() {
 		keys[0] = fresh[n]
 		n++
-		table.asks(keys, reqs, now)
+		table.wants(keys, reqs, now)
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations a fresh key, want none", allocs)
@@ -421,12 +421,12 @@ func TestLeaseTableFreshKeysAllocateNothing(t *testing.T) {
 }
 
 // TestLeaseTableUnderFlood: a flood of a million distinct keys, each
-// asked for twice (so that each earns a record and a lease of a unit), at
+// requested twice (so that each earns a record and a lease of a unit), at
 // ten million keys a minute with the sweep running, never takes the table
-// past maxLeaseRecords records; a hot key asked for among them keeps its
+// past maxLeaseRecords records; a hot key requested among them keeps its
 // lease (at most one call for 20 of its requests); and no unit is lost
-// to the records forgotten to make room: every unit granted is spent,
-// given back or still held.
+// to the records forgotten to make room: every unit leased is taken,
+// released or still held.
 func TestLeaseTableUnderFlood(t *testing.T) {
 	var table leaseTable
 	table.init()
@@ -436,19 +436,19 @@ func TestLeaseTableUnderFlood(t *testing.T) {
 	now := time.UnixMilli(1_700_000_000_000)
 	every := time.Minute / 10_000_000
 	next := now.Add(leaseSweep)
-	var granted, spent, returned int64
+	var leased, taken, released int64
 	var hotRequests, hotCalls int
 	noSeries := func(string) *leaseSeries { return nil }
-	// call stands for a call to Redis that grants every lease asked for.
+	// call stands for a call to Redis that leases all the units wanted.
 	call := func(keys []string, reqs []storage.Request, limit int64) {
-		asks := table.asks(keys, reqs, now)
-		if asks == nil {
+		wants := table.wants(keys, reqs, now)
+		if wants == nil {
 			return
 		}
 		window := now.UnixMilli() / q.Rate.Window.Milliseconds()
 		d := []algorithms.Decision{{Allowed: true, Limit: limit, Remaining: limit - 2, Reset: time.UnixMilli((window + 1) * q.Rate.Window.Milliseconds()), Window: window}}
-		table.granted(keys, reqs, &leaseAnswer{asks: asks, grants: asks, counts: []algorithms.Counts{{Window: window}}}, d, now, noSeries)
-		granted += asks[0]
+		table.leased(keys, reqs, &leaseAnswer{wants: wants, leased: wants, tats: make([]int64, 1)}, d, now, noSeries)
+		leased += wants[0]
 	}
 	reqs := []storage.Request{q}
 	hotDecision := make([]algorithms.Decision, 1)
@@ -459,8 +459,8 @@ func TestLeaseTableUnderFlood(t *testing.T) {
 		call(keys, reqs, q.Rate.Units)
 		if i%100 == 0 {
 			hotRequests++
-			if table.spend(hot, hotReqs, hotDecision, now) {
-				spent++
+			if table.take(hot, hotReqs, hotDecision, now) {
+				taken++
 			} else {
 				hotCalls++
 				call(hot, hotReqs, hotReqs[0].Rate.Units)
@@ -468,7 +468,7 @@ func TestLeaseTableUnderFlood(t *testing.T) {
 		}
 		if !now.Before(next) {
 			for _, h := range table.due(now) {
-				returned += h.units
+				released += h.units
 			}
 			next = next.Add(leaseSweep)
 			if n := table.records(); n > maxLeaseRecords {
@@ -477,20 +477,20 @@ func TestLeaseTableUnderFlood(t *testing.T) {
 		}
 	}
 	n, held := table.count()
-	t.Logf("%d records; %d units granted, %d spent, %d returned, %d held; the hot key called %d times in %d requests", n, granted, spent, returned, held, hotCalls, hotRequests)
+	t.Logf("%d records; %d units leased, %d taken, %d released, %d held; the hot key called %d times in %d requests", n, leased, taken, released, held, hotCalls, hotRequests)
 	if n > maxLeaseRecords || n < maxLeaseRecords/2 {
 		t.Fatalf("%d records at the end, want at most %d, and the flood's recent keys", n, maxLeaseRecords)
 	}
 	if hotCalls > hotRequests/20 {
 		t.Fatalf("the hot key called %d times in %d requests, want leases to decide most", hotCalls, hotRequests)
 	}
-	if granted < 1_000_000 || spent+returned+held != granted {
-		t.Fatalf("%d units granted, %d spent, %d returned and %d held: want every key leased, and every unit spent, given back or held", granted, spent, returned, held)
+	if leased < 1_000_000 || taken+released+held != leased {
+		t.Fatalf("%d units leased, %d taken, %d released and %d held: want every key leased, and every unit taken, released or held", leased, taken, released, held)
 	}
 }
 
-// TestRedisLeaseHotKeyUnderFlood: while a flood of fresh keys, some asked
-// for twice so that the lease table's shards fill up, runs through the
+// TestRedisLeaseHotKeyUnderFlood: while a flood of fresh keys, some
+// requested twice so that the lease table's shards fill up, runs through the
 // same store, a hot key is still decided from leases: at most one Redis
 // decision per 20 requests.
 func TestRedisLeaseHotKeyUnderFlood(t *testing.T) {
@@ -531,15 +531,15 @@ func TestRedisLeaseHotKeyUnderFlood(t *testing.T) {
 		defer shard.mu.Unlock()
 		return len(shard.m) >= leaseShardRecords
 	})
-	spent := func() float64 { return leaseUnitsOf(t, hot.Zone, "spent") }
-	before := spent()
+	taken := func() float64 { return leaseUnitsOf(t, hot.Zone, "taken") }
+	before := taken()
 	const requests = 2000
 	for i := range requests {
 		if d := redisTake(t, r, time.Time{}, hot)[0]; !d.Allowed {
 			t.Fatalf("hot request %d rejected", i)
 		}
 	}
-	calls := requests - int(spent()-before)
+	calls := requests - int(taken()-before)
 	t.Logf("%d of %d hot requests decided by Redis", calls, requests)
 	if calls > requests/20 {
 		t.Fatalf("%d of %d requests of a hot key decided by Redis during a flood, want leases to decide most", calls, requests)
@@ -572,7 +572,7 @@ func leaseUnitsOf(t *testing.T, zone, outcome string) float64 {
 }
 
 // BenchmarkLeaseSweep runs the lease table through a key-rotation flood on
-// a simulated clock: so many distinct keys a minute, each asked for once
+// a simulated clock: so many distinct keys a minute, each requested once
 // (a fresh key per request) or twice (the second time taking a lease of
 // one unit, as when a flood repeats each key), with the sweep every
 // leaseSweep. The table first takes leaseForget's worth of the flood, so
@@ -585,7 +585,7 @@ func leaseUnitsOf(t *testing.T, zone, outcome string) float64 {
 func BenchmarkLeaseSweep(b *testing.B) {
 	for _, perMinute := range []int{1_000_000, 10_000_000} {
 		for _, times := range []int{1, 2} {
-			b.Run(strconv.Itoa(perMinute/1_000_000)+"M-keys-a-minute/asked-"+strconv.Itoa(times)+"x", func(b *testing.B) {
+			b.Run(strconv.Itoa(perMinute/1_000_000)+"M-keys-a-minute/requested-"+strconv.Itoa(times)+"x", func(b *testing.B) {
 				benchmarkLeaseSweep(b, perMinute, times)
 			})
 		}
@@ -601,17 +601,17 @@ func benchmarkLeaseSweep(b *testing.B, perMinute, times int) {
 	noSeries := func(string) *leaseSeries { return nil }
 	flood := func(key string) {
 		keys, reqs := []string{key}, []storage.Request{q}
-		t.asks(keys, reqs, now)
+		t.wants(keys, reqs, now)
 		if times < 2 {
 			return
 		}
-		asks := t.asks(keys, reqs, now)
-		if asks == nil {
+		wants := t.wants(keys, reqs, now)
+		if wants == nil {
 			return
 		}
 		window := now.UnixMilli() / q.Rate.Window.Milliseconds()
 		d := []algorithms.Decision{{Allowed: true, Limit: 1000, Remaining: 998, Reset: time.UnixMilli((window + 1) * q.Rate.Window.Milliseconds()), Window: window}}
-		t.granted(keys, reqs, &leaseAnswer{asks: asks, grants: []int64{1}, counts: []algorithms.Counts{{Window: window}}}, d, now, noSeries)
+		t.leased(keys, reqs, &leaseAnswer{wants: wants, leased: []int64{1}, tats: make([]int64, 1)}, d, now, noSeries)
 	}
 	key := func(n int) string { return "bench:{k" + strconv.Itoa(n) + "}:z" }
 	n := 0

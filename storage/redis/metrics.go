@@ -19,14 +19,14 @@ var metrics struct {
 
 // Values of the outcome label of lease_units_total.
 const (
-	leaseTaken = iota
-	leaseSpent
-	leaseReturned
-	leaseGivenBack
+	leaseLeased = iota
+	leaseTaken
+	leaseReleased
+	leaseReleasedToLease
 	leaseOutcomes
 )
 
-var leaseOutcomeNames = [leaseOutcomes]string{"taken", "spent", "returned", "given_back"}
+var leaseOutcomeNames = [leaseOutcomes]string{"leased", "taken", "released", "released_to_lease"}
 
 // registerMetrics makes the collectors on its first call and registers
 // them, and the entries collector, with registry, if any.
@@ -34,7 +34,7 @@ var registerMetrics = promreg.Once(func() []prometheus.Collector {
 	const ns, sub = promreg.Namespace, promreg.Subsystem
 	metrics.leaseUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "lease_units_total",
-		Help: "Units of a zone's limits that this instance leased from Redis (taken), spent from its leases without a call (spent), gave back unspent (returned), and got back into a lease from requests that did not count (given_back, count_status).",
+		Help: "Units of a zone's limits that this instance leased from Redis (leased), took from its leases for requests without a call (taken), released back to Redis untaken (released), and had released into a lease instead of Redis by requests that did not count (released_to_lease, count_status).",
 	}, []string{"zone", "outcome"})
 	metrics.instances = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Subsystem: sub, Name: "fleet_instances",

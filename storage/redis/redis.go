@@ -87,12 +87,13 @@ type Store struct {
 	// Connections per Redis node; 0 means go-redis's default (10 per CPU).
 	PoolSize int `json:"pool_size,omitempty"`
 
-	// Leases: a call for a key in demand on this instance takes several
+	// Leases: a call for a key in demand on this instance leases several
 	// units of its limit, which the instance's later requests for the key
-	// spend without a call. Every unit is counted in Redis before it is
-	// spent, and a lease never takes more than a 2N-th of what the key
+	// take without a call. Every unit is counted in Redis before it is
+	// taken, and a lease never holds more than a 2N-th of what the key
 	// has left (N instances), so the fleet admits no more than exact
-	// decisions would. Not for concurrency zones, which always ask Redis.
+	// decisions would. Not for concurrency zones, which always take in
+	// Redis.
 	// Default: off.
 	Lease bool `json:"lease,omitempty"`
 
@@ -462,7 +463,7 @@ func (r *Store) clientOptions(addrs, names []string) (*goredis.UniversalOptions,
 		PoolSize:      r.PoolSize,
 		ClientName:    clientName,
 		// A decision's script must never run twice: a retry after a
-		// timeout could charge a request that was already charged.
+		// timeout could take a request that was already taken.
 		MaxRetries: -1,
 		// Deadlines come from each decision's context (timeout); the
 		// socket timeouts only bound what runs without one.

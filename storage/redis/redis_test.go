@@ -65,7 +65,7 @@ func scriptCalls(t testing.TB, s *redistest.Server) int {
 	return n
 }
 
-// redisTake asks the store for one request at instant at (the script's
+// redisTake takes requests from the store at instant at (the script's
 // clock), or the server's clock if at is zero.
 func redisTake(t testing.TB, r *Store, at time.Time, reqs ...storage.Request) []algorithms.Decision {
 	t.Helper()
@@ -127,7 +127,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 	check := func(t *testing.T, alg algorithms.Algorithm, l algorithms.Rate, stored algorithms.Counts, now time.Time, cost int64) algorithms.Decision {
 		t.Helper()
 		key := r.counterKey("z", "k")
-		if _, err := s.Do("HSET", key, "w", fmt.Sprint(stored.Window), "c", fmt.Sprint(stored.Current), "p", fmt.Sprint(stored.Previous)); err != nil {
+		if _, err := s.Do("HSET", key, "w", fmt.Sprint(stored.W), "c", fmt.Sprint(stored.C), "p", fmt.Sprint(stored.P)); err != nil {
 			t.Fatal(err)
 		}
 		want, _ := algorithms.Decide(alg, stored, now, l, cost)
@@ -162,7 +162,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 			}
 			l := algorithms.Rate{Units: limit, Window: time.Duration(w) * time.Millisecond}
 			idx := vectors.Start.UnixMilli()/w + 1
-			stored := algorithms.Counts{Window: idx - 1, Current: prev}
+			stored := algorithms.WindowCounts{Window: idx - 1, Current: prev}.Counts()
 			if d := check(t, algorithms.SlidingTail, l, stored, time.UnixMilli(idx*w+e), 1); !d.Allowed {
 				t.Fatalf("window %d days: want allowed: %+v", days, d)
 			}
@@ -183,11 +183,11 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 			w := l.Window.Milliseconds()
 			now := time.UnixMilli(vectors.Start.UnixMilli() + rng.Int64N(1e12))
 			idx := now.UnixMilli() / w
-			stored := algorithms.Counts{
+			stored := algorithms.WindowCounts{
 				Window:   idx + 1 - rng.Int64N(4), // a window ahead: another clock wrote it
 				Current:  rng.Int64N(l.Units + 1),
 				Previous: rng.Int64N(l.Units + 1),
-			}
+			}.Counts()
 			cost := rng.Int64N(l.Units/2 + 2)
 			d := check(t, alg, l, stored, now, cost)
 			if !d.Allowed && d.RetryAt.Sub(now) > time.Millisecond {
@@ -222,10 +222,11 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 				den = logUniform(1, math.MaxInt32)
 			}
 			depth, _ := algorithms.Interval(burst, l.Window, limit)
+			// The TAT's whole ms, its fraction in 1/den ms, and den.
 			stored := algorithms.Counts{
-				Window:   now.UnixMilli() - depth/2 + rng.Int64N(depth+2),
-				Current:  rng.Int64N(den),
-				Previous: den,
+				W: now.UnixMilli() - depth/2 + rng.Int64N(depth+2),
+				C: rng.Int64N(den),
+				P: den,
 			}
 			cost := rng.Int64N(min(burst, 1<<20) + 2)
 			d := check(t, algorithms.GCRA, l, stored, now, cost)
@@ -432,9 +433,9 @@ func TestTakeScriptLayout(t *testing.T) {
 		"ARG_BAN":      argBan,
 		"ARG_INFLIGHT": argInFlight,
 		"ZONE_ARGS":    zoneArgs,
-		"OUT_W":        outWindow,
-		"OUT_C":        outCurrent,
-		"OUT_P":        outPrevious,
+		"OUT_W":        outW,
+		"OUT_C":        outC,
+		"OUT_P":        outP,
 		"OUT_ALLOWS":   outAllows,
 		"OUT_LIMIT":    outLimit,
 		"OUT_LEASED":   outLeased,
@@ -477,7 +478,7 @@ func TestRedisRejectedWritesNothing(t *testing.T) {
 		t.Fatal("a rejected request created its key")
 	}
 
-	// Two zones, one of them full: the other is not charged.
+	// Two zones, one of them full: the other takes nothing.
 	redisTake(t, r, at, storage.Request{Zone: "b", Key: "k", Algorithm: algorithms.FixedWindow, Rate: l, Cost: 3})
 	for i := range 3 {
 		d := redisTake(t, r, at,
@@ -488,7 +489,7 @@ func TestRedisRejectedWritesNothing(t *testing.T) {
 		}
 	}
 	if n, _ := s.Do("EXISTS", r.counterKey("a", "k")); n != "0" {
-		t.Fatal("zone a was charged for requests zone b rejected")
+		t.Fatal("zone a took requests zone b rejected")
 	}
 	if c, _ := s.Do("HGET", r.counterKey("b", "k"), "c"); c != "3" {
 		t.Fatalf("zone b counts %s, want 3", c)
@@ -524,7 +525,7 @@ func TestRedisClockSkew(t *testing.T) {
 }
 
 // TestRedisDenyCache checks that a key over its limit is answered locally
-// until its retry instant, with no Redis command, and asks Redis again
+// until its retry instant, with no Redis command, and takes in Redis again
 // from that instant on. The store's local clock is the test's, moved to
 // the retry instant rather than slept to; and the limit is a GCRA one, with
 // no window edge on Redis's (real) clock for the first requests to
@@ -553,7 +554,7 @@ func TestRedisDenyCache(t *testing.T) {
 		// limit is not the same rejection.
 		redisTake(t, r, time.Time{}, storage.Request{Zone: "z", Key: "k", Algorithm: req.Algorithm, Rate: req.Rate, Cost: 2})
 	}
-	// Another zone in the same request is not charged.
+	// Another zone in the same request takes nothing.
 	d := redisTake(t, r, time.Time{}, req, storage.Request{Zone: "other", Key: "k", Algorithm: req.Algorithm, Rate: req.Rate, Cost: 1})
 	if d[0].Allowed || !d[1].Allowed {
 		t.Fatalf("two zones: %+v", d)
@@ -567,12 +568,12 @@ func TestRedisDenyCache(t *testing.T) {
 		t.Fatalf("cached rejections ran %d scripts", n)
 	}
 	if n, _ := s.Do("EXISTS", r.counterKey("other", "k")); n != "0" {
-		t.Fatal("the other zone was charged")
+		t.Fatal("the other zone took the request")
 	}
 	clock.Set(first.RetryAt)
 	redisTake(t, r, time.Time{}, req)
 	if n := scriptCalls(t, s); n != 1 {
-		t.Fatalf("at the retry instant %d scripts ran, want 1: Redis is asked again", n)
+		t.Fatalf("at the retry instant %d scripts ran, want 1: Redis decides again", n)
 	}
 }
 
@@ -593,7 +594,7 @@ func TestDenyCacheBounded(t *testing.T) {
 // TestRedisTimeoutAndBreaker pauses and kills Redis: decisions fail with
 // the reason the outage gives (the timeout budget for a hung server, a
 // refused connection for a dead one); after
-// three failures the breaker answers without asking Redis; once Redis is
+// three failures the breaker answers without calling Redis; once Redis is
 // back, decisions resume. Durations are logged, never asserted: they depend
 // on the machine.
 func TestRedisTimeoutAndBreaker(t *testing.T) {
@@ -1030,7 +1031,7 @@ func TestRedisCluster(t *testing.T) {
 	}
 
 	t.Run("cross-slot rejection in the first group", func(t *testing.T) {
-		// The first group (k1) is full: the second (k2) is only asked.
+		// The first group (k1) is full: the second (k2) only decides.
 		redisTake(t, r, time.Time{}, storage.Request{Zone: "x1", Key: k1, Algorithm: algorithms.FixedWindow, Rate: l, Cost: 2})
 		for range 3 {
 			d := redisTake(t, r, time.Time{},
@@ -1041,13 +1042,13 @@ func TestRedisCluster(t *testing.T) {
 			}
 		}
 		if got := count(t, "x2", k2); got != "0" {
-			t.Fatalf("zone x2 charged %s", got)
+			t.Fatalf("zone x2 took %s", got)
 		}
 	})
 
-	t.Run("cross-slot rejection in a later group is refunded", func(t *testing.T) {
-		// The second group (k2) is full: the first (k1) is charged, then
-		// refunded.
+	t.Run("cross-slot rejection in a later group is released", func(t *testing.T) {
+		// The second group (k2) is full: the first (k1) is taken, then
+		// released.
 		redisTake(t, r, time.Time{}, storage.Request{Zone: "y2", Key: k2, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 2})
 		resetStats(t)
 		for range 3 {
@@ -1057,15 +1058,15 @@ func TestRedisCluster(t *testing.T) {
 			if !d[0].Allowed || d[1].Allowed {
 				t.Fatalf("%+v", d)
 			}
-			r.client.denies.init() // ask Redis every time
+			r.client.denies.init() // decide in Redis every time
 		}
 		if got := count(t, "y1", k1); got != "0" {
-			t.Fatalf("zone y1 keeps %s after refunds", got)
+			t.Fatalf("zone y1 keeps %s after releases", got)
 		}
 		if n := calls(t, "evalsha") + calls(t, "eval"); n != 9 {
-			t.Fatalf("%d script calls for 3 rejected cross-slot requests, want 9 (charge, check, refund)", n)
+			t.Fatalf("%d script calls for 3 rejected cross-slot requests, want 9 (take, check, release)", n)
 		}
-		// Both allowed: both charged.
+		// Both allowed: both taken.
 		d := redisTake(t, r, time.Time{},
 			storage.Request{Zone: "y1", Key: k1, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1},
 			storage.Request{Zone: "y3", Key: k2, Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
@@ -1074,12 +1075,12 @@ func TestRedisCluster(t *testing.T) {
 		}
 	})
 
-	t.Run("a rejection stands when a later group cannot be asked", func(t *testing.T) {
+	t.Run("a rejection stands when a later group cannot be reached", func(t *testing.T) {
 		// k1's zone is full; k2's node hangs. The request is rejected, not
 		// turned into a store error that on_store_error allow would pass.
 		long := algorithms.Rate{Units: 1, Window: time.Hour}
 		redisTake(t, r, time.Time{}, storage.Request{Zone: "h1", Key: k1, Algorithm: algorithms.FixedWindow, Rate: long, Cost: 1})
-		r.client.denies.init() // ask Redis, not the deny cache
+		r.client.denies.init() // decide in Redis, not the deny cache
 		hung := c.Nodes[nodeOf(t, r.counterKey("probe", k2))]
 		if err := hung.Pause(); err != nil {
 			t.Fatal(err)
@@ -1093,7 +1094,7 @@ func TestRedisCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err != nil || d[0].Allowed || d[0].RetryAt.IsZero() || !d[1].Allowed {
-			t.Fatalf("err %v, decisions %+v: want h1 rejected, h2 not asked", err, d)
+			t.Fatalf("err %v, decisions %+v: want h1 rejected, h2 not reached", err, d)
 		}
 	})
 
@@ -1305,7 +1306,7 @@ func BenchmarkRedisTakeParallel(b *testing.B) {
 		return r.Take(context.Background(), []storage.Request{q}, d)
 	}
 	alone := func(q storage.Request, d []algorithms.Decision) error {
-		t := &callPart{keys: []string{r.counterKey(q.Zone, q.Key)}, reqs: []storage.Request{q}, charge: true}
+		t := &callPart{keys: []string{r.counterKey(q.Zone, q.Key)}, reqs: []storage.Request{q}, take: true}
 		r.client.call(context.Background(), 0, []*callPart{t})
 		d[0].Allowed = t.err == nil && t.vals[3] == 1
 		return t.err
@@ -1578,7 +1579,7 @@ func TestRedisCoalescedCancel(t *testing.T) {
 		}
 	}
 	if c, err := s.Do("HGET", r.counterKey("z", "k"), "c"); err != nil || c != "7" {
-		t.Errorf("Redis counts %q (%v), want 7: the cancelled request must not be charged", c, err)
+		t.Errorf("Redis counts %q (%v), want 7: the cancelled request must not be taken", c, err)
 	}
 }
 
@@ -1649,7 +1650,7 @@ func TestRedisQueuedShareACall(t *testing.T) {
 }
 
 // TestRedisCallGroupsSameRequests checks that a call which sends requests
-// that ask the same as one entry of the take script (groupParts) decides
+// that are the same as one entry of the take script (groupParts) decides
 // each of them, and leaves the counters, exactly as calls of one request
 // each, in the order the call put them in, would. The requests are drawn
 // at random: every algorithm but concurrency (which is never grouped),
@@ -1696,9 +1697,9 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				ban = time.Duration(1+rng.Int64N(3600)) * time.Second
 			}
-			// Half the zones that ban give costs back, and keep their
+			// Half the zones that ban release costs, and keep their
 			// costs in flight.
-			reqs = append(reqs, storage.Request{Algorithm: alg, Rate: l, Cost: cost, Ban: ban, GivesBack: ban > 0 && rng.IntN(2) == 0})
+			reqs = append(reqs, storage.Request{Algorithm: alg, Rate: l, Cost: cost, Ban: ban, Releasable: ban > 0 && rng.IntN(2) == 0})
 		}
 		// Two sets of keys in the same state: one decided by one call,
 		// the other by a call per request.
@@ -1742,7 +1743,7 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 				// A ban that has ended or has not.
 				fields = append(fields, "b", now-1000+rng.Int64N(2000))
 			}
-			if reqs[z].GivesBack && rng.IntN(2) == 0 {
+			if reqs[z].Releasable && rng.IntN(2) == 0 {
 				// Costs in flight, taken in this window or up to two
 				// before.
 				fields = append(fields, "iw", now/w-rng.Int64N(3), "ic", rng.Int64N(reqs[z].Rate.Units+1), "ip", rng.Int64N(reqs[z].Rate.Units+1))
@@ -1753,9 +1754,9 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 				}
 			}
 		}
-		charge := rng.IntN(5) != 0
+		take := rng.IntN(5) != 0
 		newTake := func(keys []string, reqs []storage.Request) *callPart {
-			return &callPart{keys: keys, reqs: reqs, charge: charge}
+			return &callPart{keys: keys, reqs: reqs, take: take}
 		}
 		// The same request m times, and now and then one of another cost
 		// on the same keys, or on keys of its own, in between.
@@ -1795,7 +1796,7 @@ func TestRedisCallGroupsSameRequests(t *testing.T) {
 				t.Fatalf("case %d: errors %v, %v", i, tk.err, alone.err)
 			}
 			if !slices.Equal(tk.vals, alone.vals) {
-				t.Fatalf("case %d, request %d of %d (%+v, charge %v):\none call  %v\neach      %v", i, j, len(parts), tk.reqs, charge, tk.vals, alone.vals)
+				t.Fatalf("case %d, request %d of %d (%+v, take %v):\none call  %v\neach      %v", i, j, len(parts), tk.reqs, take, tk.vals, alone.vals)
 			}
 		}
 		for z := range zones {
@@ -1823,7 +1824,7 @@ func TestRedisCoalescedDeadline(t *testing.T) {
 	key := r.counterKey("z", "k")
 	b := r.client.batcher(key)
 	queue := func(deadline time.Time) *callPart {
-		tk := &callPart{keys: []string{key}, reqs: []storage.Request{req}, charge: true, deadline: deadline, done: make(chan struct{})}
+		tk := &callPart{keys: []string{key}, reqs: []storage.Request{req}, take: true, deadline: deadline, done: make(chan struct{})}
 		b.mu.Lock()
 		b.busy = true
 		b.waiting = append(b.waiting, tk)
@@ -1874,7 +1875,7 @@ func TestRedisCoalescedDeadline(t *testing.T) {
 // TestRedisSentRequestHeldUntilAnswered checks that a request whose context
 // ends after a call has picked it up returns only once that call has
 // answered. The call reads the request's arguments until then (to answer
-// an entry of requests that ask the same, after the reply), and the
+// an entry of requests that are the same, after the reply), and the
 // handler reuses them, a pooled slice, as soon as Take returns: were Take
 // to return at once, the call could read another request's arguments, or
 // zeros (and divide by a window of 0).
@@ -1898,7 +1899,7 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 	b.busy = true
 	b.mu.Unlock()
 	newTake := func() *callPart {
-		return &callPart{keys: []string{key}, reqs: []storage.Request{req}, charge: true, deadline: time.Now().Add(time.Hour)}
+		return &callPart{keys: []string{key}, reqs: []storage.Request{req}, take: true, deadline: time.Now().Add(time.Hour)}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	gone, stays := newTake(), newTake()
@@ -1947,7 +1948,7 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 		t.Fatalf("the other request: %v", err)
 	}
 	// It is decided after the one whose client went away, which was sent
-	// and so charged: it saw a count of 2.
+	// and so taken: it saw a count of 2.
 	if want := []int64{stays.vals[0], 2, 0, 1, 100, 0, 0, 0}; !slices.Equal(stays.vals, want) {
 		t.Errorf("the other request saw %v, want %v", stays.vals, want)
 	}

@@ -18,9 +18,9 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// This file is the Redis store's charging protocol: key names, the take
-// and refund scripts, and how zones in different cluster slots are
-// charged all or nothing.
+// This file is the Redis store's take protocol: key names, the take and
+// release scripts, and how zones in different cluster slots are taken
+// all or nothing.
 
 // counterKey names the Redis hash holding the counters of key in zone:
 // <prefix>{<key>}:<zone>. The braces make the key its own cluster hash
@@ -68,7 +68,7 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	}
 	now := r.now()
 	leasing := r.Lease && clock == 0
-	if leasing && c.leases.spend(keys, reqs, decisions, now) {
+	if leasing && c.leases.take(keys, reqs, decisions, now) {
 		return nil
 	}
 	if clock == 0 && c.denies.lookup(keys, reqs, decisions, now) {
@@ -78,9 +78,9 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 		return fmt.Errorf("redis: %w", err)
 	}
 	// A decision that takes concurrency units is not given up when the
-	// client goes away: the script may have charged it, and only an
+	// client goes away: the script may have taken them, and only an
 	// answer tells the handler to release the units. Its timeout still
-	// bounds it; units a timed-out call took wait for their lease.
+	// bounds it; units a timed-out call took wait for their hold to end.
 	base := ctx
 	if takesUnits(reqs) {
 		base = context.WithoutCancel(ctx)
@@ -93,15 +93,15 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	deadline := time.Now().Add(time.Duration(r.Timeout))
 	var leases *leaseAnswer
 	if leasing && (!r.Cluster || sameTag(keys)) {
-		if asks := c.leases.asks(keys, reqs, now); asks != nil {
-			leases = &leaseAnswer{asks: asks}
+		if wants := c.leases.wants(keys, reqs, now); wants != nil {
+			leases = &leaseAnswer{wants: wants}
 		}
 	}
-	err = r.charge(base, deadline, c, keys, reqs, decisions, clock, leases)
+	err = r.takeAll(base, deadline, c, keys, reqs, decisions, clock, leases)
 	now = r.now()
 	if err != nil {
 		if leases != nil {
-			c.leases.unasked(keys, leases.asks)
+			c.leases.leaseFailed(keys, leases.wants)
 		}
 		c.breaker.done(err, failureCounts(ctx, err), now)
 		return fmt.Errorf("redis: %w", err)
@@ -109,7 +109,7 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	c.breaker.done(nil, true, now)
 	c.answered()
 	if leases != nil {
-		c.leases.granted(keys, reqs, leases, decisions, now, r.leaseSeries)
+		c.leases.leased(keys, reqs, leases, decisions, now, r.leaseSeries)
 	}
 	if clock == 0 {
 		c.denies.store(keys, reqs, decisions, now)
@@ -117,17 +117,17 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	return nil
 }
 
-// leaseAnswer is what a call that asks for leases (asks, one per zone; 0
-// for none) brings back for them: each zone's units granted and its counts
-// as its request left them, before the lease, in the script's clock,
-// which is shift behind the local one.
+// leaseAnswer is what a call that wants leases (wants, one per zone; 0
+// for none) brings back for them: each zone's units leased and, for a
+// gcra zone, the whole ms of the TAT its request left, before the lease,
+// in the script's clock, which is shift behind the local one.
 type leaseAnswer struct {
-	asks, grants []int64
-	counts       []algorithms.Counts
-	shift        time.Duration
+	wants, leased []int64
+	tats          []int64
+	shift         time.Duration
 }
 
-// failureCounts reports whether err, from a decision asked for under ctx,
+// failureCounts reports whether err, from a take made under ctx,
 // counts against Redis in the circuit breaker. A client that went away says
 // nothing about Redis, and neither does a wait for a free connection: a
 // burst of traffic must not trip the breaker and so lift every limit.
@@ -135,17 +135,16 @@ func failureCounts(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && !errors.Is(err, goredis.ErrPoolTimeout)
 }
 
-// charge runs the take script over reqs. On one server or a sentinel's master
-// that is one call for all zones. On a cluster, zones whose keys lie in
-// different slots are decided one group of keys at a time; see
-// chargeSlotGroups.
-// A call that asks for leases (leases not nil) is one call: its keys
-// share a slot.
-func (r *Store) charge(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
+// takeAll runs the take script over reqs. On one server or a sentinel's
+// master that is one call for all zones. On a cluster, zones whose keys
+// lie in different slots are decided one group of keys at a time; see
+// takeSlotGroups. A call that wants leases (leases not nil) is one call:
+// its keys share a slot.
+func (r *Store) takeAll(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
 	if !r.Cluster || sameTag(keys) {
 		return r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true, leases)
 	}
-	return r.chargeSlotGroups(ctx, deadline, c, keys, reqs, decisions, clock)
+	return r.takeSlotGroups(ctx, deadline, c, keys, reqs, decisions, clock)
 }
 
 // sameTag reports whether all keys share one hash tag, and so one slot.
@@ -182,25 +181,24 @@ func hashTag(key string) string {
 	return key[open : open+end+1]
 }
 
-// chargeSlotGroups keeps the all-or-nothing rule on a cluster, where one script
-// cannot reach keys in different slots. Keys are grouped by hash tag and
-// each group is decided by one atomic script call, in order. Each group
-// charges its zones only if they all allow the request; once a group
-// rejects, the remaining groups are only asked for their decisions, and
-// every group already charged is refunded by a second script that is
-// atomic in its slot. Until that refund lands, a concurrent request for
-// the same key may see the charge and be rejected; no request is ever
-// allowed beyond a limit.
+// takeSlotGroups keeps the all-or-nothing rule on a cluster, where one
+// script cannot reach keys in different slots. Keys are grouped by hash
+// tag and each group is decided by one atomic script call, in order. Each
+// group takes its zones only if they all allow the request; once a group
+// rejects, the remaining groups only decide, and every group already
+// taken is released by a second script that is atomic in its slot. Until
+// that release lands, a concurrent request for the same key may see the
+// take and be rejected; no request is ever allowed beyond a limit.
 //
 // Once a group has rejected the request, Redis errors no longer make it a
 // store error, which on_store_error allow would let through: a group that
-// cannot be asked is reported as not rejecting, and a refund that fails is
-// logged and leaves its charge in place (counting too much, never too
-// little).
-func (r *Store) chargeSlotGroups(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64) error {
+// cannot be reached is reported as not rejecting, and a release that
+// fails is logged and leaves its take in place (counting too much, never
+// too little).
+func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64) error {
 	groups := tagGroups(keys)
 
-	var refunds []*refundPart
+	var releases []*releasePart
 	rejected := false
 	var firstErr error
 	for gi, g := range groups {
@@ -233,21 +231,21 @@ func (r *Store) chargeSlotGroups(ctx context.Context, deadline time.Time, c *cli
 			continue
 		}
 		if !rejected {
-			args := make([]any, 0, refundArgs*len(gReqs))
+			args := make([]any, 0, releaseArgs*len(gReqs))
 			for j, q := range gReqs {
-				args = appendRefundArgs(args, q, gDec[j])
+				args = appendReleaseArgs(args, q, gDec[j])
 			}
-			refunds = append(refunds, &refundPart{keys: gKeys, args: args})
+			releases = append(releases, &releasePart{keys: gKeys, args: args})
 		}
 	}
 	if !rejected && firstErr == nil {
 		return nil
 	}
-	// Undo the charges with a fresh budget: the decision's own timeout may
+	// Undo the takes with a fresh budget: the decision's own timeout may
 	// be what ended it.
-	for _, p := range refunds {
-		if err := c.refund(p, time.Duration(r.Timeout)); err != nil {
-			r.logger.Error("refunding a request rejected in another cluster slot failed; its charge stays",
+	for _, p := range releases {
+		if err := c.release(p, time.Duration(r.Timeout)); err != nil {
+			r.logger.Error("releasing a request rejected in another cluster slot failed; what it took stays",
 				zap.Int("zones", len(p.keys)), zap.Error(err))
 		}
 	}
@@ -272,16 +270,17 @@ const (
 // The take script's answer for each zone, at these offsets from the
 // zone's first value, zoneValues in all: the OUT_* of scripts/take.lua,
 // which a test holds to these. The key's counts as stored before the
-// entry (a sliding window answers the sub-window decided in, what the key
-// used before the entry and the first rejection's retry instant instead);
+// entry, the take script's w, c and p (algorithms.Counts' W, C and P; a
+// sliding window answers the sub-window decided in, what the key used
+// before the entry and the first rejection's retry instant instead);
 // whether the zone allows the entry's first request not allowed (1/0);
 // the limit it was decided against; the units leased; the key's ban as
 // stored before the entry; and 1 if the zone refused that request only
 // for its costs in flight.
 const (
-	outWindow = iota
-	outCurrent
-	outPrevious
+	outW = iota
+	outC
+	outP
 	outAllows
 	outLimit
 	outLeased
@@ -292,11 +291,11 @@ const (
 
 // runTake decides reqs, whose keys all lie in one slot, in one script call
 // (shared with concurrent requests; see batch.go) by deadline, and
-// fills decisions, and leases with what it asks for.
-func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, charge bool, leases *leaseAnswer) error {
-	t := &callPart{keys: keys, reqs: reqs, charge: charge, deadline: deadline}
+// fills decisions, and leases with the units leased.
+func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, take bool, leases *leaseAnswer) error {
+	t := &callPart{keys: keys, reqs: reqs, take: take, deadline: deadline}
 	if leases != nil {
-		t.asks = leases.asks
+		t.wants = leases.wants
 	}
 	var err error
 	if clock != 0 {
@@ -318,11 +317,11 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 		shift = r.now().Sub(time.UnixMilli(serverNow))
 	}
 	if leases != nil {
-		leases.grants, leases.counts, leases.shift = make([]int64, len(reqs)), make([]algorithms.Counts, len(reqs)), shift
+		leases.leased, leases.tats, leases.shift = make([]int64, len(reqs)), make([]int64, len(reqs)), shift
 	}
 	for i, q := range reqs {
 		v := t.vals[zoneValues*i:]
-		d, counts := decideAgain(q, v, serverNow)
+		d, next := decideAgain(q, v, serverNow)
 		// The script's verdict is what was written; it equals Decide's by
 		// construction (and by test), but the store must report what it did.
 		d.Allowed = v[outAllows] == 1
@@ -344,8 +343,11 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 		}
 		decisions[i] = d
 		if leases != nil {
-			// The counts the request left, before the lease.
-			leases.grants[i], leases.counts[i] = v[outLeased], counts
+			leases.leased[i] = v[outLeased]
+			if q.Algorithm == algorithms.GCRA {
+				// The TAT the request left, before the lease.
+				leases.tats[i] = algorithms.Counts{W: next[0], C: next[1], P: next[2]}.TATMillis()
+			}
 		}
 	}
 	return nil
@@ -355,32 +357,34 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 // of q at now (ms of the script's clock), from v, that zone's values in
 // the script's answer (see take.lua): the counters as stored before q,
 // the limit the script used, the request's or a per-key override, and
-// the key's ban, which rejects q while it lasts.
-func decideAgain(q storage.Request, v []int64, now int64) (algorithms.Decision, algorithms.Counts) {
-	counts := algorithms.Counts{Window: v[outWindow], Current: v[outCurrent], Previous: v[outPrevious]}
+// the key's ban, which rejects q while it lasts. It returns the decision
+// and the zone's values at outW, outC and outP as q left them.
+func decideAgain(q storage.Request, v []int64, now int64) (algorithms.Decision, [3]int64) {
 	rate := q.Rate
 	rate.Units = v[outLimit]
-	var d algorithms.Decision
-	var next algorithms.Counts
 	if q.Algorithm == algorithms.SlidingWindow {
-		d, next = decideRingAgain(rate, counts, q.Cost)
-	} else {
-		d, next = algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
+		d, next := decideRingAgain(rate, v, q.Cost)
+		if q.Ban > 0 && v[outBan] > now {
+			return d.Ban(time.UnixMilli(v[outBan]), false), [3]int64{v[outW], v[outC], v[outP]}
+		}
+		return d, next
 	}
+	counts := algorithms.Counts{W: v[outW], C: v[outC], P: v[outP]}
+	d, next := algorithms.Decide(q.Algorithm, counts, time.UnixMilli(now), rate, q.Cost)
 	if q.Ban > 0 && v[outBan] > now {
-		return d.Ban(time.UnixMilli(v[outBan]), false), counts
+		return d.Ban(time.UnixMilli(v[outBan]), false), [3]int64{counts.W, counts.C, counts.P}
 	}
-	return d, next
+	return d, [3]int64{next.W, next.C, next.P}
 }
 
 // decideRingAgain is decideAgain for a sliding window, from what the take
-// script answers for one: the sub-window decided in, what the key used
-// before the request and, for a rejection, the retry instant (ms of the
-// script's clock), in place of the counts. It returns them as a charge of
+// script answers for one at outW, outC and outP: the sub-window decided
+// in, what the key used before the request and, for a rejection, the
+// retry instant (ms of the script's clock). It returns them as taking
 // cost left them.
-func decideRingAgain(rate algorithms.Rate, v algorithms.Counts, cost int64) (algorithms.Decision, algorithms.Counts) {
+func decideRingAgain(rate algorithms.Rate, v []int64, cost int64) (algorithms.Decision, [3]int64) {
 	n, w := rate.BucketsOr(), rate.Window.Milliseconds()
-	idx, used, retry := v.Window, v.Current, v.Previous
+	idx, used, retry := v[outW], v[outC], v[outP]
 	d := algorithms.Decision{Limit: rate.Units, Window: idx, Reset: time.UnixMilli(algorithms.SubWindowStart(idx+1+int64(n), w, n))}
 	switch {
 	case used+cost <= rate.Units:
@@ -392,10 +396,10 @@ func decideRingAgain(rate algorithms.Rate, v algorithms.Counts, cost int64) (alg
 		d.RetryAt = time.UnixMilli(retry)
 	}
 	d.Used, d.Remaining = used, max(rate.Units-used, 0)
-	return d, algorithms.Counts{Window: idx, Current: used, Previous: retry}
+	return d, [3]int64{idx, used, retry}
 }
 
-// takesUnits reports whether reqs hold concurrency units once charged.
+// takesUnits reports whether reqs hold concurrency units once taken.
 func takesUnits(reqs []storage.Request) bool {
 	for _, q := range reqs {
 		if q.Algorithm == algorithms.Concurrency {
@@ -405,18 +409,19 @@ func takesUnits(reqs []storage.Request) bool {
 	return false
 }
 
-// Release implements storage.Store: each concurrency request leaves its key's
-// holders, and each other request's cost is taken back (refund.lua), in
-// one script call for all of them (one per hash tag on a cluster), atomic
-// in its slot and shared with the give-backs of concurrent requests. A
-// request the script finds no longer holding (its lease ended) is
+// Release implements storage.Store: each concurrency request leaves its
+// key's holders, and each other request's cost is released (release.lua),
+// in one script call for all of them (one per hash tag on a cluster),
+// atomic in its slot and shared with the releases of concurrent requests.
+// A request the script finds no longer holding (its hold ended) is
 // released already. A windowed cost this instance holds a lease of its
-// key for, in the same window, goes back to the lease instead, without a
-// call: the lease spends it again or returns it with its other units.
+// key for, in the same window, is released into the lease instead,
+// without a call: the lease has it taken again or releases it with its
+// other units.
 // The store's timeout bounds each call, whether or not ctx has ended.
 func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	// The leases are the acquired client's, as for Take: a reloaded
-	// config's own client may be closed, its leases no longer returned.
+	// config's own client may be closed, its leases no longer released.
 	c, own, err := r.acquire()
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
@@ -428,7 +433,7 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 	now := r.now()
 	for i, q := range reqs {
 		key := r.counterKey(q.Zone, q.Key)
-		if r.Lease && !q.Counted && c.leases.giveBack(key, q, decisions[i], now) {
+		if r.Lease && !q.Counted && c.leases.release(key, q, decisions[i], now) {
 			continue
 		}
 		keys = append(keys, key)
@@ -438,13 +443,13 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 	if len(keys) == 0 {
 		return nil
 	}
-	// The request's client may be gone; what it took goes back anyway, in
-	// a call shared with the give-backs of other requests (see
-	// refund.go). A slot that fails does not keep the others'.
-	parts, groups := c.slotParts(keys, func(dst []any, i int) []any { return appendRefundArgs(dst, held[i], heldDecisions[i]) })
+	// The request's client may be gone; what it took is released anyway,
+	// in a call shared with the releases of other requests (see
+	// release.go). A slot that fails does not keep the others'.
+	parts, groups := c.slotParts(keys, func(dst []any, i int) []any { return appendReleaseArgs(dst, held[i], heldDecisions[i]) })
 	var failed error
 	for k, p := range parts {
-		if err := c.refund(p, time.Duration(r.Timeout)); err != nil && failed == nil {
+		if err := c.release(p, time.Duration(r.Timeout)); err != nil && failed == nil {
 			failed = fmt.Errorf("redis: releasing zone %q: %w", held[groups[k][0]].Zone, err)
 		}
 	}
@@ -453,8 +458,8 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 }
 
 // Released implements storage.Store: closed at the next release by this
-// instance. Releases by other instances and ended leases are seen only by
-// asking.
+// instance. Releases by other instances and ended holds are seen only by
+// trying again.
 func (r *Store) Released() <-chan struct{} {
 	return r.client.released.Wait()
 }
@@ -462,12 +467,12 @@ func (r *Store) Released() <-chan struct{} {
 var (
 	//go:embed scripts/take*.lua
 	takePieces embed.FS
-	//go:embed scripts/refund.lua
-	refundSource string
+	//go:embed scripts/release.lua
+	releaseSource string
 
-	takeSource   = joinPieces(takePieces, takeOrder)
-	takeScript   = goredis.NewScript(takeSource)
-	refundScript = goredis.NewScript(refundSource)
+	takeSource    = joinPieces(takePieces, takeOrder)
+	takeScript    = goredis.NewScript(takeSource)
+	releaseScript = goredis.NewScript(releaseSource)
 )
 
 // takeOrder lists the pieces of the take script in the order they are

@@ -25,7 +25,7 @@ type NewStore func(t *testing.T, now func() time.Time) storage.Store
 
 // Run plays the suite's subtests, each on a store of its own from
 // newStore. The subtests about the admin side (key state, resets,
-// overrides, and the give-backs they read back) skip a store that is not
+// overrides, and the releases they read back) skip a store that is not
 // a storage.Admin.
 //
 // A subtest's clock starts at the real clock's next minute, unless it
@@ -47,8 +47,8 @@ func Run(t *testing.T, newStore NewStore) {
 		{"exact_under_concurrency", testExactUnderConcurrency},
 		{"keys_never_share", testKeysNeverShare},
 		{"concurrency_units", testConcurrencyUnits},
-		{"give_back", testGiveBack},
-		{"ring_give_back", testRingGiveBack},
+		{"release", testRelease},
+		{"ring_release", testRingRelease},
 		{"ban", testBan},
 		{"reset", testReset},
 		{"override", testOverride},
@@ -151,7 +151,7 @@ func testVectors(t *testing.T, s *suite) {
 // back: refusals for costs in flight, bans begun on the settled count.
 func testBanVectors(t *testing.T, s *suite) {
 	req := func(vc vectors.BanCase, key string, cost int64) storage.Request {
-		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Ban: vc.Ban, GivesBack: true}
+		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Ban: vc.Ban, Releasable: true}
 	}
 	vectors.RunBans(t, func(t *testing.T, now time.Time, vc vectors.BanCase, key string, cost int64) algorithms.Decision {
 		s.clock.set(now)
@@ -186,7 +186,7 @@ func testRefuses(t *testing.T, s *suite) {
 	}
 }
 
-// testAllOrNothing: a request that one of its zones rejects is charged in
+// testAllOrNothing: a request that one of its zones rejects is taken in
 // none of them.
 func testAllOrNothing(t *testing.T, s *suite) {
 	wide := storage.Request{Zone: "wide", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 10, Window: time.Hour}, Cost: 1}
@@ -267,7 +267,7 @@ func testKeysNeverShare(t *testing.T, s *suite) {
 
 // testConcurrencyUnits: a concurrency zone holds units until they are
 // released, rejects past its limit, wakes Released's waiters at a
-// release, and gives back nothing twice.
+// release, and releases nothing twice.
 func testConcurrencyUnits(t *testing.T, s *suite) {
 	var holder uint64
 	req := func(cost int64) storage.Request {
@@ -301,7 +301,7 @@ func testConcurrencyUnits(t *testing.T, s *suite) {
 	if d := s.take(t, c)[0]; !d.Allowed || d.Remaining != 1 {
 		t.Fatalf("after a release: %+v", d)
 	}
-	// Released twice, b and a give back nothing more: the whole limit is
+	// Released twice, b and a release nothing more: the whole limit is
 	// free again, and no more than it.
 	release(b, a, c, a)
 	all := req(3)
@@ -309,59 +309,59 @@ func testConcurrencyUnits(t *testing.T, s *suite) {
 		t.Fatalf("the whole limit after releasing everything: %+v", d)
 	}
 	if d := s.take(t, req(1))[0]; d.Allowed {
-		t.Fatalf("one more beside the whole limit: %+v, want rejected: a unit released twice came back twice", d)
+		t.Fatalf("one more beside the whole limit: %+v, want rejected: a unit released twice was released twice", d)
 	}
 	release(all)
 }
 
-// testGiveBack: a cost given back (a response that does not count) comes
-// off the window it was charged in, and a GCRA bucket refills by it.
-func testGiveBack(t *testing.T, s *suite) {
+// testRelease: a cost released (a response that does not count) comes
+// off the window it was taken in, and a GCRA bucket refills by it.
+func testRelease(t *testing.T, s *suite) {
 	window := time.Minute
 	s.clock.set(s.clock.now().Truncate(window))
-	req := storage.Request{Zone: "gb", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 10, Window: window}, Cost: 3, GivesBack: true}
-	counts := func() algorithms.Counts {
+	req := storage.Request{Zone: "gb", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 10, Window: window}, Cost: 3, Releasable: true}
+	counts := func() algorithms.WindowCounts {
 		t.Helper()
-		return s.keyState(t, "gb", "k", window).Counts
+		return s.keyState(t, "gb", "k", window).Counts.Windows()
 	}
-	giveBack := func(d algorithms.Decision) {
+	release := func(d algorithms.Decision) {
 		t.Helper()
 		s.release(t, []storage.Request{req}, []algorithms.Decision{d})
 	}
 	first := s.take(t, req)[0]
 	s.take(t, req)
-	giveBack(first)
+	release(first)
 	if got := counts(); got.Current != 3 {
-		t.Fatalf("after giving one back: %+v, want 3 counted", got)
+		t.Fatalf("after releasing one: %+v, want 3 counted", got)
 	}
 	// In the next window, the first window's cost comes off the previous
 	// window.
 	s.clock.add(window)
 	second := s.take(t, req)[0]
-	giveBack(first)
+	release(first)
 	if got := counts(); got.Previous != 0 || got.Current != 3 {
-		t.Fatalf("after giving back a cost of the previous window: %+v, want 0 previous, 3 current", got)
+		t.Fatalf("after releasing a cost of the previous window: %+v, want 0 previous, 3 current", got)
 	}
-	giveBack(second)
+	release(second)
 	if got := counts(); got.Current != 0 {
-		t.Fatalf("after giving back the current window's: %+v, want nothing counted", got)
+		t.Fatalf("after releasing the current window's: %+v, want nothing counted", got)
 	}
 
-	g := storage.Request{Zone: "gb", Key: "g", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 4, Window: time.Minute}, Cost: 4, GivesBack: true}
+	g := storage.Request{Zone: "gb", Key: "g", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 4, Window: time.Minute}, Cost: 4, Releasable: true}
 	d := s.take(t, g)[0]
 	if again := s.take(t, g)[0]; again.Allowed {
 		t.Fatalf("a gcra bucket emptied: %+v, want rejected", again)
 	}
 	s.release(t, []storage.Request{g}, []algorithms.Decision{d})
 	if d := s.take(t, g)[0]; !d.Allowed {
-		t.Fatalf("a gcra bucket emptied and given back: %+v, want full again", d)
+		t.Fatalf("a gcra bucket emptied and released: %+v, want full again", d)
 	}
 }
 
-// testRingGiveBack: a sliding window's cost given back comes off the
-// sub-window it was charged in; the admin side reads the ring, and a
+// testRingRelease: a sliding window's cost released comes off the
+// sub-window it was taken in; the admin side reads the ring, and a
 // reset forgets it.
-func testRingGiveBack(t *testing.T, s *suite) {
+func testRingRelease(t *testing.T, s *suite) {
 	window := time.Minute
 	s.clock.set(s.clock.now().Truncate(window))
 	req := storage.Request{Zone: "rg", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 2, Window: window, Buckets: 6}, Cost: 1}
@@ -377,7 +377,7 @@ func testRingGiveBack(t *testing.T, s *suite) {
 		t.Fatalf("key state %+v, want a ring of 6 buckets holding 1, in sub-window %d", st.Ring, second.Window)
 	}
 	if d := s.take(t, req)[0]; !d.Allowed || d.Remaining != 0 {
-		t.Fatalf("after giving the first back: %+v, want allowed with none left", d)
+		t.Fatalf("after releasing the first: %+v, want allowed with none left", d)
 	}
 	s.resetKey(t, "rg", "k")
 	if d := s.take(t, req)[0]; !d.Allowed || d.Remaining != 1 {
@@ -386,11 +386,11 @@ func testRingGiveBack(t *testing.T, s *suite) {
 }
 
 // loginRequest is a request of a zone that allows two attempts a minute,
-// bans for an hour, and gives back the costs of responses it does not
+// bans for an hour, and releases the costs of responses it does not
 // count.
 func loginRequest(key string) storage.Request {
 	return storage.Request{Zone: "login", Key: key, Algorithm: algorithms.FixedWindow,
-		Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Ban: time.Hour, GivesBack: true}
+		Rate: algorithms.Rate{Units: 2, Window: time.Minute}, Cost: 1, Ban: time.Hour, Releasable: true}
 }
 
 // fail takes q and, if it is allowed, ends it as a failed login: its
@@ -463,11 +463,11 @@ func testReset(t *testing.T, s *suite) {
 	if d := s.take(t, req)[0]; d.Allowed {
 		t.Fatalf("over the limit: %+v, want rejected", d)
 	}
-	if st := s.keyState(t, "z", "k", rate.Window); st.Counts.Current != 3 {
+	if st := s.keyState(t, "z", "k", rate.Window); st.Counts.Windows().Current != 3 {
 		t.Fatalf("key state %+v, want 3 counted", st.Counts)
 	}
 	s.resetKey(t, "z", "k")
-	if st := s.keyState(t, "z", "k", rate.Window); st.Counts.Current != 0 || st.Counts.Previous != 0 {
+	if st := s.keyState(t, "z", "k", rate.Window); st.Counts.Windows().Current != 0 || st.Counts.Windows().Previous != 0 {
 		t.Fatalf("key state after a reset %+v, want nothing counted", st.Counts)
 	}
 	if d := s.take(t, req)[0]; !d.Allowed {

@@ -1,7 +1,8 @@
 -- take.lua decides a batch of requests, one after the other, each against
--- one or more zones, and charges a request's zones only if every one of them
--- allows it. Each decision is algorithms.Decide (algorithms/algorithms.go)
--- in Lua, bit for bit, and sees the charges of the requests before it.
+-- one or more zones, and takes a request's cost in its zones only if
+-- every one of them allows it. Each decision is algorithms.Decide
+-- (algorithms/algorithms.go) in Lua, bit for bit, and sees the takes of
+-- the requests before it.
 --
 -- The take script is this file and the take_*.lua pieces after it, joined
 -- by the store (takeOrder), in this order, into one script it loads once
@@ -25,20 +26,22 @@
 --
 -- KEYS     the counters of each entry's zones, entry after entry (a
 --          concurrency zone's followed by its holders' set; see
---          take_concurrency.lua): a hash per zone and key with fields w
---          (window index), c (cost counted in window w), p (cost counted
---          in window w-1) and t (the instant, in ms of the script's clock,
+--          take_concurrency.lua): a hash per zone and key with fields w,
+--          c and p, the key's algorithms.Counts (W, C and P), whose
+--          meaning is the algorithm's: for the windowed algorithms w the
+--          window index, c the cost taken in window w and p in window w-1;
+--          for GCRA its TAT (take_gcra.lua); for concurrency the units
+--          held, in c. And t (the instant, in ms of the script's clock,
 --          the key was last set to expire at); o and ox, a per-key limit
 --          the admin API set (take_bans.lua); b, iw, ic and ip, a ban and
 --          the costs in flight (take_bans.lua); and r, a sliding window's
---          ring (take_sliding_window.lua). GCRA keeps its TAT in w, c and
---          p (take_gcra.lua), concurrency the units held in c.
+--          ring (take_sliding_window.lua).
 -- ARGV[1]  "" to use the server clock (TIME), or a time in ms since the
 --          epoch; tests drive the shared test vectors with it.
 -- ARGV[2]  N, the live instances sharing the store, for leases
 --          (take_lease.lua).
--- Then for each entry, which stands for m requests that ask the same (the
---          same zones, keys and arguments): "1" to charge their zones
+-- Then for each entry, which stands for m requests that are the same (the
+--          same zones, keys and arguments): "1" to take in their zones
 --          when all allow a request, "0" to decide only; the number n of
 --          zones; m; and for each zone ZONE_ARGS arguments, at the offsets
 --          ARG_* below.
@@ -47,7 +50,7 @@
 -- allowed (they are the first ones: once one is rejected, the rest are
 -- decided against the same counters), and for each zone ZONE_VALUES
 -- numbers, at the offsets OUT_* below}. The caller rebuilds what each of
--- the entry's requests saw by charging them one after the other, as
+-- the entry's requests saw by taking them one after the other, as
 -- algorithms.Decide does, and banning as this script does. An entry for
 -- many identical requests (one hot key under load) costs little more than
 -- one for a single request: its arguments are read once and its answer is
@@ -60,12 +63,12 @@
 -- A zone's arguments, at ARGV[a + ARG_*] from its first argument ARGV[a]:
 -- the algorithm ("f" fixed window, "s" sliding tail, "w" sliding window,
 -- "g" gcra, "c" concurrency); the limit; the window (ms; for concurrency
--- the lease); the cost; one more: gcra's burst (0: the limit), a sliding
--- window's buckets, concurrency's holder, "" otherwise; the lease asked
--- for: how many units beyond the cost the instance would like to spend
--- later on its own (0 for none); the ban (ms; 0 for none); and "1" if the
--- zone keeps its costs in flight (it bans, and gives costs back:
--- count_status), "0" if not. The store's Go code mirrors these offsets
+-- the hold); the cost; one more: gcra's burst (0: the limit), a sliding
+-- window's buckets, concurrency's holder, "" otherwise; the lease wanted:
+-- how many units beyond the cost the instance would like to take later
+-- on its own (0 for none); the ban (ms; 0 for none); and "1" if the zone
+-- keeps its costs in flight (it bans, and releases costs: count_status),
+-- "0" if not. The store's Go code mirrors these offsets
 -- (arg*).
 local ARG_ALG, ARG_LIMIT, ARG_WINDOW, ARG_COST, ARG_EXTRA, ARG_LEASE, ARG_BAN, ARG_INFLIGHT = 0, 1, 2, 3, 4, 5, 6, 7
 local ZONE_ARGS = 8
@@ -120,23 +123,24 @@ local out = {now}
 --                         (optional);
 --   decide(j, zone)       decides the zone's request against the counters
 --                         as the requests before it left them; returns a
---                         charge (below);
+--                         decision (below);
 --   room(j, zone)         the units the zone has left, as the requests so
 --                         far left it (take_lease.lua);
---   grant(j, zone, units) charges units more (take_lease.lua);
+--   lease(j, zone, units) leases units more (take_lease.lua);
 --   settle(j, zone)       takes the key's costs in flight off its
 --                         counters (take_bans.lua);
---   window(zone, d)       the window, of the zone's window, the charge d
---                         takes its cost in (take_bans.lua);
+--   window(zone, d)       the window, of the zone's window, the decision
+--                         d takes its cost in (take_bans.lua);
 --   answer(zone, d, first) writes what the zone answers in place of w, c
---                         and p, for the charge d of a request, the
+--                         and p, for the decision d on a request, the
 --                         entry's first or not (optional).
--- A charge is {allowed: whether the zone allows the request; w, c, p: the
--- fields charging it writes; ring: the ring charging a sliding window
--- writes, in place of c and p; expires: until when charging it keeps the
--- key; holder: the holder it adds (concurrency); used and retry: what a
--- sliding window answers (take_sliding_window.lua)}. A charge that cannot
--- be made (more than gcra's burst) holds only allowed.
+-- A decision is {allowed: whether the zone allows the request; w, c, p:
+-- the fields taking it writes; ring: the ring taking it writes for a
+-- sliding window, in place of c and p; expires: until when taking it
+-- keeps the key; holder: the holder it adds (concurrency); used and
+-- retry: what a sliding window answers (take_sliding_window.lua)}. A
+-- request that can never be taken (more than gcra's burst) has a
+-- decision holding only allowed.
 local ALGS = {}
 
 -- decide decides one zone of a request with its algorithm.

@@ -14,9 +14,9 @@
 -- now for the zone's ban. The ban lives in the key's hash, beside its
 -- counts, which then live at least as long.
 --
--- Costs in flight: a zone that bans and gives costs back keeps, as
+-- Costs in flight: a zone that bans and releases costs keeps, as
 -- algorithms/inflight.go does, the costs of its requests not done yet
--- (refund.lua takes them off): iw is a window (of the zone's window), ic
+-- (release.lua takes them off): iw is a window (of the zone's window), ic
 -- the costs taken in it, ip those taken in window iw-1. Such a zone bans
 -- only if the key's settled count alone, the counts less the costs in
 -- flight (algorithms.Settled), leaves the request no room: a refusal only

@@ -4,18 +4,18 @@
 -- s[j + HOLDERS].
 --
 -- Concurrency keeps each holder in a sorted set beside the hash, scored
--- by when its lease (the zone's window) ends; a holder is named
+-- by when its hold (the zone's window) ends; a holder is named
 -- "<instance>:<request>/<cost>". The set comes in KEYS right after the
 -- hash, as every key a script touches must (Redis Cluster routes the call
 -- by them, and replicates its effects on them): the caller names it
 -- prefix{key}h:zone, which no counter hash can be named, in the hash's
--- slot by the same tag. Holders whose lease ended (their instance died
+-- slot by the same tag. Holders whose hold ended (their instance died
 -- without releasing) are removed, and their cost taken off c, before the
 -- key is decided.
 
 ALGS.c = {
-  -- Reaps the holders whose lease ended, from holders, the key's set, for
-  -- a lease of w ms.
+  -- Reaps the holders whose hold ended, from holders, the key's set, for
+  -- a hold of w ms.
   load = function(j, holders, w)
     s[j + HOLDERS] = holders
     local ended = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
@@ -25,7 +25,7 @@ ALGS.c = {
         gone = gone + (tonumber(string.match(mem, '/(%d+)$')) or 0)
       end
       redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
-      -- Written back with at least a lease to live, so that a hash the
+      -- Written back with at least a hold to live, so that a hash the
       -- reaping recreates does not outlive its holders.
       s[j + W], s[j + C] = s[j + W] or 0, math.max(s[j + C] - gone, 0)
       if s[j + T] < now + w then
@@ -36,7 +36,7 @@ ALGS.c = {
     end
   end,
 
-  -- The charge adds the request as a holder until its lease ends.
+  -- Taking adds the request as a holder until its hold ends.
   decide = function(j, zone)
     local c = s[j + C] + zone.cost
     return {allowed = c <= zone.limit, w = 0, c = c, p = 0, expires = now + zone.window, holder = zone.extra}
@@ -45,7 +45,7 @@ ALGS.c = {
   -- The units held count as a fixed window's count does, for a lease and
   -- for costs in flight.
   room = ALGS.f.room,
-  grant = ALGS.f.grant,
+  lease = ALGS.f.lease,
   settle = ALGS.f.settle,
   window = ALGS.f.window,
 }

@@ -32,14 +32,14 @@ local function windowAt(j, w)
   return idx, elapsed, cur, prev
 end
 
--- windowCharge returns the charge of the zone's cost in window idx, whose
--- counts were cur and prev, elapsed ms into it.
+-- windowDecision returns the decision on the zone's cost in window idx,
+-- whose counts were cur and prev, elapsed ms into it.
 --
 -- The counters matter until the next window ends: a sliding tail weighs
--- them as its previous window, and for either algorithm the first charge
+-- them as its previous window, and for either algorithm the first take
 -- in the next window reports what they came to (the period usage
 -- metric). Both stores keep them that long.
-local function windowCharge(allowed, zone, idx, elapsed, cur, prev)
+local function windowDecision(allowed, zone, idx, elapsed, cur, prev)
   local w = zone.window
   return {allowed = allowed, w = idx, c = cur + zone.cost, p = prev, expires = now + (w - elapsed + w)}
 end
@@ -47,15 +47,15 @@ end
 ALGS.f = {
   decide = function(j, zone)
     local idx, elapsed, cur, prev = windowAt(j, zone.window)
-    return windowCharge(zone.limit - zone.cost - cur >= 0, zone, idx, elapsed, cur, prev)
+    return windowDecision(zone.limit - zone.cost - cur >= 0, zone, idx, elapsed, cur, prev)
   end,
 
-  -- What the window has left, after the request just charged.
+  -- What the window has left, after the request just taken.
   room = function(j, zone)
     return zone.limit - s[j + C]
   end,
 
-  grant = function(j, zone, units)
+  lease = function(j, zone, units)
     s[j + C] = s[j + C] + units
   end,
 

@@ -32,7 +32,7 @@ end
 
 ALGS.g = {
   -- A request is allowed when max(TAT, now) + cost*T <= now + burst*T,
-  -- T being window/limit; charging it moves the TAT to the left side. The
+  -- T being window/limit; taking it moves the TAT to the left side. The
   -- key matters until its TAT, when its bucket is full again.
   decide = function(j, zone)
     local limit, w, cost = zone.limit, zone.window, zone.cost
@@ -55,7 +55,7 @@ ALGS.g = {
   end,
 
   -- Room: (now + burst*T - TAT) / T, in whole units, after the request
-  -- just charged.
+  -- just taken.
   room = function(j, zone)
     local limit, w = zone.limit, zone.window
     local bq, br = muldiv(burstOf(zone), w, limit)
@@ -71,7 +71,7 @@ ALGS.g = {
   end,
 
   -- The TAT moves on by units*T.
-  grant = function(j, zone, units)
+  lease = function(j, zone, units)
     local limit = zone.limit
     local cq, cr = muldiv(units, zone.window, limit)
     local nms, nf = s[j + W] + cq, s[j + C] + cr

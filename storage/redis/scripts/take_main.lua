@@ -1,7 +1,7 @@
 -- take_main.lua: reads each entry's arguments and, the first time the
 -- call meets it, each key's hash into the key state (s, at KEY_SLOTS slots
--- a key); decides the entry's requests one after the other, charging the
--- key state; then applies the ban rule (take_bans.lua) and the lease rule
+-- a key); decides the entry's requests one after the other, taking them
+-- in the key state; then applies the ban rule (take_bans.lua) and the lease rule
 -- (take_lease.lua). Writes the answer's allowed count and OUT_ALLOWS, and
 -- each zone's answer as stored before the entry.
 --
@@ -31,8 +31,8 @@ local function load(key, alg, holders, window)
   return j
 end
 
--- commit charges the zone's request, as decide found it (the charge d),
--- to the key state: its counts, its expiry, its holder and its cost in
+-- commit takes the zone's request, as decide found it (the decision d),
+-- in the key state: its counts, its expiry, its holder and its cost in
 -- flight.
 local function commit(zone, d)
   local j = zone.j
@@ -55,13 +55,13 @@ local function commit(zone, d)
 end
 
 -- k is the last key read, a the entry's first argument, o the last value
--- of the answer. zones holds the current entry's zones, and charges the
--- current request's charge for each: their first n are the entry's, and a
+-- of the answer. zones holds the current entry's zones, and decisions the
+-- current request's decision for each: their first n are the entry's, and a
 -- zone's table is reused from entry to entry, every field set anew.
 local k, a, o = 0, 3, 1
-local zones, charges = {}, {}
+local zones, decisions = {}, {}
 while a <= #ARGV do
-  local charge = ARGV[a] == '1'
+  local take = ARGV[a] == '1'
   local n = tonumber(ARGV[a + 1])
   local m = tonumber(ARGV[a + 2])
   a = a + 3
@@ -101,7 +101,7 @@ while a <= #ARGV do
     a = a + ZONE_ARGS
   end
 
-  -- The entry's requests, one after the other. Each sees the charges of
+  -- The entry's requests, one after the other. Each sees the takes of
   -- the ones before it; once one is rejected, the rest would be decided
   -- against the same counters, and are rejected too.
   local allowed = 0
@@ -117,26 +117,26 @@ while a <= #ARGV do
       local ok = d.allowed and not bannedNow(zone)
       out[zone.base + OUT_ALLOWS] = ok and 1 or 0
       all = all and ok
-      charges[z] = d
+      decisions[z] = d
     end
     if not all then
       break
     end
-    if not charge then
+    if not take then
       -- Nothing changes: every one of them is allowed.
       allowed = m
       break
     end
     allowed = allowed + 1
     for z = 1, n do
-      commit(zones[z], charges[z])
+      commit(zones[z], decisions[z])
     end
   end
   out[first] = allowed
   if allowed < m then
     banRejecting(zones, n)
   end
-  if charge and m == 1 and allowed == 1 then
-    grantLeases(zones, n)
+  if take and m == 1 and allowed == 1 then
+    leaseUnits(zones, n)
   end
 end

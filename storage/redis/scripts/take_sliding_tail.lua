@@ -28,10 +28,10 @@ ALGS.s = {
     else
       ok = true
     end
-    return windowCharge(ok, zone, idx, elapsed, cur, prev)
+    return windowDecision(ok, zone, idx, elapsed, cur, prev)
   end,
 
-  -- What the window has left, after the request just charged, the
+  -- What the window has left, after the request just taken, the
   -- previous window weighed as decide weighs it.
   room = function(j, zone)
     local w = zone.window
@@ -43,7 +43,7 @@ ALGS.s = {
     return zone.limit - used
   end,
 
-  grant = ALGS.f.grant,
+  lease = ALGS.f.lease,
   settle = ALGS.f.settle,
   window = ALGS.f.window,
 }

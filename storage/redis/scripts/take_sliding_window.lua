@@ -64,7 +64,7 @@ ALGS.w = {
     rings[j] = r
   end,
 
-  -- The charge holds the ring charging writes, what the key used before
+  -- The decision holds the ring taking writes, what the key used before
   -- the request, and for a rejection the retry instant.
   decide = function(j, zone)
     local w, limit, cost = zone.window, zone.limit, zone.cost
@@ -117,7 +117,7 @@ ALGS.w = {
     return room
   end,
 
-  grant = function(j, zone, units)
+  lease = function(j, zone, units)
     local r = rings[j]
     local pos = s[j + W] % #r + 1
     r[pos] = r[pos] + units

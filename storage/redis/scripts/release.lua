@@ -1,9 +1,9 @@
--- refund.lua takes back a charge made by take.lua: a request charged in
--- some cluster slots and then rejected in another, a concurrency request
--- that is done and releases its units, or a request whose response a
--- count_status zone does not count. And it ends a request's cost in
--- flight, for a zone that keeps them, whether the cost comes back or
--- stays. It runs atomically in one slot, like the charge it undoes.
+-- release.lua releases what take.lua took: for a request taken in some
+-- cluster slots and then rejected in another, a concurrency request that
+-- is done with its units, or a request whose response a count_status
+-- zone does not count. And it ends a request's cost in flight, for a
+-- zone that keeps them, whether the cost is released or stays. It runs
+-- atomically in one slot, like the take it undoes.
 --
 -- KEYS     the counters of each zone and key (see take.lua), a
 --          concurrency zone's followed by its holders' set.
@@ -13,18 +13,18 @@
 --          window (of the zone's window) the cost was taken in and the
 --          cost, for a zone that keeps its costs in flight ("" and 0 for
 --          others). For the windowed algorithms a is the window index the
---          cost was charged in (a sliding window's: the sub-window's) and
+--          cost was taken in (a sliding window's: the sub-window's) and
 --          b the cost; for gcra, cost*window/limit as a whole ms and a
 --          fraction in 1/limit ms (computed exactly by the caller); for
 --          concurrency b is the cost.
 --
--- Windowed: a charge still in the current window comes off c; one that
+-- Windowed: a take still in the current window comes off c; one that
 -- has since become the previous window comes off p; an older one no
 -- longer counts; a sliding window's comes off its sub-window while that
 -- is still in the ring. GCRA: the TAT moves back by cost*window/limit (a TAT
 -- moved from the past to now plus that is then now: the same bucket).
 -- Concurrency: the holder leaves the set and its cost comes off c, only
--- if it was still there: a holder whose lease ended was taken off then.
+-- if it was still there: a holder whose hold ended was taken off then.
 -- In flight (iw, ic, ip; see take_bans.lua): the cost comes off the window it
 -- was taken in, ic if that is iw, ip if it is iw-1, as
 -- algorithms.EndInFlight takes it. Counts never go below zero, a hash

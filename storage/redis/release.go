@@ -8,22 +8,22 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// This file coalesces concurrent give-backs into shared refund calls, as
-// batch.go does for takes: while a refund call is in flight for a
-// slot, the give-backs for that slot queue, and the next call takes them
-// all. A concurrency zone gives back everything it takes and a zone with
+// This file coalesces concurrent releases into shared release calls, as
+// batch.go does for takes: while a release call is in flight for a slot,
+// the releases for that slot queue, and the next call sends them all. A
+// concurrency zone releases everything it takes and a zone with
 // count_status most of it, so without this such a zone would cost Redis a
-// script call per request for its give-backs alone, where its takes share
+// script call per request for its releases alone, where its takes share
 // one.
 
-// refundArgs is how many arguments the refund script reads for each key.
-const refundArgs = 7
+// releaseArgs is how many arguments the release script reads for each key.
+const releaseArgs = 7
 
-// appendRefundArgs appends to dst the refund script's seven arguments
-// that take back the charge d of q, from the window d was decided in, in
+// appendReleaseArgs appends to dst the release script's seven arguments
+// that release the take d of q, from the window d was decided in, in
 // the script's clock, and end its time in flight if its zone keeps costs
 // in flight; or, for a q that is Counted, only that.
-func appendRefundArgs(dst []any, q storage.Request, d algorithms.Decision) []any {
+func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision) []any {
 	var window any = ""
 	var cost int64
 	if q.TracksInFlight() {
@@ -42,13 +42,13 @@ func appendRefundArgs(dst []any, q storage.Request, d algorithms.Decision) []any
 	return append(dst, alg, d.Window, q.Cost, "", 0, window, cost)
 }
 
-// appendRefundKeys appends to dst the refund script's keys for p: each
+// appendReleaseKeys appends to dst the release script's keys for p: each
 // zone's counters, and a concurrency zone's holders after them, which the
-// script touches too (see scripts/refund.lua).
-func appendRefundKeys(dst []string, p *refundPart) []string {
+// script touches too (see scripts/release.lua).
+func appendReleaseKeys(dst []string, p *releasePart) []string {
 	for i, k := range p.keys {
 		dst = append(dst, k)
-		if p.args[refundArgs*i] == scriptAlgorithm(algorithms.Concurrency) {
+		if p.args[releaseArgs*i] == scriptAlgorithm(algorithms.Concurrency) {
 			dst = append(dst, holdersKey(k))
 		}
 	}
@@ -56,9 +56,9 @@ func appendRefundKeys(dst []string, p *refundPart) []string {
 }
 
 // slotParts puts keys, and the arguments appendArgs appends for key i,
-// into refund parts: one per cluster slot, or one in all on a single
+// into release parts: one per cluster slot, or one in all on a single
 // server. groups[k] are the indexes of part k's keys.
-func (c *client) slotParts(keys []string, appendArgs func(dst []any, i int) []any) (parts []*refundPart, groups [][]int) {
+func (c *client) slotParts(keys []string, appendArgs func(dst []any, i int) []any) (parts []*releasePart, groups [][]int) {
 	if c.cluster {
 		groups = tagGroups(keys)
 	} else {
@@ -68,9 +68,9 @@ func (c *client) slotParts(keys []string, appendArgs func(dst []any, i int) []an
 		}
 		groups = [][]int{all}
 	}
-	parts = make([]*refundPart, len(groups))
+	parts = make([]*releasePart, len(groups))
 	for k, g := range groups {
-		p := &refundPart{keys: make([]string, 0, len(g)), args: make([]any, 0, refundArgs*len(g))}
+		p := &releasePart{keys: make([]string, 0, len(g)), args: make([]any, 0, releaseArgs*len(g))}
 		for _, i := range g {
 			p.keys = append(p.keys, keys[i])
 			p.args = appendArgs(p.args, i)
@@ -80,49 +80,49 @@ func (c *client) slotParts(keys []string, appendArgs func(dst []any, i int) []an
 	return parts, groups
 }
 
-// A refundPart is the give-backs of one Release, one lease sweep or one
+// A releasePart is the releases of one Release, one lease sweep or one
 // rejected cluster request, in one slot.
-type refundPart struct {
+type releasePart struct {
 	keys []string
-	args []any // refundArgs per key (see scripts/refund.lua)
+	args []any // releaseArgs per key (see scripts/release.lua)
 	// done is closed once err is set.
 	done chan struct{}
 	err  error
 }
 
-// refundQueue returns the refund queue for key's slot: one per cluster
+// releaseQueue returns the release queue for key's slot: one per cluster
 // slot, or one for a single server.
-func (c *client) refundQueue(key string) *slotQueue[*refundPart] {
-	if len(c.refunds) == 1 {
-		return &c.refunds[0]
+func (c *client) releaseQueue(key string) *slotQueue[*releasePart] {
+	if len(c.releases) == 1 {
+		return &c.releases[0]
 	}
-	return &c.refunds[keySlot(key)]
+	return &c.releases[keySlot(key)]
 }
 
-// refund gives p back in the next refund call for its slot, each call
+// release releases p in the next release call for its slot, each call
 // bounded by timeout, and returns once that call has answered. If a call
 // is in flight, p queues for the call after it; if not, p's goroutine
 // sends the call itself (see slotQueue). A queued p waits for at most the
 // call in flight and its own, or a few more if over maxBatch queued ahead
-// of it: a give-back is not dropped because its request has ended.
-func (c *client) refund(p *refundPart, timeout time.Duration) error {
-	q := c.refundQueue(p.keys[0])
+// of it: a release is not dropped because its request has ended.
+func (c *client) release(p *releasePart, timeout time.Duration) error {
+	q := c.releaseQueue(p.keys[0])
 	p.done = make(chan struct{})
 	if !q.push(p) {
 		<-p.done
 		return p.err
 	}
 	// p is first in the queue, so this call takes it.
-	send := func(batch []*refundPart) { c.sendRefunds(batch, timeout) }
+	send := func(batch []*releasePart) { c.sendReleases(batch, timeout) }
 	if q.lead(send) {
 		go q.drain(send)
 	}
 	return p.err
 }
 
-// sendRefunds gives back a batch of queued parts in one call, bounded by
+// sendReleases releases a batch of queued parts in one call, bounded by
 // timeout.
-func (c *client) sendRefunds(batch []*refundPart, timeout time.Duration) {
+func (c *client) sendReleases(batch []*releasePart, timeout time.Duration) {
 	var keys []string
 	args := batch[0].args
 	if len(batch) > 1 {
@@ -132,10 +132,10 @@ func (c *client) sendRefunds(batch []*refundPart, timeout time.Duration) {
 		}
 	}
 	for _, p := range batch {
-		keys = appendRefundKeys(keys, p)
+		keys = appendReleaseKeys(keys, p)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	err := refundScript.Run(ctx, c.rdb, keys, args...).Err()
+	err := releaseScript.Run(ctx, c.rdb, keys, args...).Err()
 	cancel()
 	for _, p := range batch {
 		p.err = err

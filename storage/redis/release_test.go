@@ -14,16 +14,16 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// TestRedisQueuedRefundsShareACall: while a refund call is in flight (to
-// a paused server), the give-backs that come meanwhile queue and go in the
-// next call, up to maxBatch in a call; every one is given back.
-func TestRedisQueuedRefundsShareACall(t *testing.T) {
+// TestRedisQueuedReleasesShareACall: while a release call is in flight (to
+// a paused server), the releases that come meanwhile queue and go in the
+// next call, up to maxBatch in a call; every one is released.
+func TestRedisQueuedReleasesShareACall(t *testing.T) {
 	s := redistest.Standalone(t)
 	// A timeout longer than the test: the call held in flight waits for
 	// the paused server, not for its deadline.
 	r := newRedisStore(t, &Store{Timeout: caddy.Duration(time.Hour)}, s.URL())
-	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1, GivesBack: true}
-	q := r.client.refundQueue(r.counterKey("z", "k"))
+	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1, Releasable: true}
+	q := r.client.releaseQueue(r.counterKey("z", "k"))
 	queueIs := func(cond func() bool) func() bool {
 		return func() bool {
 			q.mu.Lock()
@@ -40,7 +40,7 @@ func TestRedisQueuedRefundsShareACall(t *testing.T) {
 		return c
 	}
 
-	// Load the refund script, so that every call below is one EVALSHA.
+	// Load the release script, so that every call below is one EVALSHA.
 	d := redisTake(t, r, time.Time{}, req)[0]
 	if err := r.Release(context.Background(), []storage.Request{req}, []algorithms.Decision{d}); err != nil {
 		t.Fatal(err)
@@ -67,11 +67,11 @@ func TestRedisQueuedRefundsShareACall(t *testing.T) {
 				errs <- r.Release(context.Background(), []storage.Request{req}, []algorithms.Decision{d})
 			}
 			go release(decisions[0])
-			waitUntil(t, "a refund call in flight", queueIs(func() bool { return q.busy && len(q.waiting) == 0 }))
+			waitUntil(t, "a release call in flight", queueIs(func() bool { return q.busy && len(q.waiting) == 0 }))
 			for _, d := range decisions[1:] {
 				go release(d)
 			}
-			waitUntil(t, fmt.Sprintf("%d give-backs queued", n), queueIs(func() bool { return len(q.waiting) == n }))
+			waitUntil(t, fmt.Sprintf("%d releases queued", n), queueIs(func() bool { return len(q.waiting) == n }))
 			if err := s.Resume(); err != nil {
 				t.Fatal(err)
 			}
@@ -81,10 +81,10 @@ func TestRedisQueuedRefundsShareACall(t *testing.T) {
 				}
 			}
 			if got, want := scriptCalls(t, s)-before, 1+(n+maxBatch-1)/maxBatch; got != want {
-				t.Errorf("%d refund calls for a call in flight and %d give-backs queued behind it, want %d", got, n, want)
+				t.Errorf("%d release calls for a call in flight and %d releases queued behind it, want %d", got, n, want)
 			}
 			if c := count(); c != "0" {
-				t.Errorf("Redis counts %s after every cost was given back, want 0", c)
+				t.Errorf("Redis counts %s after every cost was released, want 0", c)
 			}
 			waitUntil(t, "the queue idle", queueIs(func() bool { return !q.busy }))
 		})
