@@ -662,3 +662,43 @@ func (l *logEvery) allow(now time.Time) (int64, bool) {
 	}
 	return l.heldBack.Swap(0) + 1, true
 }
+
+// The HTTP methods a cost can be set for; methodOther counts everything else
+// and marks unknown names.
+const (
+	methodGet = iota
+	methodHead
+	methodPost
+	methodPut
+	methodPatch
+	methodDelete
+	methodOptions
+	methodConnect
+	methodTrace
+	methodOther
+	methodCount
+)
+
+func methodIndex(m string) int {
+	switch m {
+	case http.MethodGet:
+		return methodGet
+	case http.MethodHead:
+		return methodHead
+	case http.MethodPost:
+		return methodPost
+	case http.MethodPut:
+		return methodPut
+	case http.MethodPatch:
+		return methodPatch
+	case http.MethodDelete:
+		return methodDelete
+	case http.MethodOptions:
+		return methodOptions
+	case http.MethodConnect:
+		return methodConnect
+	case http.MethodTrace:
+		return methodTrace
+	}
+	return methodOther
+}
