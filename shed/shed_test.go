@@ -2,9 +2,8 @@ package shed
 
 import (
 	"context"
-	"github.com/d61b427a/caddy-rate-limit/internal/race"
-
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
-	"net/http/httptest"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/promtest"
+	"github.com/d61b427a/caddy-rate-limit/internal/race"
 )
 
 // vectorParams are the settings of the shedder's test vector (the one in
@@ -274,25 +275,7 @@ func request(priority string) *caddy.Replacer {
 // shedTotalValue reads caddy_http_rate_limit_shed_total for a shedder and
 // class, 0 if it has no such series.
 func shedTotalValue(t *testing.T, shedder, class string) float64 {
-	t.Helper()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(metrics.total)
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["shedder"] == shedder && labels["class"] == class {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return promtest.Counter(t, metrics.total, map[string]string{"shedder": shedder, "class": class})
 }
 
 // TestCheck: what is shed at a given amount, by class, counted per class;

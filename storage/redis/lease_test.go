@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/promtest"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 	"github.com/d61b427a/caddy-rate-limit/internal/threadtime"
 	"github.com/d61b427a/caddy-rate-limit/storage"
@@ -548,27 +548,7 @@ func TestRedisLeaseHotKeyUnderFlood(t *testing.T) {
 
 // leaseUnitsOf reads lease_units_total{zone,outcome}.
 func leaseUnitsOf(t *testing.T, zone, outcome string) float64 {
-	t.Helper()
-	reg := prometheus.NewRegistry()
-	if err := reg.Register(metrics.leaseUnits); err != nil {
-		t.Fatal(err)
-	}
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["zone"] == zone && labels["outcome"] == outcome {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return promtest.Counter(t, metrics.leaseUnits, map[string]string{"zone": zone, "outcome": outcome})
 }
 
 // BenchmarkLeaseSweep runs the lease table through a key-rotation flood on
