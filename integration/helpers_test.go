@@ -26,6 +26,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/d61b427a/caddy-rate-limit/admin"
 )
 
 // This file holds what the integration tests share: the suite's address
@@ -498,60 +500,27 @@ func readAdmin[T any](t testing.TB, base, path string) T {
 	return v
 }
 
-// zoneInfo is a zone as GET /rate_limit/zones shows it.
-type zoneInfo struct {
-	Name      string   `json:"name"`
-	Algorithm string   `json:"algorithm"`
-	Window    string   `json:"window"`
-	Buckets   int      `json:"buckets"`
-	Limit     []string `json:"limit"`
-	Store     string   `json:"store"`
-	Dial      *struct {
-		Mode  string `json:"mode"`
-		Limit int64  `json:"limit"`
-	} `json:"dial"`
-	Instances int `json:"instances"`
-}
-
 // zones reads the zones of the admin endpoint at base.
-func zones(t testing.TB, base string) []zoneInfo {
+func zones(t testing.TB, base string) []admin.ZoneInfo {
 	t.Helper()
-	return readAdmin[[]zoneInfo](t, base, "/rate_limit/zones")
+	return readAdmin[[]admin.ZoneInfo](t, base, "/rate_limit/zones")
 }
 
 // zoneState reads the zone called name from the admin endpoint at base;
 // ok is false if the running config has no such zone.
-func zoneState(t testing.TB, base, name string) (z zoneInfo, ok bool) {
+func zoneState(t testing.TB, base, name string) (z admin.ZoneInfo, ok bool) {
 	t.Helper()
 	all := zones(t, base)
-	if i := slices.IndexFunc(all, func(z zoneInfo) bool { return z.Name == name }); i >= 0 {
+	if i := slices.IndexFunc(all, func(z admin.ZoneInfo) bool { return z.Name == name }); i >= 0 {
 		return all[i], true
 	}
-	return zoneInfo{}, false
-}
-
-// keyInfo is a key as the admin API's GET /rate_limit/zones/<zone>/keys/<key>
-// shows it.
-type keyInfo struct {
-	Zone             string    `json:"zone"`
-	Key              string    `json:"key"`
-	Hash             string    `json:"hash"`
-	Used             int64     `json:"used"`
-	Current          int64     `json:"current"`
-	Previous         int64     `json:"previous"`
-	PreviousWeighted int64     `json:"previous_weighted"`
-	Reset            time.Time `json:"reset"`
-	Override         *struct {
-		Limit   int64     `json:"limit"`
-		Expires time.Time `json:"expires"`
-	} `json:"override"`
-	BanEnds time.Time `json:"ban_ends"`
+	return admin.ZoneInfo{}, false
 }
 
 // keyState reads a key's state through the admin endpoint at base.
-func keyState(t testing.TB, base, zone, key string) keyInfo {
+func keyState(t testing.TB, base, zone, key string) admin.KeyInfo {
 	t.Helper()
-	return readAdmin[keyInfo](t, base, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key))
+	return readAdmin[admin.KeyInfo](t, base, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key))
 }
 
 // hashForm is how a key is shown where log_keys does not show it.
