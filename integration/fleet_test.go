@@ -293,7 +293,9 @@ func drain(t *testing.T, fleet []instance, key string, workers, misses int) []in
 	for i, in := range fleet {
 		for range workers {
 			wg.Go(func() {
-				hc := &http.Client{Timeout: 30 * time.Second}
+				// A transport of its own: closing its idle connections at
+				// the end must not break another worker's request.
+				hc := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
 				defer hc.CloseIdleConnections()
 				for refused := 0; refused < misses; {
 					req, _ := http.NewRequest(http.MethodGet, in.url, nil)
@@ -617,7 +619,7 @@ func TestRedisFleetInstanceDiesHoldingLease(t *testing.T) {
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
-			hc := &http.Client{Timeout: 30 * time.Second}
+			hc := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
 			defer hc.CloseIdleConnections()
 			for {
 				select {

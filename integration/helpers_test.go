@@ -883,7 +883,7 @@ func burst(urls []string, n int, headers ...string) map[int]int {
 func sendGivingUp(urls []string, n int64, headers ...string) int64 {
 	var served, next atomic.Int64
 	var wg sync.WaitGroup
-	hc := &http.Client{Timeout: 60 * time.Second}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}, Timeout: 60 * time.Second}
 	defer hc.CloseIdleConnections()
 	for w := range 32 {
 		wg.Go(func() {
