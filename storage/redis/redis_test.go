@@ -114,8 +114,10 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 
 // TestRedisScriptMatchesDecide compares the script's verdict and counts
 // with algorithms.Decide over random states, including limits near 2^31
-// and windows of months, where prev*(window-elapsed) passes 2^53, and at
-// the exact millisecond a rejection turns into an allowance.
+// and windows of months, where prev*(window-elapsed) passes 2^53, counts
+// up to twice the limit and TATs up to two bucket depths ahead (as a
+// true-up's debt leaves them), and at the exact millisecond a rejection
+// turns into an allowance.
 func TestRedisScriptMatchesDecide(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Store), s.URL())
@@ -185,8 +187,8 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 			idx := now.UnixMilli() / w
 			stored := algorithms.WindowCounts{
 				Window:   idx + 1 - rng.Int64N(4), // a window ahead: another clock wrote it
-				Current:  rng.Int64N(l.Units + 1),
-				Previous: rng.Int64N(l.Units + 1),
+				Current:  rng.Int64N(2*l.Units + 1),
+				Previous: rng.Int64N(2*l.Units + 1),
 			}.Counts()
 			cost := rng.Int64N(l.Units/2 + 2)
 			d := check(t, alg, l, stored, now, cost)
@@ -224,7 +226,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 			depth, _ := algorithms.Interval(burst, l.Window, limit)
 			// The TAT's whole ms, its fraction in 1/den ms, and den.
 			stored := algorithms.Counts{
-				W: now.UnixMilli() - depth/2 + rng.Int64N(depth+2),
+				W: now.UnixMilli() - depth/2 + rng.Int64N(2*depth+depth/2+2),
 				C: rng.Int64N(den),
 				P: den,
 			}
