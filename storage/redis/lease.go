@@ -501,7 +501,7 @@ func (s *leaseShard) addLease(l *lease, q storage.Request, a *leaseAnswer, i int
 	l.series.add(leaseLeased, units)
 }
 
-// release puts the cost of q, allowed with d, back into this instance's
+// release puts cost of q, allowed with d, back into this instance's
 // lease of its key, and reports whether it did. It does if the lease may
 // still be taken from, by the same requests, in the window (a sliding
 // window: the sub-window) q was taken in: a unit counted in Redis for
@@ -509,7 +509,7 @@ func (s *leaseShard) addLease(l *lease, q storage.Request, a *leaseAnswer, i int
 // or releases it with the rest. A gcra cost is never put back: each
 // leased unit stands for an instant of the bucket, and one taken at
 // another instant is not interchangeable with them.
-func (t *leaseTable) release(key string, q storage.Request, d algorithms.Decision, now time.Time) bool {
+func (t *leaseTable) release(key string, q storage.Request, d algorithms.Decision, cost int64, now time.Time) bool {
 	if !q.Algorithm.Windowed() && q.Algorithm != algorithms.SlidingWindow {
 		return false
 	}
@@ -520,11 +520,32 @@ func (t *leaseTable) release(key string, q storage.Request, d algorithms.Decisio
 	if l == nil || l.units+l.taken == 0 || l.window != d.Window || l.rate != q.Rate || l.alg != q.Algorithm || !now.Before(l.expires) {
 		return false
 	}
-	l.units += q.Cost
-	l.taken = max(l.taken-q.Cost, 0)
+	l.units += cost
+	l.taken = max(l.taken-cost, 0)
 	s.hold(l)
-	l.series.add(leaseReleasedToLease, q.Cost)
+	l.series.add(leaseReleasedToLease, cost)
 	return true
+}
+
+// owe takes up to units of a true-up's debt for q out of this instance's
+// lease of its key, if it holds units that q's requests may take at now,
+// and returns how many it took. Leased units are counted in Redis
+// already, in the window they may be taken in, which is now's: taking
+// them is taking the debt there, as a take from the lease is a take.
+func (t *leaseTable) owe(key string, q storage.Request, units int64, now time.Time) int64 {
+	s := t.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.m[key]
+	if l == nil || l.rate != q.Rate || l.alg != q.Algorithm || !l.usable(now) {
+		return 0
+	}
+	n := min(l.units, units)
+	l.units -= n
+	l.taken += n
+	s.touch(l, now)
+	l.series.add(leaseTaken, n)
+	return n
 }
 
 // due takes out of the table the units to release at now: those of
@@ -640,7 +661,7 @@ func (c *client) releaseLeases(held []heldUnits, timeout time.Duration) {
 	}
 	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
 		h := held[i]
-		return appendReleaseArgs(dst, storage.Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window})
+		return appendReleaseArgs(dst, storage.Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window}, h.units, 0, 0)
 	})
 	for k, p := range parts {
 		if err := c.release(p, timeout); err != nil {

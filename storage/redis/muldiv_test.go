@@ -25,7 +25,7 @@ func TestRedisScriptMulDiv(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	// The script's arithmetic, and a call of muldiv on each triple of
 	// arguments.
-	helpers, err := takePieces.ReadFile("scripts/take_arith.lua")
+	helpers, err := scriptPieces.ReadFile("scripts/take_arith.lua")
 	if err != nil {
 		t.Fatal(err)
 	}

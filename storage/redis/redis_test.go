@@ -114,8 +114,10 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 
 // TestRedisScriptMatchesDecide compares the script's verdict and counts
 // with algorithms.Decide over random states, including limits near 2^31
-// and windows of months, where prev*(window-elapsed) passes 2^53, and at
-// the exact millisecond a rejection turns into an allowance.
+// and windows of months, where prev*(window-elapsed) passes 2^53, counts
+// up to twice the limit and TATs up to two bucket depths ahead (as a
+// true-up's debt leaves them), and at the exact millisecond a rejection
+// turns into an allowance.
 func TestRedisScriptMatchesDecide(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Store), s.URL())
@@ -185,8 +187,8 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 			idx := now.UnixMilli() / w
 			stored := algorithms.WindowCounts{
 				Window:   idx + 1 - rng.Int64N(4), // a window ahead: another clock wrote it
-				Current:  rng.Int64N(l.Units + 1),
-				Previous: rng.Int64N(l.Units + 1),
+				Current:  rng.Int64N(2*l.Units + 1),
+				Previous: rng.Int64N(2*l.Units + 1),
 			}.Counts()
 			cost := rng.Int64N(l.Units/2 + 2)
 			d := check(t, alg, l, stored, now, cost)
@@ -224,7 +226,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 			depth, _ := algorithms.Interval(burst, l.Window, limit)
 			// The TAT's whole ms, its fraction in 1/den ms, and den.
 			stored := algorithms.Counts{
-				W: now.UnixMilli() - depth/2 + rng.Int64N(depth+2),
+				W: now.UnixMilli() - depth/2 + rng.Int64N(2*depth+depth/2+2),
 				C: rng.Int64N(den),
 				P: den,
 			}
@@ -392,7 +394,7 @@ func TestRedisTakeScriptLoadedOnce(t *testing.T) {
 // TestTakeScriptPieces: the take script is every piece of it, joined in
 // the order its head lists them, each once.
 func TestTakeScriptPieces(t *testing.T) {
-	files, err := fs.Glob(takePieces, "scripts/take*.lua")
+	files, err := fs.Glob(scriptPieces, "scripts/take*.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +410,7 @@ func TestTakeScriptPieces(t *testing.T) {
 	}
 	at := 0
 	for _, name := range takeOrder {
-		src, err := fs.ReadFile(takePieces, name)
+		src, err := fs.ReadFile(scriptPieces, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -443,9 +445,42 @@ func TestTakeScriptLayout(t *testing.T) {
 		"OUT_INFLIGHT": outInFlight,
 		"ZONE_VALUES":  zoneValues,
 	}
-	// Declarations such as `local OUT_W, OUT_C = 0, 1`.
+	if got := scriptLayout(t, takeSource, "ARG|OUT|ZONE"); !maps.Equal(got, want) {
+		t.Fatalf("the take script's layout is %v, the store's %v", got, want)
+	}
+}
+
+// TestReleaseScriptLayout: the release script reads each key's arguments
+// at the offsets the store writes them at.
+func TestReleaseScriptLayout(t *testing.T) {
+	want := map[string]int{
+		"ARG_ALG":      relAlgorithm,
+		"ARG_AT":       relAt,
+		"ARG_UNITS":    relUnits,
+		"ARG_HOLDER":   relHolder,
+		"ARG_LIMIT":    relLimit,
+		"ARG_IW":       relInFlightWindow,
+		"ARG_IC":       relInFlightCost,
+		"ARG_DEBT":     relDebt,
+		"ARG_WINDOW":   relWindow,
+		"ARG_EXTRA":    relExtra,
+		"ARG_NOW":      relNow,
+		"RELEASE_ARGS": releaseArgs,
+	}
+	if got := scriptLayout(t, releaseSource, "ARG|RELEASE"); !maps.Equal(got, want) {
+		t.Fatalf("the release script's layout is %v, the store's %v", got, want)
+	}
+}
+
+// scriptLayout reads the offsets a script declares, in declarations such
+// as `local OUT_W, OUT_C = 0, 1`, of the names that start with one of
+// prefixes (a regexp alternation) and an underscore.
+func scriptLayout(t *testing.T, src, prefixes string) map[string]int {
+	t.Helper()
+	name := `(?:` + prefixes + `)_\w+`
 	got := make(map[string]int)
-	for _, m := range regexp.MustCompile(`(?m)^local ((?:(?:ARG|OUT|ZONE)_\w+, )*(?:ARG|OUT|ZONE)_\w+) = ([\d, ]+)$`).FindAllStringSubmatch(takeSource, -1) {
+	decl := regexp.MustCompile(`(?m)^local ((?:` + name + `, )*` + name + `) = ([\d, ]+)$`)
+	for _, m := range decl.FindAllStringSubmatch(src, -1) {
 		names, values := strings.Split(m[1], ", "), strings.Split(m[2], ", ")
 		if len(names) != len(values) {
 			t.Fatalf("%q: %d names, %d values", m[0], len(names), len(values))
@@ -458,9 +493,7 @@ func TestTakeScriptLayout(t *testing.T) {
 			got[name] = v
 		}
 	}
-	if !maps.Equal(got, want) {
-		t.Fatalf("the take script's layout is %v, the store's %v", got, want)
-	}
+	return got
 }
 
 func TestRedisRejectedWritesNothing(t *testing.T) {

@@ -16,30 +16,74 @@ import (
 // script call per request for its releases alone, where its takes share
 // one.
 
-// releaseArgs is how many arguments the release script reads for each key.
-const releaseArgs = 7
+// The release script's arguments for each key, at these offsets from
+// the key's first, releaseArgs in all: the ARG_* of scripts/release.lua,
+// which a test holds to these. The algorithm ("k" for a cost that stays
+// whole); where the cost was taken and the units released (a gcra
+// release: its span); the holder (concurrency); the limit the cost was
+// decided against; the window and cost in flight (a zone that keeps its
+// costs in flight); the units to take past the limit (a true-up's debt);
+// the zone's window; gcra's burst or a sliding window's buckets; and the
+// script's clock ("" for the server's).
+const (
+	relAlgorithm = iota
+	relAt
+	relUnits
+	relHolder
+	relLimit
+	relInFlightWindow
+	relInFlightCost
+	relDebt
+	relWindow
+	relExtra
+	relNow
+	releaseArgs
+)
 
-// appendReleaseArgs appends to dst the release script's seven arguments
-// that release the take d of q, from the window d was decided in, in
-// the script's clock, and end its time in flight if its zone keeps costs
-// in flight; or, for a q that is Counted, only that.
-func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision) []any {
-	var window any = ""
-	var cost int64
+// appendReleaseArgs appends to dst the release script's arguments that
+// settle the take d of q: release units of it from the window d was
+// decided in, in the script's clock, or take debt units past the limit
+// in the window of the script's clock (clock, in ms; 0 for the server's),
+// and end its time in flight if its zone keeps costs in flight. With
+// neither, only that.
+func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision, release, debt, clock int64) []any {
+	a := [releaseArgs]any{
+		relAlgorithm: scriptAlgorithm(q.Algorithm), relAt: 0, relUnits: 0, relHolder: "", relLimit: 0,
+		relInFlightWindow: "", relInFlightCost: 0, relDebt: 0, relWindow: 0, relExtra: "", relNow: "",
+	}
 	if q.TracksInFlight() {
-		window, cost = algorithms.InFlightWindow(q.Algorithm, d, q.Rate), q.Cost
+		a[relInFlightWindow], a[relInFlightCost] = algorithms.InFlightWindow(q.Algorithm, d, q.Rate), q.Cost
 	}
-	alg := scriptAlgorithm(q.Algorithm)
+	if clock != 0 {
+		a[relNow] = clock
+	}
 	switch {
-	case q.Counted:
-		return append(dst, "k", 0, 0, "", 0, window, cost)
-	case q.Algorithm == algorithms.GCRA:
-		ms, frac := algorithms.Interval(q.Cost, q.Rate.Window, d.Limit)
-		return append(dst, alg, ms, frac, "", d.Limit, window, cost)
 	case q.Algorithm == algorithms.Concurrency:
-		return append(dst, alg, 0, q.Cost, holderName(q), 0, window, cost)
+		a[relUnits], a[relHolder] = release, holderName(q)
+	case debt > 0:
+		// Bounded as algorithms.Debt bounds it, for the limit d was
+		// decided against: more would change nothing, and the script's
+		// numbers are exact only below 2^53.
+		rate := q.Rate
+		if d.Limit > 0 {
+			rate.Units = d.Limit
+		}
+		a[relDebt], a[relLimit], a[relWindow] = min(debt, algorithms.MostDebt(q.Algorithm, rate)), rate.Units, rate.Window.Milliseconds()
+		switch q.Algorithm {
+		case algorithms.GCRA:
+			a[relExtra] = rate.BurstFor(rate.Units)
+		case algorithms.SlidingWindow:
+			a[relExtra] = rate.BucketsOr()
+		}
+	case release == 0:
+		a[relAlgorithm] = "k"
+	case q.Algorithm == algorithms.GCRA:
+		ms, frac := algorithms.Interval(release, q.Rate.Window, d.Limit)
+		a[relAt], a[relUnits], a[relLimit] = ms, frac, d.Limit
+	default:
+		a[relAt], a[relUnits] = d.Window, release
 	}
-	return append(dst, alg, d.Window, q.Cost, "", 0, window, cost)
+	return append(dst, a[:]...)
 }
 
 // appendReleaseKeys appends to dst the release script's keys for p: each
@@ -48,7 +92,7 @@ func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision) []an
 func appendReleaseKeys(dst []string, p *releasePart) []string {
 	for i, k := range p.keys {
 		dst = append(dst, k)
-		if p.args[releaseArgs*i] == scriptAlgorithm(algorithms.Concurrency) {
+		if p.args[releaseArgs*i+relAlgorithm] == scriptAlgorithm(algorithms.Concurrency) {
 			dst = append(dst, holdersKey(k))
 		}
 	}

@@ -233,7 +233,7 @@ func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *clien
 		if !rejected {
 			args := make([]any, 0, releaseArgs*len(gReqs))
 			for j, q := range gReqs {
-				args = appendReleaseArgs(args, q, gDec[j])
+				args = appendReleaseArgs(args, q, gDec[j], q.Cost, 0, 0)
 			}
 			releases = append(releases, &releasePart{keys: gKeys, args: args})
 		}
@@ -410,14 +410,18 @@ func takesUnits(reqs []storage.Request) bool {
 }
 
 // Release implements storage.Store: each concurrency request leaves its
-// key's holders, and each other request's cost is released (release.lua),
-// in one script call for all of them (one per hash tag on a cluster),
-// atomic in its slot and shared with the releases of concurrent requests.
-// A request the script finds no longer holding (its hold ended) is
-// released already. A windowed cost this instance holds a lease of its
-// key for, in the same window, is released into the lease instead,
-// without a call: the lease has it taken again or releases it with its
-// other units.
+// key's holders, and each other request is settled (storage.Request.Settle):
+// its cost, or what its true-up does not keep of it, is released, or its
+// true-up's debt taken past the limit (release.lua), in one script call
+// for all of them (one per hash tag on a cluster), atomic in its slot and
+// shared with the releases of concurrent requests. A request the script
+// finds no longer holding (its hold ended) is released already. With
+// leases, a windowed cost this instance holds a lease of its key for, in
+// the same window, is released into the lease instead, without a call:
+// the lease has it taken again or releases it with its other units. And
+// a debt takes first what the lease holds: units counted in Redis
+// already, in the window they may be taken in, which is now's; only the
+// rest is sent to Redis.
 // The store's timeout bounds each call, whether or not ctx has ended.
 func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	// The leases are the acquired client's, as for Take: a reloaded
@@ -428,33 +432,58 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 	}
 	defer r.end(own)
 	var keys []string
-	var held []storage.Request
-	var heldDecisions []algorithms.Decision
+	var held []settling
 	now := r.now()
+	var clock int64
+	if r.scriptClock != nil {
+		clock = r.scriptClock().UnixMilli()
+	}
 	for i, q := range reqs {
 		key := r.counterKey(q.Zone, q.Key)
-		if r.Lease && !q.Counted && c.leases.release(key, q, decisions[i], now) {
-			continue
+		release, debt := q.Settle()
+		if release == 0 && debt == 0 && !q.TracksInFlight() && q.Algorithm != algorithms.Concurrency {
+			continue // the cost stays whole: nothing to settle
+		}
+		// A cost in flight ends in Redis, where it is kept.
+		if r.Lease && !q.TracksInFlight() {
+			switch {
+			case release > 0 && c.leases.release(key, q, decisions[i], release, now):
+				continue
+			case debt > 0:
+				if debt -= c.leases.owe(key, q, debt, now); debt == 0 {
+					continue
+				}
+			}
 		}
 		keys = append(keys, key)
-		held = append(held, q)
-		heldDecisions = append(heldDecisions, decisions[i])
+		held = append(held, settling{q, decisions[i], release, debt})
 	}
 	if len(keys) == 0 {
 		return nil
 	}
-	// The request's client may be gone; what it took is released anyway,
+	// The request's client may be gone; what it took is settled anyway,
 	// in a call shared with the releases of other requests (see
 	// release.go). A slot that fails does not keep the others'.
-	parts, groups := c.slotParts(keys, func(dst []any, i int) []any { return appendReleaseArgs(dst, held[i], heldDecisions[i]) })
+	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
+		h := &held[i]
+		return appendReleaseArgs(dst, h.q, h.d, h.release, h.debt, clock)
+	})
 	var failed error
 	for k, p := range parts {
 		if err := c.release(p, time.Duration(r.Timeout)); err != nil && failed == nil {
-			failed = fmt.Errorf("redis: releasing zone %q: %w", held[groups[k][0]].Zone, err)
+			failed = fmt.Errorf("redis: releasing zone %q: %w", held[groups[k][0]].q.Zone, err)
 		}
 	}
 	c.released.Signal()
 	return failed
+}
+
+// settling is a request Release sends to Redis: q, allowed with d, and
+// the units to release or take past the limit there.
+type settling struct {
+	q             storage.Request
+	d             algorithms.Decision
+	release, debt int64
 }
 
 // Released implements storage.Store: closed at the next release by this
@@ -465,15 +494,21 @@ func (r *Store) Released() <-chan struct{} {
 }
 
 var (
-	//go:embed scripts/take*.lua
-	takePieces embed.FS
-	//go:embed scripts/release.lua
-	releaseSource string
+	//go:embed scripts/take*.lua scripts/release.lua
+	scriptPieces embed.FS
 
-	takeSource    = joinPieces(takePieces, takeOrder)
+	takeSource    = joinPieces(scriptPieces, takeOrder)
 	takeScript    = goredis.NewScript(takeSource)
+	releaseSource = joinPieces(scriptPieces, releaseOrder)
 	releaseScript = goredis.NewScript(releaseSource)
 )
+
+// releaseOrder lists the pieces of the release script: the arithmetic it
+// shares with the take script, then its own (see scripts/release.lua).
+var releaseOrder = []string{
+	"scripts/take_arith.lua",
+	"scripts/release.lua",
+}
 
 // takeOrder lists the pieces of the take script in the order they are
 // joined into one: each piece uses the locals of those before it (see

@@ -49,6 +49,8 @@ func Run(t *testing.T, newStore NewStore) {
 		{"concurrency_units", testConcurrencyUnits},
 		{"release", testRelease},
 		{"ring_release", testRingRelease},
+		{"true_up_vectors", testTrueUpVectors},
+		{"true_up", testTrueUp},
 		{"ban", testBan},
 		{"reset", testReset},
 		{"override", testOverride},
@@ -383,6 +385,119 @@ func testRingRelease(t *testing.T, s *suite) {
 	if d := s.take(t, req)[0]; !d.Allowed || d.Remaining != 1 {
 		t.Fatalf("after a reset: %+v, want allowed with 1 left", d)
 	}
+}
+
+// testTrueUpVectors plays the shared true-ups: reservations taken and
+// trued up to what their responses showed, releasing the difference or
+// taking it past the limit.
+func testTrueUpVectors(t *testing.T, s *suite) {
+	req := func(vc vectors.TrueUpCase, key string, cost int64) storage.Request {
+		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Releasable: true}
+	}
+	vectors.RunTrueUps(t, func(t *testing.T, now time.Time, vc vectors.TrueUpCase, key string, cost int64) algorithms.Decision {
+		s.clock.set(now)
+		return s.take(t, req(vc, key, cost))[0]
+	}, func(t *testing.T, now time.Time, vc vectors.TrueUpCase, key string, cost int64, d algorithms.Decision, actual int64) {
+		s.clock.set(now)
+		q := req(vc, key, cost)
+		q.TrueUp, q.Actual = true, actual
+		s.release(t, []storage.Request{q}, []algorithms.Decision{d})
+	})
+}
+
+// testTrueUp: a reservation trued up to less releases the difference,
+// from the window it was taken in; trued up to more, takes the
+// difference past the limit, in the window of the true-up, and the key
+// is refused until that window ends; trued up to itself, changes
+// nothing. In a zone that keeps its costs in flight, the true-up ends
+// the reservation's time in flight and the key's settled count keeps
+// the actual cost.
+func testTrueUp(t *testing.T, s *suite) {
+	window := time.Minute
+	s.clock.set(s.clock.now().Truncate(window))
+	trueUp := func(q storage.Request, d algorithms.Decision, actual int64) {
+		t.Helper()
+		q.TrueUp, q.Actual = true, actual
+		s.release(t, []storage.Request{q}, []algorithms.Decision{d})
+	}
+	counts := func(zone string) algorithms.WindowCounts {
+		t.Helper()
+		return s.keyState(t, zone, "k", window).Counts.Windows()
+	}
+
+	t.Run("releases_the_difference", func(t *testing.T) {
+		q := storage.Request{Zone: "less", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 10, Window: window}, Cost: 6, Releasable: true}
+		d := s.take(t, q)[0]
+		s.clock.add(window) // the reservation's window is now the previous one
+		trueUp(q, d, 2)
+		if got := counts("less"); got.Window != d.Window || got.Current != 2 {
+			t.Fatalf("counts %+v after a true-up of 6 to 2, want 2 in window %d", got, d.Window)
+		}
+	})
+
+	t.Run("debt_refuses_until_the_window_has_room", func(t *testing.T) {
+		q := storage.Request{Zone: "more", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 10, Window: window}, Cost: 4, Releasable: true}
+		d := s.take(t, q)[0]
+		s.clock.add(window + time.Second) // trued up in the next window
+		trueUp(q, d, 14)
+		if got := counts("more"); got.Window != d.Window+1 || got.Current != 10 {
+			t.Fatalf("counts %+v after a true-up of 4 to 14 in the next window, want 10 in window %d", got, d.Window+1)
+		}
+		one := q
+		one.Cost = 1
+		end := time.UnixMilli((d.Window + 2) * window.Milliseconds())
+		if d := s.take(t, one)[0]; d.Allowed || !d.RetryAt.Equal(end) {
+			t.Fatalf("after the debt: %+v, want refused until %s", d, end)
+		}
+		s.clock.set(end)
+		if d := s.take(t, one)[0]; !d.Allowed {
+			t.Fatalf("in the window after the debt's: %+v, want allowed", d)
+		}
+	})
+
+	t.Run("actual_equal_to_the_reservation", func(t *testing.T) {
+		for _, alg := range []algorithms.Algorithm{algorithms.SlidingTail, algorithms.GCRA} {
+			zone := "same_" + string(alg)
+			q := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: algorithms.Rate{Units: 10, Window: window}, Cost: 3, Releasable: true}
+			d := s.take(t, q)[0]
+			before := s.keyState(t, zone, "k", window).Counts
+			trueUp(q, d, 3)
+			if got := s.keyState(t, zone, "k", window).Counts; got != before {
+				t.Fatalf("%s: counts %+v after a true-up of 3 to 3, want %+v as before", alg, got, before)
+			}
+		}
+	})
+
+	t.Run("in_flight", func(t *testing.T) {
+		// Three a minute, banning: A reserves 1 and B 2, both in flight;
+		// A is trued up to 2. The count is 4, of which B's 2 are still in
+		// flight, so a third request is refused for those only. B's end
+		// settles the count at 4, and a request of no cost begins a ban.
+		q := storage.Request{Zone: "flight", Key: "k", Algorithm: algorithms.FixedWindow,
+			Rate: algorithms.Rate{Units: 3, Window: window}, Cost: 1, Ban: time.Hour, Releasable: true}
+		a := q
+		b := q
+		b.Cost = 2
+		da, db := s.take(t, a)[0], s.take(t, b)[0]
+		if !da.Allowed || !db.Allowed {
+			t.Fatalf("A %+v, B %+v: want both allowed", da, db)
+		}
+		trueUp(a, da, 2)
+		if got := counts("flight"); got.Current != 4 {
+			t.Fatalf("counts %+v after a true-up of 1 to 2, want 4", got)
+		}
+		if d := s.take(t, q)[0]; d.Allowed || !d.InFlight || !d.BanEnds.IsZero() {
+			t.Fatalf("with B's 2 in flight: %+v, want refused for costs in flight only", d)
+		}
+		kept := b
+		kept.Counted = true
+		s.release(t, []storage.Request{kept}, []algorithms.Decision{db})
+		free := q
+		free.Cost = 0
+		if d := s.take(t, free)[0]; d.Allowed || !d.BanStarted {
+			t.Fatalf("with 4 settled: %+v, want refused, and the ban begun", d)
+		}
+	})
 }
 
 // loginRequest is a request of a zone that allows two attempts a minute,

@@ -1,34 +1,73 @@
--- release.lua releases what take.lua took: for a request taken in some
--- cluster slots and then rejected in another, a concurrency request that
--- is done with its units, or a request whose response a count_status
--- zone does not count. And it ends a request's cost in flight, for a
--- zone that keeps them, whether the cost is released or stays. It runs
--- atomically in one slot, like the take it undoes.
+-- release.lua settles what take.lua took: it releases a request taken in
+-- some cluster slots and then rejected in another, a concurrency request
+-- that is done with its units, a request whose response a count_status
+-- zone does not count, and what a true-up does not keep of a reservation;
+-- and it takes a true-up's debt past the limit (storage.Request.Settle).
+-- And it ends a request's cost in flight, for a zone that keeps them,
+-- whatever stays. It runs atomically in one slot, like the take it
+-- settles.
+--
+-- The release script is take_arith.lua (exact integer arithmetic) and
+-- this file after it, joined by the store (releaseOrder) into one script.
 --
 -- KEYS     the counters of each zone and key (see take.lua), a
 --          concurrency zone's followed by its holders' set.
--- ARGV     seven per zone: the algorithm ("f", "s", "w", "g", "c"; "k" for
---          a cost that stays: only its time in flight ends), two numbers
---          a and b, the holder (concurrency), the limit (gcra), and the
---          window (of the zone's window) the cost was taken in and the
---          cost, for a zone that keeps its costs in flight ("" and 0 for
---          others). For the windowed algorithms a is the window index the
---          cost was taken in (a sliding window's: the sub-window's) and
---          b the cost; for gcra, cost*window/limit as a whole ms and a
---          fraction in 1/limit ms (computed exactly by the caller); for
---          concurrency b is the cost.
+-- ARGV     RELEASE_ARGS per zone, at the offsets ARG_* below.
 --
--- Windowed: a take still in the current window comes off c; one that
--- has since become the previous window comes off p; an older one no
--- longer counts; a sliding window's comes off its sub-window while that
--- is still in the ring. GCRA: the TAT moves back by cost*window/limit (a TAT
--- moved from the past to now plus that is then now: the same bucket).
--- Concurrency: the holder leaves the set and its cost comes off c, only
--- if it was still there: a holder whose hold ended was taken off then.
--- In flight (iw, ic, ip; see take_bans.lua): the cost comes off the window it
--- was taken in, ic if that is iw, ip if it is iw-1, as
--- algorithms.EndInFlight takes it. Counts never go below zero, a hash
--- that is gone is not made again, and the key keeps its expiry.
+-- Released, windowed: a take still in the current window comes off c;
+-- one that has since become the previous window comes off p; an older
+-- one no longer counts; a sliding window's comes off its sub-window while
+-- that is still in the ring. GCRA: the TAT moves back by cost*window/limit
+-- (a TAT moved from the past to now plus that is then now: the same
+-- bucket). Concurrency: the holder leaves the set and its cost comes off
+-- c, only if it was still there: a holder whose hold ended was taken off
+-- then. Counts never go below zero, a hash that is gone is not made
+-- again, and the key keeps its expiry.
+--
+-- A debt (algorithms/debt.go) lands in the window of now, the true-up's:
+-- windowed, the counts roll to now's window and the units add to c, up
+-- to twice the limit; a sliding window's add to now's sub-window, up to
+-- twice the limit in the ring; gcra's move the TAT, from now if it has
+-- passed, on by units*window/limit, to at most now plus two bucket
+-- depths. Nothing goes lower than it was. A hash that is gone (its
+-- counts no longer mattered) is made again with the debt, and the key's
+-- expiry moves to when the debt stops mattering if that is later.
+--
+-- In flight (iw, ic, ip; see take_bans.lua): the cost comes off the
+-- window it was taken in, ic if that is iw, ip if it is iw-1, as
+-- algorithms.EndInFlight takes it.
+
+-- A zone's arguments, at ARGV[a + ARG_*] from its first argument ARGV[a]:
+-- the algorithm ("f", "s", "w", "g", "c"; "k" for a cost that stays whole:
+-- only its time in flight ends); where the cost was taken, and the units
+-- released (0 for none): for the windowed algorithms the window index
+-- (a sliding window's: the sub-window's) and the units, for gcra
+-- units*window/limit as a whole ms and a fraction in 1/limit ms (computed
+-- exactly by the caller), for concurrency the units alone; the holder
+-- (concurrency); the limit the cost was decided against (gcra, and a
+-- debt); the window (of the zone's window) the cost was taken in and the
+-- cost, for a zone that keeps its costs in flight ("" and 0 for others);
+-- the units to take past the limit (0 for none); the zone's window (ms);
+-- gcra's burst or a sliding window's buckets ("" for others); and "" to
+-- use the server clock (TIME), or a time in ms since the epoch (tests
+-- drive the shared vectors with it). The store's Go code mirrors these
+-- offsets (rel*).
+local ARG_ALG, ARG_AT, ARG_UNITS, ARG_HOLDER, ARG_LIMIT, ARG_IW, ARG_IC, ARG_DEBT, ARG_WINDOW, ARG_EXTRA, ARG_NOW = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+local RELEASE_ARGS = 11
+
+-- clockOf returns the time a zone's ARG_NOW names, in ms: the server's
+-- clock, read once a call, if it is "".
+local serverNow
+local function clockOf(arg)
+  if arg ~= '' then
+    return tonumber(arg)
+  end
+  if not serverNow then
+    local t = redis.call('TIME')
+    serverNow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return serverNow
+end
 
 -- takeOff takes cost off a window's pair of fields of key: off cur if the
 -- window it was counted in (at) is the one the hash holds (w), off prev if
@@ -41,39 +80,158 @@ local function takeOff(key, w, at, cur, prev, v, cost)
   end
 end
 
-local k = 0
-for b = 0, #ARGV - 1, 7 do
-  local alg, x, y = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  k = k + 1
-  local key = KEYS[k]
-  if ARGV[b + 6] ~= '' then
-    local v = redis.call('HMGET', key, 'iw', 'ic', 'ip')
-    takeOff(key, tonumber(v[1]), tonumber(ARGV[b + 6]), 'ic', 'ip', {v[2], v[3]}, tonumber(ARGV[b + 7]))
+-- parseRing reads a sliding window's r field into a table.
+local function parseRing(field)
+  local r = {}
+  for c in string.gmatch(field or '', '%d+') do
+    r[#r + 1] = tonumber(c)
   end
-  if alg == 'k' then
-    -- The cost stays counted.
-  elseif alg == 'w' then
-    local v = redis.call('HMGET', key, 'w', 'r')
-    if v[1] and v[2] then
-      local r = {}
-      for c in string.gmatch(v[2], '%d+') do
-        r[#r + 1] = tonumber(c)
-      end
-      local w = tonumber(v[1])
-      if x <= w and w - x < #r then
-        local at = x % #r + 1
-        r[at] = math.max(r[at] - y, 0)
-        redis.call('HSET', key, 'r', table.concat(r, ','))
+  return r
+end
+
+-- keepUntil moves key's expiry, and its t, to expires (ms) if that is
+-- later: as take_write_back.lua does, under an override in force only if
+-- the key would expire before it.
+local function keepUntil(key, expires, now)
+  local t, o, ox = unpack(redis.call('HMGET', key, 't', 'o', 'ox'))
+  if (tonumber(t) or 0) >= expires then
+    return
+  end
+  redis.call('HSET', key, 't', expires)
+  ox = tonumber(ox) or 0
+  local ttl = redis.call('PTTL', key)
+  if not o or ox ~= 0 and ox <= now or ttl >= 0 and now + ttl < expires then
+    redis.call('PEXPIRE', key, expires - now)
+  end
+end
+
+-- debt takes units past the limit at now in key's counts, for the
+-- algorithm alg, the limit, the zone's window w (ms) and extra: gcra's
+-- burst, a sliding window's buckets.
+local function debt(key, alg, units, limit, w, extra, now)
+  local expires
+  if alg == 'g' then
+    local sw, sc, sp = unpack(redis.call('HMGET', key, 'w', 'c', 'p'))
+    -- The TAT in 1/limit ms, as take_gcra.lua's tatOf reads it.
+    local ms, f = tonumber(sw) or 0, 0
+    sc, sp = tonumber(sc) or 0, tonumber(sp) or 0
+    if sp > 0 and sc > 0 then
+      if sp == limit then
+        f = sc
+      else
+        f = math.min(muldiv(sc, limit, sp), limit - 1)
       end
     end
+    if ms < now then
+      ms, f = now, 0
+    end
+    local q, r = muldiv(units, w, limit)
+    local nms, nf = ms + q, f + r
+    if nf >= limit then
+      nms, nf = nms + 1, nf - limit
+    end
+    local bq, br = muldiv(2 * tonumber(extra), w, limit) -- two bucket depths
+    if nms < now + bq or nms == now + bq and nf < br then
+      ms, f = nms, nf
+    elseif ms < now + bq or ms == now + bq and f < br then
+      ms, f = now + bq, br
+    end
+    redis.call('HSET', key, 'w', ms, 'c', f, 'p', limit)
+    expires = ms + 1
+  elseif alg == 'w' then
+    local n = tonumber(extra)
+    local sw, field = unpack(redis.call('HMGET', key, 'w', 'r'))
+    local old = parseRing(field)
+    sw = tonumber(sw) or 0
+    local idx = floordiv(now * n, w)
+    -- Rolled as take_sliding_window.lua's ringOf rolls it.
+    local r = {}
+    for i = 1, n + 1 do
+      r[i] = 0
+    end
+    if #old ~= n + 1 then
+      local total = 0
+      for _, c in ipairs(old) do
+        total = total + c
+      end
+      r[idx % (n + 1) + 1] = total
+    elseif sw <= idx + n then
+      if sw > idx then
+        idx = sw
+      end
+      if idx - sw <= n then
+        for i = 1, n + 1 do
+          r[i] = old[i]
+        end
+        for k = sw + 1, idx do
+          r[k % (n + 1) + 1] = 0
+        end
+      end
+    end
+    local used = 0
+    for i = 1, n + 1 do
+      used = used + r[i]
+    end
+    local pos = idx % (n + 1) + 1
+    r[pos] = r[pos] + math.min(units, math.max(2 * limit - used, 0))
+    redis.call('HSET', key, 'w', idx, 'r', table.concat(r, ','))
+    expires = -floordiv(-(idx + 1 + n) * w, n) -- when the ring's last sub-window leaves
+  else
+    local sw, sc, sp = unpack(redis.call('HMGET', key, 'w', 'c', 'p'))
+    sw = tonumber(sw)
+    local idx = floordiv(now, w)
+    -- Rolled as take_fixed_window.lua's windowAt rolls them.
+    if sw and sw > idx + 1 then
+      sw = nil
+    elseif sw and sw > idx then
+      idx = sw
+    end
+    local cur, prev = 0, 0
+    if sw == idx then
+      cur, prev = tonumber(sc) or 0, tonumber(sp) or 0
+    elseif sw == idx - 1 then
+      prev = tonumber(sc) or 0
+    end
+    cur = cur + math.min(units, math.max(2 * limit - cur, 0))
+    redis.call('HSET', key, 'w', idx, 'c', cur, 'p', prev)
+    expires = (idx + 2) * w -- the end of the next window, as a take's
+  end
+  keepUntil(key, expires, now)
+end
+
+local k = 0
+for a = 1, #ARGV, RELEASE_ARGS do
+  local alg, x, y = ARGV[a + ARG_ALG], tonumber(ARGV[a + ARG_AT]), tonumber(ARGV[a + ARG_UNITS])
+  k = k + 1
+  local key = KEYS[k]
+  if ARGV[a + ARG_IW] ~= '' then
+    local v = redis.call('HMGET', key, 'iw', 'ic', 'ip')
+    takeOff(key, tonumber(v[1]), tonumber(ARGV[a + ARG_IW]), 'ic', 'ip', {v[2], v[3]}, tonumber(ARGV[a + ARG_IC]))
+  end
+  local units = tonumber(ARGV[a + ARG_DEBT])
+  if alg == 'k' then
+    -- The cost stays counted.
   elseif alg == 'c' then
     k = k + 1
-    if redis.call('ZREM', KEYS[k], ARGV[b + 4]) == 1 then
+    if redis.call('ZREM', KEYS[k], ARGV[a + ARG_HOLDER]) == 1 then
       -- A hash gone (reset through the admin API) is not made again,
       -- which would leave it without an expiry.
       local c = tonumber(redis.call('HGET', key, 'c'))
       if c then
         redis.call('HSET', key, 'c', math.max(c - y, 0))
+      end
+    end
+  elseif units > 0 then
+    debt(key, alg, units, tonumber(ARGV[a + ARG_LIMIT]), tonumber(ARGV[a + ARG_WINDOW]), ARGV[a + ARG_EXTRA], clockOf(ARGV[a + ARG_NOW]))
+  elseif alg == 'w' then
+    local v = redis.call('HMGET', key, 'w', 'r')
+    if v[1] and v[2] then
+      local r = parseRing(v[2])
+      local w = tonumber(v[1])
+      if x <= w and w - x < #r then
+        local at = x % #r + 1
+        r[at] = math.max(r[at] - y, 0)
+        redis.call('HSET', key, 'r', table.concat(r, ','))
       end
     end
   else
@@ -82,7 +240,7 @@ for b = 0, #ARGV - 1, 7 do
       local w = tonumber(v[1])
       if alg == 'g' then
         -- The TAT's fraction is in 1/p ms; take.lua wrote p = limit.
-        local limit = tonumber(ARGV[b + 5])
+        local limit = tonumber(ARGV[a + ARG_LIMIT])
         if tonumber(v[3]) == limit then
           local ms, f = w - x, (tonumber(v[2]) or 0) - y
           if f < 0 then
