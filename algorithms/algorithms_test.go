@@ -27,14 +27,91 @@ func TestVectors(t *testing.T) {
 	})
 }
 
+// TestTrueUpVectors runs the shared true-ups against Decide, Release and
+// Debt, with counts kept in maps as in TestVectors.
+func TestTrueUpVectors(t *testing.T) {
+	counts := map[string]algorithms.Counts{}
+	rings := map[string]algorithms.Ring{}
+	vectors.RunTrueUps(t, func(t *testing.T, now time.Time, c vectors.TrueUpCase, key string, cost int64) algorithms.Decision {
+		if c.Algorithm == algorithms.SlidingWindow {
+			d, next := algorithms.DecideRing(rings[key], now, c.Rate, cost)
+			rings[key] = next
+			return d
+		}
+		d, next := algorithms.Decide(c.Algorithm, counts[key], now, c.Rate, cost)
+		counts[key] = next
+		return d
+	}, func(t *testing.T, now time.Time, c vectors.TrueUpCase, key string, cost int64, d algorithms.Decision, actual int64) {
+		l := c.Rate
+		l.Units = d.Limit
+		switch {
+		case actual < cost && c.Algorithm == algorithms.SlidingWindow:
+			rings[key] = algorithms.ReleaseRing(rings[key], d, cost-actual)
+		case actual < cost:
+			counts[key] = algorithms.Release(c.Algorithm, counts[key], d, l, cost-actual)
+		case c.Algorithm == algorithms.SlidingWindow:
+			rings[key] = algorithms.DebtRing(rings[key], now, l, actual-cost)
+		default:
+			counts[key] = algorithms.Debt(c.Algorithm, counts[key], now, l, actual-cost)
+		}
+	})
+}
+
+// TestDebt checks, over random states, that a debt never lowers a key's
+// counts, adds its units to now's window (a TAT: moves it on by their
+// span) while under the bound, and never takes the counts past it: twice
+// the limit, a TAT two bucket depths ahead of now.
+func TestDebt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 5000 {
+		l := algorithms.Rate{Units: 1 + rng.Int64N(1000), Window: time.Duration(1+rng.Int64N(100_000)) * time.Millisecond}
+		w := l.Window.Milliseconds()
+		now := time.UnixMilli(vectors.Start.UnixMilli() + rng.Int64N(1e9))
+		idx := now.UnixMilli() / w
+		units := 1 + rng.Int64N(3*l.Units)
+		for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
+			c := algorithms.WindowCounts{Window: idx - 2 + rng.Int64N(4), Current: rng.Int64N(2*l.Units + 1), Previous: rng.Int64N(2*l.Units + 1)}
+			rolled := algorithms.Roll(c, max(idx, c.Window))
+			got := algorithms.Debt(alg, c.Counts(), now, l, units).Windows()
+			want := rolled
+			want.Current = max(rolled.Current, min(rolled.Current+units, 2*l.Units))
+			if got != want {
+				t.Fatalf("%s limit %d: a debt of %d on %+v at window %d: %+v, want %+v", alg, l.Units, units, c, idx, got, want)
+			}
+		}
+
+		l.Burst = 1 + rng.Int64N(2*l.Units)
+		depth, _ := algorithms.Interval(l.Burst, l.Window, l.Units)
+		stored := algorithms.Counts{W: now.UnixMilli() - depth + rng.Int64N(4*depth+2), C: rng.Int64N(l.Units), P: l.Units}
+		got := algorithms.Debt(algorithms.GCRA, stored, now, l, units)
+		from := max(stored.TATMillis(), now.UnixMilli())
+		span, _ := algorithms.Interval(units, l.Window, l.Units)
+		bound, _ := algorithms.Interval(2*l.Burst, l.Window, l.Units)
+		switch tat := got.TATMillis(); {
+		case got.TATLimit() != l.Units:
+			t.Fatalf("gcra: a debt wrote a TAT for limit %d, want %d", got.TATLimit(), l.Units)
+		case tat < from || tat == stored.TATMillis() && got.C < stored.C:
+			t.Fatalf("gcra: a debt moved the TAT back: %+v -> %+v at %d", stored, got, now.UnixMilli())
+		case tat > max(stored.TATMillis(), now.UnixMilli()+bound+1):
+			t.Fatalf("gcra: a debt moved the TAT to %d, past %d and two bucket depths, %d", tat, now.UnixMilli(), bound)
+		case from+span+1 < now.UnixMilli()+bound && (tat < from+span || tat > from+span+1):
+			t.Fatalf("gcra: a debt of %d (%d ms) moved the TAT from %d to %d", units, span, from, tat)
+		}
+	}
+	if c := (algorithms.Counts{C: 2}); algorithms.Debt(algorithms.Concurrency, c, vectors.Start, algorithms.Rate{Units: 3, Window: time.Minute}, 5) != c {
+		t.Fatal("a debt on a concurrency key changed its counts")
+	}
+}
+
 // TestRetryAtIsFirstAllowedInstant checks, for many states, that the retry
 // instant is allowed and the millisecond before it is not.
 func TestRetryAtIsFirstAllowedInstant(t *testing.T) {
 	l := algorithms.Rate{Units: 7, Window: 3 * time.Second}
 	start := vectors.Start
 	for _, alg := range []algorithms.Algorithm{algorithms.SlidingTail, algorithms.FixedWindow} {
-		for prev := int64(0); prev <= 7; prev++ {
-			for cur := int64(0); cur <= 7; cur++ {
+		// Counts up to twice the limit: a debt takes them past it.
+		for prev := int64(0); prev <= 14; prev++ {
+			for cur := int64(0); cur <= 14; cur++ {
 				for cost := int64(1); cost <= 7; cost++ {
 					for _, at := range []time.Duration{0, time.Millisecond, 1499 * time.Millisecond, 2999 * time.Millisecond} {
 						c := algorithms.WindowCounts{Window: start.UnixMilli() / 3000, Current: cur, Previous: prev}.Counts()

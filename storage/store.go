@@ -53,6 +53,15 @@ type Request struct {
 	// its response was one the zone counts: its cost stays taken, and
 	// is only no longer in flight.
 	Counted bool
+	// Actual, in a Release of a request whose Cost was a reservation
+	// (cost_from), is the cost its response showed: the store keeps
+	// Actual in place of Cost. Cost-Actual is released if Actual is
+	// less; if Actual is more, the difference is taken past the limit
+	// (debt), and the key is refused until its window has room again.
+	// TrueUp tells that Actual is set; without it a Release releases the
+	// whole Cost, as for count_status.
+	TrueUp bool
+	Actual int64
 }
 
 // TracksInFlight reports whether a store keeps q's cost, once allowed,
@@ -64,6 +73,31 @@ type Request struct {
 // still in flight is marked so (Decision.InFlight), and bans nothing.
 func (q Request) TracksInFlight() bool {
 	return q.Releasable && q.Ban > 0 && q.Cost > 0
+}
+
+// Settle returns what a Release of q, an allowed request, does to its
+// key's counts: the units it releases, and the units it takes past the
+// limit (the debt). With TrueUp the store keeps Actual (a negative one
+// counts as 0) in place of Cost, whether or not Counted is set: it
+// releases Cost-Actual, or takes Actual-Cost as a debt. Without, a
+// Counted cost stays and any other is released whole. A concurrency
+// request releases its whole cost whatever else q says: once done it
+// holds nothing, and no zone reads a concurrency cost from a response.
+//
+// Which window each lands in is the algorithm's: a release comes off the
+// window the cost was taken in (algorithms.Release), a debt lands in the
+// window of the moment it is taken (algorithms.Debt).
+func (q Request) Settle() (release, debt int64) {
+	switch {
+	case q.Algorithm == algorithms.Concurrency:
+		return q.Cost, 0
+	case q.TrueUp:
+		actual := max(q.Actual, 0)
+		return max(q.Cost-actual, 0), max(actual-q.Cost, 0)
+	case q.Counted:
+		return 0, 0
+	}
+	return q.Cost, 0
 }
 
 // Store keeps counters per zone and key.
@@ -81,9 +115,11 @@ type Store interface {
 	// concurrency request's units, once Caddy is done with it, and another
 	// request's cost when it is done and should not count (count_status),
 	// from the window it was taken in (algorithms.Release). A request
-	// that TracksInFlight is released when it is done, whatever its
-	// response: its cost stops being in flight, and is released unless it
-	// is Counted. Release is called at most once per allowed request, when
+	// whose cost was a reservation is trued up (TrueUp): the store keeps
+	// its Actual cost instead, releasing the difference or taking it past
+	// the limit (see Settle). A request that TracksInFlight is released
+	// when it is done, whatever its response: its cost stops being in
+	// flight, and is released unless it is Counted. Release is called at most once per allowed request, when
 	// ctx, the request's, may be done (its client gone): a store releases
 	// all the same, keeping ctx's values only. A shared store that cannot
 	// be reached keeps the units until their hold ends, and the costs

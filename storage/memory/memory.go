@@ -226,9 +226,11 @@ const shardCount = 64
 const DefaultSweepInterval = 10 * time.Second
 
 // maxCount bounds limits and costs the memory store accepts. Decide adds a
-// cost to a count only while the count stays within the limit, so no count
-// exceeds it and 32 bits hold every count. The handler never takes
-// more (its limits and costs are at most math.MaxInt32 too).
+// cost to a count only while the count stays within the limit, and a
+// true-up's debt takes it at most to twice the limit (algorithms.MostDebt),
+// so no count exceeds 2×maxCount, and 32 bits (unsigned) hold every
+// count. The handler never takes more (its limits and costs are at most
+// math.MaxInt32 too).
 const maxCount = math.MaxInt32
 
 // slot is one key's counters in a shard's table, beside its key
@@ -237,7 +239,7 @@ const maxCount = math.MaxInt32
 // 28 with its key.
 type slot struct {
 	// w, c and p are algorithms.Counts' W, C and P; C and P fit in 32
-	// bits since they never exceed maxCount. w keeps the low 32 bits of
+	// bits since they never exceed 2×maxCount. w keeps the low 32 bits of
 	// W (a window index, or a GCRA key's TAT in ms), and counts finds the
 	// rest from expires: the whole would take 8 bytes and, with its
 	// alignment, make the slot 32.
@@ -667,12 +669,15 @@ func slotFor[S any, P slotPtr[S]](s *shard, t *table[S, P], h uint64, bound int,
 	return t.add(h), false
 }
 
-// release releases what Take took for reqs, allowed with decisions: a
-// concurrency request's units, another's cost (algorithms.Release), and
-// ends the costs in flight of those whose store keeps them, whether their
-// cost is released or, counted, stays. A concurrency key whose units are
-// all released is forgotten; other keys keep their expiry.
+// release settles what Take took for reqs, allowed with decisions
+// (storage.Request.Settle): it releases a concurrency request's units and
+// another's cost (algorithms.Release), or the part of a reservation its
+// true-up does not keep, takes a true-up's debt (algorithms.Debt), and
+// ends the costs in flight of those whose store keeps them, whatever
+// stays. A concurrency key whose units are all released is forgotten;
+// other keys keep their expiry, unless a debt moves it later.
 func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decision) {
+	bound := int(c.maxPerShard.Load())
 	for i, r := range reqs {
 		h := c.keyHash(r.Zone, r.Key)
 		s := &c.shards[shardOf(h)]
@@ -680,22 +685,26 @@ func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decisi
 		if r.TracksInFlight() {
 			s.endInFlight(h, algorithms.InFlightWindow(r.Algorithm, decisions[i], r.Rate), r.Cost)
 		}
-		if !r.Counted {
-			s.release(h, r, decisions[i])
+		switch release, debt := r.Settle(); {
+		case release > 0:
+			s.release(h, r, decisions[i], release)
+		case debt > 0:
+			// Read under the lock, as take reads it.
+			s.debt(h, r, decisions[i], debt, c.now(), bound)
 		}
 		s.mu.Unlock()
 	}
 	c.released.Signal()
 }
 
-// release releases the cost of r, allowed with d, from the counts of
-// the key with hash h.
-func (s *shard) release(h uint64, r storage.Request, d algorithms.Decision) {
+// release releases cost of r, allowed with d, from the counts of the key
+// with hash h.
+func (s *shard) release(h uint64, r storage.Request, d algorithms.Decision, cost int64) {
 	if r.Algorithm == algorithms.SlidingWindow {
-		s.rings.release(h, r.Rate.Window.Milliseconds(), d, r.Cost)
+		s.rings.release(h, r.Rate.Window.Milliseconds(), d, cost)
 	} else if j, ok := s.counts.lookup(h); ok {
 		e := &s.counts.slots[j]
-		n := algorithms.Release(r.Algorithm, e.counts(r.Rate.Window.Milliseconds()), d, r.Rate, r.Cost)
+		n := algorithms.Release(r.Algorithm, e.counts(r.Rate.Window.Milliseconds()), d, r.Rate, cost)
 		switch {
 		case r.Algorithm == algorithms.Concurrency && n.Held() == 0:
 			s.counts.remove(j)
@@ -708,6 +717,32 @@ func (s *shard) release(h uint64, r storage.Request, d algorithms.Decision) {
 			e.set(n, r.Algorithm, expiry(r, n), e.ref)
 		}
 	}
+}
+
+// debt takes units of r, allowed with d, past the limit at now, in the
+// counts of the key with hash h (algorithms.Debt, DebtRing), for the
+// limit d was decided against. A key whose counts are no longer kept
+// (swept since, its window over) has the debt as its first count, and so
+// makes room as a take does, in a shard of bound keys.
+func (s *shard) debt(h uint64, r storage.Request, d algorithms.Decision, units int64, now time.Time, bound int) {
+	rate := r.Rate
+	if d.Limit > 0 {
+		rate.Units = d.Limit
+	}
+	w := rate.Window.Milliseconds()
+	nowSec := unixSeconds(now.UnixMilli())
+	if r.Algorithm == algorithms.SlidingWindow {
+		ring, was := s.rings.find(h, w)
+		ring = algorithms.DebtRing(ring, now, rate, units)
+		s.storeRing(h, ring, ringExpiry(ring, w), was, bound, nowSec)
+		return
+	}
+	var counts algorithms.Counts
+	if j, ok := s.counts.lookup(h); ok {
+		counts = s.counts.slots[j].counts(w)
+	}
+	n := algorithms.Debt(r.Algorithm, counts, now, rate, units)
+	s.store(h, n, r.Algorithm, expiry(r, n), bound, nowSec)
 }
 
 // inspect returns the counts kept for zone and key as stored, not rolled

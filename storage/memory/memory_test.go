@@ -353,6 +353,29 @@ func TestMemoryTakeRange(t *testing.T) {
 	if err := m.Take(context.Background(), []storage.Request{r}, d); err != nil || d[0].Allowed || d[0].Used != maxCount {
 		t.Fatalf("after the largest cost: %v %+v", err, d[0])
 	}
+	// A true-up's debt takes a count to at most twice the limit, which
+	// 32 bits still hold, in a slot and in a ring.
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingWindow} {
+		r := storage.Request{Zone: "debt", Key: string(alg), Algorithm: alg, Rate: rate, Cost: 1, TrueUp: true, Actual: 3 * maxCount}
+		if err := m.Take(context.Background(), []storage.Request{r}, d); err != nil || !d[0].Allowed {
+			t.Fatalf("%s: %v %+v", alg, err, d[0])
+		}
+		if err := m.Release(context.Background(), []storage.Request{r}, d); err != nil {
+			t.Fatal(err)
+		}
+		w := rate.Window.Milliseconds()
+		used := func() int64 {
+			if alg == algorithms.SlidingWindow {
+				ring, _ := m.counters.inspectRing("debt", r.Key, w)
+				return ring.Used()
+			}
+			c, _ := m.counters.inspect("debt", r.Key, w)
+			return c.Windows().Current
+		}()
+		if used != 2*maxCount {
+			t.Fatalf("%s: %d counted after a debt past twice the limit, want %d", alg, used, 2*maxCount)
+		}
+	}
 }
 
 // TestMemoryBoundFollowsRunningConfigs: the bound is the newest running
