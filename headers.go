@@ -109,9 +109,9 @@ type placeholders struct {
 	limit     int64
 	remaining int64
 	exceeded  bool
-	// cost is what the request cost: in the zone reported, until a zone
-	// that reads costs from responses (cost_from) sets it, once the
-	// response is done, to what the request cost there.
+	// cost is the request's cost in the zone reported (a reservation, in
+	// a cost_from zone) until, once the response is done, the first
+	// cost_from zone that admitted it sets what the request cost there.
 	cost int64
 	// values back the response header values, so that setting a header
 	// allocates no slice of its own.
