@@ -114,6 +114,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 //			status <code>                        # 400 to 599
 //			count_status <code|class> [<code|class>...] # not with concurrency
 //			ban <duration>                       # not with concurrency
+//			cost_from usage input|output|total   # or: cost_from header <name>; not with concurrency or cost
+//			reserve <n>                          # or: reserve max_tokens <default>; required by cost_from
+//			usage_in_stream on|off               # cost_from usage only; default: off
 //		}
 //	}
 //
@@ -435,6 +438,58 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 			z.Ban = caddy.Duration(dur)
 
+		case "cost_from":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return nil, fail(fmt.Errorf("want usage input|output|total or header <name>, got %q", strings.Join(args, " ")))
+			}
+			switch args[0] {
+			case "usage":
+				if err := checkUsage(args[1]); err != nil {
+					return nil, fail(fmt.Errorf("usage: %w", err))
+				}
+				z.CostFrom = &CostFrom{Usage: args[1]}
+			case "header":
+				if err := checkCostHeader(args[1]); err != nil {
+					return nil, fail(fmt.Errorf("header: %w", err))
+				}
+				z.CostFrom = &CostFrom{Header: args[1]}
+			default:
+				return nil, fail(fmt.Errorf("want usage input|output|total or header <name>, got %q", args[0]))
+			}
+
+		case "reserve":
+			args := d.RemainingArgs()
+			var n int64
+			var err error
+			switch {
+			case len(args) == 1:
+				n, err = strconv.ParseInt(args[0], 10, 64)
+				if err == nil {
+					err = checkReserveUnits(n)
+				}
+				z.Reserve = &Reserve{Units: n}
+			case len(args) == 2 && args[0] == "max_tokens":
+				n, err = strconv.ParseInt(args[1], 10, 64)
+				if err == nil {
+					err = checkReserveUnits(n)
+				}
+				z.Reserve = &Reserve{MaxTokens: n}
+			default:
+				return nil, fail(fmt.Errorf("want <n> or max_tokens <default>, got %q", strings.Join(args, " ")))
+			}
+			if err != nil {
+				return nil, fail(fmt.Errorf("want an integer from 1 to %d, got %q", maxLimit, args[len(args)-1]))
+			}
+
+		case "usage_in_stream":
+			if !d.AllArgs(&z.UsageInStream) {
+				return nil, d.ArgErr()
+			}
+			if err := checkOnOff(z.UsageInStream); err != nil {
+				return nil, fail(err)
+			}
+
 		case "max_waiting", "ipv4_prefix", "ipv6_prefix":
 			var s string
 			if !d.AllArgs(&s) {
@@ -460,7 +515,7 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 
 		default:
-			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, buckets, burst, hold, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix, status, count_status or ban)", z.Name, dir)
+			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, buckets, burst, hold, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix, status, count_status, ban, cost_from, reserve or usage_in_stream)", z.Name, dir)
 		}
 	}
 	// What no line could check: the fields that are missing.

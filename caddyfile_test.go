@@ -471,6 +471,8 @@ func TestUnmarshalCaddyfileDocShowsTheSyntax(t *testing.T) {
 		{handlerLines["log_keys"], checkOnOff("?")},
 		{handlerLines["admin_changes"], checkOnOff("?")},
 		{zoneLines["algorithm"], checkAlgorithm("?")},
+		{zoneLines["cost_from"], checkUsage("?")},
+		{zoneLines["usage_in_stream"], checkOnOff("?")},
 	} {
 		if values := strings.Join(wanted(c.err), "|"); !strings.Contains(c.line, " "+values) {
 			t.Errorf("doc comment line %q: want the values %s", c.line, values)

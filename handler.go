@@ -107,13 +107,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
+		cost := z.costs[methodIndex(r.Method)]
+		if z.meter.on {
+			// Read before anything is taken, so that a body refused
+			// takes nothing.
+			if z.meter.readsBody() && !s.bodyRead {
+				if err := s.readBody(r); err != nil {
+					return bodyRefused(w, r, err)
+				}
+			}
+			cost = z.meter.reservation(s.body)
+		}
 		req := storage.Request{
 			Zone:       z.Name,
 			Key:        z.resolveKey(values),
 			Algorithm:  z.Algorithm,
 			Rate:       algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst, Buckets: z.Buckets},
-			Cost:       z.costs[methodIndex(r.Method)],
-			Releasable: z.countsStatus,
+			Cost:       cost,
+			Releasable: z.countsStatus || z.meter.on,
 		}
 		if !dryRun {
 			req.Ban = time.Duration(z.Ban)
@@ -159,15 +170,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		default:
 			c.zone.results[resultAllowed].Inc()
 		}
+		if c.zone.meter.on && !c.dryRunExceeded {
+			c.zone.meter.units[costReserved].Add(float64(c.req.Cost))
+		}
 		if c.decision.Rolled && !c.dryRunExceeded {
 			// This check took for the key and moved it into a new window: report what
 			// it used of its limit in the one that finished.
 			c.zone.usage.Observe(float64(c.decision.Finished) / float64(c.decision.Limit))
 		}
 	}
-	h.report(w, values, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
-	countsStatus := anyCountsStatus(s.checks)
-	if !countsStatus && !anyHoldsUnits(s.checks) {
+	p := h.report(w, values, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
+	countsStatus, meters := anyCountsStatus(s.checks), anyMeters(s.checks)
+	if !countsStatus && !meters && !anyHoldsUnits(s.checks) {
 		return h.serveNext(w, r, next)
 	}
 	var rec *statusRecorder
@@ -176,9 +190,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		rec.ResponseWriter = w
 		w = rec
 	}
+	if meters {
+		w = s.meterResponse(w, r)
+	}
 	// Runs before the scratch goes back to the pool, and on every way
 	// out: a response, an error, a panic, a client gone.
-	defer h.release(r.Context(), &s.take, s.checks, rec)
+	defer h.release(r.Context(), s, rec, p)
 	err = h.serveNext(w, r, next)
 	if rec != nil {
 		rec.finish(r, err)
@@ -248,20 +265,50 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 // release releases, once Caddy is done with the request, what checks
 // took and should not keep: the units of concurrency zones, and the cost
 // of zones that count only some statuses when the response's status, as
-// rec recorded it, is not one of them. A zone that also bans is told of
-// a counted response too, so that its store no longer holds the cost as
-// in flight (storage.Request.TracksInFlight). The client may be gone, so
-// the request's context may be done: stores release regardless (Store).
-// A release that fails is a store error; a shared store then keeps what
-// it counted until its hold or window ends.
-func (h *Handler) release(ctx context.Context, q *take, checks []zoneCheck, rec *statusRecorder) {
+// rec recorded it, is not one of them. A zone that reads costs from
+// responses (cost_from) trues its reservation up to the cost the
+// response showed, if it showed one; else the reservation stands. A zone
+// that also bans is told of a counted response too, so that its store no
+// longer holds the cost as in flight (storage.Request.TracksInFlight).
+// The client may be gone, so the request's context may be done: stores
+// release regardless (Store). A release that fails is a store error; a
+// shared store then keeps what it counted until its hold or window ends.
+// The cost placeholder p gets what the request cost.
+func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, p *placeholders) {
+	q := &s.take
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
-	for i := range checks {
-		c := &checks[i]
+	costSet := false
+	for i := range s.checks {
+		c := &s.checks[i]
 		req := c.req
+		m := &c.zone.meter
 		switch {
 		case c.holds() || rec != nil && c.releases(rec.final()):
 			// Units, or a cost, to release.
+			if m.on {
+				m.units[costReleased].Add(float64(req.Cost))
+				if !costSet {
+					p.cost, costSet = 0, true
+				}
+			}
+		case m.on && !c.dryRunExceeded:
+			kept := req.Cost
+			if actual, ok := s.cost(m); ok {
+				req.TrueUp, req.Actual, kept = true, actual, actual
+				release, debt := req.Settle()
+				m.units[costReleased].Add(float64(release))
+				m.units[costDebt].Add(float64(debt))
+			} else if req.TracksInFlight() {
+				req.Counted = true
+			}
+			m.units[costTaken].Add(float64(kept))
+			if !costSet {
+				p.cost, costSet = kept, true
+			}
+			if !req.TrueUp && !req.Counted {
+				// The reservation stands.
+				continue
+			}
 		case !c.dryRunExceeded && req.TracksInFlight():
 			// A cost the response's status keeps, no longer in flight.
 			req.Counted = true
@@ -288,6 +335,11 @@ type scratch struct {
 	// recorder records the response's status for zones that count only
 	// some statuses.
 	recorder statusRecorder
+	// body is the request's body, once bodyRead, for the zones that
+	// reserve by it (cost_from); writers read the response's costs.
+	body     []byte
+	bodyRead bool
+	writers  []costWriter
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -303,6 +355,8 @@ func (s *scratch) recycle() {
 	clear(s.reqs)
 	s.checks, s.reqs, s.decisions, s.waited, s.store = s.checks[:0], s.reqs[:0], s.decisions[:0], false, nil
 	s.recorder = statusRecorder{}
+	s.body, s.bodyRead = nil, false
+	s.recycleWriters()
 	scratchPool.Put(s)
 }
 

@@ -48,6 +48,7 @@ func (h *Handler) report(w http.ResponseWriter, values requestValues, c *zoneChe
 	p := requestPlaceholders(values)
 	d := c.decision
 	p.zone, p.key, p.limit, p.remaining, p.exceeded = c.zone.Name, c.req.Key, d.Limit, d.Remaining, exceeded
+	p.cost = c.req.Cost
 
 	// Units in flight have no window, reset or policy to describe.
 	window := c.req.Algorithm != algorithms.Concurrency
@@ -108,6 +109,10 @@ type placeholders struct {
 	limit     int64
 	remaining int64
 	exceeded  bool
+	// cost is the request's cost in the zone reported (a reservation, in
+	// a cost_from zone) until, once the response is done, the first
+	// cost_from zone that admitted it sets what the request cost there.
+	cost int64
 	// values back the response header values, so that setting a header
 	// allocates no slice of its own.
 	values [valueCount]string
@@ -164,6 +169,8 @@ func (p *placeholders) get(name string) (any, bool) {
 		return p.remaining, true
 	case "exceeded":
 		return p.exceeded, true
+	case "cost":
+		return p.cost, true
 	case "exceeded.name":
 		// mholt/caddy-ratelimit's placeholder: the rejecting zone.
 		if p.exceeded {

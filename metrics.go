@@ -16,6 +16,7 @@ var metrics struct {
 	storeDuration *prometheus.HistogramVec
 	periodUsage   *prometheus.HistogramVec
 	bans          *prometheus.CounterVec
+	costUnits     *prometheus.CounterVec
 }
 
 // Values of the result label.
@@ -56,7 +57,12 @@ var registerMetrics = promreg.Once(func() []prometheus.Collector {
 		Namespace: ns, Subsystem: sub, Name: "bans_total",
 		Help: "Keys a zone with a ban banned: counted by the instance whose rejection began the ban.",
 	}, []string{"zone"})
-	return []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage, metrics.bans}
+	metrics.costUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "cost_units_total",
+		Help: "Cost units of the requests of zones that read costs from responses (cost_from), by kind: reserved at admission, then, once the responses were done, " +
+			"taken (what they cost, or their reservation if it could not be read), released (reserved beyond that) and debt (taken beyond the reservation).",
+	}, []string{"zone", "kind"})
+	return []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage, metrics.bans, metrics.costUnits}
 })
 
 // zoneSeries returns a zone's series: its caddy_http_rate_limit_requests_total
@@ -81,6 +87,19 @@ func zoneSeries(zone string, metricsOff, bans bool) (results [resultCount]promet
 		banned = metrics.bans.WithLabelValues(zone)
 	}
 	return results, metrics.periodUsage.WithLabelValues(zone), banned
+}
+
+// costSeries returns a cost_from zone's caddy_http_rate_limit_cost_units_total
+// counters by kind; with metricsOff they are collected by no registry.
+func costSeries(zone string, metricsOff bool) (units [costKinds]prometheus.Counter) {
+	for i := range units {
+		if metricsOff {
+			units[i] = unregisteredCounter()
+		} else {
+			units[i] = metrics.costUnits.WithLabelValues(zone, costKindNames[i])
+		}
+	}
+	return units
 }
 
 // storeSeries returns a store's series: its error counter, and its latency

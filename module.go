@@ -256,6 +256,30 @@ type Zone struct {
 	// instance. At least 1s; default: no ban. Not for concurrency zones.
 	Ban caddy.Duration `json:"ban,omitempty"`
 
+	// Where the cost of a request is read once its response is done, for
+	// a zone that limits what responses cost rather than how many
+	// requests come (an LLM API's tokens): the usage the response's body
+	// reports, or a header. A request is admitted if its key has room for
+	// its reservation (Reserve), which is taken at once; when the
+	// response is done, the key keeps the cost read in its place: less
+	// is released, more is taken past the limit (a debt, which refuses
+	// the key until its window has room again). A response whose cost
+	// cannot be read (a stream cut off, an error without usage, a
+	// compressed body) keeps the reservation. Not for concurrency zones;
+	// needs Reserve; not with Cost.
+	CostFrom *CostFrom `json:"cost_from,omitempty"`
+
+	// What a request of a cost_from zone takes at admission, before its
+	// response shows what it cost. Only with CostFrom, which needs it.
+	Reserve *Reserve `json:"reserve,omitempty"`
+
+	// "on" asks a streamed Chat Completions request that did not ask for
+	// the usage of its stream (stream_options.include_usage) for it, so
+	// that its cost can be read, and hides that usage from the client,
+	// which sees the stream it asked for. Default: "off". Only with
+	// cost_from usage.
+	UsageInStream string `json:"usage_in_stream,omitempty"`
+
 	matchers caddyhttp.MatcherSets
 	// results counts the zone's requests by result (the series of
 	// caddy_http_rate_limit_requests_total), looked up once here so
@@ -298,6 +322,8 @@ type Zone struct {
 	// sfName is the name as an RFC 8941 string, for the RateLimit and
 	// RateLimit-Policy headers.
 	sfName string
+	// meter is what a cost_from zone reads a response's cost with.
+	meter meter
 }
 
 // CaddyModule returns the Caddy module information.
@@ -458,6 +484,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 			z.costs[methodIndex(m)] = c
 		}
 	}
+	z.meter = newMeter(z, metricsOff)
 	return nil
 }
 
@@ -605,7 +632,7 @@ func (z *Zone) validate() error {
 			return fmt.Errorf("ban: %w", err)
 		}
 	}
-	return nil
+	return z.validateCostFrom()
 }
 
 // validateAlgorithmOptions checks the options that belong to some

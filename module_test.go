@@ -55,6 +55,17 @@ func TestBadJSONRefused(t *testing.T) {
 		{"sweep_interval", `{"sweep_interval":"-1s","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "sweep_interval", "-1s"},
 		{"log_key and log_keys", `{"log_key":true,"log_keys":"on","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "log_key", "log_keys"},
 		{"admin_changes", `{"admin_changes":"never","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "admin_changes", "never"},
+		{"cost_from neither", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{},"reserve":{"units":10}}]}`, "cost_from", "neither"},
+		{"cost_from both", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{"usage":"output","header":"X-Cost"},"reserve":{"units":10}}]}`, "cost_from", "not both"},
+		{"cost_from usage", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{"usage":"prompt"},"reserve":{"units":10}}]}`, "cost_from", "prompt"},
+		{"cost_from without reserve", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{"usage":"output"}}]}`, "reserve", "missing"},
+		{"cost_from concurrency", `{"zones":[{"name":"z","limit":[100],"algorithm":"concurrency","cost_from":{"usage":"output"},"reserve":{"units":10}}]}`, "cost_from", "concurrency"},
+		{"reserve both", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{"usage":"output"},"reserve":{"units":10,"max_tokens":5}}]}`, "reserve", "not both"},
+		{"reserve neither", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{"usage":"output"},"reserve":{}}]}`, "reserve", "neither"},
+		{"reserve negative", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{"usage":"output"},"reserve":{"units":-1}}]}`, "reserve", "-1"},
+		{"reserve without cost_from", `{"zones":[{"name":"z","limit":[100],"window":"1m","reserve":{"units":10}}]}`, "reserve", "cost_from"},
+		{"usage_in_stream", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{"usage":"output"},"reserve":{"units":10},"usage_in_stream":"yes"}]}`, "usage_in_stream", "yes"},
+		{"usage_in_stream without cost_from", `{"zones":[{"name":"z","limit":[100],"window":"1m","usage_in_stream":"on"}]}`, "usage_in_stream", "cost_from usage"},
 		{"zone name", `{"zones":[{"name":"z\u00f6ne","limit":[1],"window":"1s"}]}`, "name", "0xc3"},
 	}
 	for _, c := range cases {

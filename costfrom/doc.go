@@ -1,0 +1,44 @@
+// Package costfrom reads the cost of a response to an LLM API from the
+// response itself: the tokens its body reports it used, or a number in a
+// header or trailer. A zone that limits tokens takes a reservation at
+// admission (MaxTokens reads the bound a request asks for) and, once the
+// response is written, trues it up to what Writer.Cost read.
+//
+// A Writer reads a response as it passes it on: the body is never held,
+// and the memory it takes does not grow with the body, however large.
+//
+// # Formats
+//
+// The format is told from the response's Content-Type and from the fields
+// of its body, never from the request's path, so that one zone can front
+// several APIs and an API behind a rewrite:
+//
+//   - application/json (or +json), one JSON value: the top-level "usage"
+//     object of OpenAI's Chat Completions and Completions (prompt_tokens,
+//     completion_tokens, total_tokens), of its Responses API (input_tokens,
+//     output_tokens, total_tokens) and of Anthropic's Messages
+//     (input_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+//     output_tokens); or Ollama's prompt_eval_count and eval_count, with
+//     "done": true (/api/chat, /api/generate).
+//   - application/x-ndjson, one JSON value a line: Ollama's stream, whose
+//     last object ("done": true) has the counts.
+//   - text/event-stream, JSON in each event's data: the chunks of Chat
+//     Completions and Completions, the last of which (choices empty) has
+//     the usage when the request asked for it
+//     (stream_options.include_usage, see RequestStreamUsage); the events of
+//     the Responses API, whose last (response.completed, or incomplete or
+//     failed) has response.usage; Anthropic's events, message_start with
+//     message.usage (the input) and message_delta with usage (the output
+//     so far, so the last one counts).
+//
+// Input is the prompt's tokens: Anthropic counts the tokens read from its
+// prompt cache, and those written to it, apart from input_tokens, and they
+// are added to it, so that input means the same for every format (OpenAI's
+// prompt_tokens and input_tokens include cached tokens). Total is the
+// total_tokens given, or input plus output.
+//
+// A response has a cost only once a whole usage was read: a stream cut
+// before its usage, an error without usage, a body that is not JSON or is
+// compressed (Content-Encoding), have none, and the caller keeps its
+// reservation.
+package costfrom

@@ -1,0 +1,686 @@
+package costfrom
+
+import "encoding/binary"
+
+// scanner reads JSON pushed to it in pieces of any size, as a response's
+// body arrives, and keeps the few values this package reads in its record.
+// It never holds a value's bytes: it follows the nesting of the values it
+// may read from (maxDepth levels of objects, key by key), skips everything
+// else by counting brackets and looking for quotes, and parses the numbers
+// it reads as their digits come. Its memory is its own size, whatever the
+// size of the JSON.
+//
+// It reads a sequence of JSON values (one document, newline-delimited JSON,
+// or the data of a server-sent event): feed stops after each top-level
+// value, so that the caller can read the record before the next begins.
+//
+// It checks JSON only as far as it reads it: what it skips is not
+// validated, and a value that ends where the JSON stops making sense is
+// still read. The values it reads come from a model server, not from a
+// client trying to fool it; what a client sends is read by MaxTokens and
+// RequestStreamUsage, for which a value read wrongly only changes the
+// client's own reservation.
+type scanner struct {
+	rec   record
+	state state
+	// depth is the number of objects and arrays open around the current
+	// position, at most maxDepth; kinds, keys and starts describe them,
+	// 1-based: kinds[d] is '{' or '[', keys[d] the key of the member being
+	// read in it (keyOther for an array's elements, and for a key not read),
+	// starts[d] its position.
+	depth  int
+	kinds  [maxDepth + 1]byte
+	keys   [maxDepth + 1]key
+	starts [maxDepth + 1]int
+
+	start int  // where the current scalar (or skipped value) began
+	skip  int  // depth inside a skipped object or array
+	open  byte // the bracket that opened the skipped value
+	esc   bool // a backslash ended the last piece of a string
+	isKey bool // the string being read is a key
+
+	key    [maxKey]byte
+	keyLen int // > maxKey: too long or escaped, so not a key read here
+
+	num   int64 // the number being read
+	numOK bool  // it is a non-negative integer of at most maxDigits digits
+	ndig  int
+
+	lit  string // the literal being read ("true", "false", "null") and how
+	litN int    // much of it was seen
+
+	member     int  // where the current member of the top-level object began: its comma, or its key if first
+	firstKey   bool // the current member of the top-level object is its first
+	keyStart   int  // where the current key began
+	extendsCut bool // rec.cut ends at the next top-level key (a first member was cut)
+}
+
+// maxDepth is how deep the scanner follows objects: the deepest value read
+// is message.usage.input_tokens.
+const maxDepth = 3
+
+// maxKey is the longest key read (cache_creation_input_tokens).
+const maxKey = 27
+
+// maxDigits bounds the numbers read, so that sums of them cannot overflow.
+const maxDigits = 18
+
+type state uint8
+
+const (
+	stValue    state = iota // a value is expected
+	stObjStart              // after '{': a key or '}'
+	stArrStart              // after '[': a value or ']'
+	stKey                   // after ',' in an object: a key
+	stColon                 // after a key
+	stAfter                 // after a value: ',' or the end of its container
+	stString
+	stNumber
+	stLiteral
+	stSkip
+	stDone  // a top-level value ended; the next feed reads another
+	stError // not JSON: nothing more is read until reset
+)
+
+// kind is the kind of a JSON value; kindNone is a value not seen.
+type kind uint8
+
+const (
+	kindNone kind = iota
+	kindObject
+	kindArray
+	kindString
+	kindNumber
+	kindTrue
+	kindFalse
+	kindNull
+)
+
+// key names the keys the scanner reads; keyOther is any other.
+type key uint8
+
+const (
+	keyOther key = iota
+	keyUsage
+	keyMessage
+	keyResponse
+	keyChoices
+	keyDone
+	keyPromptEvalCount
+	keyEvalCount
+	keyPromptTokens
+	keyCompletionTokens
+	keyTotalTokens
+	keyInputTokens
+	keyOutputTokens
+	keyCacheCreation
+	keyCacheRead
+	keyMaxTokens
+	keyMaxCompletionTokens
+	keyMaxOutputTokens
+	keyOptions
+	keyNumPredict
+	keyStream
+	keyStreamOptions
+	keyIncludeUsage
+	keyMessages
+	keyPrompt
+	keyInput
+)
+
+func lookup(b []byte) key {
+	switch string(b) {
+	case "usage":
+		return keyUsage
+	case "message":
+		return keyMessage
+	case "response":
+		return keyResponse
+	case "choices":
+		return keyChoices
+	case "done":
+		return keyDone
+	case "prompt_eval_count":
+		return keyPromptEvalCount
+	case "eval_count":
+		return keyEvalCount
+	case "prompt_tokens":
+		return keyPromptTokens
+	case "completion_tokens":
+		return keyCompletionTokens
+	case "total_tokens":
+		return keyTotalTokens
+	case "input_tokens":
+		return keyInputTokens
+	case "output_tokens":
+		return keyOutputTokens
+	case "cache_creation_input_tokens":
+		return keyCacheCreation
+	case "cache_read_input_tokens":
+		return keyCacheRead
+	case "max_tokens":
+		return keyMaxTokens
+	case "max_completion_tokens":
+		return keyMaxCompletionTokens
+	case "max_output_tokens":
+		return keyMaxOutputTokens
+	case "options":
+		return keyOptions
+	case "num_predict":
+		return keyNumPredict
+	case "stream":
+		return keyStream
+	case "stream_options":
+		return keyStreamOptions
+	case "include_usage":
+		return keyIncludeUsage
+	case "messages":
+		return keyMessages
+	case "prompt":
+		return keyPrompt
+	case "input":
+		return keyInput
+	}
+	return keyOther
+}
+
+// span is a value read for a rewrite: its kind and its bytes' positions.
+type span struct {
+	kind       kind
+	start, end int
+}
+
+// record is what the scanner read of the current top-level value. For a
+// key given twice, the last one counts, as in encoding/json.
+type record struct {
+	top kind // the kind of the top-level value, as soon as it begins
+
+	// Response.
+	usage         kind   // top-level usage
+	final         counts // usage, or response.usage: a response's whole usage
+	partial       counts // message.usage: Anthropic's usage so far
+	ollama        counts // top-level prompt_eval_count and eval_count
+	done          bool   // top-level "done": true
+	choices       kind
+	choicesFilled bool // choices has an element
+	// cutA, cutB bound a top-level "usage": null member with the comma or
+	// space that separates it from its neighbour; cutA == cutB if none.
+	cutA, cutB int
+
+	// Request.
+	topStart int
+	maxOut   int64 // the largest valid output bound
+	stream   bool
+	chat     bool // has messages or prompt
+	input    bool // has input (the Responses API)
+	opts     span // stream_options
+	optsFull bool // stream_options has a member
+	include  span // stream_options.include_usage
+}
+
+// counts are the token counts of a usage, with which of them were given.
+type counts struct {
+	in, out, total, cacheCreate, cacheRead int64
+	has                                    uint8
+}
+
+const (
+	hasIn uint8 = 1 << iota
+	hasOut
+	hasTotal
+	hasCacheCreate
+	hasCacheRead
+)
+
+// set records the count n under the key k.
+func (c *counts) set(k key, n int64) {
+	switch k {
+	case keyPromptTokens, keyInputTokens, keyPromptEvalCount:
+		c.in, c.has = n, c.has|hasIn
+	case keyCompletionTokens, keyOutputTokens, keyEvalCount:
+		c.out, c.has = n, c.has|hasOut
+	case keyTotalTokens:
+		c.total, c.has = n, c.has|hasTotal
+	case keyCacheCreation:
+		c.cacheCreate, c.has = n, c.has|hasCacheCreate
+	case keyCacheRead:
+		c.cacheRead, c.has = n, c.has|hasCacheRead
+	}
+}
+
+// merge takes the counts o gives over c's.
+func (c *counts) merge(o counts) {
+	if o.has&hasIn != 0 {
+		c.in = o.in
+	}
+	if o.has&hasOut != 0 {
+		c.out = o.out
+	}
+	if o.has&hasTotal != 0 {
+		c.total = o.total
+	}
+	if o.has&hasCacheCreate != 0 {
+		c.cacheCreate = o.cacheCreate
+	}
+	if o.has&hasCacheRead != 0 {
+		c.cacheRead = o.cacheRead
+	}
+	c.has |= o.has
+}
+
+// reset forgets the value being read, to read a new one.
+func (s *scanner) reset() {
+	*s = scanner{}
+}
+
+// next prepares the scanner for the top-level value after the one that
+// ended.
+func (s *scanner) next() {
+	s.rec = record{}
+	s.state, s.extendsCut = stValue, false
+}
+
+// feed reads p, whose first byte is at position base (positions are what
+// the record's spans hold). It stops after a top-level value ends and then
+// returns how much of p it read and true: the record holds that value
+// until the next call.
+func (s *scanner) feed(p []byte, base int) (int, bool) {
+	if s.state == stDone {
+		s.next()
+	}
+	i := 0
+	for i < len(p) {
+		c := p[i]
+		switch s.state {
+		case stError:
+			return len(p), false
+
+		case stString:
+			n, escaped := s.stringEnd(p[i:])
+			if s.isKey && s.skip == 0 {
+				s.keepKey(p[i:], n, escaped)
+			}
+			if n < 0 {
+				return len(p), false
+			}
+			i += n
+			switch {
+			case s.skip > 0:
+				s.state = stSkip
+			case s.isKey:
+				s.keys[s.depth] = keyOther
+				if s.keyLen <= maxKey {
+					s.keys[s.depth] = lookup(s.key[:s.keyLen])
+				}
+				s.state = stColon
+			default:
+				if s.end(kindString, s.start, base+i) {
+					return i, true
+				}
+			}
+
+		case stSkip:
+			// The bytes between strings, one at a time, and the strings
+			// whole, without going back to the outer switch.
+		skip:
+			for i < len(p) {
+				c = p[i]
+				i++
+				switch c {
+				case '"':
+					n, _ := s.stringEnd(p[i:])
+					if n < 0 {
+						s.state = stString
+						return len(p), false
+					}
+					i += n
+				case '{', '[':
+					s.skip++
+				case '}', ']':
+					s.skip--
+					if s.skip > 0 {
+						continue
+					}
+					k := kindObject
+					if s.open == '[' {
+						k = kindArray
+					}
+					if s.end(k, s.start, base+i) {
+						return i, true
+					}
+					break skip
+				}
+			}
+
+		case stNumber:
+			for ; i < len(p) && p[i] >= '0' && p[i] <= '9'; i++ {
+				s.ndig++
+				s.num = s.num*10 + int64(p[i]-'0')
+			}
+			if i == len(p) {
+				break
+			}
+			if c = p[i]; c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-' {
+				s.numOK = false
+				i++
+				continue
+			}
+			// The byte after the number is read again, as what follows
+			// a value.
+			if s.ndig > maxDigits {
+				s.numOK = false
+			}
+			if s.end(kindNumber, s.start, base+i) {
+				return i, true
+			}
+
+		case stLiteral:
+			if c != s.lit[s.litN] {
+				s.state = stError
+				continue
+			}
+			i++
+			s.litN++
+			if s.litN == len(s.lit) {
+				k := kindNull
+				switch s.lit {
+				case "true":
+					k = kindTrue
+				case "false":
+					k = kindFalse
+				}
+				if s.end(k, s.start, base+i) {
+					return i, true
+				}
+			}
+
+		default:
+			if c == ' ' || c == '\n' || c == '\r' || c == '\t' {
+				i++
+				continue
+			}
+			if s.structural(c, base+i) {
+				return i + 1, true
+			}
+			if s.state != stNumber {
+				// A number's first byte is read again as a digit.
+				i++
+			}
+		}
+	}
+	return i, false
+}
+
+// structural reads c, at position pos, in one of the states between
+// values. It reports whether a top-level value ended with it.
+func (s *scanner) structural(c byte, pos int) bool {
+	switch s.state {
+	case stValue:
+		s.begin(c, pos)
+	case stArrStart:
+		if c == ']' {
+			return s.close(c, pos)
+		}
+		s.begin(c, pos)
+	case stObjStart, stKey:
+		switch {
+		case c == '"':
+			s.isKey, s.keyLen, s.keyStart = true, 0, pos
+			if s.depth == 1 {
+				if s.state == stObjStart {
+					s.member, s.firstKey = pos, true
+				}
+				if s.extendsCut {
+					s.rec.cutB, s.extendsCut = pos, false
+				}
+			}
+			if s.depth == 2 && s.keys[1] == keyStreamOptions {
+				s.rec.optsFull = true
+			}
+			s.state = stString
+		case c == '}' && s.state == stObjStart:
+			return s.close(c, pos)
+		default:
+			s.state = stError
+		}
+	case stColon:
+		if c != ':' {
+			s.state = stError
+			return false
+		}
+		s.state = stValue
+	case stAfter:
+		switch c {
+		case ',':
+			if s.kinds[s.depth] == '[' {
+				s.state = stValue
+				return false
+			}
+			if s.depth == 1 {
+				s.member, s.firstKey = pos, false
+			}
+			s.state = stKey
+		case '}', ']':
+			return s.close(c, pos)
+		default:
+			s.state = stError
+		}
+	}
+	return false
+}
+
+// begin starts reading the value whose first byte c is at pos.
+func (s *scanner) begin(c byte, pos int) {
+	d := s.depth
+	s.start = pos
+	if d == 0 {
+		s.rec.top = kindOf(c)
+	} else if s.kinds[d] == '[' {
+		// An array's elements are skipped; only whether choices has one
+		// is read.
+		s.keys[d] = keyOther
+		if d == 2 && s.keys[1] == keyChoices {
+			s.rec.choicesFilled = true
+		}
+	}
+	read := d == 0 || s.keys[d] != keyOther
+	switch c {
+	case '{', '[':
+		if !read || d == maxDepth {
+			s.skip, s.open, s.state = 1, c, stSkip
+			return
+		}
+		if d == 0 && c == '{' {
+			s.rec.topStart = pos
+		}
+		if d == 1 && s.keys[1] == keyStreamOptions {
+			// A later stream_options replaces an earlier one.
+			s.rec.optsFull, s.rec.include = false, span{}
+		}
+		d++
+		s.depth, s.kinds[d], s.keys[d], s.starts[d] = d, c, keyOther, pos
+		s.state = stObjStart
+		if c == '[' {
+			s.state = stArrStart
+		}
+	case '"':
+		s.isKey, s.state = false, stString
+	case 't':
+		s.lit, s.litN, s.state = "true", 1, stLiteral
+	case 'f':
+		s.lit, s.litN, s.state = "false", 1, stLiteral
+	case 'n':
+		s.lit, s.litN, s.state = "null", 1, stLiteral
+	default:
+		if c == '-' || c >= '0' && c <= '9' {
+			s.num, s.ndig, s.numOK, s.state = 0, 0, true, stNumber
+			return
+		}
+		s.state = stError
+	}
+}
+
+func kindOf(c byte) kind {
+	switch c {
+	case '{':
+		return kindObject
+	case '[':
+		return kindArray
+	case '"':
+		return kindString
+	case 't':
+		return kindTrue
+	case 'f':
+		return kindFalse
+	case 'n':
+		return kindNull
+	}
+	return kindNumber
+}
+
+// close ends the object or array that c, at pos, closes.
+func (s *scanner) close(c byte, pos int) bool {
+	d := s.depth
+	if c == '}' && s.kinds[d] != '{' || c == ']' && s.kinds[d] != '[' {
+		s.state = stError
+		return false
+	}
+	s.depth = d - 1
+	k := kindObject
+	if c == ']' {
+		k = kindArray
+	}
+	return s.end(k, s.starts[d], pos+1)
+}
+
+// end records the value of kind k that spans [start, end) and reports
+// whether it was the top-level value.
+func (s *scanner) end(k kind, start, end int) bool {
+	s.value(k, start, end)
+	if s.depth == 0 {
+		s.state = stDone
+		return true
+	}
+	s.state = stAfter
+	return false
+}
+
+// value records a value that ended, if it is one of those read.
+func (s *scanner) value(k kind, start, end int) {
+	r := &s.rec
+	n, isCount := s.num, k == kindNumber && s.numOK
+	switch s.depth {
+	case 1:
+		switch s.keys[1] {
+		case keyUsage:
+			r.usage = k
+			if k == kindNull {
+				r.cutA, r.cutB, s.extendsCut = s.member, end, false
+				if s.firstKey {
+					// The first member goes with the comma after it: the
+					// cut ends at the next key, if there is one.
+					r.cutA, s.extendsCut = s.keyStart, true
+				}
+			}
+		case keyChoices:
+			r.choices = k
+		case keyDone:
+			r.done = k == kindTrue
+		case keyPromptEvalCount, keyEvalCount:
+			if isCount {
+				r.ollama.set(s.keys[1], n)
+			}
+		case keyMaxTokens, keyMaxCompletionTokens, keyMaxOutputTokens:
+			if isCount {
+				r.maxOut = max(r.maxOut, n)
+			}
+		case keyStream:
+			r.stream = k == kindTrue
+		case keyStreamOptions:
+			r.opts = span{k, start, end}
+		case keyMessages, keyPrompt:
+			r.chat = true
+		case keyInput:
+			r.input = true
+		}
+	case 2:
+		switch {
+		case s.keys[1] == keyUsage && isCount:
+			r.final.set(s.keys[2], n)
+		case s.keys[1] == keyOptions && s.keys[2] == keyNumPredict && isCount:
+			r.maxOut = max(r.maxOut, n)
+		case s.keys[1] == keyStreamOptions && s.keys[2] == keyIncludeUsage:
+			r.include = span{k, start, end}
+		}
+	case 3:
+		if s.keys[2] != keyUsage || !isCount {
+			return
+		}
+		switch s.keys[1] {
+		case keyMessage:
+			r.partial.set(s.keys[3], n)
+		case keyResponse:
+			r.final.set(s.keys[3], n)
+		}
+	}
+}
+
+// stringEnd returns how many bytes of p, which begins inside a string,
+// reach past its closing quote, or -1 if the string goes on after p; and
+// whether that part of the string has an escape.
+func (s *scanner) stringEnd(p []byte) (int, bool) {
+	i, escaped := 0, false
+	if s.esc {
+		s.esc, i, escaped = false, 1, true
+	}
+	for i < len(p) {
+		// Eight bytes at a time while none is a quote or a backslash,
+		// then one at a time to the one that is.
+		for i+8 <= len(p) && !special(binary.LittleEndian.Uint64(p[i:])) {
+			i += 8
+		}
+		for i < len(p) && p[i] != '"' && p[i] != '\\' {
+			i++
+		}
+		if i == len(p) {
+			break
+		}
+		if p[i] == '"' {
+			return i + 1, escaped
+		}
+		// An escape: the backslash and the byte after it.
+		escaped = true
+		i += 2
+	}
+	s.esc = i > len(p)
+	return -1, escaped
+}
+
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// special reports whether any of the eight bytes of x is a quote or a
+// backslash: x XOR the byte repeated has a zero byte where x has it, and
+// (y - ones) &^ y sets the high bit of a byte of y only if y has a zero
+// byte (at that byte or below it).
+func special(x uint64) bool {
+	q := x ^ (ones * '"')
+	b := x ^ (ones * '\\')
+	return ((q-ones)&^q|(b-ones)&^b)&highs != 0
+}
+
+// keepKey appends to the key being read the bytes of p before n-1 (the
+// closing quote), or all of p if n < 0. A key with an escape is not one
+// of those read.
+func (s *scanner) keepKey(p []byte, n int, escaped bool) {
+	if n >= 0 {
+		p = p[:n-1]
+	}
+	if escaped || s.keyLen+len(p) > maxKey {
+		s.keyLen = maxKey + 1
+		return
+	}
+	s.keyLen += copy(s.key[s.keyLen:], p)
+}

@@ -1,0 +1,326 @@
+package costfrom
+
+import "bytes"
+
+// sse is the state of a server-sent event stream being read: the line
+// being read, and the event it is part of. The data of an event's data
+// lines, joined by newlines as the event's client joins them, goes to the
+// scanner; the other fields are skipped.
+type sse struct {
+	line  line
+	name  int  // bytes of the field name that match "data" so far; -1 once it is another
+	lines int  // data lines in the event so far
+	cr    bool // a CR ended the last line: a LF next is part of that line's end
+	event bool // an event has begun: a line that is not blank was read
+
+	// Under HideStreamUsage, the event being read is held, from its
+	// first byte (at hs in p, or the first len(hold) bytes of it in
+	// hold if it began in an earlier write) until it is passed on or
+	// dropped; the bytes of p from out on are still to be passed on.
+	hold     []byte
+	holding  bool
+	dropping bool // the event is dropped until its end
+	dropLF   bool // a CR ended the dropped event: a LF next goes with it
+	p        []byte
+	hs, out  int
+	err      error // of passing bytes on
+}
+
+// line is where a line of the stream is being read.
+type line uint8
+
+const (
+	lineStart line = iota
+	lineName       // the field name
+	lineSpace      // right after "data:", where one space is skipped
+	lineData       // the value of a data field
+	lineSkip       // the rest of a line not read
+)
+
+// maxHold bounds the bytes of an event held under HideStreamUsage: a
+// larger event is passed on unchanged (a usage-only chunk is far smaller).
+const maxHold = 16 << 10
+
+// nl joins an event's data lines.
+var nl = []byte{'\n'}
+
+// scanSSE reads a piece of an event stream.
+func (cw *Writer) scanSSE(p []byte) {
+	s := &cw.sse
+	for i := 0; i < len(p); {
+		c := p[i]
+		if s.cr {
+			s.cr = false
+			if c == '\n' {
+				if s.dropLF {
+					s.out = i + 1
+				}
+				s.dropLF = false
+				i++
+				continue
+			}
+		}
+		s.dropLF = false
+		switch s.line {
+		case lineStart:
+			if c == '\n' || c == '\r' {
+				i++
+				s.cr = c == '\r'
+				if s.event {
+					cw.eventEnd(i)
+				}
+				continue
+			}
+			if !s.event {
+				if n := wholeEvent(p[i:]); n > 0 && quiet(p[i:i+n], cw.hide) {
+					// Nothing to read or to take out: the event
+					// passes as it is.
+					i += n
+					continue
+				}
+				s.event = true
+				if cw.hide {
+					s.holding, s.hs = true, i
+				}
+			}
+			if c == ':' {
+				// A comment.
+				s.line = lineSkip
+				continue
+			}
+			s.line, s.name = lineName, 0
+		case lineName:
+			i++
+			switch {
+			case c == ':' && s.name == 4:
+				cw.dataLine(i)
+				s.line = lineSpace
+			case c == ':':
+				s.line = lineSkip
+			case c == '\n' || c == '\r':
+				// A field without a colon has an empty value.
+				if s.name == 4 {
+					cw.dataLine(i)
+				}
+				s.line, s.cr = lineStart, c == '\r'
+			case s.name >= 0 && s.name < 4 && c == "data"[s.name]:
+				s.name++
+			default:
+				s.name = -1
+			}
+		case lineSpace:
+			s.line = lineData
+			if c == ' ' {
+				i++
+			}
+		default:
+			j := bytes.IndexByte(p[i:], '\n')
+			if j < 0 {
+				j = len(p) - i
+			}
+			if k := bytes.IndexByte(p[i:i+j], '\r'); k >= 0 {
+				j = k
+			}
+			if s.line == lineData && j > 0 {
+				cw.data(p[i:i+j], i)
+			}
+			i += j
+			if i < len(p) {
+				s.line, s.cr = lineStart, p[i] == '\r'
+				i++
+			}
+		}
+	}
+}
+
+// wholeEvent returns the length of the event p begins with, blank line
+// included, if p has all of it and its lines end with LF only; else 0.
+func wholeEvent(p []byte) int {
+	n := bytes.Index(p, blankLine)
+	if n < 0 || bytes.IndexByte(p[:n], '\r') >= 0 {
+		return 0
+	}
+	return n + len(blankLine)
+}
+
+var (
+	blankLine = []byte("\n\n")
+	// usageKey is looked for from its u, which JSON has fewer of than
+	// quotes.
+	usageKey = []byte(`usage"`)
+)
+
+// quiet reports whether the whole event has nothing in it to read: no
+// usage key, or only usage keys whose value is null (which, under
+// HideStreamUsage, are taken out, so that the event must be read). It
+// looks for "usage" with its quotes, which in JSON can only be a whole
+// string, as a quote within a string is escaped: a key if a colon
+// follows. The scanner reads no key with an escape either.
+func quiet(event []byte, hide bool) bool {
+	for {
+		i := bytes.Index(event, usageKey)
+		if i < 0 {
+			return true
+		}
+		quoted := i > 0 && event[i-1] == '"'
+		event = trimSpace(event[i+len(usageKey):])
+		switch {
+		case !quoted:
+			continue
+		case len(event) > 0 && (event[0] == ',' || event[0] == '}' || event[0] == ']'):
+			// A string value "usage".
+			continue
+		case hide || len(event) == 0 || event[0] != ':':
+			return false
+		}
+		event = trimSpace(event[1:])
+		if !bytes.HasPrefix(event, []byte("null")) {
+			return false
+		}
+	}
+}
+
+// trimSpace trims the spaces and tabs p begins with.
+func trimSpace(p []byte) []byte {
+	for len(p) > 0 && (p[0] == ' ' || p[0] == '\t') {
+		p = p[1:]
+	}
+	return p
+}
+
+// dataLine begins a data line of the event at i: the lines after the
+// first are joined to it by a newline.
+func (cw *Writer) dataLine(i int) {
+	s := &cw.sse
+	if s.lines > 0 {
+		cw.data(nl, i)
+	}
+	s.lines++
+}
+
+// data reads run, a piece of an event's data that begins at i in p.
+func (cw *Writer) data(run []byte, i int) {
+	s := &cw.sse
+	for len(run) > 0 {
+		n, done := cw.sc.feed(run, len(s.hold)+i-s.hs)
+		if done {
+			cw.took()
+			if s.holding {
+				cw.decide()
+			}
+		}
+		run, i = run[n:], i+n
+	}
+	if r := &cw.sc.rec; s.holding && (r.top != kindNone && r.top != kindObject || cw.sc.state == stError) {
+		// Not a chunk of JSON: nothing to take out.
+		cw.pass()
+	}
+}
+
+// decide passes on or drops the held event, whose JSON just ended: a
+// chunk with no choices but a usage is dropped; a "usage": null member is
+// taken out of the others.
+func (cw *Writer) decide() {
+	r := &cw.sc.rec
+	switch {
+	case r.choices == kindArray && !r.choicesFilled && r.usage == kindObject:
+		cw.drop()
+	case r.cutA < r.cutB:
+		cw.release(r.cutA, r.cutB)
+	default:
+		cw.pass()
+	}
+}
+
+// eventEnd ends the event at i, after the blank line that ends it.
+func (cw *Writer) eventEnd(i int) {
+	s := &cw.sse
+	s.event, s.lines = false, 0
+	cw.sc.reset()
+	if s.holding {
+		cw.pass()
+	}
+	if s.dropping {
+		s.out, s.dropping, s.dropLF = i, false, s.cr
+	}
+}
+
+// filter is Write under HideStreamUsage.
+func (cw *Writer) filter(p []byte) (int, error) {
+	s := &cw.sse
+	s.p, s.hs, s.out, s.err = p, 0, 0, nil
+	cw.scanSSE(p)
+	switch {
+	case s.holding:
+		if len(s.hold) == 0 {
+			cw.emit(p[s.out:s.hs])
+		}
+		if len(s.hold)+len(p)-s.hs > maxHold {
+			// Too large to be a usage chunk: passed on as it comes.
+			cw.emit(s.hold)
+			cw.emit(p[s.hs:])
+			s.hold, s.holding = s.hold[:0], false
+		} else {
+			if s.hold == nil {
+				s.hold = make([]byte, 0, 512)
+			}
+			s.hold = append(s.hold, p[s.hs:]...)
+		}
+	case !s.dropping:
+		cw.emit(p[s.out:])
+	}
+	s.p = nil
+	if s.err != nil {
+		return 0, s.err
+	}
+	return len(p), nil
+}
+
+// emit passes b on, unless passing bytes on failed already.
+func (cw *Writer) emit(b []byte) {
+	if len(b) > 0 && cw.sse.err == nil {
+		_, cw.sse.err = cw.rw.Write(b)
+	}
+}
+
+// pass passes the held event on as it is.
+func (cw *Writer) pass() {
+	k := len(cw.sse.hold)
+	cw.release(k, k)
+}
+
+// release passes the held event on less its bytes [a, b), which may lie in
+// hold, in p, or across both; a == b takes nothing out.
+func (cw *Writer) release(a, b int) {
+	s := &cw.sse
+	s.holding = false
+	k := len(s.hold)
+	if k == 0 {
+		// The event is in p: the bytes before a go with those still to
+		// pass on before it.
+		if a < b {
+			cw.emit(s.p[s.out : s.hs+a])
+			s.out = s.hs + b
+		}
+		return
+	}
+	cw.emit(s.hold[:min(a, k)])
+	if a > k {
+		cw.emit(s.p[:a-k])
+	}
+	if b < k {
+		cw.emit(s.hold[b:])
+	}
+	s.out = max(b-k, 0)
+	s.hold = s.hold[:0]
+}
+
+// drop drops the held event, to its end.
+func (cw *Writer) drop() {
+	s := &cw.sse
+	if len(s.hold) == 0 {
+		cw.emit(s.p[s.out:s.hs])
+	}
+	s.hold = s.hold[:0]
+	s.holding, s.dropping = false, true
+}

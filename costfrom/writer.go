@@ -1,0 +1,320 @@
+package costfrom
+
+import (
+	"io"
+	"net/http"
+	"strings"
+)
+
+// Count is which of a response's token counts is its cost.
+type Count uint8
+
+const (
+	// Input is the tokens the model read: the prompt.
+	Input Count = iota + 1
+	// Output is the tokens the model generated.
+	Output
+	// Total is both: the total the response reports, or else input plus
+	// output.
+	Total
+)
+
+// Source is where a response's cost is read.
+type Source struct {
+	// Header, when set, names the response header, or trailer, whose
+	// value is the cost: a non-negative decimal integer.
+	Header string
+	// Count, when Header is not set, is the token count of the usage that
+	// the response's body reports.
+	Count Count
+}
+
+// Writer passes a response on to the ResponseWriter it wraps, byte for byte
+// and write for write, and reads its cost on the way: the usage in its body,
+// or a header or trailer. It holds none of the body and adds nothing before
+// passing a write on, except for HideStreamUsage. It is not safe for
+// concurrent use, as a ResponseWriter is not.
+type Writer struct {
+	rw   http.ResponseWriter
+	src  Source
+	hide bool
+
+	started bool
+	body    body
+	// header is the value of src.Header when the response's header was
+	// written, and trailer whether src.Header was declared as a trailer.
+	header  []string
+	trailer bool
+
+	sc       scanner
+	usage    counts // the usage read so far
+	complete bool   // usage holds a whole usage
+
+	sse sse
+}
+
+// body is how the Writer reads the response's body.
+type body uint8
+
+const (
+	bodyNone body = iota // not read
+	bodyJSON             // JSON values, one or newline-delimited
+	bodySSE              // server-sent events
+)
+
+// Wrap returns a Writer that passes the response to w and reads its cost
+// from src.
+func Wrap(w http.ResponseWriter, src Source) *Writer {
+	cw := new(Writer)
+	cw.Reset(w, src)
+	return cw
+}
+
+// Reset makes cw a Writer for a new response to w, as Wrap does, keeping
+// the memory it had (a Writer can be kept in a pool).
+func (cw *Writer) Reset(w http.ResponseWriter, src Source) {
+	src.Header = http.CanonicalHeaderKey(src.Header)
+	hold := cw.sse.hold[:0]
+	*cw = Writer{rw: w, src: src}
+	cw.sse.hold = hold
+}
+
+// HideStreamUsage hides, from the client, the usage that
+// RequestStreamUsage asked for in the request: the chunk of an event
+// stream that only carries usage (its choices empty) and the
+// "usage": null member of the other chunks. It is called before the
+// response is written. The usage is still read.
+//
+// To take a chunk out, the Writer holds each event from its first byte
+// until the end of its JSON, which comes in the same write but for events
+// split across writes; an event stream's client acts on an event only at
+// its end. An event larger than maxHold is passed on as it comes, as it is.
+func (cw *Writer) HideStreamUsage() {
+	cw.hide = true
+}
+
+// Header returns the header of the wrapped ResponseWriter.
+func (cw *Writer) Header() http.Header {
+	return cw.rw.Header()
+}
+
+// WriteHeader writes the status, and reads from the header how to read the
+// body (its Content-Type) or, for a cost from a header, that header.
+func (cw *Writer) WriteHeader(code int) {
+	if !cw.started && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		cw.start()
+	}
+	cw.rw.WriteHeader(code)
+}
+
+// start is the response's header being written: what the Writer does with
+// the body depends on it.
+func (cw *Writer) start() {
+	cw.started = true
+	h := cw.rw.Header()
+	if cw.src.Header != "" {
+		cw.header = h[cw.src.Header]
+		cw.trailer = declared(h["Trailer"], cw.src.Header)
+		if !cw.hide {
+			return
+		}
+	}
+	if ce := h["Content-Encoding"]; len(ce) > 0 && !strings.EqualFold(ce[0], "identity") {
+		// Compressed: no usage can be read.
+		return
+	}
+	var ct string
+	if v := h["Content-Type"]; len(v) > 0 {
+		ct = v[0]
+	}
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	ct = strings.TrimSpace(ct)
+	switch {
+	case strings.EqualFold(ct, "text/event-stream"):
+		cw.body = bodySSE
+	case cw.src.Header != "":
+		// Only a stream has usage to hide.
+	case strings.EqualFold(ct, "application/json"),
+		strings.EqualFold(ct, "application/x-ndjson"),
+		len(ct) > 5 && strings.EqualFold(ct[len(ct)-5:], "+json"):
+		cw.body = bodyJSON
+	}
+}
+
+// declared reports whether the Trailer header values list the canonical
+// header name.
+func declared(values []string, name string) bool {
+	for _, v := range values {
+		for v != "" {
+			field := v
+			if i := strings.IndexByte(v, ','); i >= 0 {
+				field, v = v[:i], v[i+1:]
+			} else {
+				v = ""
+			}
+			if strings.EqualFold(strings.TrimSpace(field), name) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Write passes p on and then reads it (under HideStreamUsage, an event
+// stream is read first, to know what to pass on).
+func (cw *Writer) Write(p []byte) (int, error) {
+	if !cw.started {
+		cw.start()
+	}
+	switch cw.body {
+	case bodyJSON:
+		n, err := cw.rw.Write(p)
+		cw.scanJSON(p)
+		return n, err
+	case bodySSE:
+		if cw.hide {
+			return cw.filter(p)
+		}
+		n, err := cw.rw.Write(p)
+		cw.scanSSE(p)
+		return n, err
+	}
+	return cw.rw.Write(p)
+}
+
+// scanJSON reads a piece of a body of JSON values.
+func (cw *Writer) scanJSON(p []byte) {
+	for len(p) > 0 {
+		n, done := cw.sc.feed(p, 0)
+		if done {
+			cw.took()
+		}
+		p = p[n:]
+	}
+}
+
+// took reads the record of the top-level value the scanner just read.
+//
+// A response's usage is complete when a whole usage was read: the usage
+// object of OpenAI's formats and of Anthropic's message or message_delta
+// (whose counts are totals so far, so the last one counts), the response's
+// usage in a Responses API event, or the counts of Ollama's last object
+// ("done": true), which leaves out a count of 0 (Ollama does not send
+// events). Anthropic's message_start
+// gives the input counts only, so it completes nothing by itself.
+func (cw *Writer) took() {
+	r := &cw.sc.rec
+	if r.top != kindObject {
+		return
+	}
+	cw.usage.merge(r.partial)
+	if r.final.has != 0 {
+		cw.usage.merge(r.final)
+		cw.complete = true
+	}
+	if r.done && r.ollama.has != 0 && cw.body == bodyJSON {
+		o := r.ollama
+		o.has |= hasIn | hasOut
+		cw.usage.merge(o)
+		cw.complete = true
+	}
+}
+
+// Flush flushes what was passed on to the client.
+func (cw *Writer) Flush() {
+	if !cw.started {
+		cw.start()
+	}
+	_ = http.NewResponseController(cw.rw).Flush()
+}
+
+// Unwrap returns the wrapped ResponseWriter, for http.ResponseController.
+func (cw *Writer) Unwrap() http.ResponseWriter {
+	return cw.rw
+}
+
+// ReadFrom copies r to the response. When nothing of the body is read, it
+// leaves the copy to the wrapped ResponseWriter (which may send a file
+// without reading it); else it writes what it reads through Write.
+func (cw *Writer) ReadFrom(r io.Reader) (int64, error) {
+	if !cw.started {
+		cw.start()
+	}
+	if rf, ok := cw.rw.(io.ReaderFrom); ok && cw.body == bodyNone {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(writerOnly{cw}, r)
+}
+
+// writerOnly hides a Writer's ReadFrom from io.Copy.
+type writerOnly struct{ io.Writer }
+
+// Cost returns the response's cost as its Source says, once the response
+// is written, and whether there is one: a cost is a whole usage read
+// (not one cut off with the stream, nor a body without usage or not JSON),
+// or a valid header or trailer.
+func (cw *Writer) Cost() (int64, bool) {
+	if cw.src.Header == "" {
+		return cw.Tokens(cw.src.Count)
+	}
+	h := cw.rw.Header()
+	v, ok := h[http.TrailerPrefix+cw.src.Header]
+	switch {
+	case ok:
+	case cw.trailer || !cw.started:
+		// A declared trailer is set in the header once the body is
+		// written; with nothing written yet, the header is still to be
+		// sent as it is.
+		v = h[cw.src.Header]
+	default:
+		v = cw.header
+	}
+	if len(v) == 0 {
+		return 0, false
+	}
+	return parseCount(strings.TrimSpace(v[0]))
+}
+
+// Tokens returns the count c of the usage the response reported, and
+// whether it reported it. Input counts the tokens read from Anthropic's
+// prompt cache, and written to it, with the others (the counts of
+// OpenAI's formats include cached tokens already); Total is input plus
+// output where the format gives no total.
+func (cw *Writer) Tokens(c Count) (int64, bool) {
+	u := &cw.usage
+	if !cw.complete {
+		return 0, false
+	}
+	in := u.in + u.cacheCreate + u.cacheRead
+	switch c {
+	case Input:
+		return in, u.has&hasIn != 0
+	case Output:
+		return u.out, u.has&hasOut != 0
+	case Total:
+		if u.has&hasTotal != 0 {
+			return u.total, true
+		}
+		return in + u.out, u.has&(hasIn|hasOut) == hasIn|hasOut
+	}
+	return 0, false
+}
+
+// parseCount parses a non-negative decimal integer of at most maxDigits
+// digits.
+func parseCount(s string) (int64, bool) {
+	if s == "" || len(s) > maxDigits {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}

@@ -1,0 +1,461 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// This file tests zones that limit what responses cost (cost_from,
+// reserve, usage_in_stream) through Caddy, in front of an upstream that
+// answers as LLM APIs do: OpenAI's Chat Completions, in JSON and in an
+// event stream, Anthropic's Messages stream, Ollama's NDJSON stream, and
+// a cost in a header. The answers are the costfrom package's fixtures.
+
+// llm is an upstream that answers as an LLM API, and records the bodies
+// of the requests it got.
+type llm struct {
+	url  string // host:port
+	hits atomic.Int64
+
+	mu     sync.Mutex
+	bodies []string
+}
+
+// fixture reads one of the costfrom package's fixtures.
+func fixture(t testing.TB, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "costfrom", "testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// newLLM starts an upstream that answers by path:
+//
+//	/v1/chat/completions  OpenAI's answer: JSON, or a stream with its usage
+//	                      chunk only if the request asked for it
+//	/v1/messages          Anthropic's stream
+//	/api/chat             Ollama's NDJSON stream
+//	/cost?n=<n>           "ok" with X-Cost: n, or no X-Cost without n
+//	/usage?n=<n>&status=  JSON with a usage of n total tokens
+//	/cut                  the first half of an OpenAI stream, then the
+//	                      connection is closed
+func newLLM(t *testing.T) *llm {
+	t.Helper()
+	u := new(llm)
+	files := map[string]string{}
+	for _, f := range []string{"openai_chat.json", "openai_chat_stream.txt", "openai_chat_stream_plain.txt", "anthropic_stream.txt", "ollama_chat_stream.ndjson"} {
+		files[f] = fixture(t, f)
+	}
+	stream := func(w http.ResponseWriter, contentType, body, sep string) {
+		w.Header().Set("Content-Type", contentType)
+		for part := range strings.SplitAfterSeq(body, sep) {
+			io.WriteString(w, part)
+			http.NewResponseController(w).Flush()
+		}
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		u.bodies = append(u.bodies, string(b))
+		u.mu.Unlock()
+		switch r.URL.Path {
+		case "/v1/chat/completions":
+			switch {
+			case !bytes.Contains(b, []byte(`"stream":true`)):
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, files["openai_chat.json"])
+			case bytes.Contains(b, []byte(`"include_usage":true`)):
+				stream(w, "text/event-stream; charset=utf-8", files["openai_chat_stream.txt"], "\n\n")
+			default:
+				stream(w, "text/event-stream; charset=utf-8", files["openai_chat_stream_plain.txt"], "\n\n")
+			}
+		case "/v1/messages":
+			stream(w, "text/event-stream; charset=utf-8", files["anthropic_stream.txt"], "\n\n")
+		case "/api/chat":
+			stream(w, "application/x-ndjson", files["ollama_chat_stream.ndjson"], "\n")
+		case "/cost":
+			if n := r.URL.Query().Get("n"); n != "" {
+				w.Header().Set("X-Cost", n)
+			}
+			io.WriteString(w, "ok")
+		case "/usage":
+			w.Header().Set("Content-Type", "application/json")
+			if s, _ := strconv.Atoi(r.URL.Query().Get("status")); s != 0 {
+				w.WriteHeader(s)
+			}
+			fmt.Fprintf(w, `{"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":%s}}`, r.URL.Query().Get("n"))
+		case "/cut":
+			s := files["openai_chat_stream.txt"]
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, s[:len(s)/2])
+			http.NewResponseController(w).Flush()
+			panic(http.ErrAbortHandler)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	u.url = strings.TrimPrefix(srv.URL, "http://")
+	return u
+}
+
+// lastBody is the body of the last request the upstream got.
+func (u *llm) lastBody(t *testing.T) string {
+	t.Helper()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.bodies) == 0 {
+		t.Fatal("the upstream got no request")
+	}
+	return u.bodies[len(u.bodies)-1]
+}
+
+// tokenSite is a site on siteAddr that proxies to upstream, with one
+// zone, name, keyed by X-Client, whose lines are zone, and an access log
+// in accessLog with the request's cost. Each test names its zone, whose
+// metrics outlive the test in the process.
+func tokenSite(accessLog, upstream, name, zone string) string {
+	return fmt.Sprintf(`
+`+siteAddr+` {
+	log {
+		output file %s
+		format json
+	}
+	log_append cost {http.rate_limit.cost}
+	rate_limit {
+		zone %s {
+			key {header.X-Client}
+			%s
+		}
+	}
+	reverse_proxy %s
+}
+`, accessLog, name, zone, upstream)
+}
+
+// costUnits is zone's series of cost_units_total of kind.
+func costUnits(zone, kind string) string {
+	return fmt.Sprintf(`caddy_http_rate_limit_cost_units_total{kind=%q,zone=%q}`, kind, zone)
+}
+
+// waitTaken waits until zone has taken want units in all, once the
+// responses are done: the handler trues up after the client has its
+// answer.
+func waitTaken(t *testing.T, zone string, want int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("zone %s to have taken %d units", zone, want), func() bool {
+		return metricCount(t, adminURL, costUnits(zone, "taken")) == want
+	})
+}
+
+// loggedCost waits for the access log line of the request with X-Client
+// client and returns its cost.
+func loggedCost(t *testing.T, accessLog, client string) string {
+	t.Helper()
+	var cost string
+	waitFor(t, "the access log line of "+client, func() bool {
+		for _, e := range logEntries(logLines(accessLog)) {
+			if r, _ := e["request"].(map[string]any); r != nil && fmt.Sprint(r["headers"].(map[string]any)["X-Client"]) == "["+client+"]" {
+				cost = fmt.Sprint(e["cost"])
+				return true
+			}
+		}
+		return false
+	})
+	return cost
+}
+
+// TestCostFromOpenAIThroughCaddy: a zone that reserves by max_tokens and
+// the prompt's bytes admits a request if its key has room for that, says
+// so in its headers, hands the body on as it came, and keeps, once the
+// response is done, the total tokens its usage showed: in JSON, in a
+// stream whose usage the client asked for (seen as it came), and in one
+// whose usage the client did not ask for, asked for on its behalf and
+// hidden from it (the client sees the stream it would have had).
+func TestCostFromOpenAIThroughCaddy(t *testing.T) {
+	u := newLLM(t)
+	const zone = "tokens_openai"
+	accessLog := filepath.Join(t.TempDir(), "access.log")
+	startCaddy(t, tokenSite(accessLog, u.url, zone, `limit 100000
+			window 1h
+			algorithm fixed_window
+			cost_from usage total
+			reserve max_tokens 500
+			usage_in_stream on`))
+	url := siteURL + "/v1/chat/completions"
+	taken := 0
+	for _, c := range []struct {
+		client, body string
+		reserved     int // what the body reserves beside its bytes
+		cost         int
+		answer       string // the fixture the client sees
+		rewritten    bool   // the upstream gets the body asking for the stream's usage
+	}{
+		{"json", `{"model":"gpt-4o","max_tokens":2000,"messages":[{"role":"user","content":"Hello"}]}`, 2000, 1163, "openai_chat.json", false},
+		{"asked", `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Hello"}]}`, 500, 21, "openai_chat_stream.txt", false},
+		{"hidden", `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"Hello"}]}`, 500, 21, "openai_chat_stream_plain.txt", true},
+	} {
+		reservation := c.reserved + len(c.body)
+		resp, answer := request(t, client, http.MethodPost, url, c.body, "X-Client: "+c.client, "Content-Type: application/json")
+		status(t, resp, http.StatusOK)
+		if got, want := resp.Header.Get("X-RateLimit-Used"), strconv.Itoa(reservation); got != want {
+			t.Errorf("%s: X-RateLimit-Used %s at admission, want the reservation %s", c.client, got, want)
+		}
+		if got, want := resp.Header.Get("X-RateLimit-Remaining"), strconv.Itoa(100000-reservation); got != want {
+			t.Errorf("%s: X-RateLimit-Remaining %s at admission, want %s", c.client, got, want)
+		}
+		if answer != fixture(t, c.answer) {
+			t.Errorf("%s: the client saw\n%q\nwant %s", c.client, answer, c.answer)
+		}
+		got := u.lastBody(t)
+		if c.rewritten {
+			if want := strings.Replace(c.body, `{`, `{"stream_options":{"include_usage":true},`, 1); got != want {
+				t.Errorf("%s: the upstream got\n%s\nwant\n%s", c.client, got, want)
+			}
+		} else if got != c.body {
+			t.Errorf("%s: the upstream got\n%s\nwant the body sent\n%s", c.client, got, c.body)
+		}
+		taken += c.cost
+		waitTaken(t, zone, taken)
+		if used := keyState(t, adminURL, zone, c.client).Used; used != int64(c.cost) {
+			t.Errorf("%s: the key uses %d once the response is done, want its cost %d", c.client, used, c.cost)
+		}
+		if got := loggedCost(t, accessLog, c.client); got != strconv.Itoa(c.cost) {
+			t.Errorf("%s: {http.rate_limit.cost} %s in the access log, want %d", c.client, got, c.cost)
+		}
+	}
+	reserved, released := metricCount(t, adminURL, costUnits(zone, "reserved")), metricCount(t, adminURL, costUnits(zone, "released"))
+	if debt := metricCount(t, adminURL, costUnits(zone, "debt")); reserved-released+debt != taken || debt != 0 {
+		t.Errorf("reserved %d, released %d, debt %d: want taken = %d = reserved - released + debt, with no debt", reserved, released, debt, taken)
+	}
+}
+
+// TestCostFromStreamsThroughCaddy: the output tokens of Anthropic's
+// Messages stream (the last message_delta's) and of Ollama's NDJSON
+// stream are what their keys keep of a fixed reservation.
+func TestCostFromStreamsThroughCaddy(t *testing.T) {
+	u := newLLM(t)
+	const zone = "tokens_streams"
+	accessLog := filepath.Join(t.TempDir(), "access.log")
+	startCaddy(t, tokenSite(accessLog, u.url, zone, `limit 100000
+			window 1h
+			cost_from usage output
+			reserve 1000`))
+	taken := 0
+	for _, c := range []struct {
+		client, path, body, answer string
+		cost                       int
+	}{
+		{"anthropic", "/v1/messages", `{"model":"claude-sonnet-4-5","max_tokens":1024,"stream":true,"messages":[{"role":"user","content":"Hello"}]}`, "anthropic_stream.txt", 15},
+		{"ollama", "/api/chat", `{"model":"llama3.2","messages":[{"role":"user","content":"why is the sky blue?"}]}`, "ollama_chat_stream.ndjson", 282},
+	} {
+		resp, answer := request(t, client, http.MethodPost, siteURL+c.path, c.body, "X-Client: "+c.client)
+		status(t, resp, http.StatusOK)
+		if got := resp.Header.Get("X-RateLimit-Used"); got != "1000" {
+			t.Errorf("%s: X-RateLimit-Used %s at admission, want the reservation 1000", c.client, got)
+		}
+		if answer != fixture(t, c.answer) {
+			t.Errorf("%s: the client saw\n%q\nwant %s", c.client, answer, c.answer)
+		}
+		if got := u.lastBody(t); got != c.body {
+			t.Errorf("%s: the upstream got\n%s\nwant\n%s", c.client, got, c.body)
+		}
+		taken += c.cost
+		waitTaken(t, zone, taken)
+		if used := keyState(t, adminURL, zone, c.client).Used; used != int64(c.cost) {
+			t.Errorf("%s: the key uses %d, want its cost %d", c.client, used, c.cost)
+		}
+	}
+}
+
+// TestCostFromHeaderThroughCaddy: a cost in a response header is what
+// the key keeps; a response without the header keeps the reservation,
+// and the access log shows it.
+func TestCostFromHeaderThroughCaddy(t *testing.T) {
+	u := newLLM(t)
+	const zone = "tokens_header"
+	accessLog := filepath.Join(t.TempDir(), "access.log")
+	startCaddy(t, tokenSite(accessLog, u.url, zone, `limit 1000
+			window 1h
+			cost_from header X-Cost
+			reserve 50`))
+	resp, _ := do(t, http.MethodGet, siteURL+"/cost?n=7", "X-Client: told")
+	status(t, resp, http.StatusOK)
+	waitTaken(t, zone, 7)
+	if used := keyState(t, adminURL, zone, "told").Used; used != 7 {
+		t.Errorf("the key uses %d, want the 7 of X-Cost", used)
+	}
+	resp, _ = do(t, http.MethodGet, siteURL+"/cost", "X-Client: untold")
+	status(t, resp, http.StatusOK)
+	waitTaken(t, zone, 7+50)
+	if used := keyState(t, adminURL, zone, "untold").Used; used != 50 {
+		t.Errorf("without X-Cost the key uses %d, want the reservation 50", used)
+	}
+	if got := loggedCost(t, accessLog, "untold"); got != "50" {
+		t.Errorf("{http.rate_limit.cost} %s without X-Cost, want the reservation 50", got)
+	}
+	if got := metricCount(t, adminURL, costUnits(zone, "released")); got != 50-7 {
+		t.Errorf("released %d, want %d", got, 50-7)
+	}
+}
+
+// TestCostFromDebtThroughCaddy: a response that cost more than its key
+// had room for leaves the key in debt, refused until its window has room
+// again.
+func TestCostFromDebtThroughCaddy(t *testing.T) {
+	u := newLLM(t)
+	const zone = "tokens_debt"
+	const window = 3 * time.Second
+	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, zone, `limit 100
+			window 3s
+			algorithm fixed_window
+			cost_from usage total
+			reserve 10`))
+	roomInWindow(window, 2*time.Second)
+	resp, _ := do(t, http.MethodGet, siteURL+"/usage?n=250", "X-Client: heavy")
+	status(t, resp, http.StatusOK)
+	waitTaken(t, zone, 250)
+	if debt := metricCount(t, adminURL, costUnits(zone, "debt")); debt != 240 {
+		t.Errorf("debt %d, want 250 - 10", debt)
+	}
+	if used := keyState(t, adminURL, zone, "heavy").Used; used <= 100 {
+		t.Fatalf("the key uses %d after a response of 250, want more than its limit", used)
+	}
+	resp, _ = do(t, http.MethodGet, siteURL+"/usage?n=1", "X-Client: heavy")
+	status(t, resp, http.StatusTooManyRequests)
+	hits := u.hits.Load()
+	waitFor(t, "the key's next window to admit it", func() bool {
+		resp, _ := do(t, http.MethodGet, siteURL+"/usage?n=1", "X-Client: heavy")
+		return resp.StatusCode == http.StatusOK
+	})
+	if got := u.hits.Load(); got != hits+1 {
+		t.Errorf("the upstream got %d requests while the key was in debt", got-hits-1)
+	}
+}
+
+// TestCostFromCutStreamKeepsReservation: a stream cut off before its
+// usage shows no cost, and the key keeps its reservation.
+func TestCostFromCutStreamKeepsReservation(t *testing.T) {
+	u := newLLM(t)
+	const zone = "tokens_cut"
+	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, zone, `limit 1000
+			window 1h
+			cost_from usage total
+			reserve 300`))
+	req, _ := http.NewRequest(http.MethodPost, siteURL+"/cut", strings.NewReader(`{"model":"gpt-4o","stream":true}`))
+	req.Header.Set("X-Client", "cut")
+	if resp, err := client.Do(req); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	waitTaken(t, zone, 300)
+	if used := keyState(t, adminURL, zone, "cut").Used; used != 300 {
+		t.Errorf("the key uses %d after a cut stream, want the reservation 300", used)
+	}
+	if released := metricCount(t, adminURL, costUnits(zone, "released")); released != 0 {
+		t.Errorf("released %d of a cut stream, want 0", released)
+	}
+}
+
+// TestCostFromBodyTooLarge: a zone that reads bodies answers 413 to one
+// larger than 1 MiB, whether its length is told or not, and takes
+// nothing; the upstream never sees it.
+func TestCostFromBodyTooLarge(t *testing.T) {
+	u := newLLM(t)
+	const zone = "tokens_large"
+	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, zone, `limit 10000000
+			window 1h
+			cost_from usage total
+			reserve max_tokens 100`))
+	big := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("a", 2<<20) + `"}]}`
+	resp, _ := request(t, client, http.MethodPost, siteURL+"/v1/chat/completions", big, "X-Client: big")
+	status(t, resp, http.StatusRequestEntityTooLarge)
+	// Without a Content-Length: chunked, read until it passes the bound.
+	req, _ := http.NewRequest(http.MethodPost, siteURL+"/v1/chat/completions", io.MultiReader(strings.NewReader(big)))
+	req.Header.Set("X-Client", "big")
+	resp = send(t, func() (*http.Response, error) { return client.Do(req) })
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("chunked: status %d, want 413", resp.StatusCode)
+	}
+	if used := keyState(t, adminURL, zone, "big").Used; used != 0 {
+		t.Errorf("the key uses %d after bodies refused, want 0", used)
+	}
+	if n := metricCount(t, adminURL, costUnits(zone, "reserved")); n != 0 {
+		t.Errorf("reserved %d for bodies refused", n)
+	}
+	if n := u.hits.Load(); n != 0 {
+		t.Errorf("the upstream got %d requests", n)
+	}
+	// A body just under the bound goes through whole.
+	small := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("a", 1<<20-100) + `"}]}`
+	resp, _ = request(t, client, http.MethodPost, siteURL+"/v1/chat/completions", small, "X-Client: small")
+	status(t, resp, http.StatusOK)
+	if got := u.lastBody(t); got != small {
+		t.Errorf("the upstream got %d bytes of a body of %d", len(got), len(small))
+	}
+}
+
+// TestCostFromCountStatusReleases: with count_status, a response whose
+// status is not counted releases the whole reservation, whatever usage
+// it shows; a counted one keeps its cost.
+func TestCostFromCountStatusReleases(t *testing.T) {
+	u := newLLM(t)
+	const zone = "tokens_status"
+	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, zone, `limit 1000
+			window 1h
+			count_status 2xx
+			cost_from usage total
+			reserve 100`))
+	resp, _ := do(t, http.MethodGet, siteURL+"/usage?n=40&status=500", "X-Client: failed")
+	status(t, resp, http.StatusInternalServerError)
+	waitFor(t, "the reservation of a failed response to be released", func() bool {
+		return metricCount(t, adminURL, costUnits(zone, "released")) == 100
+	})
+	if used := keyState(t, adminURL, zone, "failed").Used; used != 0 {
+		t.Errorf("the key uses %d after an uncounted response, want 0", used)
+	}
+	resp, _ = do(t, http.MethodGet, siteURL+"/usage?n=40", "X-Client: served")
+	status(t, resp, http.StatusOK)
+	waitTaken(t, zone, 40)
+	if used := keyState(t, adminURL, zone, "served").Used; used != 40 {
+		t.Errorf("the key uses %d after a counted response of 40, want 40", used)
+	}
+}
+
+// TestZoneWithoutCostFromUnchanged: a zone without cost_from counts its
+// requests as it always did, never reads their bodies (a 2 MiB body goes
+// through), and has no cost series.
+func TestZoneWithoutCostFromUnchanged(t *testing.T) {
+	u := newLLM(t)
+	const zone = "tokens_none"
+	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, zone, `limit 5
+			window 1h`))
+	big := strings.Repeat("a", 2<<20)
+	resp, _ := request(t, client, http.MethodPost, siteURL+"/cost?n=900", big, "X-Client: plain")
+	status(t, resp, http.StatusOK)
+	if got := u.lastBody(t); got != big {
+		t.Errorf("the upstream got %d bytes of a body of %d", len(got), len(big))
+	}
+	if got := resp.Header.Get("X-RateLimit-Used"); got != "1" {
+		t.Errorf("X-RateLimit-Used %s, want 1", got)
+	}
+	waitUsed(t, adminURL, zone, "plain", 1)
+	if v := metricValue(t, adminURL, costUnits(zone, "reserved")); v != "" {
+		t.Errorf("a zone without cost_from has a cost series: %s", v)
+	}
+}

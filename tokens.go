@@ -1,0 +1,365 @@
+package ratelimit
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/costfrom"
+)
+
+// This file holds what a zone that limits what responses cost (an LLM
+// API's tokens) adds to the handler: cost_from, reserve and
+// usage_in_stream. Such a zone takes a reservation when it admits a
+// request, as it takes any cost, reads the response's cost as the
+// response passes (costfrom.Writer), and trues the reservation up to it
+// when the response is done (storage.Request.TrueUp).
+
+// CostFrom is where a zone reads a response's cost: one of its fields is
+// set.
+type CostFrom struct {
+	// The token count of the usage the response's body reports: "input"
+	// (the prompt's tokens), "output" (the tokens generated) or "total"
+	// (both). See the costfrom package for the formats read.
+	Usage string `json:"usage,omitempty"`
+
+	// The response header, or trailer, whose value is the cost: a
+	// non-negative decimal integer.
+	Header string `json:"header,omitempty"`
+}
+
+// Reserve is what a request of a cost_from zone takes when it is
+// admitted: one of its fields is set.
+type Reserve struct {
+	// A fixed reservation, in cost units.
+	Units int64 `json:"units,omitempty"`
+
+	// Reserve the most tokens the request's body lets the model generate
+	// (max_tokens, max_completion_tokens, max_output_tokens or Ollama's
+	// options.num_predict, the largest given), or this many if it gives
+	// none; with cost_from usage input or total, plus the body's length
+	// in bytes, which bounds its prompt's tokens.
+	MaxTokens int64 `json:"max_tokens,omitempty"`
+}
+
+// MaxBody is the largest request body a zone reads (reserve max_tokens,
+// usage_in_stream on): a larger one is answered 413 Content Too Large
+// before any zone takes anything.
+const MaxBody = 1 << 20
+
+// errBodyTooLarge refuses a request whose body a zone would read, and
+// which is larger than MaxBody.
+var errBodyTooLarge = fmt.Errorf("request body larger than %d bytes, the most a zone that reserves by the body reads", MaxBody)
+
+// checkUsage accepts the counts cost_from usage reads.
+func checkUsage(v string) error {
+	if _, ok := usageCounts[v]; !ok {
+		return fmt.Errorf("want input, output or total, got %q", v)
+	}
+	return nil
+}
+
+var usageCounts = map[string]costfrom.Count{"input": costfrom.Input, "output": costfrom.Output, "total": costfrom.Total}
+
+// checkCostHeader accepts a header's name: an HTTP token.
+func checkCostHeader(name string) error {
+	if name == "" || strings.IndexFunc(name, func(r rune) bool {
+		return r <= ' ' || r >= 0x7f || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r)
+	}) >= 0 {
+		return fmt.Errorf("want a header name such as X-Cost, got %q", name)
+	}
+	return nil
+}
+
+// checkReserveUnits accepts a reservation, or the default of reserve
+// max_tokens.
+func checkReserveUnits(n int64) error {
+	if n < 1 || n > maxLimit {
+		return fmt.Errorf("want an integer from 1 to %d, got %d", maxLimit, n)
+	}
+	return nil
+}
+
+// validateCostFrom checks cost_from, reserve and usage_in_stream, which
+// go together.
+func (z *Zone) validateCostFrom() error {
+	if err := checkOnOff(z.UsageInStream); err != nil {
+		return fmt.Errorf("usage_in_stream: %w", err)
+	}
+	if z.CostFrom == nil {
+		switch {
+		case z.Reserve != nil:
+			return errors.New("reserve: only with cost_from, whose responses true the reservation up (want cost_from usage input|output|total or cost_from header <name>)")
+		case z.UsageInStream != "":
+			return errors.New("usage_in_stream: only with cost_from usage, which reads the usage of a stream (want cost_from usage input|output|total)")
+		}
+		return nil
+	}
+	cf := z.CostFrom
+	switch {
+	case cf.Usage != "" && cf.Header != "":
+		return errors.New("cost_from: want usage or header, not both")
+	case cf.Usage != "":
+		if err := checkUsage(cf.Usage); err != nil {
+			return fmt.Errorf("cost_from: usage: %w", err)
+		}
+	case cf.Header != "":
+		if err := checkCostHeader(cf.Header); err != nil {
+			return fmt.Errorf("cost_from: header: %w", err)
+		}
+	default:
+		return errors.New("cost_from: want usage input|output|total or header <name>, got neither")
+	}
+	if z.Algorithm == algorithms.Concurrency {
+		return errors.New("cost_from: not for algorithm concurrency, which limits requests in flight, not what they cost (want a windowed or gcra zone)")
+	}
+	if len(z.Cost) > 0 {
+		return errors.New("cost: not with cost_from, whose requests take their reserve (want reserve <n> or reserve max_tokens <default> instead)")
+	}
+	if z.UsageInStream != "" && cf.Usage == "" {
+		return errors.New("usage_in_stream: only with cost_from usage, which reads the usage of a stream (want no usage_in_stream with cost_from header)")
+	}
+	r := z.Reserve
+	switch {
+	case r == nil:
+		return errors.New("reserve: missing, which cost_from needs (want reserve <n> or reserve max_tokens <default>)")
+	case r.Units != 0 && r.MaxTokens != 0:
+		return errors.New("reserve: want units or max_tokens, not both")
+	case r.Units != 0:
+		if err := checkReserveUnits(r.Units); err != nil {
+			return fmt.Errorf("reserve: %w", err)
+		}
+	case r.MaxTokens != 0:
+		if err := checkReserveUnits(r.MaxTokens); err != nil {
+			return fmt.Errorf("reserve: max_tokens: %w", err)
+		}
+	default:
+		return errors.New("reserve: want <n> or max_tokens <default>, got neither")
+	}
+	return nil
+}
+
+// meter is how a cost_from zone reserves a request's cost and reads its
+// response's.
+type meter struct {
+	// on tells the zone has cost_from; the other fields are its.
+	on  bool
+	src costfrom.Source
+	// fixed is reserve <n>, def reserve max_tokens' default.
+	fixed, def int64
+	// prompt adds the body's length to a reservation by max_tokens: the
+	// count read includes the prompt, whose tokens its bytes bound.
+	prompt      bool
+	streamUsage bool
+	// units are the zone's caddy_http_rate_limit_cost_units_total
+	// series, by kind.
+	units [costKinds]prometheus.Counter
+}
+
+// newMeter returns z's meter: a zone without cost_from has none.
+func newMeter(z *Zone, metricsOff bool) meter {
+	if z.CostFrom == nil || z.Reserve == nil {
+		return meter{}
+	}
+	count := usageCounts[z.CostFrom.Usage]
+	return meter{
+		on:          true,
+		src:         costfrom.Source{Header: z.CostFrom.Header, Count: count},
+		fixed:       z.Reserve.Units,
+		def:         z.Reserve.MaxTokens,
+		prompt:      count == costfrom.Input || count == costfrom.Total,
+		streamUsage: z.UsageInStream == "on",
+		units:       costSeries(z.Name, metricsOff),
+	}
+}
+
+// readsBody reports whether the zone reads a request's body: to reserve
+// by it, or to ask for a stream's usage.
+func (m *meter) readsBody() bool {
+	return m.on && (m.def > 0 || m.streamUsage)
+}
+
+// reservation is what a request with body takes at admission. It is at
+// most maxLimit: a request asking for more than any limit is refused
+// whatever its count.
+func (m *meter) reservation(body []byte) int64 {
+	if m.fixed > 0 {
+		return m.fixed
+	}
+	r := min(costfrom.MaxTokens(body, m.def), maxLimit)
+	if m.prompt {
+		r += int64(len(body))
+	}
+	return min(r, maxLimit)
+}
+
+// readBody reads the request's body, once, for the zones that reserve
+// by it, and hands it on unchanged to the handlers after this one. A
+// body larger than MaxBody, by its Content-Length or as it is read,
+// fails with errBodyTooLarge, as does one cut short by request_body's
+// max_size.
+func (s *scratch) readBody(r *http.Request) error {
+	s.bodyRead = true
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil
+	}
+	if r.ContentLength > MaxBody {
+		return errBodyTooLarge
+	}
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength))
+	}
+	_, err := buf.ReadFrom(io.LimitReader(r.Body, MaxBody+1))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge), err == nil && buf.Len() > MaxBody:
+		return errBodyTooLarge
+	case err != nil:
+		return err
+	}
+	r.Body.Close()
+	s.body = buf.Bytes()
+	setBody(r, s.body)
+	return nil
+}
+
+// setBody makes b the request's body, with a length to match.
+func setBody(r *http.Request, b []byte) {
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	r.ContentLength = int64(len(b))
+	r.TransferEncoding = nil
+	r.Header.Set("Content-Length", strconv.Itoa(len(b)))
+}
+
+// bodyRefused answers a request whose body could not be read: 413 for
+// one too large, 499 for a client gone, 400 otherwise. Nothing has been
+// taken.
+func bodyRefused(w http.ResponseWriter, r *http.Request, err error) error {
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		if r.ProtoMajor == 1 {
+			// The rest of the body is never read (see refuse).
+			w.Header()["Connection"] = connectionClose
+		}
+		return errorStatus(w, r, http.StatusRequestEntityTooLarge, err)
+	case r.Context().Err() != nil:
+		return caddyhttp.Error(statusClientClosedRequest, err)
+	}
+	return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
+}
+
+// costWriter is a Writer reading one source of cost for the zones that
+// read it: one for the usage, whatever its count, and one per header.
+type costWriter struct {
+	src costfrom.Source
+	w   *costfrom.Writer
+}
+
+var writerPool = sync.Pool{New: func() any { return new(costfrom.Writer) }}
+
+// key is the source a Writer reads for the meter: every count of a
+// usage is read by one.
+func (m *meter) key() costfrom.Source {
+	if m.src.Header != "" {
+		return costfrom.Source{Header: http.CanonicalHeaderKey(m.src.Header)}
+	}
+	return costfrom.Source{Count: costfrom.Total}
+}
+
+// meterResponse wraps w in the Writers the allowed cost_from checks read
+// their costs with, and, if one asks for a stream's usage, asks the
+// request's body for it and hides it from the client. It returns w
+// unchanged if no check reads a cost.
+func (s *scratch) meterResponse(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
+	hide := false
+	for i := range s.checks {
+		c := &s.checks[i]
+		m := &c.zone.meter
+		if !m.on || c.dryRunExceeded {
+			continue
+		}
+		key := m.key()
+		if s.costWriter(key) == nil {
+			cw := writerPool.Get().(*costfrom.Writer)
+			cw.Reset(w, key)
+			w = cw
+			s.writers = append(s.writers, costWriter{src: key, w: cw})
+		}
+		hide = hide || m.streamUsage
+	}
+	if hide && s.bodyRead {
+		if b, ok := costfrom.RequestStreamUsage(s.body); ok {
+			setBody(r, b)
+			s.costWriter(costfrom.Source{Count: costfrom.Total}).HideStreamUsage()
+		}
+	}
+	return w
+}
+
+// costWriter returns the Writer reading src, nil if there is none.
+func (s *scratch) costWriter(src costfrom.Source) *costfrom.Writer {
+	for _, cw := range s.writers {
+		if cw.src == src {
+			return cw.w
+		}
+	}
+	return nil
+}
+
+// cost returns the cost the response showed for the meter, and whether
+// it showed one.
+func (s *scratch) cost(m *meter) (int64, bool) {
+	cw := s.costWriter(m.key())
+	if cw == nil {
+		return 0, false
+	}
+	if m.src.Header != "" {
+		return cw.Cost()
+	}
+	return cw.Tokens(m.src.Count)
+}
+
+// recycleWriters returns the request's Writers to their pool, keeping no
+// response reachable.
+func (s *scratch) recycleWriters() {
+	for i, cw := range s.writers {
+		cw.w.Reset(nil, costfrom.Source{})
+		writerPool.Put(cw.w)
+		s.writers[i] = costWriter{}
+	}
+	s.writers = s.writers[:0]
+}
+
+// anyMeters reports whether any of the allowed checks reads its cost
+// from the response.
+func anyMeters(checks []zoneCheck) bool {
+	for i := range checks {
+		if checks[i].zone.meter.on && !checks[i].dryRunExceeded {
+			return true
+		}
+	}
+	return false
+}
+
+// Kinds of caddy_http_rate_limit_cost_units_total: what cost_from zones
+// reserved at admission, and what they did with it once the responses
+// were done. Over any span, reserved - released + debt = taken.
+const (
+	costReserved = iota
+	costTaken
+	costReleased
+	costDebt
+	costKinds
+)
+
+var costKindNames = [costKinds]string{"reserved", "taken", "released", "debt"}
