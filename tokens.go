@@ -297,7 +297,10 @@ func (s *scratch) meterResponse(w http.ResponseWriter, r *http.Request) http.Res
 		}
 		hide = hide || m.streamUsage
 	}
-	if hide && s.bodyRead {
+	// Anthropic's Messages API refuses stream_options, and its
+	// requests, which look like a Chat Completion's by their body, all
+	// carry anthropic-version: they are handed on as sent.
+	if hide && s.bodyRead && r.Header.Get("anthropic-version") == "" {
 		if b, ok := costfrom.RequestStreamUsage(s.body); ok {
 			setBody(r, b)
 			s.costWriter(costfrom.Source{Count: costfrom.Total}).HideStreamUsage()

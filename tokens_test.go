@@ -80,9 +80,9 @@ func TestCostFromHandsTheBodyOn(t *testing.T) {
 		 "cost_from":{"usage":"total"},"reserve":{"max_tokens":10},"usage_in_stream":"on","match":[{"path":["/tokens"]}]},
 		{"name":"unit_plain","key":"{http.request.header.X-Client}","limit":10,"window":"1h","match":[{"path":["/plain"]}]}]}`)
 	withClock(t, h, vectors.Start)
-	send := func(path, client, body string, length int64) (status int, got string, gotLen int64, header string, unread bool) {
+	send := func(path, client, body string, length int64, headers ...string) (status int, got string, gotLen int64, header string, unread bool) {
 		t.Helper()
-		r, _ := testRequest(t.Context(), http.MethodPost, "192.0.2.1", "X-Client: "+client)
+		r, _ := testRequest(t.Context(), http.MethodPost, "192.0.2.1", append([]string{"X-Client: " + client}, headers...)...)
 		r.URL.Path = path
 		r.Body, r.ContentLength = io.NopCloser(strings.NewReader(body)), length
 		if length >= 0 {
@@ -117,6 +117,11 @@ func TestCostFromHandsTheBodyOn(t *testing.T) {
 	want, _ := costfrom.RequestStreamUsage([]byte(stream))
 	if status, got, gotLen, header, _ := send("/tokens", "a", stream, int64(len(stream))); status != http.StatusOK || got != string(want) || gotLen != int64(len(want)) || header != strconv.Itoa(len(want)) {
 		t.Errorf("stream: status %d, next read %q (%d, %q), want %s", status, got, gotLen, header, want)
+	}
+	// Anthropic refuses stream_options: its requests, which carry
+	// anthropic-version, are handed on as sent.
+	if status, got, _, _, _ := send("/tokens", "a", stream, int64(len(stream)), "Anthropic-Version: 2023-06-01"); status != http.StatusOK || got != stream {
+		t.Errorf("an Anthropic stream: status %d, next read %q, want 200 and the body as sent", status, got)
 	}
 	big := strings.Repeat("a", MaxBody+1)
 	for _, length := range []int64{int64(len(big)), -1} {

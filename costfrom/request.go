@@ -45,7 +45,8 @@ const includeUsage = `"include_usage":true`
 // (Writer.HideStreamUsage), which sees the stream it asked for.
 //
 // Anthropic's Messages API refuses a stream_options field: a request for
-// it must not be changed.
+// it must not be changed (the handler tells one by its anthropic-version
+// header).
 func RequestStreamUsage(body []byte) ([]byte, bool) {
 	r, ok := readRequest(body)
 	if !ok || !r.stream || !r.chat || r.input || r.include.kind == kindTrue {
