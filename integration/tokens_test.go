@@ -46,7 +46,8 @@ func fixture(t testing.TB, name string) string {
 //
 //	/v1/chat/completions  OpenAI's answer: JSON, or a stream with its usage
 //	                      chunk only if the request asked for it
-//	/v1/messages          Anthropic's stream
+//	/v1/messages          Anthropic's answer: JSON, or its stream
+//	/v1/responses         OpenAI's Responses API: JSON, or its stream
 //	/api/chat             Ollama's NDJSON stream
 //	/cost?n=<n>           "ok" with X-Cost: n, or no X-Cost without n
 //	/usage?n=<n>&status=  JSON with a usage of n total tokens
@@ -56,7 +57,7 @@ func newLLM(t *testing.T) *llm {
 	t.Helper()
 	u := new(llm)
 	files := map[string]string{}
-	for _, f := range []string{"openai_chat.json", "openai_chat_stream.txt", "openai_chat_stream_plain.txt", "anthropic_stream.txt", "ollama_chat_stream.ndjson"} {
+	for _, f := range []string{"openai_chat.json", "openai_chat_stream.txt", "openai_chat_stream_plain.txt", "openai_responses.json", "openai_responses_stream.txt", "anthropic_messages.json", "anthropic_stream.txt", "ollama_chat_stream.ndjson"} {
 		files[f] = fixture(t, f)
 	}
 	stream := func(w http.ResponseWriter, contentType, body, sep string) {
@@ -84,7 +85,19 @@ func newLLM(t *testing.T) *llm {
 				stream(w, "text/event-stream; charset=utf-8", files["openai_chat_stream_plain.txt"], "\n\n")
 			}
 		case "/v1/messages":
+			if !bytes.Contains(b, []byte(`"stream":true`)) {
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, files["anthropic_messages.json"])
+				break
+			}
 			stream(w, "text/event-stream; charset=utf-8", files["anthropic_stream.txt"], "\n\n")
+		case "/v1/responses":
+			if !bytes.Contains(b, []byte(`"stream":true`)) {
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, files["openai_responses.json"])
+				break
+			}
+			stream(w, "text/event-stream; charset=utf-8", files["openai_responses_stream.txt"], "\n\n")
 		case "/api/chat":
 			stream(w, "application/x-ndjson", files["ollama_chat_stream.ndjson"], "\n")
 		case "/cost":
