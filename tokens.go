@@ -277,11 +277,12 @@ func (m *meter) key() costfrom.Source {
 }
 
 // meterResponse wraps w in the Writers the allowed cost_from checks read
-// their costs with, and, if one asks for a stream's usage, asks the
+// their costs with (a usage is read only from an answer that is not
+// compressed), and, if one asks for a stream's usage, asks the
 // request's body for it and hides it from the client. It returns w
 // unchanged if no check reads a cost.
 func (s *scratch) meterResponse(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
-	hide := false
+	hide, usage := false, false
 	for i := range s.checks {
 		c := &s.checks[i]
 		m := &c.zone.meter
@@ -296,6 +297,14 @@ func (s *scratch) meterResponse(w http.ResponseWriter, r *http.Request) http.Res
 			s.writers = append(s.writers, costWriter{src: key, w: cw})
 		}
 		hide = hide || m.streamUsage
+		usage = usage || key.Header == ""
+	}
+	// A compressed answer's usage cannot be read. Without the client's
+	// Accept-Encoding, Caddy's encode leaves the answer as it is, and
+	// reverse_proxy asks the upstream for gzip itself and hands on what
+	// it decompressed.
+	if usage {
+		r.Header.Del("Accept-Encoding")
 	}
 	// Anthropic's Messages API refuses stream_options, and its
 	// requests, which look like a Chat Completion's by their body, all

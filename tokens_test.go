@@ -136,3 +136,32 @@ func TestCostFromHandsTheBodyOn(t *testing.T) {
 		t.Errorf("a zone without cost_from: status %d, next read %d bytes (the body untouched: %v), want 200 and the body untouched", status, len(got), unread)
 	}
 }
+
+// TestCostFromAsksForAnAnswerItCanRead: a zone that reads a usage takes
+// the client's Accept-Encoding off the request, so that no handler or
+// upstream compresses the answer it reads; one that reads a header, and
+// a zone without cost_from, leave it.
+func TestCostFromAsksForAnAnswerItCanRead(t *testing.T) {
+	h := provisionHandler(t, `{"zones":[
+		{"name":"unit_usage","key":"{http.request.header.X-Client}","limit":100000,"window":"1h","algorithm":"fixed_window",
+		 "cost_from":{"usage":"output"},"reserve":{"units":10},"match":[{"path":["/usage"]}]},
+		{"name":"unit_header","key":"{http.request.header.X-Client}","limit":100000,"window":"1h","algorithm":"fixed_window",
+		 "cost_from":{"header":"X-Cost"},"reserve":{"units":10},"match":[{"path":["/header"]}]},
+		{"name":"unit_fixed","key":"{http.request.header.X-Client}","limit":10,"window":"1h","match":[{"path":["/plain"]}]}]}`)
+	withClock(t, h, vectors.Start)
+	for path, want := range map[string]string{"/usage": "", "/header": "gzip", "/plain": "gzip"} {
+		r, _ := testRequest(t.Context(), http.MethodGet, "192.0.2.1", "X-Client: a", "Accept-Encoding: gzip")
+		r.URL.Path = path
+		var got string
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			got = r.Header.Get("Accept-Encoding")
+			return nil
+		})
+		if err := h.ServeHTTP(httptest.NewRecorder(), r, next); err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%s: the next handler saw Accept-Encoding %q, want %q", path, got, want)
+		}
+	}
+}
