@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
 
 // This file tests zones that limit what responses cost (cost_from,
@@ -138,10 +140,11 @@ func (u *llm) lastBody(t *testing.T) string {
 }
 
 // tokenSite is a site on siteAddr that proxies to upstream, with one
-// zone, name, keyed by X-Client, whose lines are zone, and an access log
-// in accessLog with the request's cost. Each test names its zone, whose
-// metrics outlive the test in the process.
-func tokenSite(accessLog, upstream, name, zone string) string {
+// zone, name, keyed by X-Client, whose lines are zone, in the store
+// block store ("" for the memory store), and an access log in accessLog
+// with the request's cost. Each test names its zone, whose metrics
+// outlive the test in the process.
+func tokenSite(accessLog, upstream, store, name, zone string) string {
 	return fmt.Sprintf(`
 `+siteAddr+` {
 	log {
@@ -150,6 +153,7 @@ func tokenSite(accessLog, upstream, name, zone string) string {
 	}
 	log_append cost {http.rate_limit.cost}
 	rate_limit {
+		%s
 		zone %s {
 			key {header.X-Client}
 			%s
@@ -157,7 +161,7 @@ func tokenSite(accessLog, upstream, name, zone string) string {
 	}
 	reverse_proxy %s
 }
-`, accessLog, name, zone, upstream)
+`, accessLog, store, name, zone, upstream)
 }
 
 // costUnits is zone's series of cost_units_total of kind.
@@ -203,7 +207,7 @@ func TestCostFromOpenAIThroughCaddy(t *testing.T) {
 	u := newLLM(t)
 	const zone = "tokens_openai"
 	accessLog := filepath.Join(t.TempDir(), "access.log")
-	startCaddy(t, tokenSite(accessLog, u.url, zone, `limit 100000
+	startCaddy(t, tokenSite(accessLog, u.url, "", zone, `limit 100000
 			window 1h
 			algorithm fixed_window
 			cost_from usage total
@@ -264,7 +268,7 @@ func TestCostFromStreamsThroughCaddy(t *testing.T) {
 	u := newLLM(t)
 	const zone = "tokens_streams"
 	accessLog := filepath.Join(t.TempDir(), "access.log")
-	startCaddy(t, tokenSite(accessLog, u.url, zone, `limit 100000
+	startCaddy(t, tokenSite(accessLog, u.url, "", zone, `limit 100000
 			window 1h
 			cost_from usage output
 			reserve 1000`))
@@ -295,29 +299,30 @@ func TestCostFromStreamsThroughCaddy(t *testing.T) {
 	}
 }
 
+// The true-up tests run on the memory store here, and on the Redis store
+// in TestCostFromTrueUpsRedis: each takes the store block (store, "" for
+// the memory store) and its zone's name.
+
 // TestCostFromHeaderThroughCaddy: a cost in a response header is what
 // the key keeps; a response without the header keeps the reservation,
 // and the access log shows it.
-func TestCostFromHeaderThroughCaddy(t *testing.T) {
+func TestCostFromHeaderThroughCaddy(t *testing.T) { testCostFromHeader(t, "", "tokens_header") }
+
+func testCostFromHeader(t *testing.T, store, zone string) {
 	u := newLLM(t)
-	const zone = "tokens_header"
 	accessLog := filepath.Join(t.TempDir(), "access.log")
-	startCaddy(t, tokenSite(accessLog, u.url, zone, `limit 1000
+	startCaddy(t, tokenSite(accessLog, u.url, store, zone, `limit 1000
 			window 1h
 			cost_from header X-Cost
 			reserve 50`))
 	resp, _ := do(t, http.MethodGet, siteURL+"/cost?n=7", "X-Client: told")
 	status(t, resp, http.StatusOK)
 	waitTaken(t, zone, 7)
-	if used := keyState(t, adminURL, zone, "told").Used; used != 7 {
-		t.Errorf("the key uses %d, want the 7 of X-Cost", used)
-	}
+	waitUsed(t, adminURL, zone, "told", 7)
 	resp, _ = do(t, http.MethodGet, siteURL+"/cost", "X-Client: untold")
 	status(t, resp, http.StatusOK)
 	waitTaken(t, zone, 7+50)
-	if used := keyState(t, adminURL, zone, "untold").Used; used != 50 {
-		t.Errorf("without X-Cost the key uses %d, want the reservation 50", used)
-	}
+	waitUsed(t, adminURL, zone, "untold", 50)
 	if got := loggedCost(t, accessLog, "untold"); got != "50" {
 		t.Errorf("{http.rate_limit.cost} %s without X-Cost, want the reservation 50", got)
 	}
@@ -329,11 +334,12 @@ func TestCostFromHeaderThroughCaddy(t *testing.T) {
 // TestCostFromDebtThroughCaddy: a response that cost more than its key
 // had room for leaves the key in debt, refused until its window has room
 // again.
-func TestCostFromDebtThroughCaddy(t *testing.T) {
+func TestCostFromDebtThroughCaddy(t *testing.T) { testCostFromDebt(t, "", "tokens_debt") }
+
+func testCostFromDebt(t *testing.T, store, zone string) {
 	u := newLLM(t)
-	const zone = "tokens_debt"
 	const window = 3 * time.Second
-	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, zone, `limit 100
+	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, store, zone, `limit 100
 			window 3s
 			algorithm fixed_window
 			cost_from usage total
@@ -345,9 +351,8 @@ func TestCostFromDebtThroughCaddy(t *testing.T) {
 	if debt := metricCount(t, adminURL, costUnits(zone, "debt")); debt != 240 {
 		t.Errorf("debt %d, want 250 - 10", debt)
 	}
-	if used := keyState(t, adminURL, zone, "heavy").Used; used <= 100 {
-		t.Fatalf("the key uses %d after a response of 250, want more than its limit", used)
-	}
+	// A key owes at most one limit past its limit: 10 + 240 counts as 200.
+	waitUsed(t, adminURL, zone, "heavy", 200)
 	resp, _ = do(t, http.MethodGet, siteURL+"/usage?n=1", "X-Client: heavy")
 	status(t, resp, http.StatusTooManyRequests)
 	hits := u.hits.Load()
@@ -362,10 +367,11 @@ func TestCostFromDebtThroughCaddy(t *testing.T) {
 
 // TestCostFromCutStreamKeepsReservation: a stream cut off before its
 // usage shows no cost, and the key keeps its reservation.
-func TestCostFromCutStreamKeepsReservation(t *testing.T) {
+func TestCostFromCutStreamKeepsReservation(t *testing.T) { testCostFromCutStream(t, "", "tokens_cut") }
+
+func testCostFromCutStream(t *testing.T, store, zone string) {
 	u := newLLM(t)
-	const zone = "tokens_cut"
-	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, zone, `limit 1000
+	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, store, zone, `limit 1000
 			window 1h
 			cost_from usage total
 			reserve 300`))
@@ -390,7 +396,7 @@ func TestCostFromCutStreamKeepsReservation(t *testing.T) {
 func TestCostFromBodyTooLarge(t *testing.T) {
 	u := newLLM(t)
 	const zone = "tokens_large"
-	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, zone, `limit 10000000
+	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, "", zone, `limit 10000000
 			window 1h
 			cost_from usage total
 			reserve max_tokens 100`))
@@ -426,10 +432,11 @@ func TestCostFromBodyTooLarge(t *testing.T) {
 // TestCostFromCountStatusReleases: with count_status, a response whose
 // status is not counted releases the whole reservation, whatever usage
 // it shows; a counted one keeps its cost.
-func TestCostFromCountStatusReleases(t *testing.T) {
+func TestCostFromCountStatusReleases(t *testing.T) { testCostFromCountStatus(t, "", "tokens_status") }
+
+func testCostFromCountStatus(t *testing.T, store, zone string) {
 	u := newLLM(t)
-	const zone = "tokens_status"
-	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, zone, `limit 1000
+	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, store, zone, `limit 1000
 			window 1h
 			count_status 2xx
 			cost_from usage total
@@ -439,14 +446,37 @@ func TestCostFromCountStatusReleases(t *testing.T) {
 	waitFor(t, "the reservation of a failed response to be released", func() bool {
 		return metricCount(t, adminURL, costUnits(zone, "released")) == 100
 	})
-	if used := keyState(t, adminURL, zone, "failed").Used; used != 0 {
-		t.Errorf("the key uses %d after an uncounted response, want 0", used)
-	}
+	waitUsed(t, adminURL, zone, "failed", 0)
 	resp, _ = do(t, http.MethodGet, siteURL+"/usage?n=40", "X-Client: served")
 	status(t, resp, http.StatusOK)
 	waitTaken(t, zone, 40)
-	if used := keyState(t, adminURL, zone, "served").Used; used != 40 {
-		t.Errorf("the key uses %d after a counted response of 40, want 40", used)
+	waitUsed(t, adminURL, zone, "served", 40)
+}
+
+// TestCostFromTrueUpsRedis runs the true-up tests on the Redis store,
+// with lease off and on: a true-up releases what its cost did not use, a
+// debt refuses the key until its window has room, a cut stream keeps its
+// reservation, and an uncounted status releases it all. With lease on,
+// what a true-up releases goes into the instance's lease of the key, if
+// it holds one, and back to Redis once the lease goes unused: the key's
+// count in Redis is its cost once the lease has gone.
+func TestCostFromTrueUpsRedis(t *testing.T) {
+	s := redistest.Standalone(t)
+	for _, lease := range []string{"off", "on"} {
+		store := redisStore("address " + s.URL() + "\nlease " + lease)
+		t.Run("lease_"+lease, func(t *testing.T) {
+			for _, c := range []struct {
+				name string
+				test func(t *testing.T, store, zone string)
+			}{
+				{"header", testCostFromHeader},
+				{"debt", testCostFromDebt},
+				{"cut", testCostFromCutStream},
+				{"status", testCostFromCountStatus},
+			} {
+				t.Run(c.name, func(t *testing.T) { c.test(t, store, "tokens_"+c.name+"_redis_lease_"+lease) })
+			}
+		})
 	}
 }
 
@@ -456,7 +486,7 @@ func TestCostFromCountStatusReleases(t *testing.T) {
 func TestZoneWithoutCostFromUnchanged(t *testing.T) {
 	u := newLLM(t)
 	const zone = "tokens_none"
-	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, zone, `limit 5
+	startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, "", zone, `limit 5
 			window 1h`))
 	big := strings.Repeat("a", 2<<20)
 	resp, _ := request(t, client, http.MethodPost, siteURL+"/cost?n=900", big, "X-Client: plain")
