@@ -61,6 +61,12 @@
 #                     key's p99 latency
 #   flood_redis       flood_memory on the Redis store
 #   flood_redis_lease flood_redis with lease on (compare the two)
+#   tokens_json       a zone with cost_from usage total and reserve 100, in
+#                     front of a 2 KB Chat Completions answer (respond)
+#   fixed_json        the same zone and answer with a fixed cost (cost * 60):
+#                     what reading the usage costs (compare the two)
+#   tokens_stream     tokens_json with a streamed answer of 200 events
+#   fixed_stream      fixed_json with the same stream
 #   CASE@REV          CASE on this Caddy as built at git revision REV
 #
 # SOAK=1 then runs 60 s (SOAK_DURATION) of key rotation at full speed
@@ -134,6 +140,25 @@ if [[ " $CASES " == *" redis_"* || " $CASES " == *"_redis"* || $SOAK == 1 ]]; th
 	start_redis
 fi
 
+# llm_json prints a 2 KB Chat Completions answer, as an OpenAI-compatible
+# API sends it, with its usage last.
+llm_json() {
+	local text
+	text=$(printf 'lorem ipsum dolor sit amet %.0s' $(seq 70))
+	printf '{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"%s"},"finish_reason":"stop"}],"usage":{"prompt_tokens":20,"completion_tokens":40,"total_tokens":60}}' "$text"
+}
+
+# llm_stream prints a streamed Chat Completion of 200 events: 198 chunks of
+# text, the usage chunk and [DONE].
+llm_stream() {
+	local i
+	for i in $(seq 198); do
+		printf 'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"tok "},"finish_reason":null}]}\n\n'
+	done
+	printf 'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":20,"completion_tokens":198,"total_tokens":218}}\n\n'
+	printf 'data: [DONE]\n\n'
+}
+
 # caddyfile CASE PORT prints the Caddyfile for a case.
 caddyfile() {
 	local store="" limit="2000000000" window="1m"
@@ -145,6 +170,7 @@ caddyfile() {
 	*_rejected) limit=1 window=24h ;;
 	bytes_*) limit=100 window=1h ;;
 	flood_*) limit=1000 ;;
+	tokens_* | fixed_*) window=1h ;;
 	esac
 	local lease=""
 	[[ $1 == *_lease* ]] && lease="lease on"
@@ -161,6 +187,22 @@ caddyfile() {
 	memory_sliding_window*) algorithm="algorithm sliding_window" ;;
 	bytes_*) algorithm="algorithm ${1#bytes_}" ;;
 	*_count_status) algorithm="count_status 5xx" ;;
+	esac
+	# The token cases answer as an LLM API does; tokens_* reads the
+	# answer's usage, fixed_* is the same zone with a fixed cost.
+	local answer="respond \"ok\""
+	case $1 in
+	tokens_json | fixed_json)
+		answer="header Content-Type application/json
+	respond \`$(llm_json)\`" ;;
+	tokens_stream | fixed_stream)
+		answer="header Content-Type text/event-stream
+	respond \`$(llm_stream)\`" ;;
+	esac
+	case $1 in
+	tokens_*) algorithm="cost_from usage total
+			reserve 100" ;;
+	fixed_*) algorithm="cost * 60" ;;
 	esac
 	local key="{client_ip}"
 	[[ $1 == *_many_keys* || $1 == bytes_* || $1 == flood_* || $1 == memory_rotating ]] && key="{header.X-Key}"
@@ -218,7 +260,7 @@ CADDY
 		;;
 	esac
 	cat <<CADDY
-	respond "ok"
+	$answer
 }
 CADDY
 }
