@@ -329,11 +329,23 @@ run() {
 	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "${script[@]}" "http://127.0.0.1:$PORT/" >"$OUT/$FILE.wrk" 2>&1
 	cpu1=$(cpu_ticks "$PID")
 	[[ -n $redis_pid ]] && rcpu1=$(cpu_ticks "$redis_pid") calls1=$(script_calls)
+	local ttfb=0
+	[[ $kase == tokens_* || $kase == fixed_* ]] && ttfb=$(first_byte_ms)
 	stop_case "$name" || return 1
-	awk -v c="$((cpu1 - cpu0))" -v r="$((rcpu1 - rcpu0))" -v calls="$((calls1 - calls0))" -v hz="$(getconf CLK_TCK)" '
+	awk -v c="$((cpu1 - cpu0))" -v r="$((rcpu1 - rcpu0))" -v calls="$((calls1 - calls0))" -v hz="$(getconf CLK_TCK)" -v ttfb="$ttfb" '
 		/^Requests\/sec:/ {rps = $2}
 		/requests in/ {n = $1}
-		END {printf "%s %.1f %.1f %.1f\n", rps, c / hz / n * 1e6, r / hz / n * 1e6, calls ? n / calls : 0}' "$OUT/$FILE.wrk"
+		END {printf "%s %.1f %.1f %.1f %s\n", rps, c / hz / n * 1e6, r / hz / n * 1e6, calls ? n / calls : 0, ttfb}' "$OUT/$FILE.wrk"
+}
+
+# first_byte_ms prints the median time to the first byte of the answer, in
+# ms, over 50 requests one after another to the case on PORT (after its
+# load, so that it is warm).
+first_byte_ms() {
+	local i
+	for i in $(seq 50); do
+		curl -s -o /dev/null -w '%{time_starttransfer}\n' "http://127.0.0.1:$PORT/"
+	done | sort -g | awk '{a[NR] = $1} END {printf "%.3f", a[int((NR + 1) / 2)] * 1000}'
 }
 
 # run_flood CASE runs a key-rotation flood: CONNECTIONS-4 connections send
@@ -417,7 +429,7 @@ LUA
 # Each round starts one case later than the one before, so that no case
 # always runs first or always follows the same one: on a shared VM, where a
 # case runs in the round showed in its figure.
-declare -A RESULTS CPU RCPU PERCALL HOT HOTP99
+declare -A RESULTS CPU RCPU PERCALL HOT HOTP99 TTFB
 read -ra ORDER <<<"$CASES"
 for round in $(seq "$ROUNDS"); do
 	shift=$(((round - 1) % ${#ORDER[@]}))
@@ -431,7 +443,8 @@ for round in $(seq "$ROUNDS"); do
 			CPU[$c]+="$cpu "
 			continue
 		fi
-		read -r rps cpu rcpu percall < <(run "$c")
+		read -r rps cpu rcpu percall ttfb < <(run "$c")
+		TTFB[$c]+="$ttfb "
 		echo "round $round  $c  $rps req/s  Caddy $cpu µs/request  Redis $rcpu µs/request  $percall requests/call" >&2
 		RESULTS[$c]+="$rps "
 		CPU[$c]+="$cpu "
@@ -466,6 +479,17 @@ for c in $CASES; do
 	# No calls at all: not a Redis case, or one the deny cache answered.
 	[[ $percall == 0 || $percall == 0.0* ]] && percall="-"
 	printf '%-22s %12s %9s %12s %9s %12s %9s   %s\n' "$c" "$m" "$ratio" "$cpu" "$cpu_ratio" "$rcpu" "$percall" "${RESULTS[$c]}"
+done
+
+# The token cases: what reading the usage costs, the case that reads it
+# beside the same zone with a fixed cost (CPU per request, above 1 dearer),
+# and the median time to the first byte of each.
+for kind in json stream; do
+	t=tokens_$kind f=fixed_$kind
+	[[ -n ${CPU[$t]:-} && -n ${CPU[$f]:-} ]] || continue
+	tc=$(echo "${CPU[$t]}" | median) fc=$(echo "${CPU[$f]}" | median)
+	tt=$(echo "${TTFB[$t]}" | median) ft=$(echo "${TTFB[$f]}" | median)
+	printf '%-14s Caddy µs/req %s vs %s with a fixed cost (%s)   first byte %s ms vs %s ms\n' "$t" "$tc" "$fc" "$(awk -v a="$tc" -v b="$fc" 'BEGIN {printf "%.3f", a/b}')" "$tt" "$ft"
 done
 if [[ " $CASES " == *" flood_"* ]]; then
 	printf '\n%-22s %12s %12s %12s %12s   %s\n' "flood case" "flood req/s" "hot req/s" "hot p99 ms" "Caddy µs/req" "runs (hot p99 ms)"
