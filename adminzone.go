@@ -16,7 +16,7 @@ import (
 // Info is the zone's config as the admin API's zone list shows it.
 func (z *Zone) Info() admin.ZoneInfo {
 	info := admin.ZoneInfo{Name: z.Name, Algorithm: z.Algorithm, Burst: z.Burst, Buckets: z.Buckets,
-		Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun}
+		Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun, Units: z.meter.on}
 	if z.Algorithm == algorithms.Concurrency {
 		info.Hold = z.hold().String()
 	} else {
@@ -53,22 +53,74 @@ func (z *Zone) KeyInfo(ctx context.Context, key string) (admin.KeyInfo, error) {
 		rate.Buckets = z.Buckets
 		d, ring := algorithms.DecideRing(st.Ring, time.Now(), rate, 0)
 		current := ring.Counts[d.Window%int64(ring.Buckets+1)]
-		return admin.KeyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Current: current, Previous: d.Used - current,
-			Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}, nil
+		info := admin.KeyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Current: current, Previous: d.Used - current,
+			Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}
+		info.Debt = z.debt(st, d.Used)
+		return info, nil
 	}
-	d, rolled := algorithms.Decide(z.Algorithm, st.Counts, time.Now(), rate, 0)
+	now := time.Now()
+	d, rolled := algorithms.Decide(z.Algorithm, st.Counts, now, rate, 0)
 	info := admin.KeyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}
 	if z.Algorithm.Windowed() {
 		c := rolled.Windows()
 		info.Current, info.Previous, info.PreviousWeighted = c.Current, c.Previous, d.Used-c.Current
+		info.Debt = z.debt(st, d.Used)
+	}
+	if z.Algorithm == algorithms.GCRA && z.meter.on {
+		// A bucket's Used stops at its burst; its debt is how far its
+		// TAT (Reset, for no cost) stands past a full bucket's: the
+		// units that lack beyond the burst.
+		w := z.period.Milliseconds()
+		lacking := (max(d.Reset.Sub(now).Milliseconds(), 0)*rate.Units + w - 1) / w
+		debt := max(lacking-rate.BurstFor(rate.Units), 0)
+		info.Debt = &debt
 	}
 	return info, nil
 }
 
+// debt returns, for a cost_from zone, the units used stands past the
+// limit of the key whose state is st, or nil if the zone has no
+// cost_from or the limit depends on a request.
+func (z *Zone) debt(st storage.KeyState, used int64) *int64 {
+	if !z.meter.on {
+		return nil
+	}
+	limit, ok := z.keyLimit(st)
+	if !ok {
+		return nil
+	}
+	debt := max(used-limit, 0)
+	return &debt
+}
+
+// keyLimit returns the limit the key whose state is st has now, if it
+// does not depend on a request: its override, else the zone dial's
+// limit, else the zone's first limit when it is a number.
+func (z *Zone) keyLimit(st storage.KeyState) (int64, bool) {
+	now := time.Now()
+	if o := st.Override; o != nil && o.Active(now) {
+		return o.Limit, true
+	}
+	if d, ok := z.admin.ZoneDial(z.Name); ok && d.Limit > 0 && d.Active(now) {
+		return d.Limit, true
+	}
+	if len(z.limits) > 0 && !z.limits[0].dynamic {
+		return z.limits[0].number, true
+	}
+	return 0, false
+}
+
 // Top returns the zone's n heaviest keys over about the last minute, as
-// they are, and the most any count may be overstated.
+// they are, and the most any count may be overstated. A cost_from zone
+// counts units, not requests.
 func (z *Zone) Top(n int) ([]admin.TopKey, int64) {
-	return z.top.top(n)
+	keys, bound := z.top.top(n)
+	if z.meter.on {
+		for i := range keys {
+			keys[i].Units, keys[i].Requests = keys[i].Requests, 0
+		}
+	}
+	return keys, bound
 }
 
 // ShownKey is key as the zone shows it: itself under log_keys on, else

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -81,5 +82,73 @@ func TestZoneInAdminView(t *testing.T) {
 	}
 	if code := statusJSON(t, "/zones/view_hidden/top", nil); code != http.StatusNotFound {
 		t.Fatalf("top of a cleaned-up zone: %d, want 404", code)
+	}
+}
+
+// TestCostFromZoneInAdminView: a zone that reads what responses cost
+// says so in the zone list, counts its top keys in the units each
+// request was charged (the response's cost, else the reservation; none
+// for a rejected one), and shows a key's debt once a response cost more
+// than the key had room for, in a windowed zone as in a gcra one; a zone
+// without cost_from shows no debt.
+func TestCostFromZoneInAdminView(t *testing.T) {
+	h := provisionHandler(t, `{"log_keys":"on","zones":[
+		{"name":"units_view","limit":[100],"window":"1h","algorithm":"fixed_window","cost_from":{"header":"X-Cost"},"reserve":{"units":10}},
+		{"name":"units_view_plain","limit":[100],"window":"1h"}]}`)
+	gcra := provisionHandler(t, `{"zones":[{"name":"units_view_gcra","limit":[100],"window":"1h","algorithm":"gcra","cost_from":{"header":"X-Cost"},"reserve":{"units":10}}]}`)
+	const ip = "2001:db8::9"
+	costing := func(cost string) caddyhttp.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) error {
+			if cost != "" {
+				w.Header().Set("X-Cost", cost)
+			}
+			w.WriteHeader(http.StatusOK)
+			return nil
+		}
+	}
+	for _, h := range []*Handler{h, gcra} {
+		for _, cost := range []string{"30", "", "150"} {
+			if w, err := serveWith(h, context.Background(), ip, costing(cost)); err != nil || w.Code != http.StatusOK {
+				t.Fatalf("cost %q: %d %v, want 200", cost, w.Code, err)
+			}
+		}
+		var he caddyhttp.HandlerError
+		if _, err := serveWith(h, context.Background(), ip, costing("1")); !errors.As(err, &he) || he.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("in debt: %v, want 429", err)
+		}
+	}
+
+	var zones []admin.ZoneInfo
+	statusJSON(t, "/zones", &zones)
+	for _, z := range zones {
+		if want := z.Name != "units_view_plain"; strings.HasPrefix(z.Name, "units_view") && z.Units != want {
+			t.Errorf("zone %s: units %v, want %v", z.Name, z.Units, want)
+		}
+	}
+	var top admin.TopInfo
+	statusJSON(t, "/zones/units_view/top", &top)
+	if !top.Units || len(top.Keys) != 1 || top.Keys[0] != (admin.TopKey{Key: ip, Units: 30 + 10 + 150, Rejected: 1}) {
+		t.Errorf("top: %+v, want units, %s with 190 units, 1 rejected", top, ip)
+	}
+	var plain admin.TopInfo
+	statusJSON(t, "/zones/units_view_plain/top", &plain)
+	if plain.Units || len(plain.Keys) != 1 || plain.Keys[0] != (admin.TopKey{Key: ip, Requests: 4}) {
+		t.Errorf("top of a zone without cost_from: %+v, want %s with 4 requests", plain, ip)
+	}
+
+	for i, want := range map[int]int64{0: 190 - 100, 1: -1, 2: 190 - 100} {
+		z := h.Zones[min(i, 1)]
+		if i == 2 {
+			z = gcra.Zones[0]
+		}
+		info, err := z.KeyInfo(context.Background(), ip)
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case want < 0 && info.Debt != nil:
+			t.Errorf("%s: debt %d, want none for a zone without cost_from", info.Zone, *info.Debt)
+		case want >= 0 && (info.Debt == nil || *info.Debt != want):
+			t.Errorf("%s: %+v, want a debt of %d", info.Zone, info, want)
+		}
 	}
 }

@@ -147,10 +147,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		s.take.store = h.fallback
 		v, rejected, err = h.decide(r.Context(), s.checks, &s.take)
 	}
-	for i := range s.checks {
-		c := &s.checks[i]
-		if v != unanswered {
-			c.zone.top.add(c.req.Key, c == rejected)
+	if v != unanswered {
+		for i := range s.checks {
+			c := &s.checks[i]
+			switch {
+			case !c.zone.meter.on:
+				c.zone.top.add(c.req.Key, 1, c == rejected)
+			case c == rejected:
+				// A cost_from zone counts units charged: none here.
+				c.zone.top.add(c.req.Key, 0, true)
+			case v == allowed && c.dryRunExceeded:
+				// Takes nothing: counted as the reservation it
+				// would have taken, so the key still shows.
+				c.zone.top.add(c.req.Key, c.req.Cost, false)
+			}
+			// An allowed cost_from check is counted once its response
+			// is done, with what it was charged (release); one of a
+			// request another zone rejected was charged nothing.
 		}
 	}
 	switch v {
@@ -273,7 +286,8 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 // The client may be gone, so the request's context may be done: stores
 // release regardless (Store). A release that fails is a store error; a
 // shared store then keeps what it counted until its hold or window ends.
-// The cost placeholder p gets what the request cost.
+// The cost placeholder p gets what the request cost, and a cost_from
+// zone's top keys count it.
 func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, p *placeholders) {
 	q := &s.take
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
@@ -302,6 +316,9 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 				req.Counted = true
 			}
 			m.units[costTaken].Add(float64(kept))
+			if kept > 0 {
+				c.zone.top.add(req.Key, kept, false)
+			}
 			if !costSet {
 				p.cost, costSet = kept, true
 			}

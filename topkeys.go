@@ -16,9 +16,12 @@ import (
 // memory that does not grow with the number of keys: Space-Saving
 // summaries (Metwally, Agrawal and El Abbadi, 2005) of at most topTracked
 // keys in all. A key seen and not tracked takes the place of the tracked
-// key with the fewest requests, and inherits its count as its error:
-// every count is then at most error more than the truth, and a key with
-// more requests than error is certain to be tracked.
+// key with the lowest count, and inherits its count as its error: every
+// count is then at most error more than the truth, and a key counted more
+// than error is certain to be tracked. A count is of requests, one each,
+// or, in a zone that reads what responses cost (cost_from), of the units
+// each request was charged: the summary adds up weights, and the bounds
+// hold alike.
 //
 // A zone's requests come from every CPU at once, so the summary is split
 // by a keyed hash of the key into topShards shards, each with its own
@@ -80,27 +83,28 @@ type topShard struct {
 }
 
 // topSummary is a Space-Saving summary of at most topPerShard keys, with
-// the key of fewest requests always at hand: entries are kept in a
-// min-heap by requests, so counting a request, or making room for a new
+// the key of lowest count always at hand: entries are kept in a
+// min-heap by count, so counting a request, or making room for a new
 // key, moves an entry a few places at most and scans nothing. An index
 // by hash finds a key's entry. Entry numbers are a byte, and 0 in the
 // index marks an empty slot, so it holds entry numbers plus one.
 type topSummary struct {
 	entries [topPerShard]topEntry
 	n       uint8 // entries in use
-	// heap holds entry numbers, each one's requests at most its
+	// heap holds entry numbers, each one's count at most its
 	// children's; at is where each entry is in heap.
 	heap  [topPerShard]uint8
 	at    [topPerShard]uint8
 	index [topIndexSlots]uint8
 }
 
-// topEntry is a tracked key and its counts: requests (Space-Saving's
-// count), of them rejected, and err, the most requests may be overstated.
+// topEntry is a tracked key and its counts: count (Space-Saving's, of
+// requests or units), rejected requests, and err, the most count may be
+// overstated.
 type topEntry struct {
-	hash                    uint64
-	key                     string
-	requests, rejected, err int64
+	hash                 uint64
+	key                  string
+	count, rejected, err int64
 }
 
 // summaries holds the top-keys summary of each zone name, shared by the
@@ -129,12 +133,13 @@ func newTopKeys(period time.Duration) *topKeys {
 	return &topKeys{period: period}
 }
 
-// add counts a request of key, rejected or not.
-func (t *topKeys) add(key string, rejected bool) {
+// add counts a request of key, rejected or not, as n: 1, or the units
+// it was charged.
+func (t *topKeys) add(key string, n int64, rejected bool) {
 	h := maphash.String(topSeed, key)
 	s := &t.shards[h%topShards]
 	s.mu.Lock()
-	s.current.add(h, key, rejected)
+	s.current.add(h, key, n, rejected)
 	s.mu.Unlock()
 	// After the count, so that a turn that stops the timer either sees
 	// the count or is seen to have stopped it.
@@ -176,8 +181,8 @@ func (t *topKeys) turn() (idle bool) {
 	return idle
 }
 
-// add counts a request of key, whose hash is h.
-func (s *topSummary) add(h uint64, key string, rejected bool) {
+// add counts a request of key, whose hash is h, as n.
+func (s *topSummary) add(h uint64, key string, n int64, rejected bool) {
 	var r int64
 	if rejected {
 		r = 1
@@ -185,7 +190,7 @@ func (s *topSummary) add(h uint64, key string, rejected bool) {
 	slot, found := s.find(h)
 	if found {
 		e := s.index[slot] - 1
-		s.entries[e].requests++
+		s.entries[e].count += n
 		s.entries[e].rejected += r
 		s.down(int(s.at[e]))
 		return
@@ -193,20 +198,20 @@ func (s *topSummary) add(h uint64, key string, rejected bool) {
 	if s.n < topPerShard {
 		e := s.n
 		s.n++
-		s.entries[e] = topEntry{hash: h, key: key, requests: 1, rejected: r}
+		s.entries[e] = topEntry{hash: h, key: key, count: n, rejected: r}
 		s.index[slot] = e + 1
 		s.heap[e], s.at[e] = e, e
 		s.up(int(e))
 		return
 	}
-	// Full: the key takes the place of the one with the fewest requests,
+	// Full: the key takes the place of the one with the lowest count,
 	// at the heap's top.
 	e := s.heap[0]
 	old := s.entries[e]
 	s.unindex(old.hash)
 	slot, _ = s.find(h)
 	s.index[slot] = e + 1
-	s.entries[e] = topEntry{hash: h, key: key, requests: old.requests + 1, rejected: r, err: old.requests}
+	s.entries[e] = topEntry{hash: h, key: key, count: old.count + n, rejected: r, err: old.count}
 	s.down(0)
 }
 
@@ -243,10 +248,10 @@ func (s *topSummary) unindex(h uint64) {
 	s.index[hole] = 0
 }
 
-// less reports whether the entry at heap position i has fewer requests
+// less reports whether the entry at heap position i has a lower count
 // than the one at j.
 func (s *topSummary) less(i, j int) bool {
-	return s.entries[s.heap[i]].requests < s.entries[s.heap[j]].requests
+	return s.entries[s.heap[i]].count < s.entries[s.heap[j]].count
 }
 
 func (s *topSummary) swap(i, j int) {
@@ -255,7 +260,7 @@ func (s *topSummary) swap(i, j int) {
 }
 
 // up moves the entry at heap position i towards the top while it has
-// fewer requests than its parent.
+// a lower count than its parent.
 func (s *topSummary) up(i int) {
 	for i > 0 {
 		parent := (i - 1) / 2
@@ -268,7 +273,7 @@ func (s *topSummary) up(i int) {
 }
 
 // down moves the entry at heap position i away from the top while a child
-// has fewer requests. A key counted again only gains requests, so this is
+// has a lower count. A key counted again only gains, so this is
 // all it needs; the heaviest keys sit at the bottom, where it costs
 // nothing.
 func (s *topSummary) down(i int) {
@@ -289,8 +294,8 @@ func (s *topSummary) down(i int) {
 	}
 }
 
-// top returns the n heaviest keys, sorted by rejected, then requests,
-// then key, and the most any count may be overstated: in each period, a
+// top returns the n heaviest keys, their counts as Requests, sorted by
+// rejected, then count, then key, and the most any count may be overstated: in each period, a
 // key's count is overstated by at most the largest error of its shard's
 // summary, so by at most the largest of all the shards'.
 func (t *topKeys) top(n int) ([]admin.TopKey, int64) {
@@ -307,7 +312,7 @@ func (t *topKeys) top(n int) ([]admin.TopKey, int64) {
 					k = &admin.TopKey{Key: e.key}
 					merged[e.key] = k
 				}
-				k.Requests += e.requests
+				k.Requests += e.count
 				k.Rejected += e.rejected
 			}
 		}

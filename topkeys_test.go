@@ -33,7 +33,7 @@ func TestTopKeysFindsHeavyHitters(t *testing.T) {
 	rng.Shuffle(len(stream), func(i, j int) { stream[i], stream[j] = stream[j], stream[i] })
 	for i, k := range stream {
 		rejected := k == "ci-runner" && i%2 == 0
-		tk.add(k, rejected)
+		tk.add(k, 1, rejected)
 		c := truth[k]
 		c[0]++
 		if rejected {
@@ -73,9 +73,9 @@ func (t *topKeys) tracked() int {
 // one seen in the period before still counts.
 func TestTopKeysForgetsOldPeriods(t *testing.T) {
 	tk := newTopKeys(time.Hour)
-	tk.add("old", true)
+	tk.add("old", 1, true)
 	tk.turn()
-	tk.add("recent", false)
+	tk.add("recent", 1, false)
 	if keys, _ := tk.top(10); len(keys) != 2 || keys[0].Key != "old" {
 		t.Fatalf("one period on: %+v, want old (rejected) then recent", keys)
 	}
@@ -95,7 +95,7 @@ func TestTopKeysForgetsOldPeriods(t *testing.T) {
 func TestTopKeysTimerTurns(t *testing.T) {
 	tk := newTopKeys(10 * time.Millisecond)
 	for round := range 2 {
-		tk.add("k", false)
+		tk.add("k", 1, false)
 		if !tk.turning.Load() {
 			t.Fatalf("round %d: no timer after a request", round)
 		}
@@ -132,7 +132,7 @@ func TestTopKeysSummaryInvariants(t *testing.T) {
 	var perShard [topShards]int64
 	for step := range 20_000 {
 		k := fmt.Sprint("key-", zipf.Uint64())
-		tk.add(k, rng.IntN(4) == 0)
+		tk.add(k, 1, rng.IntN(4) == 0)
 		truth[k]++
 		h := maphash.String(topSeed, k)
 		perShard[h%topShards]++
@@ -153,19 +153,19 @@ func checkSummary(t *testing.T, s *topSummary, requests int64, truth map[string]
 	least := int64(-1)
 	tracked := map[string]bool{}
 	for i, e := range s.entries[:s.n] {
-		sum += e.requests
+		sum += e.count
 		tracked[e.key] = true
 		if slot, ok := s.find(e.hash); !ok || s.index[slot]-1 != uint8(i) {
 			t.Fatalf("shard %d: entry %d (%s) not found by the index", shard, i, e.key)
 		}
-		if e.requests < truth[e.key] || e.requests-e.err > truth[e.key] {
-			t.Fatalf("shard %d: %s counted %d with error %d, true %d", shard, e.key, e.requests, e.err, truth[e.key])
+		if e.count < truth[e.key] || e.count-e.err > truth[e.key] {
+			t.Fatalf("shard %d: %s counted %d with error %d, true %d", shard, e.key, e.count, e.err, truth[e.key])
 		}
-		if e.rejected > e.requests {
+		if e.rejected > e.count {
 			t.Fatalf("shard %d: %s has more rejections than requests", shard, e.key)
 		}
-		if least < 0 || e.requests < least {
-			least = e.requests
+		if least < 0 || e.count < least {
+			least = e.count
 		}
 	}
 	if sum != requests {
@@ -174,7 +174,7 @@ func checkSummary(t *testing.T, s *topSummary, requests int64, truth map[string]
 	if s.n == 0 {
 		return
 	}
-	if got := s.entries[s.heap[0]].requests; got != least {
+	if got := s.entries[s.heap[0]].count; got != least {
 		t.Fatalf("shard %d: the heap's top has %d requests, the least is %d", shard, got, least)
 	}
 	if s.n < topPerShard {
@@ -198,14 +198,14 @@ func BenchmarkTopKeysAdd(b *testing.B) {
 	b.Run("tracked", func(b *testing.B) {
 		tk := newTopKeys(time.Hour)
 		for b.Loop() {
-			tk.add("203.0.113.9", false)
+			tk.add("203.0.113.9", 1, false)
 		}
 	})
 	b.Run("100k_keys", func(b *testing.B) {
 		tk := newTopKeys(time.Hour)
 		i := 0
 		for b.Loop() {
-			tk.add(keys[i%100_000], false)
+			tk.add(keys[i%100_000], 1, false)
 			i++
 		}
 	})
@@ -213,7 +213,7 @@ func BenchmarkTopKeysAdd(b *testing.B) {
 		tk := newTopKeys(time.Hour)
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				tk.add("203.0.113.9", false)
+				tk.add("203.0.113.9", 1, false)
 			}
 		})
 	})
@@ -224,7 +224,7 @@ func BenchmarkTopKeysAdd(b *testing.B) {
 			// Each goroutine its own run of the keys, each key new.
 			i := int(next.Add(1)) * 7919
 			for pb.Next() {
-				tk.add(keys[i%len(keys)], false)
+				tk.add(keys[i%len(keys)], 1, false)
 				i++
 			}
 		})

@@ -182,7 +182,11 @@ type ZoneInfo struct {
 	Limit     []string             `json:"limit"`
 	Store     string               `json:"store"`
 	DryRun    bool                 `json:"dry_run,omitempty"`
-	Dial      *storage.ZoneDial    `json:"dial,omitempty"`
+	// Units tells that the zone limits what responses cost (cost_from):
+	// its limit, its keys' counts and its top keys are in cost units
+	// (an LLM API's tokens), not requests.
+	Units bool              `json:"units,omitempty"`
+	Dial  *storage.ZoneDial `json:"dial,omitempty"`
 	// Instances is N, the live instances sharing the zone's store, for a
 	// store shared by a fleet (Redis).
 	Instances int `json:"instances,omitempty"`
@@ -210,6 +214,13 @@ type KeyInfo struct {
 	Override         *storage.Override `json:"override,omitempty"`
 	// BanEnds is when the key's ban ends, if it is banned (ban).
 	BanEnds time.Time `json:"ban_ends,omitzero"`
+	// Debt is, for a key of a zone that limits what responses cost
+	// (cost_from), the units its count stands past its limit: responses
+	// that cost more than their reservations take the difference past
+	// the limit, and the key is refused until time has paid it off. It
+	// is unset when the key's limit depends on the request (a limit
+	// placeholder with neither override nor dial limit).
+	Debt *int64 `json:"debt,omitempty"`
 }
 
 // serve routes one admin request:
@@ -352,17 +363,25 @@ func serveZones(w http.ResponseWriter, r *http.Request) error {
 
 // TopInfo is GET /rate_limit/zones/<zone>/top's answer: this instance's
 // heaviest keys in the zone over about the last minute, and the most any
-// count may be overstated.
+// count may be overstated. Units tells that the zone limits what
+// responses cost (cost_from): its keys are counted in Units, and Error
+// is in units too.
 type TopInfo struct {
 	Zone  string   `json:"zone"`
+	Units bool     `json:"units,omitempty"`
 	Keys  []TopKey `json:"keys"`
 	Error int64    `json:"error"`
 }
 
-// TopKey is a key as GET /rate_limit/zones/<zone>/top shows it.
+// TopKey is a key as GET /rate_limit/zones/<zone>/top shows it: its
+// requests, or, in a cost_from zone, the units they were charged (the
+// cost each response showed, the reservation where none showed one,
+// nothing for a request whose cost was released); and its rejected
+// requests.
 type TopKey struct {
 	Key      string `json:"key"`
-	Requests int64  `json:"requests"`
+	Requests int64  `json:"requests,omitempty"`
+	Units    int64  `json:"units,omitempty"`
 	Rejected int64  `json:"rejected"`
 }
 
@@ -390,7 +409,7 @@ func serveTop(w http.ResponseWriter, r *http.Request, z target) error {
 	for i := range keys {
 		keys[i].Key = z.ShownKey(keys[i].Key)
 	}
-	return writeJSON(w, TopInfo{Zone: z.info.Name, Keys: keys, Error: bound})
+	return writeJSON(w, TopInfo{Zone: z.info.Name, Units: z.info.Units, Keys: keys, Error: bound})
 }
 
 // maxLimit is the largest limit an override or a dial may set: the

@@ -321,12 +321,16 @@ func showZones(w io.Writer, answer []byte) error {
 		if z.Hold != "" {
 			window = z.Hold + " hold"
 		}
+		limit := strings.Join(z.Limit, " or ")
+		if z.Units {
+			limit += " units"
+		}
 		instances := "-"
 		if z.Instances > 0 {
 			instances = strconv.Itoa(z.Instances)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			z.Name, z.Algorithm, strings.Join(z.Limit, " or "), window, z.Store, dialText(z.Dial), instances)
+			z.Name, z.Algorithm, limit, window, z.Store, dialText(z.Dial), instances)
 	}
 	return tw.Flush()
 }
@@ -336,10 +340,15 @@ func showTop(w io.Writer, answer []byte) error {
 	if err := json.Unmarshal(answer, &top); err != nil {
 		return err
 	}
+	// A cost_from zone counts the units its keys were charged.
+	counted, count := "Requests", func(k TopKey) int64 { return k.Requests }
+	if top.Units {
+		counted, count = "Units", func(k TopKey) int64 { return k.Units }
+	}
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tREQUESTS\tREJECTED")
+	fmt.Fprintf(tw, "KEY\t%s\tREJECTED\n", strings.ToUpper(counted))
 	for _, k := range top.Keys {
-		fmt.Fprintf(tw, "%s\t%d\t%d\n", k.Key, k.Requests, k.Rejected)
+		fmt.Fprintf(tw, "%s\t%d\t%d\n", k.Key, count(k), k.Rejected)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -350,7 +359,7 @@ func showTop(w io.Writer, answer []byte) error {
 	if top.Error > 0 {
 		accuracy = fmt.Sprintf("each count is at most %d over the truth", top.Error)
 	}
-	_, err := fmt.Fprintf(w, "\nRequests over about the last minute; %s.\n", accuracy)
+	_, err := fmt.Fprintf(w, "\n%s over about the last minute; %s.\n", counted, accuracy)
 	return err
 }
 
@@ -372,6 +381,9 @@ func showKey(w io.Writer, answer []byte) error {
 	fmt.Fprintf(tw, "reset\t%s\n", timeText(k.Reset))
 	fmt.Fprintf(tw, "override\t%s\n", overrideText(k.Override))
 	fmt.Fprintf(tw, "ban_ends\t%s\n", timeText(k.BanEnds))
+	if k.Debt != nil {
+		fmt.Fprintf(tw, "debt\t%d\n", *k.Debt)
+	}
 	return tw.Flush()
 }
 

@@ -118,6 +118,36 @@ func TestRateLimitTopFooter(t *testing.T) {
 	}
 }
 
+// TestRateLimitCommandUnits: for a zone that limits what responses cost,
+// the zone list says its limit is in units, the top table counts units,
+// and a key shows its debt; a key of any other zone shows no debt.
+func TestRateLimitCommandUnits(t *testing.T) {
+	s := newStandIn(t)
+	show := func(answer string, args ...string) string {
+		t.Helper()
+		s.answer = answer
+		out, err := rateLimit(append(args, "--address", s.address)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if out := show(`[{"name":"tokens","algorithm":"fixed_window","window":"1m0s","limit":["1000"],"store":"memory","units":true}]`, "zones"); !strings.Contains(out, "1000 units") {
+		t.Errorf("zones printed\n%s\nwant the limit in units", out)
+	}
+	out := show(`{"zone":"tokens","units":true,"keys":[{"key":"k","units":4200,"rejected":2}],"error":0}`, "top", "tokens")
+	if !strings.Contains(out, "UNITS") || !strings.Contains(out, "4200") || !strings.HasSuffix(out, "\nUnits over about the last minute; the counts are exact.\n") {
+		t.Errorf("top printed\n%s\nwant a UNITS column with 4200 and a footer in units", out)
+	}
+	key := `{"zone":"tokens","key":"k","used":1240,"current":1240,"reset":"2030-01-01T00:00:00Z"%s}`
+	if out := show(fmt.Sprintf(key, `,"debt":240`), "key", "tokens", "k"); !strings.Contains(out, "\ndebt               240\n") {
+		t.Errorf("key printed\n%s\nwant its debt, 240", out)
+	}
+	if out := show(fmt.Sprintf(key, ""), "key", "tokens", "k"); strings.Contains(out, "debt") {
+		t.Errorf("key without a debt printed\n%s\nwant no debt line", out)
+	}
+}
+
 // TestRateLimitCommandRefuses: arguments that make no request are
 // refused before one is sent, naming what is wrong.
 func TestRateLimitCommandRefuses(t *testing.T) {

@@ -541,10 +541,12 @@ func keyHash(t *testing.T, base, zone, key string) string {
 
 // topAnswer is GET /rate_limit/zones/<zone>/top's answer.
 type topAnswer struct {
-	Zone string `json:"zone"`
-	Keys []struct {
+	Zone  string `json:"zone"`
+	Units bool   `json:"units"`
+	Keys  []struct {
 		Key      string `json:"key"`
 		Requests int64  `json:"requests"`
+		Units    int64  `json:"units"`
 		Rejected int64  `json:"rejected"`
 	} `json:"keys"`
 	Error int64 `json:"error"`

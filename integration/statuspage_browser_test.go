@@ -18,8 +18,9 @@ import (
 // headless Chromium from a running Caddy, after a hammering client
 // (runaway) got 429s. Once its script has fetched the JSON routes, the
 // page shows the zone, runaway as its hottest key with its counts, and the
-// load shedder; a key that is HTML shows as text, not markup; and the page
-// fetched again (it refreshes itself).
+// load shedder; a zone that limits what responses cost in tokens/units,
+// its keys' counts the units they were charged; a key that is HTML shows
+// as text, not markup; and the page fetched again (it refreshes itself).
 func TestStatusPageInBrowser(t *testing.T) {
 	integration(t)
 	browser := chromium(t)
@@ -42,6 +43,15 @@ func TestStatusPageInBrowser(t *testing.T) {
 			key {header.X-Client}
 			limit 5
 			window 1h
+		}
+		# No X-Cost in the answers: each request admitted keeps its
+		# reservation, 3 units; one per_client rejects takes nothing.
+		zone tokens_per_client {
+			key {header.X-Client}
+			limit 1000
+			window 1h
+			cost_from header X-Cost
+			reserve 3
 		}
 	}
 	respond "ok"
@@ -66,6 +76,12 @@ func TestStatusPageInBrowser(t *testing.T) {
 	_, status, _ := strings.Cut(dom, `id="status"`)
 	if status, _, _ = strings.Cut(status, "</p>"); !strings.Contains(status, "Updated") {
 		t.Fatalf("the page's status line: %s, want Updated\n%s", status, dom)
+	}
+	_, tokens, _ := strings.Cut(dom, ">tokens_per_client<")
+	for _, want := range []string{"1000 tokens/units", ">tokens/units<", ">rejected requests<", ">15<"} {
+		if !strings.Contains(tokens, want) {
+			t.Errorf("the cost_from zone's card lacks %q", want)
+		}
 	}
 	for _, want := range []string{">per_client<", ">backend<", ">40<", ">35<"} {
 		if !strings.Contains(dom, want) {

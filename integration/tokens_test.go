@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -500,5 +501,94 @@ func TestZoneWithoutCostFromUnchanged(t *testing.T) {
 	waitUsed(t, adminURL, zone, "plain", 1)
 	if v := metricValue(t, adminURL, costUnits(zone, "reserved")); v != "" {
 		t.Errorf("a zone without cost_from has a cost series: %s", v)
+	}
+}
+
+// TestCostFromInUnitsThroughCaddy runs caddy rate-limit against a
+// running Caddy whose cost_from zone clients use: the zone list shows the
+// limit in units, the top keys count the tokens each key was charged (a
+// rejected request none) rather than its requests, in the admin API as
+// in the command, and a key whose response cost more than its
+// reservation shows its debt, the units it stands past its limit.
+func TestCostFromInUnitsThroughCaddy(t *testing.T) {
+	u := newLLM(t)
+	const zone = "tokens_units"
+	roomInWindow(time.Hour, time.Minute)
+	in := startInstance(t, `	rate_limit {
+		log_keys on
+		zone `+zone+` {
+			key {header.X-Client}
+			limit 200
+			window 1h
+			algorithm fixed_window
+			cost_from usage total
+			reserve 10
+		}
+	}
+	reverse_proxy `+u.url+`
+`, "")
+	address := strings.TrimPrefix(in.admin, "http://")
+	cli := func(args ...string) string {
+		t.Helper()
+		out, _, err := rateLimitCLI(t, append(args, "--address", address)...)
+		if err != nil {
+			t.Fatalf("caddy rate-limit %q: %v", args, err)
+		}
+		return out
+	}
+
+	for _, c := range []struct {
+		client, path string
+		status       int
+	}{
+		{"light", "/usage?n=30", http.StatusOK},
+		{"light", "/usage?n=20", http.StatusOK},
+		{"heavy", "/usage?n=250", http.StatusOK},
+		{"heavy", "/usage?n=1", http.StatusTooManyRequests},
+	} {
+		resp, _ := do(t, http.MethodGet, in.url+c.path, "X-Client: "+c.client)
+		status(t, resp, c.status)
+		if c.status == http.StatusOK {
+			// Counted once Caddy is done with the response.
+			waitFor(t, "the response's cost counted", func() bool {
+				return keyState(t, in.admin, zone, c.client).Used > 10
+			})
+		}
+	}
+
+	// The probe that Caddy is up (/ready, no X-Client) is counted too,
+	// under its address, at its reservation: its answer shows no usage.
+	var a topAnswer
+	waitFor(t, "the top keys in units", func() bool {
+		a = readAdmin[topAnswer](t, in.admin, "/rate_limit/zones/"+zone+"/top")
+		return len(a.Keys) >= 2 && a.Keys[1].Units == 50
+	})
+	if !a.Units || a.Keys[0].Key != "heavy" || a.Keys[0].Units != 250 || a.Keys[0].Rejected != 1 || a.Keys[0].Requests != 0 || a.Keys[1].Key != "light" || a.Keys[1].Requests != 0 {
+		t.Fatalf("top: %+v, want units: heavy with 250 and 1 rejected, light with 50, no requests", a)
+	}
+
+	if got, want := tableRow(cli("zones"), zone), []string{zone, "fixed_window", "200", "units", "1h0m0s", "memory", "-", "-"}; !slices.Equal(got, want) {
+		t.Errorf("zones row %q, want %q", got, want)
+	}
+	top := cli("top", zone)
+	if got := strings.Fields(strings.SplitN(top, "\n", 2)[0]); !slices.Equal(got, []string{"KEY", "UNITS", "REJECTED"}) {
+		t.Errorf("top header %q, want KEY UNITS REJECTED", got)
+	}
+	if rows := topRows(top); len(rows) < 2 || !slices.Equal(rows[0], []string{"heavy", "250", "1"}) || !slices.Equal(rows[1], []string{"light", "50", "0"}) {
+		t.Errorf("top rows %q, want heavy 250 1, light 50 0", rows)
+	}
+	if !strings.Contains(top, "\nUnits over about the last minute") {
+		t.Errorf("top footer of\n%s\nwant units", top)
+	}
+
+	key := cli("key", zone, "heavy")
+	if got := tableRow(key, "debt"); !slices.Equal(got, []string{"debt", "50"}) {
+		t.Errorf("key heavy: debt %q, want 250 - 200 = 50", got)
+	}
+	if got := tableRow(cli("key", zone, "light"), "debt"); !slices.Equal(got, []string{"debt", "0"}) {
+		t.Errorf("key light: debt %q, want 0", got)
+	}
+	if info := keyState(t, in.admin, zone, "heavy"); info.Debt == nil || *info.Debt != 50 || info.Used != 250 {
+		t.Errorf("admin API's key heavy: %+v, want used 250, debt 50", info)
 	}
 }
