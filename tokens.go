@@ -58,6 +58,10 @@ const MaxBody = 1 << 20
 
 // errBodyTooLarge refuses a request whose body a zone would read, and
 // which is larger than MaxBody.
+// refusedBodyDrain bounds what is read and dropped of a body refused as
+// larger than MaxBody, before the answer (see bodyRefused).
+const refusedBodyDrain = 4 * MaxBody
+
 var errBodyTooLarge = fmt.Errorf("request body larger than %d bytes, the most a zone that reserves by the body reads", MaxBody)
 
 // checkUsage accepts the counts cost_from usage reads.
@@ -247,6 +251,14 @@ func setBody(r *http.Request, b []byte) {
 func bodyRefused(w http.ResponseWriter, r *http.Request, err error) error {
 	switch {
 	case errors.Is(err, errBodyTooLarge):
+		// A client still sending the body reads the answer only if the
+		// connection is not closed on bytes it sent: closing with them
+		// unread resets it, and the client sees a broken connection
+		// instead of a 413. So the rest is read and dropped first, up to
+		// refusedBodyDrain.
+		if r.Body != nil {
+			_, _ = io.CopyN(io.Discard, r.Body, refusedBodyDrain)
+		}
 		if r.ProtoMajor == 1 {
 			// The rest of the body is never read (see refuse).
 			w.Header()["Connection"] = connectionClose
