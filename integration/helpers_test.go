@@ -54,15 +54,30 @@ var loopback = func() string {
 }()
 
 // freePort returns a TCP port that is free on the suite's loopback
-// address now.
+// address now, and that it has not returned before: the kernel may hand
+// out a port again once it is closed, and a Caddyfile whose HTTP port is
+// also its HTTPS port is refused.
 func freePort() int {
-	l, err := net.Listen("tcp", net.JoinHostPort(loopback, "0"))
-	if err != nil {
-		panic(fmt.Sprintf("no free port on %s: %v", loopback, err))
+	portsGiven.Lock()
+	defer portsGiven.Unlock()
+	for {
+		l, err := net.Listen("tcp", net.JoinHostPort(loopback, "0"))
+		if err != nil {
+			panic(fmt.Sprintf("no free port on %s: %v", loopback, err))
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !portsGiven.m[port] {
+			portsGiven.m[port] = true
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
+
+var portsGiven = struct {
+	sync.Mutex
+	m map[int]bool
+}{m: map[int]bool{}}
 
 // onLoopback is host:port of port on the suite's loopback address.
 func onLoopback(port int) string {
