@@ -503,10 +503,11 @@ var (
 	releaseScript = goredis.NewScript(releaseSource)
 )
 
-// releaseOrder lists the pieces of the release script: the arithmetic it
-// shares with the take script, then its own (see scripts/release.lua).
+// releaseOrder lists the pieces of the release script: the arithmetic and
+// the ring roll it shares with the take script, then its own (see scripts/release.lua).
 var releaseOrder = []string{
 	"scripts/take_arith.lua",
+	"scripts/take_ring.lua",
 	"scripts/release.lua",
 }
 
@@ -516,6 +517,7 @@ var releaseOrder = []string{
 var takeOrder = []string{
 	"scripts/take.lua",
 	"scripts/take_arith.lua",
+	"scripts/take_ring.lua",
 	"scripts/take_bans.lua",
 	"scripts/take_fixed_window.lua",
 	"scripts/take_sliding_tail.lua",

@@ -7,7 +7,8 @@
 -- whatever stays. It runs atomically in one slot, like the take it
 -- settles.
 --
--- The release script is take_arith.lua (exact integer arithmetic) and
+-- The release script is take_arith.lua (exact integer arithmetic),
+-- take_ring.lua (the roll of a sliding window's ring) and
 -- this file after it, joined by the store (releaseOrder) into one script.
 --
 -- KEYS     the counters of each zone and key (see take.lua), a
@@ -144,30 +145,8 @@ local function debt(key, alg, units, limit, w, extra, now)
     local old = parseRing(field)
     sw = tonumber(sw) or 0
     local idx = floordiv(now * n, w)
-    -- Rolled as take_sliding_window.lua's ringOf rolls it.
-    local r = {}
-    for i = 1, n + 1 do
-      r[i] = 0
-    end
-    if #old ~= n + 1 then
-      local total = 0
-      for _, c in ipairs(old) do
-        total = total + c
-      end
-      r[idx % (n + 1) + 1] = total
-    elseif sw <= idx + n then
-      if sw > idx then
-        idx = sw
-      end
-      if idx - sw <= n then
-        for i = 1, n + 1 do
-          r[i] = old[i]
-        end
-        for k = sw + 1, idx do
-          r[k % (n + 1) + 1] = 0
-        end
-      end
-    end
+    local r
+    r, idx = rollRing(old, sw, n, idx)
     local used = 0
     for i = 1, n + 1 do
       used = used + r[i]

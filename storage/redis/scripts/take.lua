@@ -11,6 +11,7 @@
 --   take.lua                the arguments, the answer, the clock and the
 --                           counters of the keys the call touches
 --   take_arith.lua          exact integer arithmetic on doubles
+--   take_ring.lua           how a sliding window's ring rolls forward
 --   take_bans.lua           bans, overrides and costs in flight
 --   take_fixed_window.lua   the algorithms, one piece each, each adding
 --   take_sliding_tail.lua   its functions to ALGS
