@@ -55,12 +55,13 @@ func (z *Zone) KeyInfo(ctx context.Context, key string) (admin.KeyInfo, error) {
 		current := ring.Counts[d.Window%int64(ring.Buckets+1)]
 		info := admin.KeyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Current: current, Previous: d.Used - current,
 			Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}
-		info.Debt = z.debt(st, d.Used)
+		info.Debt, info.Reserved = z.debt(st, d.Used), z.reserved(st)
 		return info, nil
 	}
 	now := time.Now()
 	d, rolled := algorithms.Decide(z.Algorithm, st.Counts, now, rate, 0)
-	info := admin.KeyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}
+	info := admin.KeyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds,
+		Reserved: z.reserved(st)}
 	if z.Algorithm.Windowed() {
 		c := rolled.Windows()
 		info.Current, info.Previous, info.PreviousWeighted = c.Current, c.Previous, d.Used-c.Current
@@ -91,6 +92,16 @@ func (z *Zone) debt(st storage.KeyState, used int64) *int64 {
 	}
 	debt := max(used-limit, 0)
 	return &debt
+}
+
+// reserved returns, for a cost_from zone, the units reserved by the
+// key's requests still in flight, as its store keeps them (see
+// storage.KeyState.InFlight), or nil if the zone has no cost_from.
+func (z *Zone) reserved(st storage.KeyState) *int64 {
+	if !z.meter.on {
+		return nil
+	}
+	return &st.InFlight
 }
 
 // keyLimit returns the limit the key whose state is st has now, if it

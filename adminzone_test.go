@@ -152,3 +152,58 @@ func TestCostFromZoneInAdminView(t *testing.T) {
 		}
 	}
 }
+
+// TestCostFromReservedInAdminView: a key of a cost_from zone shows the
+// units its requests in flight hold reserved, while the next handler has
+// them, and 0 once each is done: trued up to the cost its response
+// showed, kept whole when the response showed none, or released whole
+// when count_status does not count it. A zone without cost_from shows
+// none.
+func TestCostFromReservedInAdminView(t *testing.T) {
+	h := provisionHandler(t, `{"log_keys":"on","zones":[
+		{"name":"reserved_view","limit":[1000],"window":"1h","algorithm":"fixed_window","count_status":["2xx"],"cost_from":{"header":"X-Cost"},"reserve":{"units":100}},
+		{"name":"reserved_view_plain","limit":[1000],"window":"1h"}]}`)
+	const ip = "2001:db8::a"
+	for _, c := range []struct {
+		name, cost string
+		status     int
+		used       int64 // once done, counting the requests before
+	}{
+		{"trued_up", "30", http.StatusOK, 30},
+		{"no_cost_read", "", http.StatusOK, 30 + 100},
+		{"not_counted", "5", http.StatusInternalServerError, 30 + 100},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			entered, leave := make(chan struct{}), make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				_, err := serveWith(h, context.Background(), ip, func(w http.ResponseWriter, _ *http.Request) error {
+					close(entered)
+					<-leave
+					if c.cost != "" {
+						w.Header().Set("X-Cost", c.cost)
+					}
+					w.WriteHeader(c.status)
+					return nil
+				})
+				done <- err
+			}()
+			<-entered
+			info, err := h.Zones[0].KeyInfo(context.Background(), ip)
+			if err != nil || info.Reserved == nil || *info.Reserved != 100 {
+				t.Errorf("in flight: %+v (%v), want 100 reserved", info, err)
+			}
+			close(leave)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			info, err = h.Zones[0].KeyInfo(context.Background(), ip)
+			if err != nil || info.Reserved == nil || *info.Reserved != 0 || info.Used != c.used {
+				t.Errorf("done: %+v (%v), want 0 reserved, %d used", info, err, c.used)
+			}
+			if plain, err := h.Zones[1].KeyInfo(context.Background(), ip); err != nil || plain.Reserved != nil {
+				t.Errorf("a zone without cost_from: %+v (%v), want no reserved", plain, err)
+			}
+		})
+	}
+}

@@ -119,12 +119,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			cost = z.meter.reservation(s.body)
 		}
 		req := storage.Request{
-			Zone:       z.Name,
-			Key:        z.resolveKey(values),
-			Algorithm:  z.Algorithm,
-			Rate:       algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst, Buckets: z.Buckets},
-			Cost:       cost,
-			Releasable: z.countsStatus || z.meter.on,
+			Zone:        z.Name,
+			Key:         z.resolveKey(values),
+			Algorithm:   z.Algorithm,
+			Rate:        algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst, Buckets: z.Buckets},
+			Cost:        cost,
+			Releasable:  z.countsStatus || z.meter.on,
+			Reservation: z.meter.on,
 		}
 		if !dryRun {
 			req.Ban = time.Duration(z.Ban)
@@ -237,7 +238,7 @@ func (h *Handler) banned(checks []zoneCheck) {
 			continue
 		}
 		c.zone.bans.Inc()
-		if n, ok := c.zone.banLog.allow(h.now()); ok {
+		if n, ok := c.zone.banLog.Allow(h.now()); ok {
 			h.logger.Info("rate limit ban",
 				zap.String("zone", c.zone.Name), h.keyField(c.req.Key), zap.Time("until", c.decision.BanEnds),
 				zap.Int64("bans_since_last_log", n))
@@ -280,9 +281,10 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 // of zones that count only some statuses when the response's status, as
 // rec recorded it, is not one of them. A zone that reads costs from
 // responses (cost_from) trues its reservation up to the cost the
-// response showed, if it showed one; else the reservation stands. A zone
-// that also bans is told of a counted response too, so that its store no
-// longer holds the cost as in flight (storage.Request.TracksInFlight).
+// response showed, if it showed one; else the reservation stands, and
+// its store is told so, to no longer hold it as in flight. A zone that
+// bans is told of a counted response too, for the same reason
+// (storage.Request.KeepsInFlight).
 // The client may be gone, so the request's context may be done: stores
 // release regardless (Store). A release that fails is a store error; a
 // shared store then keeps what it counted until its hold or window ends.
@@ -312,7 +314,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 				release, debt := req.Settle()
 				m.units[costReleased].Add(float64(release))
 				m.units[costDebt].Add(float64(debt))
-			} else if req.TracksInFlight() {
+			} else if req.KeepsInFlight() {
 				req.Counted = true
 			}
 			m.units[costTaken].Add(float64(kept))
@@ -575,7 +577,7 @@ func (h *Handler) rejection(checks []zoneCheck) (rejected *zoneCheck, dryRunSaid
 		if c.dryRun {
 			c.dryRunExceeded = true
 			dryRunSaidNo = true
-			if n, ok := c.zone.dryRunLog.allow(h.now()); ok {
+			if n, ok := c.zone.dryRunLog.Allow(h.now()); ok {
 				h.logger.Info("rate limit would be exceeded (dry run)",
 					zap.String("zone", c.zone.Name), h.keyField(c.req.Key), zap.Int64("since_last_log", n))
 			}
@@ -673,7 +675,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 // storeError counts and logs (at most once a second) a store error.
 func (h *Handler) storeError(err error) {
 	h.storeErrorCount.Inc()
-	if n, ok := h.storeErrorLog.allow(h.now()); ok {
+	if n, ok := h.storeErrorLog.Allow(h.now()); ok {
 		h.logger.Warn("rate limit store error", zap.Error(err), zap.Int64("errors_since_last_log", n))
 	}
 }
@@ -711,27 +713,6 @@ func anyDryRunExceeded(checks []zoneCheck) bool {
 		}
 	}
 	return false
-}
-
-// logEvery lets a kind of log line through at most once a second, and
-// counts the lines it held back meanwhile, so that traffic (a flood of
-// fresh keys banned, a dry run over its limit, a store outage) cannot
-// flood the log. It takes no lock: one of the requests that come at once
-// past the second gets the line.
-type logEvery struct {
-	next     atomic.Int64 // Unix ns before which lines are held back
-	heldBack atomic.Int64
-}
-
-// allow reports whether a line may be logged at now, and if so how many
-// lines it stands for: itself and those held back since the last.
-func (l *logEvery) allow(now time.Time) (int64, bool) {
-	t, next := now.UnixNano(), l.next.Load()
-	if t < next || !l.next.CompareAndSwap(next, t+int64(time.Second)) {
-		l.heldBack.Add(1)
-		return 0, false
-	}
-	return l.heldBack.Swap(0) + 1, true
 }
 
 // The HTTP methods a cost can be set for; methodOther counts everything else

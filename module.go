@@ -22,6 +22,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/admin"
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/logevery"
 	"github.com/d61b427a/caddy-rate-limit/internal/names"
 	"github.com/d61b427a/caddy-rate-limit/jwtclaims"
 	"github.com/d61b427a/caddy-rate-limit/shed"
@@ -145,7 +146,7 @@ type Handler struct {
 	storeErrorCount prometheus.Counter
 	storeLatency    prometheus.Observer
 	// storeErrorLog rate-limits the log line for store errors.
-	storeErrorLog *logEvery
+	storeErrorLog *logevery.Limiter
 	// shedder is Shed, as the handler asks it about requests; nil without
 	// a shed block.
 	shedder loadShedder
@@ -298,7 +299,7 @@ type Zone struct {
 	events exceededKeys
 	// banLog and dryRunLog hold the zone's ban and dry-run lines to one a
 	// second.
-	banLog, dryRunLog logEvery
+	banLog, dryRunLog logevery.Limiter
 	// counted is CountStatus as a set; countsStatus tells it was given.
 	counted      statusSet
 	countsStatus bool
@@ -355,7 +356,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("loading the events app: %w", err)
 	}
 	h.now = time.Now
-	h.storeErrorLog = new(logEvery)
+	h.storeErrorLog = new(logevery.Limiter)
 	h.showKeys = h.LogKeys == "on"
 	if h.AdminChanges == "off" {
 		admin.TurnChangesOff(h, h.description())

@@ -221,6 +221,15 @@ type KeyInfo struct {
 	// is unset when the key's limit depends on the request (a limit
 	// placeholder with neither override nor dial limit).
 	Debt *int64 `json:"debt,omitempty"`
+	// Reserved is, for a key of a zone that limits what responses cost
+	// (cost_from), the units reserved by its requests still in flight,
+	// on every instance that shares the store: admitted, and their
+	// responses not done, so not trued up yet. They are part of Used
+	// until then. The store forgets a reservation once the window after
+	// the one it was taken in has ended: a request admitted before the
+	// zone's previous window began is no longer counted, nor, by then,
+	// one whose instance died before its response ended.
+	Reserved *int64 `json:"reserved,omitempty"`
 }
 
 // serve routes one admin request:

@@ -384,6 +384,9 @@ func showKey(w io.Writer, answer []byte) error {
 	if k.Debt != nil {
 		fmt.Fprintf(tw, "debt\t%d\n", *k.Debt)
 	}
+	if k.Reserved != nil {
+		fmt.Fprintf(tw, "reserved\t%d\n", *k.Reserved)
+	}
 	return tw.Flush()
 }
 

@@ -120,7 +120,8 @@ func TestRateLimitTopFooter(t *testing.T) {
 
 // TestRateLimitCommandUnits: for a zone that limits what responses cost,
 // the zone list says its limit is in units, the top table counts units,
-// and a key shows its debt; a key of any other zone shows no debt.
+// and a key shows its debt and the units its requests in flight hold
+// reserved, 0 included; a key of any other zone shows neither.
 func TestRateLimitCommandUnits(t *testing.T) {
 	s := newStandIn(t)
 	show := func(answer string, args ...string) string {
@@ -140,11 +141,14 @@ func TestRateLimitCommandUnits(t *testing.T) {
 		t.Errorf("top printed\n%s\nwant a UNITS column with 4200 and a footer in units", out)
 	}
 	key := `{"zone":"tokens","key":"k","used":1240,"current":1240,"reset":"2030-01-01T00:00:00Z"%s}`
-	if out := show(fmt.Sprintf(key, `,"debt":240`), "key", "tokens", "k"); !strings.Contains(out, "\ndebt               240\n") {
-		t.Errorf("key printed\n%s\nwant its debt, 240", out)
+	if out := show(fmt.Sprintf(key, `,"debt":240,"reserved":300`), "key", "tokens", "k"); !strings.Contains(out, "\ndebt               240\nreserved           300\n") {
+		t.Errorf("key printed\n%s\nwant its debt, 240, and 300 reserved", out)
 	}
-	if out := show(fmt.Sprintf(key, ""), "key", "tokens", "k"); strings.Contains(out, "debt") {
-		t.Errorf("key without a debt printed\n%s\nwant no debt line", out)
+	if out := show(fmt.Sprintf(key, `,"debt":0,"reserved":0`), "key", "tokens", "k"); !strings.Contains(out, "\nreserved           0\n") {
+		t.Errorf("key printed\n%s\nwant 0 reserved", out)
+	}
+	if out := show(fmt.Sprintf(key, ""), "key", "tokens", "k"); strings.Contains(out, "debt") || strings.Contains(out, "reserved") {
+		t.Errorf("key without a debt printed\n%s\nwant no debt or reserved line", out)
 	}
 }
 

@@ -73,7 +73,7 @@ func EndInFlight(p WindowCounts, window, cost int64) WindowCounts {
 // flight, as Release moves it, for the limit l.Units.
 func Settled(alg Algorithm, counts Counts, p WindowCounts, now time.Time, l Rate) Counts {
 	if alg == GCRA {
-		units := inFlightUnits(p, now, l)
+		units := InFlightUnits(p, now, l)
 		if units == 0 {
 			return counts
 		}
@@ -93,7 +93,7 @@ func Settled(alg Algorithm, counts Counts, p WindowCounts, now time.Time, l Rate
 // costs p of its requests in flight, taken off the newest sub-windows
 // first: those of requests still in flight are the most recent.
 func SettledRing(r Ring, p WindowCounts, now time.Time, l Rate) Ring {
-	units := inFlightUnits(p, now, l)
+	units := InFlightUnits(p, now, l)
 	n := int64(r.Buckets)
 	for k := r.Index; units > 0 && r.Buckets > 0 && k > r.Index-n-1; k-- {
 		i := k % (n + 1)
@@ -104,8 +104,10 @@ func SettledRing(r Ring, p WindowCounts, now time.Time, l Rate) Ring {
 	return r
 }
 
-// inFlightUnits returns the costs in flight p remembers at now.
-func inFlightUnits(p WindowCounts, now time.Time, l Rate) int64 {
+// InFlightUnits returns the costs in flight p, as stored, remembers at
+// now, for the rate's window: those taken in now's window or the one
+// before.
+func InFlightUnits(p WindowCounts, now time.Time, l Rate) int64 {
 	if idx := WindowIndex(now.UnixMilli(), l.Window.Milliseconds()); p.Window < idx {
 		p = Roll(p, idx)
 	}

@@ -461,9 +461,8 @@ func testCostFromCountStatus(t *testing.T, store, zone string) {
 // with lease off and on: a true-up releases what its cost did not use, a
 // debt refuses the key until its window has room, a cut stream keeps its
 // reservation, and an uncounted status releases it all. With lease on,
-// what a true-up releases goes into the instance's lease of the key, if
-// it holds one, and back to Redis once the lease goes unused: the key's
-// count in Redis is its cost once the lease has gone.
+// as off, a reservation takes no lease and its true-up is settled in
+// Redis, where it is kept in flight until then.
 func TestCostFromTrueUpsRedis(t *testing.T) {
 	s := redistest.Standalone(t)
 	for _, lease := range []string{"off", "on"} {
@@ -530,15 +529,7 @@ func TestCostFromInUnitsThroughCaddy(t *testing.T) {
 	}
 	reverse_proxy `+u.url+`
 `, "")
-	address := strings.TrimPrefix(in.admin, "http://")
-	cli := func(args ...string) string {
-		t.Helper()
-		out, _, err := rateLimitCLI(t, append(args, "--address", address)...)
-		if err != nil {
-			t.Fatalf("caddy rate-limit %q: %v", args, err)
-		}
-		return out
-	}
+	cli := commandAt(t, in)
 
 	for _, c := range []struct {
 		client, path string
@@ -594,4 +585,158 @@ func TestCostFromInUnitsThroughCaddy(t *testing.T) {
 	if info := keyState(t, in.admin, zone, "heavy"); info.Debt == nil || *info.Debt != 50 || info.Used != 250 {
 		t.Errorf("admin API's key heavy: %+v, want used 250, debt 50", info)
 	}
+}
+
+// heldStream is an upstream that answers OpenAI's Chat Completions
+// stream (with its usage) in two parts: its first chunk at once, and the
+// rest once release is closed, so that a response stays in flight for
+// as long as a test needs. started gets a value once the first chunk is
+// sent.
+type heldStream struct {
+	url     string // host:port
+	started chan struct{}
+	release chan struct{}
+}
+
+func newHeldStream(t *testing.T) *heldStream {
+	t.Helper()
+	u := &heldStream{started: make(chan struct{}, 1), release: make(chan struct{})}
+	answer := fixture(t, "openai_chat_stream.txt")
+	first, rest, _ := strings.Cut(answer, "\n\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+		io.WriteString(w, first+"\n\n")
+		http.NewResponseController(w).Flush()
+		select {
+		case u.started <- struct{}{}:
+		default:
+		}
+		select {
+		case <-u.release:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, rest)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() {
+		select {
+		case <-u.release:
+		default:
+			close(u.release)
+		}
+	})
+	u.url = strings.TrimPrefix(srv.URL, "http://")
+	return u
+}
+
+// TestCostFromReservedInFlight: while a streamed response is held open
+// by the upstream, its key shows, in the admin API and caddy rate-limit
+// key, the units reserved by its request (in flight, not trued up yet)
+// within what it uses; once the stream ends, none reserved, and the key
+// keeps the cost its usage showed. On the memory store, and on Redis
+// with leases, where a fleet's other instance shows what the first has
+// in flight.
+func TestCostFromReservedInFlight(t *testing.T) {
+	const zone = "fleet"
+	lines := `key {header.X-Client}
+			limit 100000
+			window 1h
+			algorithm fixed_window
+			cost_from usage output
+			reserve 1000`
+	t.Run("memory", func(t *testing.T) {
+		u := newHeldStream(t)
+		in := startInstance(t, `	rate_limit {
+		zone `+zone+` {
+			`+lines+`
+		}
+	}
+	reverse_proxy `+u.url+`
+`, "/work")
+		testReservedInFlight(t, u, in, in)
+	})
+	t.Run("redis", func(t *testing.T) {
+		s := redistest.Standalone(t)
+		u := newHeldStream(t)
+		fleet := startFleet(t, 2, fleetSpec{store: "address " + s.URL() + "\nlease on", zone: lines, upstream: u.url})
+		testReservedInFlight(t, u, fleet[0], fleet[1])
+	})
+}
+
+// testReservedInFlight streams a request of zone fleet through via, held
+// open by u, and reads its key through shown's admin API and command.
+func testReservedInFlight(t *testing.T, u *heldStream, via, shown instance) {
+	const zone, key = "fleet", "streamer"
+	roomInWindow(time.Hour, time.Minute)
+	address := strings.TrimPrefix(shown.admin, "http://")
+	keyRows := func() (used, reserved []string) {
+		t.Helper()
+		out, _, err := rateLimitCLI(t, "key", zone, key, "--address", address)
+		if err != nil {
+			t.Fatalf("caddy rate-limit key: %v", err)
+		}
+		return tableRow(out, "used"), tableRow(out, "reserved")
+	}
+
+	type answer struct {
+		status int
+		body   string
+		err    error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		req, err := http.NewRequest(http.MethodPost, via.url, strings.NewReader(`{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Hello"}]}`))
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		req.Header.Set("X-Client", key)
+		resp, err := client.Do(req)
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- answer{resp.StatusCode, string(b), err}
+	}()
+	select {
+	case <-u.started:
+	case a := <-done:
+		t.Fatalf("the request ended before its stream began: %+v", a)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the upstream got no request")
+	}
+
+	if info := keyState(t, shown.admin, zone, key); info.Reserved == nil || *info.Reserved != 1000 || info.Used != 1000 {
+		t.Errorf("admin API, stream in flight: used %d, reserved %v, want 1000 of 1000 used reserved", info.Used, fmtPtr(info.Reserved))
+	}
+	if used, reserved := keyRows(); !slices.Equal(used, []string{"used", "1000"}) || !slices.Equal(reserved, []string{"reserved", "1000"}) {
+		t.Errorf("caddy rate-limit key, stream in flight: %q, %q, want used 1000, reserved 1000", used, reserved)
+	}
+
+	close(u.release)
+	a := <-done
+	if a.err != nil || a.status != http.StatusOK || a.body != fixture(t, "openai_chat_stream.txt") {
+		t.Fatalf("the stream: status %d, error %v, body\n%s\nwant 200 and the whole stream", a.status, a.err, a.body)
+	}
+	// The usage shows 12 completion tokens; the true-up follows the
+	// response.
+	waitFor(t, "the stream's true-up", func() bool {
+		info := keyState(t, shown.admin, zone, key)
+		return info.Used == 12 && info.Reserved != nil && *info.Reserved == 0
+	})
+	if used, reserved := keyRows(); !slices.Equal(used, []string{"used", "12"}) || !slices.Equal(reserved, []string{"reserved", "0"}) {
+		t.Errorf("caddy rate-limit key, stream done: %q, %q, want used 12, reserved 0", used, reserved)
+	}
+}
+
+// fmtPtr shows a number that may be absent.
+func fmtPtr(n *int64) string {
+	if n == nil {
+		return "absent"
+	}
+	return strconv.FormatInt(*n, 10)
 }

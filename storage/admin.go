@@ -35,6 +35,13 @@ type KeyState struct {
 	// BanEnds is when the key's ban ends, in the local clock; the zero
 	// time if it is not banned.
 	BanEnds time.Time
+	// InFlight is the cost of the key's requests still in flight, for a
+	// zone whose store keeps them (Request.KeepsInFlight): those taken in
+	// the zone's current window or the one before, on every instance
+	// that shares the store. A cost taken earlier is forgotten, as the
+	// settled count forgets it (algorithms.TakeInFlight): its request
+	// has run for over a window, or its instance never said it ended.
+	InFlight int64
 }
 
 // ErrTooManyOverrides is what an Admin's SetOverride wraps when it refuses

@@ -49,10 +49,17 @@ type Request struct {
 	// for the next (a remote store's cache of rejections), unless the key
 	// is banned.
 	Releasable bool
-	// Counted, in a Release of a request that TracksInFlight, tells that
+	// Counted, in a Release of a request that KeepsInFlight, tells that
 	// its response was one the zone counts: its cost stays taken, and
 	// is only no longer in flight.
 	Counted bool
+	// Reservation tells that Cost is a reservation (cost_from), which
+	// the request's Release trues up once its response is done (TrueUp),
+	// or keeps (Counted) if the response showed no cost: until then the
+	// store keeps it in flight (KeepsInFlight), so that the admin API
+	// can show, for the whole fleet on a shared store, the units
+	// reserved by requests not done yet (KeyState.InFlight).
+	Reservation bool
 	// Actual, in a Release of a request whose Cost was a reservation
 	// (cost_from), is the cost its response showed: the store keeps
 	// Actual in place of Cost. Cost-Actual is released if Actual is
@@ -73,6 +80,17 @@ type Request struct {
 // still in flight is marked so (Decision.InFlight), and bans nothing.
 func (q Request) TracksInFlight() bool {
 	return q.Releasable && q.Ban > 0 && q.Cost > 0
+}
+
+// KeepsInFlight reports whether a store keeps q's cost, once allowed, as
+// in flight until its Release, which the handler then calls whatever the
+// response: a request that TracksInFlight, and a Reservation (which is
+// Releasable: its true-up may release part of it). Only
+// TracksInFlight changes decisions: the reservation of a zone without a
+// ban is kept in flight to be shown (KeyState.InFlight), and decided as
+// any cost.
+func (q Request) KeepsInFlight() bool {
+	return q.TracksInFlight() || q.Reservation && q.Releasable && q.Cost > 0
 }
 
 // Settle returns what a Release of q, an allowed request, does to its
@@ -117,9 +135,10 @@ type Store interface {
 	// from the window it was taken in (algorithms.Release). A request
 	// whose cost was a reservation is trued up (TrueUp): the store keeps
 	// its Actual cost instead, releasing the difference or taking it past
-	// the limit (see Settle). A request that TracksInFlight is released
+	// the limit (see Settle). A request that KeepsInFlight is released
 	// when it is done, whatever its response: its cost stops being in
-	// flight, and is released unless it is Counted. Release is called at most once per allowed request, when
+	// flight, and is released unless it is Counted or trued up. Release
+	// is called at most once per allowed request, when
 	// ctx, the request's, may be done (its client gone): a store releases
 	// all the same, keeping ctx's values only. A shared store that cannot
 	// be reached keeps the units until their hold ends, and the costs

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -50,6 +51,9 @@ func (m *Store) KeyState(_ context.Context, zone, key string, window time.Durati
 	}
 	if ends, ok := m.counters.banEnds(zone, key, now); ok {
 		st.BanEnds = time.UnixMilli(ends)
+	}
+	if p, ok := m.counters.inFlight(zone, key); ok {
+		st.InFlight = algorithms.InFlightUnits(p, now, algorithms.Rate{Window: window})
 	}
 	return st, nil
 }

@@ -320,9 +320,12 @@ type shard struct {
 	// lock of their own for requests to wait on.
 	overrides map[uint64]storage.Override
 	// inFlight holds, by key hash, the costs in flight of keys of zones
-	// that ban and release costs (see algorithms.Settled): only while
-	// such requests are in flight, so apart from the slots, which it
-	// would make 8 bytes larger for every key.
+	// that keep them (storage.Request.KeepsInFlight): those that ban and
+	// release costs, whose settled count they give (see
+	// algorithms.Settled), and the reservations of cost_from zones, which
+	// the admin API shows. It holds a key only while such requests are in
+	// flight, so apart from the slots, which it would make 8 bytes larger
+	// for every key.
 	inFlight map[uint64]algorithms.WindowCounts
 	// Pad to a multiple of a cache line (64 bytes), so that locking one
 	// shard does not steal the line of its neighbour from another CPU.
@@ -574,7 +577,7 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 		// Storing one request may move the slots of another in the same
 		// shard (by growing or evicting), so each store looks up again.
 		s := &c.shards[shardOf(hashes[i])]
-		if r.TracksInFlight() {
+		if r.KeepsInFlight() {
 			s.takeInFlight(hashes[i], algorithms.InFlightWindow(r.Algorithm, decisions[i], r.Rate), r.Cost)
 		}
 		if r.Algorithm == algorithms.SlidingWindow {
@@ -673,8 +676,7 @@ func slotFor[S any, P slotPtr[S]](s *shard, t *table[S, P], h uint64, bound int,
 // (storage.Request.Settle): it releases a concurrency request's units and
 // another's cost (algorithms.Release), or the part of a reservation its
 // true-up does not keep, takes a true-up's debt (algorithms.Debt), and
-// ends the costs in flight of those whose store keeps them, whatever
-// stays. A concurrency key whose units are all released is forgotten;
+// ends the costs in flight of those it keeps them for, whatever stays. A concurrency key whose units are all released is forgotten;
 // other keys keep their expiry, unless a debt moves it later.
 func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decision) {
 	bound := int(c.maxPerShard.Load())
@@ -682,7 +684,7 @@ func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decisi
 		h := c.keyHash(r.Zone, r.Key)
 		s := &c.shards[shardOf(h)]
 		s.mu.Lock()
-		if r.TracksInFlight() {
+		if r.KeepsInFlight() {
 			s.endInFlight(h, algorithms.InFlightWindow(r.Algorithm, decisions[i], r.Rate), r.Cost)
 		}
 		switch release, debt := r.Settle(); {
@@ -766,6 +768,17 @@ func (c *counters) inspectRing(zone, key string, w int64) (algorithms.Ring, bool
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.rings.inspect(h, w)
+}
+
+// inFlight returns the costs in flight kept for zone and key, as
+// stored (see shard.inFlight), and whether any are kept.
+func (c *counters) inFlight(zone, key string) (algorithms.WindowCounts, bool) {
+	h := c.keyHash(zone, key)
+	s := &c.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.inFlight[h]
+	return p, ok
 }
 
 // banEnds returns when the ban of zone and key ends, in ms, if it is

@@ -38,7 +38,7 @@ func (r *Store) adminCtx(ctx context.Context) (context.Context, context.CancelFu
 }
 
 // KeyState implements storage.Admin.
-func (r *Store) KeyState(ctx context.Context, zone, key string, _ time.Duration) (storage.KeyState, error) {
+func (r *Store) KeyState(ctx context.Context, zone, key string, window time.Duration) (storage.KeyState, error) {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
 	vals, err := keyStateScript.Run(ctx, r.client.rdb, []string{r.counterKey(zone, key)}).Int64Slice()
@@ -57,7 +57,12 @@ func (r *Store) KeyState(ctx context.Context, zone, key string, _ time.Duration)
 	if vals[6] != 0 {
 		st.BanEnds = local(vals[6])
 	}
-	if ring := vals[7:]; len(ring) > 0 {
+	// Counted at the server's now, in whose clock the costs in flight
+	// were taken.
+	if inFlight := (algorithms.WindowCounts{Window: vals[7], Current: vals[8], Previous: vals[9]}); inFlight.Current+inFlight.Previous > 0 {
+		st.InFlight = algorithms.InFlightUnits(inFlight, time.UnixMilli(vals[0]), algorithms.Rate{Window: window})
+	}
+	if ring := vals[10:]; len(ring) > 0 {
 		st.Ring = algorithms.Ring{Index: vals[1], Buckets: len(ring) - 1}
 		copy(st.Ring.Counts[:], ring)
 	}

@@ -348,7 +348,7 @@ func sameEntry(a, b *callPart) bool {
 	for i, qa := range a.reqs {
 		qb := b.reqs[i]
 		if a.keys[i] != b.keys[i] || qa.Algorithm != qb.Algorithm || qa.Rate != qb.Rate || qa.Cost != qb.Cost || qa.Ban != qb.Ban ||
-			qa.Releasable != qb.Releasable || qa.Algorithm == algorithms.Concurrency {
+			qa.Releasable != qb.Releasable || qa.Reservation != qb.Reservation || qa.Algorithm == algorithms.Concurrency {
 			return false
 		}
 	}
@@ -441,7 +441,7 @@ func scriptZone(q storage.Request, want int64) [zoneArgs]any {
 	a[argExtra] = scriptExtra(q)
 	a[argLease] = want
 	a[argBan] = q.Ban.Milliseconds()
-	a[argInFlight] = scriptFlag(q.TracksInFlight())
+	a[argInFlight] = scriptFlag(q.KeepsInFlight())
 	return a
 }
 

@@ -114,9 +114,13 @@ type lease struct {
 	heldAt     int
 }
 
-// takable reports whether q may take its cost from the lease at now.
+// takable reports whether q may take its cost from the lease at now. A
+// cost kept in flight (storage.Request.KeepsInFlight) never is: Redis
+// keeps it, in flight for every instance to see, until its release, so
+// it is taken in Redis; a lease leased before its zone kept costs in
+// flight (a reload) is not taken from.
 func (l *lease) takable(q storage.Request, now time.Time) bool {
-	if l.units < q.Cost || l.rate != q.Rate || l.alg != q.Algorithm {
+	if l.units < q.Cost || l.rate != q.Rate || l.alg != q.Algorithm || q.KeepsInFlight() {
 		return false
 	}
 	if l.alg == algorithms.GCRA {
@@ -387,10 +391,11 @@ func (s *leaseShard) takeFrom(l *lease, q storage.Request, d *algorithms.Decisio
 // A request with a concurrency zone, which always takes in Redis, wants
 // no lease: it could never take from one. Nor does one with a zone that
 // bans: a ban must hold on every instance at once, so each of its
-// requests takes in Redis.
+// requests takes in Redis. Nor one with a zone that keeps its cost in
+// flight (a reservation, cost_from), which Redis keeps (see takable).
 func (t *leaseTable) wants(keys []string, reqs []storage.Request, now time.Time) []int64 {
 	for _, q := range reqs {
-		if q.Algorithm == algorithms.Concurrency || q.Ban > 0 {
+		if q.Algorithm == algorithms.Concurrency || q.Ban > 0 || q.KeepsInFlight() {
 			return nil
 		}
 	}
@@ -527,27 +532,6 @@ func (t *leaseTable) release(key string, q storage.Request, d algorithms.Decisio
 	return true
 }
 
-// owe takes up to units of a true-up's debt for q out of this instance's
-// lease of its key, if it holds units that q's requests may take at now,
-// and returns how many it took. Leased units are counted in Redis
-// already, in the window they may be taken in, which is now's: taking
-// them is taking the debt there, as a take from the lease is a take.
-func (t *leaseTable) owe(key string, q storage.Request, units int64, now time.Time) int64 {
-	s := t.shard(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l := s.m[key]
-	if l == nil || l.rate != q.Rate || l.alg != q.Algorithm || !l.usable(now) {
-		return 0
-	}
-	n := min(l.units, units)
-	l.units -= n
-	l.taken += n
-	s.touch(l, now)
-	l.series.add(leaseTaken, n)
-	return n
-}
-
 // due takes out of the table the units to release at now: those of
 // leases unused for leaseIdle, or that can no longer be taken from, and those
 // left behind. It forgets the demand of keys long unused. It holds one
@@ -667,7 +651,10 @@ func (c *client) releaseLeases(held []heldUnits, timeout time.Duration) {
 		if err := c.release(p, timeout); err != nil {
 			// The units stay counted until their window ends: never
 			// more permissive.
-			c.logger.Warn("releasing leased rate limit units", zap.Int("keys", len(p.keys)), zap.Error(err))
+			if n, ok := c.releaseLog.Allow(time.Now()); ok {
+				c.logger.Warn("releasing leased rate limit units", zap.Int("keys", len(p.keys)), zap.Error(err),
+					zap.Int64("failures_since_last_log", n))
+			}
 			continue
 		}
 		for _, i := range groups[k] {

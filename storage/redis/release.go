@@ -51,7 +51,7 @@ func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision, rele
 		relAlgorithm: scriptAlgorithm(q.Algorithm), relAt: 0, relUnits: 0, relHolder: "", relLimit: 0,
 		relInFlightWindow: "", relInFlightCost: 0, relDebt: 0, relWindow: 0, relExtra: "", relNow: "",
 	}
-	if q.TracksInFlight() {
+	if q.KeepsInFlight() {
 		a[relInFlightWindow], a[relInFlightCost] = algorithms.InFlightWindow(q.Algorithm, d, q.Rate), q.Cost
 	}
 	if clock != 0 {

@@ -104,7 +104,13 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 			c.leases.leaseFailed(keys, leases.wants)
 		}
 		c.breaker.done(err, failureCounts(ctx, err), now)
+		c.rereadSlots()
 		return fmt.Errorf("redis: %w", err)
+	}
+	if c.breaker.failures.Load() != 0 {
+		// The first answer after failures: a cluster may have failed over
+		// meanwhile, after the last time its slots were read.
+		c.rereadSlots()
 	}
 	c.breaker.done(nil, true, now)
 	c.answered()
@@ -245,8 +251,10 @@ func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *clien
 	// be what ended it.
 	for _, p := range releases {
 		if err := c.release(p, time.Duration(r.Timeout)); err != nil {
-			r.logger.Error("releasing a request rejected in another cluster slot failed; what it took stays",
-				zap.Int("zones", len(p.keys)), zap.Error(err))
+			if n, ok := c.releaseLog.Allow(time.Now()); ok {
+				r.logger.Error("releasing a request rejected in another cluster slot failed; what it took stays",
+					zap.Int("zones", len(p.keys)), zap.Error(err), zap.Int64("failures_since_last_log", n))
+			}
 		}
 	}
 	return firstErr
@@ -418,10 +426,9 @@ func takesUnits(reqs []storage.Request) bool {
 // finds no longer holding (its hold ended) is released already. With
 // leases, a windowed cost this instance holds a lease of its key for, in
 // the same window, is released into the lease instead, without a call:
-// the lease has it taken again or releases it with its other units. And
-// a debt takes first what the lease holds: units counted in Redis
-// already, in the window they may be taken in, which is now's; only the
-// rest is sent to Redis.
+// the lease has it taken again or releases it with its other units. A
+// cost kept in flight (a reservation, which takes no lease) is always
+// settled in Redis, where its time in flight ends.
 // The store's timeout bounds each call, whether or not ctx has ended.
 func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	// The leases are the acquired client's, as for Take: a reloaded
@@ -441,19 +448,12 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 	for i, q := range reqs {
 		key := r.counterKey(q.Zone, q.Key)
 		release, debt := q.Settle()
-		if release == 0 && debt == 0 && !q.TracksInFlight() && q.Algorithm != algorithms.Concurrency {
+		if release == 0 && debt == 0 && !q.KeepsInFlight() && q.Algorithm != algorithms.Concurrency {
 			continue // the cost stays whole: nothing to settle
 		}
 		// A cost in flight ends in Redis, where it is kept.
-		if r.Lease && !q.TracksInFlight() {
-			switch {
-			case release > 0 && c.leases.release(key, q, decisions[i], release, now):
-				continue
-			case debt > 0:
-				if debt -= c.leases.owe(key, q, debt, now); debt == 0 {
-					continue
-				}
-			}
+		if r.Lease && !q.KeepsInFlight() && release > 0 && c.leases.release(key, q, decisions[i], release, now) {
+			continue
 		}
 		keys = append(keys, key)
 		held = append(held, settling{q, decisions[i], release, debt})

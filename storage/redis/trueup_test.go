@@ -194,44 +194,62 @@ func TestRedisDebtExpiry(t *testing.T) {
 	}
 }
 
-// TestRedisLeaseTrueUp: with leases, what a true-up releases goes into
-// the lease, and its debt is taken from the lease's units first, without
-// a call; a debt the lease cannot take goes to Redis. Redis ends with
-// exactly the costs the true-ups kept.
-func TestRedisLeaseTrueUp(t *testing.T) {
+// TestRedisLeaseReservations: with leases, reservations (cost_from) take
+// no lease, however hot their key: each is taken in Redis, where it is
+// kept in flight, so every instance sees what all of them have in flight,
+// and Redis counts exactly what the true-ups keep.
+func TestRedisLeaseReservations(t *testing.T) {
 	s := redistest.Standalone(t)
-	r := leaseStore(t, s, fmt.Sprintf("ltu%d:", time.Now().UnixNano()), 0)
-	fleetOf(t, s, 1, r)
-	req := storage.Request{Zone: "ltu", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 100_000, Window: time.Hour}, Cost: 4, Releasable: true}
-	before, _ := s.ScriptCalls()
-	var kept int64
-	var last algorithms.Decision
-	for i := range 300 {
+	prefix := fmt.Sprintf("lres%d:", time.Now().UnixNano())
+	a, b := leaseStore(t, s, prefix, 0), leaseStore(t, s, prefix, 1)
+	fleetOf(t, s, 2, a, b)
+	req := storage.Request{Zone: "lres", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 100_000, Window: time.Hour},
+		Cost: 4, Releasable: true, Reservation: true}
+	type taken struct {
+		r *Store
+		d algorithms.Decision
+	}
+	var all []taken
+	for i := range 200 {
+		r := []*Store{a, b}[i%2]
 		d := redisTake(t, r, time.Time{}, req)[0]
 		if !d.Allowed {
 			t.Fatalf("request %d: %+v", i, d)
 		}
-		actual := []int64{1, 6, 4}[i%3] // 3 released, 2 owed, or all kept
-		trueUp(t, r, time.Time{}, req, d, actual)
-		kept += actual
-		last = d
+		all = append(all, taken{r, d})
 	}
-	calls, _ := s.ScriptCalls()
-	t.Logf("%d script calls for 300 requests and their true-ups", calls-before)
-	if calls-before > 30 {
-		t.Fatalf("%d script calls for 300 requests and their true-ups, want few", calls-before)
+	if n := leasedUnits(a) + leasedUnits(b); n != 0 {
+		t.Fatalf("%d units leased for reservations, want none", n)
 	}
-	waitUntil(t, "the leases to be released", func() bool { return leasedUnits(r) == 0 })
-	if n := counted(t, s, r, "ltu", "k"); n != kept {
-		t.Fatalf("Redis counts %d, want the %d kept", n, kept)
+	for _, r := range []*Store{a, b} {
+		st, err := r.KeyState(context.Background(), "lres", "k", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.InFlight != 800 {
+			t.Fatalf("%d in flight, want the 800 the fleet reserved", st.InFlight)
+		}
 	}
-	// No units leased: the debt goes to Redis.
-	before, _ = s.ScriptCalls()
-	trueUp(t, r, time.Time{}, req, last, 9)
-	if calls, _ := s.ScriptCalls(); calls-before != 1 {
-		t.Fatalf("%d script calls for a debt without a lease, want 1", calls-before)
+	// Half are trued up to 1; the others' responses showed no cost.
+	for i, x := range all {
+		if i%2 == 0 {
+			trueUp(t, x.r, time.Time{}, req, x.d, 1)
+			continue
+		}
+		kept := req
+		kept.Counted = true
+		if err := x.r.Release(context.Background(), []storage.Request{kept}, []algorithms.Decision{x.d}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if n := counted(t, s, r, "ltu", "k"); n != kept+5 {
-		t.Fatalf("Redis counts %d after a debt of 5 without a lease, want %d", n, kept+5)
+	st, err := a.KeyState(context.Background(), "lres", "k", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.InFlight != 0 {
+		t.Fatalf("%d in flight once all are done, want 0", st.InFlight)
+	}
+	if n := counted(t, s, a, "lres", "k"); n != 100*1+100*4 {
+		t.Fatalf("Redis counts %d, want the %d kept", n, 100*1+100*4)
 	}
 }

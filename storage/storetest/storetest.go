@@ -51,6 +51,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"ring_release", testRingRelease},
 		{"true_up_vectors", testTrueUpVectors},
 		{"true_up", testTrueUp},
+		{"reserved_in_flight", testReservedInFlight},
 		{"ban", testBan},
 		{"reset", testReset},
 		{"override", testOverride},
@@ -498,6 +499,64 @@ func testTrueUp(t *testing.T, s *suite) {
 			t.Fatalf("with 4 settled: %+v, want refused, and the ban begun", d)
 		}
 	})
+}
+
+// testReservedInFlight: the reservations of a zone without a ban
+// (cost_from) are kept in flight, by every algorithm, until their
+// release, which the admin side shows (KeyState.InFlight): a true-up or a
+// reservation kept whole ends one, and nothing else is kept in flight.
+// They change no decision: a request refused while they fill the limit
+// is refused as any, until the window has room, not for costs in flight.
+func testReservedInFlight(t *testing.T, s *suite) {
+	window := time.Minute
+	s.clock.set(s.clock.now().Truncate(window))
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.SlidingWindow, algorithms.GCRA} {
+		t.Run(string(alg), func(t *testing.T) {
+			zone := "reserved_" + string(alg)
+			inFlight := func() int64 {
+				t.Helper()
+				return s.keyState(t, zone, "k", window).InFlight
+			}
+			q := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: algorithms.Rate{Units: 100, Window: window},
+				Cost: 30, Releasable: true, Reservation: true}
+			a, b := q, q
+			b.Cost = 50
+			da, db := s.take(t, a)[0], s.take(t, b)[0]
+			if !da.Allowed || !db.Allowed {
+				t.Fatalf("A %+v, B %+v: want both allowed", da, db)
+			}
+			if got := inFlight(); got != 80 {
+				t.Fatalf("%d in flight with reservations of 30 and 50 admitted, want 80", got)
+			}
+			// A cost that is no reservation, in the same zone, is not
+			// kept in flight.
+			plain := q
+			plain.Cost, plain.Reservation = 5, false
+			if d := s.take(t, plain)[0]; !d.Allowed {
+				t.Fatalf("a cost of 5 beside 80: %+v, want allowed", d)
+			}
+			if got := inFlight(); got != 80 {
+				t.Fatalf("%d in flight after a cost that is no reservation, want 80", got)
+			}
+			over := q
+			over.Cost = 20
+			if d := s.take(t, over)[0]; d.Allowed || d.InFlight || !d.RetryAt.After(s.clock.now()) {
+				t.Fatalf("a reservation of 20 beside 85: %+v, want refused until the window has room, not for costs in flight", d)
+			}
+			// A is trued up to 10; B's response showed no cost, and its
+			// reservation stands.
+			a.TrueUp, a.Actual = true, 10
+			s.release(t, []storage.Request{a}, []algorithms.Decision{da})
+			if got := inFlight(); got != 50 {
+				t.Fatalf("%d in flight after A's true-up, want B's 50", got)
+			}
+			b.Counted = true
+			s.release(t, []storage.Request{b}, []algorithms.Decision{db})
+			if got := inFlight(); got != 0 {
+				t.Fatalf("%d in flight once both are done, want 0", got)
+			}
+		})
+	}
 }
 
 // loginRequest is a request of a zone that allows two attempts a minute,

@@ -14,13 +14,15 @@
 -- now for the zone's ban. The ban lives in the key's hash, beside its
 -- counts, which then live at least as long.
 --
--- Costs in flight: a zone that bans and releases costs keeps, as
--- algorithms/inflight.go does, the costs of its requests not done yet
--- (release.lua takes them off): iw is a window (of the zone's window), ic
--- the costs taken in it, ip those taken in window iw-1. Such a zone bans
--- only if the key's settled count alone, the counts less the costs in
--- flight (algorithms.Settled), leaves the request no room: a refusal only
--- for costs in flight bans nothing.
+-- Costs in flight: a zone that bans and releases costs, and a cost_from
+-- zone's reservations, keep, as algorithms/inflight.go does, the costs of
+-- their requests not done yet (release.lua takes them off): iw is a
+-- window (of the zone's window), ic the costs taken in it, ip those taken
+-- in window iw-1. A zone that bans bans only if the key's settled count
+-- alone, the counts less the costs in flight (algorithms.Settled), leaves
+-- the request no room: a refusal only for costs in flight bans nothing.
+-- A zone without a ban keeps them only for the admin API to show
+-- (key_state.lua): they change none of its decisions.
 
 -- The keys this call banned, and those whose costs in flight it changed,
 -- by j.
