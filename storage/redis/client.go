@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/logevery"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -20,7 +22,11 @@ import (
 type client struct {
 	rdb     goredis.UniversalClient
 	breaker breaker
-	denies  denyCache
+	// releaseLog bounds the lines of releases that failed (leased units
+	// given back, a rejected cluster take undone) to one a second: in an
+	// outage every key would write one.
+	releaseLog logevery.Limiter
+	denies     denyCache
 	// batchers coalesce concurrent takes, and releases concurrent
 	// releases: one per cluster slot, or one for a single server.
 	batchers []slotQueue[*callPart]
@@ -91,6 +97,20 @@ const (
 	breakerThreshold = 3
 	breakerCooldown  = time.Second
 )
+
+// rereadSlots has a cluster's client read its map of slots to nodes
+// again, in the background (go-redis reads it once at a time). The
+// client keeps its map until a node answers MOVED, or for seconds: after
+// a failover the promoted replica is never asked, since the dead
+// master's slots are still sent to the dead master, and every call for
+// them fails until the map is read again. So a failed call rereads it,
+// and so does the first call that succeeds after failures, since the
+// reads during an outage see the cluster before its failover.
+func (c *client) rereadSlots() {
+	if cc, ok := c.rdb.(*goredis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
+	}
+}
 
 // errBreakerOpen is returned while the breaker skips Redis.
 var errBreakerOpen = errors.New("circuit breaker open")

@@ -133,6 +133,7 @@ var clients = caddy.NewUsagePool()
 // attaches the shared client for them.
 func (r *Store) Provision(ctx caddy.Context) error {
 	r.logger = ctx.Logger()
+	routeGoRedisLog()
 	if r.Timeout == 0 {
 		r.Timeout = caddy.Duration(DefaultTimeout)
 	}
