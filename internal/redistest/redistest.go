@@ -1,6 +1,7 @@
 // Package redistest starts real redis-server processes for tests: a
-// standalone server, a Redis Cluster of masters, or a master watched by a
-// sentinel. Every process listens on a free port on 127.0.0.1 only, keeps
+// standalone server, a Redis Cluster of masters (with a replica each, for
+// failover tests), or a master watched by a sentinel (with a replica the
+// sentinel promotes when the master dies). Every process listens on a free port on 127.0.0.1 only, keeps
 // its files in a test's temporary directory, and is killed when the test
 // (or the caller, for shared servers) is done.
 //
@@ -11,8 +12,10 @@
 // CI is "true", where a missing redis-server fails them: CI must install it.
 //
 // Every way to start a server goes through Binaries, which does the
-// skipping: Standalone, NewCluster and NewSentinel call it, and Start,
-// StartCluster and StartSentinel take the binary it returned. ServeOld,
+// skipping: Standalone, NewCluster, NewClusterWithReplicas, NewSentinel and
+// NewSentinelGroup call it, and Start, StartCluster,
+// StartClusterWithReplicas, StartSentinel and StartSentinelGroup take the
+// binary it returned. ServeOld,
 // a stand-in for a server too old to install, starts no process.
 package redistest
 
@@ -257,6 +260,22 @@ func (s *Server) Kill() {
 	<-done
 }
 
+// running reports whether the server's process is alive (it may be paused).
+func (s *Server) running() bool {
+	s.mu.Lock()
+	done := s.done
+	s.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
 // Pause stops the process with SIGSTOP: connections stay open and commands
 // hang, as with a server stuck in a long command.
 func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
@@ -417,9 +436,14 @@ func Standalone(t testing.TB) *Server {
 	return s
 }
 
-// Cluster is a Redis Cluster of masters without replicas.
+// Cluster is a Redis Cluster: its masters, and, if started with replicas,
+// one replica of each.
 type Cluster struct {
+	// Nodes are the masters as started; FailMaster leaves a killed master
+	// in place, and its replica in Replicas becomes the new master.
 	Nodes []*Server
+	// Replicas[i] replicates Nodes[i]; empty for a cluster of masters only.
+	Replicas []*Server
 }
 
 // Addrs returns the nodes' redis:// URLs.
@@ -431,10 +455,13 @@ func (c *Cluster) URLs() []string {
 	return urls
 }
 
-// Kill stops every node.
+// Kill stops every node and replica.
 func (c *Cluster) Kill() {
 	for _, n := range c.Nodes {
 		n.Kill()
+	}
+	for _, r := range c.Replicas {
+		r.Kill()
 	}
 }
 
@@ -477,52 +504,142 @@ func (c *Cluster) NodeFor(key string) (int, error) {
 // with `redis-cli --cluster create`, and waits until every node reports the
 // cluster ok. The caller kills it.
 func StartCluster(serverBin, cliBin, dir string, masters int) (*Cluster, error) {
+	return startCluster(serverBin, cliBin, dir, masters, false)
+}
+
+// StartClusterWithReplicas is StartCluster with one replica per master,
+// for tests that fail a master over: Replicas[i] replicates Nodes[i]. It
+// waits until every replica's link to its master is up, so that a write
+// acknowledged by WAIT survives the master's death.
+func StartClusterWithReplicas(serverBin, cliBin, dir string, masters int) (*Cluster, error) {
+	return startCluster(serverBin, cliBin, dir, masters, true)
+}
+
+func startCluster(serverBin, cliBin, dir string, masters int, replicas bool) (*Cluster, error) {
 	if cliBin == "" {
 		return nil, errors.New("redistest: redis-cli is not on PATH; it is needed to create a cluster")
 	}
-	c := new(Cluster)
-	for i := range masters {
+	// A master's death is noticed after the node timeout: short where
+	// tests fail masters over, so that the replica takes over within
+	// seconds.
+	n, nodeTimeout, perMaster := masters, "2000", "0"
+	if replicas {
+		n, nodeTimeout, perMaster = 2*masters, "1000", "1"
+	}
+	var servers []*Server
+	kill := func() {
+		for _, s := range servers {
+			s.Kill()
+		}
+	}
+	for i := range n {
 		nodeDir := filepath.Join(dir, "node"+strconv.Itoa(i))
 		s, err := Start(serverBin, nodeDir, Options{
 			ClusterBus: true,
 			Args: []string{
 				"--cluster-enabled", "yes",
 				"--cluster-config-file", filepath.Join(nodeDir, "nodes.conf"),
-				"--cluster-node-timeout", "2000",
+				"--cluster-node-timeout", nodeTimeout,
 			},
 		})
 		if err != nil {
-			c.Kill()
+			kill()
 			return nil, err
 		}
-		c.Nodes = append(c.Nodes, s)
+		servers = append(servers, s)
 	}
 	args := []string{"--cluster", "create"}
-	for _, n := range c.Nodes {
-		args = append(args, n.Addr)
+	for _, s := range servers {
+		args = append(args, s.Addr)
 	}
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", perMaster, "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, cliBin, args...).CombinedOutput(); err != nil {
-		c.Kill()
+		kill()
 		return nil, fmt.Errorf("redistest: redis-cli --cluster create: %w: %s", err, out)
 	}
+	c := &Cluster{Nodes: servers}
+	if replicas {
+		var err error
+		if c.Nodes, c.Replicas, err = pairReplicas(servers); err != nil {
+			kill()
+			return nil, err
+		}
+	}
 	deadline := time.Now().Add(15 * time.Second)
-	for _, n := range c.Nodes {
+	for _, s := range servers {
 		for {
-			info, err := n.Do("CLUSTER", "INFO")
+			info, err := s.Do("CLUSTER", "INFO")
 			if err == nil && strings.Contains(info, "cluster_state:ok") {
 				break
 			}
 			if time.Now().After(deadline) {
-				c.Kill()
-				return nil, fmt.Errorf("redistest: cluster node %s not ok: %v %s", n.Addr, err, info)
+				kill()
+				return nil, fmt.Errorf("redistest: cluster node %s not ok: %v %s", s.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for _, r := range c.Replicas {
+		for {
+			link, err := r.Info("replication", "master_link_status")
+			if err == nil && link == "up" {
+				break
+			}
+			if time.Now().After(deadline) {
+				kill()
+				return nil, fmt.Errorf("redistest: replica %s has no link to its master: %v %s", r.Addr, err, link)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	return c, nil
+}
+
+// pairReplicas splits the servers of a cluster just created into masters
+// and replicas, in the masters' order of start, with replicas[i]
+// replicating masters[i]: redis-cli chooses the pairing, so it is read
+// from each server's own line in CLUSTER NODES.
+func pairReplicas(servers []*Server) (masters, replicas []*Server, err error) {
+	ids := make([]string, len(servers))
+	masterOf := make([]string, len(servers))
+	for i, s := range servers {
+		nodes, err := s.Do("CLUSTER", "NODES")
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, line := range strings.Split(nodes, "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 8 && strings.Contains(f[2], "myself") {
+				ids[i] = f[0]
+				if strings.Contains(f[2], "slave") {
+					masterOf[i] = f[3]
+				}
+			}
+		}
+	}
+	byMaster := make(map[string]*Server)
+	for i, s := range servers {
+		if masterOf[i] != "" {
+			byMaster[masterOf[i]] = s
+		}
+	}
+	for i, s := range servers {
+		if masterOf[i] != "" {
+			continue
+		}
+		r := byMaster[ids[i]]
+		if r == nil {
+			return nil, nil, fmt.Errorf("redistest: cluster master %s has no replica", s.Addr)
+		}
+		masters = append(masters, s)
+		replicas = append(replicas, r)
+	}
+	if len(masters) != len(replicas) || 2*len(masters) != len(servers) {
+		return nil, nil, fmt.Errorf("redistest: cluster of %d servers has %d masters with a replica", len(servers), len(masters))
+	}
+	return masters, replicas, nil
 }
 
 // NewCluster starts a cluster of masters for test t, killed when t ends.
@@ -535,6 +652,52 @@ func NewCluster(t testing.TB, masters int) *Cluster {
 	}
 	t.Cleanup(c.Kill)
 	return c
+}
+
+// NewClusterWithReplicas starts a cluster of masters, each with one
+// replica, for test t, killed when t ends.
+func NewClusterWithReplicas(t testing.TB, masters int) *Cluster {
+	t.Helper()
+	bin, cli := Binaries(t)
+	c, err := StartClusterWithReplicas(bin, cli, t.TempDir(), masters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Kill)
+	return c
+}
+
+// FailMaster kills master Nodes[i] (SIGKILL) and waits until its replica,
+// Replicas[i], reports role:master and every node still running reports
+// cluster_state:ok. It returns how long that took after the kill. Nodes[i]
+// stays the killed server: the new master is Replicas[i].
+func (c *Cluster) FailMaster(i int, timeout time.Duration) (promoted time.Duration, err error) {
+	if i < 0 || i >= len(c.Replicas) {
+		return 0, fmt.Errorf("redistest: master %d has no replica", i)
+	}
+	c.Nodes[i].Kill()
+	killed := time.Now()
+	ready := func() bool {
+		if role, err := c.Replicas[i].Info("replication", "role"); err != nil || role != "master" {
+			return false
+		}
+		for _, s := range append(append([]*Server(nil), c.Nodes...), c.Replicas...) {
+			if !s.running() {
+				continue
+			}
+			if info, err := s.Do("CLUSTER", "INFO"); err != nil || !strings.Contains(info, "cluster_state:ok") {
+				return false
+			}
+		}
+		return true
+	}
+	for !ready() {
+		if time.Since(killed) > timeout {
+			return 0, fmt.Errorf("redistest: replica %s not promoted with the cluster ok within %v of killing master %s", c.Replicas[i].Addr, timeout, c.Nodes[i].Addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(killed), nil
 }
 
 // Sentinel is a master watched by one sentinel.
@@ -588,6 +751,119 @@ func NewSentinel(t testing.TB, name string) *Sentinel {
 	}
 	t.Cleanup(s.Kill)
 	return s
+}
+
+// SentinelGroup is a master with one replica, watched by one sentinel that
+// fails the master over to the replica when the master dies.
+type SentinelGroup struct {
+	Master   *Server
+	Replica  *Server
+	Sentinel *Server
+	Name     string
+}
+
+// Kill stops the sentinel, the master and the replica.
+func (g *SentinelGroup) Kill() {
+	g.Sentinel.Kill()
+	g.Master.Kill()
+	g.Replica.Kill()
+}
+
+// StartSentinelGroup starts a master, a replica of it and one sentinel
+// monitoring it under the given master name, and waits until the
+// replica's link to the master is up and the sentinel knows the replica.
+// The sentinel needs a quorum of 1 (it is alone) and deems the master down
+// after 1s, so that a failover takes seconds. The replica announces
+// 127.0.0.1, the address the sentinel hands clients after a failover.
+func StartSentinelGroup(bin, dir, name string) (*SentinelGroup, error) {
+	master, err := Start(bin, filepath.Join(dir, "master"), Options{})
+	if err != nil {
+		return nil, err
+	}
+	replica, err := Start(bin, filepath.Join(dir, "replica"), Options{Args: []string{
+		"--replicaof", "127.0.0.1", strconv.Itoa(master.Port),
+		"--replica-announce-ip", "127.0.0.1",
+	}})
+	if err != nil {
+		master.Kill()
+		return nil, err
+	}
+	conf := fmt.Sprintf("sentinel monitor %[1]s 127.0.0.1 %[2]d 1\n"+
+		"sentinel down-after-milliseconds %[1]s 1000\n"+
+		"sentinel failover-timeout %[1]s 10000\n"+
+		"sentinel parallel-syncs %[1]s 1\n", name, master.Port)
+	sentinel, err := Start(bin, filepath.Join(dir, "sentinel"), Options{Sentinel: true, Config: conf})
+	if err != nil {
+		master.Kill()
+		replica.Kill()
+		return nil, err
+	}
+	g := &SentinelGroup{Master: master, Replica: replica, Sentinel: sentinel, Name: name}
+	deadline := time.Now().Add(20 * time.Second)
+	for !g.replicaKnown() {
+		if time.Now().After(deadline) {
+			g.Kill()
+			return nil, fmt.Errorf("redistest: sentinel does not know replica %s of %s online", replica.Addr, name)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return g, nil
+}
+
+// replicaKnown reports whether the replica's link to the master is up and
+// the sentinel lists the replica, at 127.0.0.1, as an online replica with
+// its link up.
+func (g *SentinelGroup) replicaKnown() bool {
+	if link, err := g.Replica.Info("replication", "master_link_status"); err != nil || link != "up" {
+		return false
+	}
+	text, err := g.Sentinel.Do("SENTINEL", "REPLICAS", g.Name)
+	if err != nil {
+		return false
+	}
+	// One replica: its fields and values, one per line.
+	lines := strings.Split(text, "\n")
+	fields := make(map[string]string)
+	for i := 0; i+1 < len(lines); i += 2 {
+		fields[lines[i]] = lines[i+1]
+	}
+	return fields["ip"] == "127.0.0.1" && fields["port"] == strconv.Itoa(g.Replica.Port) &&
+		fields["flags"] == "slave" && fields["master-link-status"] == "ok"
+}
+
+// NewSentinelGroup starts a master, its replica and a sentinel for test
+// t, killed when t ends.
+func NewSentinelGroup(t testing.TB, name string) *SentinelGroup {
+	t.Helper()
+	bin, _ := Binaries(t)
+	g, err := StartSentinelGroup(bin, t.TempDir(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Kill)
+	return g
+}
+
+// Failover kills the master (SIGKILL) and waits until the sentinel names
+// the replica as the master (SENTINEL get-master-addr-by-name) and the
+// replica reports role:master. It returns how long that took after the
+// kill.
+func (g *SentinelGroup) Failover(timeout time.Duration) (promoted time.Duration, err error) {
+	g.Master.Kill()
+	killed := time.Now()
+	want := "127.0.0.1\n" + strconv.Itoa(g.Replica.Port)
+	for {
+		addr, err := g.Sentinel.Do("SENTINEL", "get-master-addr-by-name", g.Name)
+		if err == nil && addr == want {
+			if role, err := g.Replica.Info("replication", "role"); err == nil && role == "master" {
+				return time.Since(killed), nil
+			}
+		}
+		if time.Since(killed) > timeout {
+			return 0, fmt.Errorf("redistest: sentinel did not promote replica %s of %s within %v: master is %q", g.Replica.Addr, g.Name, timeout, addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // selfSigned writes a self-signed certificate for 127.0.0.1 and its key

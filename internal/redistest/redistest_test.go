@@ -1,8 +1,10 @@
 package redistest
 
 import (
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestStandaloneKillPauseRestart(t *testing.T) {
@@ -61,5 +63,63 @@ func TestClusterAndSentinel(t *testing.T) {
 	s := NewSentinel(t, "mymaster")
 	if s.Sentinel.Port == 26379 {
 		t.Fatal("used the shared sentinel port")
+	}
+}
+
+func TestSentinelGroupFailover(t *testing.T) {
+	g := NewSentinelGroup(t, "faultmaster")
+	if _, err := g.Master.Do("SET", "k", "before"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := g.Master.Do("WAIT", "1", "0"); err != nil || n != "1" {
+		t.Fatalf("WAIT 1 0 = %q, %v", n, err)
+	}
+	promoted, err := g.Failover(30 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sentinel promoted the replica %v after the master's kill", promoted)
+	if v, err := g.Replica.Do("GET", "k"); err != nil || v != "before" {
+		t.Fatalf("GET k on the promoted replica = %q, %v", v, err)
+	}
+	if _, err := g.Replica.Do("SET", "k", "after"); err != nil {
+		t.Fatalf("the promoted replica refuses writes: %v", err)
+	}
+}
+
+func TestClusterFailMaster(t *testing.T) {
+	c := NewClusterWithReplicas(t, 3)
+	if len(c.Nodes) != 3 || len(c.Replicas) != 3 {
+		t.Fatalf("%d masters and %d replicas, want 3 and 3", len(c.Nodes), len(c.Replicas))
+	}
+	for i, r := range c.Replicas {
+		if port, err := r.Info("replication", "master_port"); err != nil || port != strconv.Itoa(c.Nodes[i].Port) {
+			t.Fatalf("replica %d replicates port %q (%v), want master %d's %d", i, port, err, i, c.Nodes[i].Port)
+		}
+	}
+	key := ""
+	for i := 0; key == ""; i++ {
+		k := "k" + strconv.Itoa(i)
+		if n, err := c.NodeFor(k); err != nil {
+			t.Fatal(err)
+		} else if n == 0 {
+			key = k
+		}
+	}
+	if _, err := c.Nodes[0].Do("SET", key, "before"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Nodes[0].Do("WAIT", "1", "0"); err != nil || n != "1" {
+		t.Fatalf("WAIT 1 0 = %q, %v", n, err)
+	}
+	promoted, err := c.FailMaster(0, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cluster promoted replica 0 %v after its master's kill", promoted)
+	// A replica answers MOVED for its master's slots: a value here means
+	// the promoted replica serves them.
+	if v, err := c.Replicas[0].Do("GET", key); err != nil || v != "before" {
+		t.Fatalf("GET on the promoted replica = %q, %v", v, err)
 	}
 }

@@ -1,0 +1,200 @@
+package faultproxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// waitFor polls cond until it holds, failing t after 10s.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 10s waiting for %s", what)
+		}
+	}
+}
+
+// start runs a redis-server behind a proxy, both stopped when t ends.
+func start(t *testing.T) (*redistest.Server, *Proxy) {
+	t.Helper()
+	s := redistest.Standalone(t)
+	p, err := Start(s.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return s, p
+}
+
+// client is a go-redis client of the proxy that never retries, so that a
+// fault shows as the command's error.
+func client(t *testing.T, p *Proxy) *redis.Client {
+	t.Helper()
+	opts, err := redis.ParseURL(p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Protocol = 2
+	opts.PoolSize = 1
+	opts.MaxRetries = -1
+	opts.DisableIdentity = true
+	opts.ReadTimeout = 15 * time.Second
+	opts.WriteTimeout = 15 * time.Second
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestLatency(t *testing.T) {
+	_, p := start(t)
+	c := client(t, p)
+	ctx := context.Background()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	const d = 300 * time.Millisecond
+	p.SetLatency(d)
+	begin := time.Now()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The command and its reply are each delayed by d.
+	if rtt := time.Since(begin); rtt < 2*d {
+		t.Fatalf("PING took %v with latency %v, want at least %v", rtt, d, 2*d)
+	}
+
+	// Five commands written one by one reach the server in order, each d
+	// after its own write, not d after the one before.
+	conn, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	begin = time.Now()
+	for i := range 5 {
+		fmt.Fprintf(conn, "ECHO %d\r\n", i)
+		time.Sleep(time.Millisecond) // separate reads at the proxy
+	}
+	r := bufio.NewReader(conn)
+	for i := range 5 {
+		var n int
+		if _, err := fmt.Fscanf(r, "$1\r\n%d\r\n", &n); err != nil || n != i {
+			t.Fatalf("reply %d: %d, %v", i, n, err)
+		}
+	}
+	if took := time.Since(begin); took < 2*d || took >= 5*d {
+		t.Fatalf("five ECHOs written apart took %v, want about %v (the connection is not serialized by the latency)", took, 2*d)
+	}
+
+	// A chunk already waiting under a long latency goes as soon as the
+	// latency is turned off.
+	p.SetLatency(time.Minute)
+	fmt.Fprintf(conn, "PING\r\n")
+	conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := r.ReadByte(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("PING under a minute's latency: %v, want no reply yet", err)
+	}
+	p.SetLatency(0)
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, err := r.ReadString('\n'); err != nil || line != "+PONG\r\n" {
+		t.Fatalf("PING after the latency was turned off: %q, %v", line, err)
+	}
+	begin = time.Now()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if rtt := time.Since(begin); rtt >= d {
+		t.Fatalf("PING took %v with the latency off", rtt)
+	}
+}
+
+func TestReset(t *testing.T) {
+	_, p := start(t)
+	c := client(t, p)
+	ctx := context.Background()
+	// A dedicated connection: the pool would check a connection taken
+	// from it and quietly replace one that was reset while idle.
+	conn := c.Conn()
+	if err := conn.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.Reset(); n != 1 {
+		t.Fatalf("Reset closed %d connections, want 1", n)
+	}
+	err := conn.Ping(ctx).Err()
+	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("PING on the reset connection: %v, want a connection reset", err)
+	}
+	conn.Close()
+	// The proxy still accepts: a new connection works.
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING on a new connection after Reset: %v", err)
+	}
+	if n := p.Reset(); n != 1 {
+		t.Fatalf("second Reset closed %d connections, want 1", n)
+	}
+}
+
+func TestRefuse(t *testing.T) {
+	_, p := start(t)
+	c := client(t, p)
+	ctx := context.Background()
+	p.SetRefuse(true)
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING through a refusing proxy succeeded")
+	}
+	p.SetRefuse(false)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after refusing ended: %v", err)
+	}
+}
+
+func TestCloseLeavesNoGoroutines(t *testing.T) {
+	s := redistest.Standalone(t)
+	before := runtime.NumGoroutine()
+	p, err := Start(s.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, _ := redis.ParseURL(p.URL())
+	opts.MaxRetries = -1
+	opts.DisableIdentity = true
+	c := redis.NewClient(opts)
+	for range 3 {
+		if err := c.Ping(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One connection with a chunk held by a long latency: Close must not
+	// wait it out.
+	p.SetLatency(time.Hour)
+	held, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(held, "PING\r\n")
+	p.Close()
+	held.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := held.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a connection is still open after Close: %v", err)
+	}
+	held.Close()
+	c.Close()
+	if _, err := net.Dial("tcp", p.Addr()); err == nil {
+		t.Fatal("the proxy still accepts after Close")
+	}
+	waitFor(t, "the proxy's goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+}
