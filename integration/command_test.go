@@ -90,15 +90,8 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 	}
 	respond "ok"
 `, "/")
+	cli := commandAt(t, in)
 	address := strings.TrimPrefix(in.admin, "http://")
-	cli := func(args ...string) string {
-		t.Helper()
-		out, _, err := rateLimitCLI(t, append(args, "--address", address)...)
-		if err != nil {
-			t.Fatalf("caddy rate-limit %q: %v", args, err)
-		}
-		return out
-	}
 
 	// The hammering client's key has a slash and a percent sign, which
 	// only reach the endpoint as one path segment if escaped.
@@ -213,5 +206,19 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 	out, _, err = rateLimitCLI(t, "zones", "--config", caddyfile, "--adapter", "caddyfile")
 	if err != nil || tableRow(out, "cli") == nil {
 		t.Fatalf("zones --config: %v\n%s\nwant the zone, from the admin address in the Caddyfile", err, out)
+	}
+}
+
+// commandAt returns a runner of `caddy rate-limit` against in's admin
+// endpoint, which fails t if the command fails, and returns its output.
+func commandAt(t *testing.T, in instance) func(args ...string) string {
+	address := strings.TrimPrefix(in.admin, "http://")
+	return func(args ...string) string {
+		t.Helper()
+		out, _, err := rateLimitCLI(t, append(args, "--address", address)...)
+		if err != nil {
+			t.Fatalf("caddy rate-limit %q: %v", args, err)
+		}
+		return out
 	}
 }

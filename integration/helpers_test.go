@@ -433,16 +433,21 @@ func setHeaders(req *http.Request, headers []string) {
 }
 
 // send runs exchange, which makes one request on a new connection, and
-// tries again (at most twice) if the connection closed before any
-// response. That happens under load right after a config load: Caddy
-// stops the old server in the background, and a connection its last
-// Accept took is closed unanswered. It says nothing about the handler,
-// which answers every request it sees.
+// tries again, until waitBudget has passed, while the connection closes
+// before any response. That happens right after a config load: Caddy
+// stops the old server in the background, and each connection its
+// Accept takes meanwhile is closed unanswered (on a busy machine, several
+// in a row). It says nothing about the handler, which answers every
+// request it sees.
 func send(t testing.TB, exchange func() (*http.Response, error)) *http.Response {
 	t.Helper()
 	resp, err := exchange()
-	for try := 1; err != nil && try < 3 && closedUnanswered(err); try++ {
-		t.Logf("connection closed unanswered (%v); trying again", err)
+	deadline := time.Now().Add(waitBudget)
+	for tries := 1; err != nil && closedUnanswered(err) && time.Now().Before(deadline); tries++ {
+		if tries == 1 {
+			t.Logf("connection closed unanswered (%v); trying again", err)
+		}
+		time.Sleep(10 * time.Millisecond)
 		resp, err = exchange()
 	}
 	if err != nil {
