@@ -67,6 +67,11 @@
 #                     what reading the usage costs (compare the two)
 #   tokens_stream     tokens_json with a streamed answer of 200 events
 #   fixed_stream      fixed_json with the same stream
+#   tokens_proxy_json, fixed_proxy_json, tokens_proxy_stream,
+#   fixed_proxy_stream  the same four in front of a model server
+#                     (bench/llm, reverse_proxy) that writes and flushes
+#                     each event of its stream on its own, as model
+#                     servers do
 #   CASE@REV          CASE on this Caddy as built at git revision REV
 #
 # SOAK=1 then runs 60 s (SOAK_DURATION) of key rotation at full speed
@@ -140,6 +145,17 @@ if [[ " $CASES " == *" redis_"* || " $CASES " == *"_redis"* || $SOAK == 1 ]]; th
 	start_redis
 fi
 
+# The proxied token cases' upstream: bench/llm, answering as a model
+# server does.
+LLM_PORT=""
+if [[ " $CASES " == *"_proxy_"* ]]; then
+	go build -o "$OUT/llm" ./bench/llm
+	LLM_PORT=$(free_port)
+	"$OUT/llm" -listen "127.0.0.1:$LLM_PORT" >"$OUT/llm.log" 2>&1 &
+	PIDS+=("$!")
+	for _ in $(seq 50); do curl -fs -o /dev/null "http://127.0.0.1:$LLM_PORT/json" && break; sleep 0.1; done
+fi
+
 # llm_json prints a 2 KB Chat Completions answer, as an OpenAI-compatible
 # API sends it, with its usage last.
 llm_json() {
@@ -198,6 +214,10 @@ caddyfile() {
 	tokens_stream | fixed_stream)
 		answer="header Content-Type text/event-stream
 	respond \`$(llm_stream)\`" ;;
+	*_proxy_json) answer="rewrite * /json
+	reverse_proxy 127.0.0.1:$LLM_PORT" ;;
+	*_proxy_stream) answer="rewrite * /stream
+	reverse_proxy 127.0.0.1:$LLM_PORT" ;;
 	esac
 	case $1 in
 	tokens_*) algorithm="cost_from usage total
@@ -484,7 +504,7 @@ done
 # The token cases: what reading the usage costs, the case that reads it
 # beside the same zone with a fixed cost (CPU per request, above 1 dearer),
 # and the median time to the first byte of each.
-for kind in json stream; do
+for kind in json stream proxy_json proxy_stream; do
 	t=tokens_$kind f=fixed_$kind
 	[[ -n ${CPU[$t]:-} && -n ${CPU[$f]:-} ]] || continue
 	tc=$(echo "${CPU[$t]}" | median) fc=$(echo "${CPU[$f]}" | median)
