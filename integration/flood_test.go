@@ -26,7 +26,11 @@ import (
 //     leaves no lease record) and a zone with room for one request. The
 //     last 100,000 keys come twice: the second request makes a lease
 //     record (at most 16,384) and is refused by the second zone, which the
-//     deny cache remembers (at most 65,536 entries).
+//     deny cache remembers (at most 65,536 entries). That zone is GCRA:
+//     windows are cut on the epoch's hours for every instance, and a key
+//     whose two requests fell either side of one would be admitted twice
+//     by a windowed algorithm (the one request of the window before
+//     weighs less than 1 and rounds down), as CI once saw.
 //
 // The counts come from caddy_http_rate_limit_store_entries and the admin
 // API's top keys, what an operator sees.
@@ -80,6 +84,7 @@ func TestMillionKeysStayBounded(t *testing.T) {
 				key {header.X-Key}
 				limit 1
 				window 1h
+				algorithm gcra
 			}
 		}
 		respond "ok"
