@@ -477,7 +477,10 @@ func TestRedisFleetHotKeyCalls(t *testing.T) {
 // 3-master cluster, each instance admits its share, floor(30/3) = 10, of a
 // key's limit, with the same headers; once Redis answers again the
 // fleet's limit holds at once. Store errors are logged with counts, not a
-// line a request.
+// line a request. Neither edge of the outage counts afresh: a key whose
+// instances spent their shares through Redis before it is refused by
+// each during it, and a key the instances admitted alone during it is
+// charged to Redis after, and refused.
 func TestRedisFleetLocalFallback(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		s := redistest.Standalone(t)
@@ -578,15 +581,56 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 		}
 	}
 
+	// spend has each instance admit 10 for key through Redis, the
+	// fleet's 30: each has spent its share.
+	spend := func(t *testing.T, key string) {
+		t.Helper()
+		for _, in := range fleet {
+			for i := range 10 {
+				if code := get(t, in.url, key); code != http.StatusOK {
+					t.Fatalf("%s, request %d for %s before the outage: %d, want 200", in.url, i+1, key, code)
+				}
+			}
+		}
+	}
+	// spent checks that each instance refuses key during the outage:
+	// what Redis admitted for it there counts against its share.
+	spent := func(t *testing.T, key string) {
+		t.Helper()
+		for _, in := range fleet {
+			resp, _ := do(t, http.MethodGet, in.url, "X-Client: "+key)
+			if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("X-RateLimit-Limit") != "10" {
+				t.Fatalf("%s, for %s, whose share it spent before the outage: %d, limit %q; want 429 against this instance's 10",
+					in.url, key, resp.StatusCode, resp.Header.Get("X-RateLimit-Limit"))
+			}
+		}
+	}
+	// charged waits until Redis counts the 30 the instances admitted
+	// for key during the outage, then checks that each refuses it.
+	charged := func(t *testing.T, key string) {
+		t.Helper()
+		waitFor(t, "Redis to count what the instances admitted alone for "+key, func() bool {
+			return keyState(t, fleet[0].admin, "fleet", key).Used >= 30
+		})
+		for _, in := range fleet {
+			if code := get(t, in.url, key); code != http.StatusTooManyRequests {
+				t.Fatalf("%s, for %s after the outage: %d, want 429: the fleet admitted its 30 during the outage", in.url, key, code)
+			}
+		}
+	}
+
 	sent := 0
 	for i, o := range outages {
 		t.Run(o.name, func(t *testing.T) {
+			spend(t, fmt.Sprintf("spent-%d", i))
 			o.start()
+			spent(t, fmt.Sprintf("spent-%d", i))
 			sent += shares(t, fmt.Sprintf("outage-%d", i))
 			if err := o.end(); err != nil {
 				t.Fatal(err)
 			}
 			fleetWide(t, time.Now())
+			charged(t, fmt.Sprintf("outage-%d", i))
 			exact(t, fmt.Sprintf("after-%d", i))
 		})
 	}

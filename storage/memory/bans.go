@@ -69,11 +69,6 @@ func (q *banQueue) expire(now int64) {
 	}
 }
 
-// clear lifts every ban.
-func (q *banQueue) clear() {
-	*q = banQueue{}
-}
-
 // removeAt lifts the ban at heap position i: the last one takes its
 // place and moves to where it belongs.
 func (q *banQueue) removeAt(i int) {

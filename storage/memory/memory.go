@@ -80,15 +80,6 @@ func New(maxKeys int, now func() time.Time) *Store {
 	return &Store{MaxKeys: maxKeys, counters: newCounters(maxKeys, now), own: true}
 }
 
-// Clear forgets every key's counts and bans, for a store of its own
-// (New) whose counts no longer stand: the Redis store's local fallback,
-// once Redis answers again. The costs of requests still in flight stay
-// until their requests end, and the overrides and dials stay: they were
-// set, not counted.
-func (m *Store) Clear() {
-	m.counters.clear()
-}
-
 // CaddyModule returns the Caddy module information.
 func (Store) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
@@ -790,20 +781,6 @@ func (c *counters) banEnds(zone, key string, now time.Time) (int64, bool) {
 	defer s.mu.Unlock()
 	ends, ok := s.bans.ends(h)
 	return ends, ok && ends > now.UnixMilli()
-}
-
-// clear forgets every key's counts and bans. The costs of requests still
-// in flight stay until their requests end, as they would have, and the
-// overrides stay until they expire or are removed.
-func (c *counters) clear() {
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		s.counts.clear()
-		s.rings.clear()
-		s.bans.clear()
-		s.mu.Unlock()
-	}
 }
 
 // reset forgets the counts of zone and key and lifts its ban, and reports

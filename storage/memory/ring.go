@@ -278,15 +278,6 @@ func (t *ringTables) sweep(now uint32) {
 	t.wide32.sweep(now)
 }
 
-func (t *ringTables) clear() {
-	t.small8.clear()
-	t.wide8.clear()
-	t.small16.clear()
-	t.small32.clear()
-	t.wide16.clear()
-	t.wide32.clear()
-}
-
 // readRing returns the ring t holds for h, kept for a window of w ms, and
 // with mark marks it used, and whether it holds one.
 func readRing[S any, P ringPtr[S]](t *table[S, P], h uint64, w int64, mark bool) (algorithms.Ring, bool) {

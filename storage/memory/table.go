@@ -160,11 +160,6 @@ func (t *table[S, P]) sweep(now uint32) {
 	}
 }
 
-// clear forgets every entry.
-func (t *table[S, P]) clear() {
-	t.keys, t.slots, t.shift, t.n, t.hand = nil, nil, 0, 0, 0
-}
-
 // forget removes h, if held, and reports whether it was.
 func (t *table[S, P]) forget(h uint64) bool {
 	i, ok := t.lookup(h)

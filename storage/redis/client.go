@@ -51,9 +51,14 @@ type client struct {
 	leases  leaseTable
 	leasing sync.Once
 	// local is the fallback of on_store_error local; localUsed tells
-	// that it has decided since Redis last answered.
+	// that it has decided since Redis last answered, and owed what it
+	// admitted since, not yet charged to Redis. mirrors tells that a
+	// handler has the fallback, so that what Redis admits is counted in
+	// it too.
 	local     local
 	localUsed atomic.Bool
+	owed      owedTable
+	mirrors   atomic.Bool
 
 	cluster bool
 	logger  *zap.Logger

@@ -9,6 +9,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"go.uber.org/zap"
+
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 	"github.com/d61b427a/caddy-rate-limit/storage/memory"
@@ -50,9 +52,11 @@ func (r *Store) Instances() int {
 
 // Local returns the store that decides in this instance's memory, with
 // every limit divided among the instances last seen (max(1, limit/N)),
-// for on_store_error local. Its counts are dropped when Redis answers
-// again.
+// for on_store_error local. From then on, what Redis admits for this
+// instance is counted there too (mirror), and what it admits alone is
+// charged to Redis once Redis answers again (owed).
 func (r *Store) Local() storage.Store {
+	r.client.mirrors.Store(true)
 	return localStore{r.client}
 }
 
@@ -60,19 +64,42 @@ func (r *Store) Local() storage.Store {
 type localStore struct{ c *client }
 
 // Take implements storage.Store: it decides in this instance's memory,
-// with every limit divided among the instances.
+// with every limit divided among the instances, and keeps what it
+// admitted to charge to Redis later.
 func (s localStore) Take(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	n := s.c.fleet.instances()
 	shares := make([]storage.Request, len(reqs))
 	for i, q := range reqs {
-		q.Rate.Units = max(1, q.Rate.Units/n)
-		if q.Rate.Burst > 0 {
-			q.Rate.Burst = max(1, q.Rate.Burst/n)
-		}
+		q.Rate = share(q.Rate, n)
 		shares[i] = q
 	}
 	s.c.localUsed.Store(true)
-	return s.c.localMemory().Take(ctx, shares, decisions)
+	if err := s.c.localMemory().Take(ctx, shares, decisions); err != nil {
+		return err
+	}
+	if allAllowed(decisions) {
+		s.c.owed.add(reqs, decisions, s.c.now())
+	}
+	return nil
+}
+
+// share is this instance's share of rate among n instances: every limit
+// divided by n, and at least 1.
+func share(rate algorithms.Rate, n int64) algorithms.Rate {
+	rate.Units = max(1, rate.Units/n)
+	if rate.Burst > 0 {
+		rate.Burst = max(1, rate.Burst/n)
+	}
+	return rate
+}
+
+func allAllowed(decisions []algorithms.Decision) bool {
+	for _, d := range decisions {
+		if !d.Allowed {
+			return false
+		}
+	}
+	return true
 }
 
 // Release implements storage.Store.
@@ -101,11 +128,207 @@ func (c *client) localMemory() *memory.Store {
 	return c.local.store
 }
 
-// answered drops the local fallback's counts once Redis answers again:
-// decisions are Redis's again at once.
-func (c *client) answered() {
+// mirror counts in the local fallback's memory what Redis has just
+// admitted (reqs, decided by decisions), each zone against this
+// instance's share of its limit, when a handler has a local fallback.
+// An outage then begins from the share this instance has already spent
+// in the window, not from nothing, and a fleet whose instances share
+// the load keeps the limit in the window the outage begins in. A share
+// already spent counts nothing more. The costs are counted plainly (no
+// ban, no release, no time in flight): a cost Redis later releases
+// (count_status, a true-up) stays counted here, so the fallback errs
+// toward refusing. A concurrency zone's units in flight are not
+// mirrored: they are released where they were taken.
+func (c *client) mirror(reqs []storage.Request, decisions []algorithms.Decision) {
+	if !c.mirrors.Load() || !allAllowed(decisions) {
+		return
+	}
+	n := c.fleet.instances()
+	mem := c.localMemory()
+	var one [1]storage.Request
+	var d [1]algorithms.Decision
+	for _, q := range reqs {
+		if q.Algorithm == algorithms.Concurrency || q.Cost == 0 {
+			continue
+		}
+		one[0] = storage.Request{Zone: q.Zone, Key: q.Key, Algorithm: q.Algorithm, Rate: share(q.Rate, n), Cost: q.Cost}
+		_ = mem.Take(context.Background(), one[:], d[:]) // memory takes fail only for a bad rate, which Redis refused first
+	}
+}
+
+// answered is called when Redis has answered: if the local fallback
+// decided since it last did, it returns what the fallback admitted,
+// which Redis has not counted, to charge it (chargeOwed). The local
+// counts stay: with the mirrored ones, they are what this instance
+// admitted, for the next outage.
+func (c *client) answered() []owedKey {
 	if c.localUsed.Load() && c.localUsed.CompareAndSwap(true, false) {
-		c.localMemory().Clear()
+		return c.owed.drain()
+	}
+	return nil
+}
+
+// chargeOwed takes in Redis, past the limit if need be, what the local
+// fallback admitted (owed) and still counts at now: a debt, as a true-up
+// takes one, so that the window an outage ends in does not count
+// afresh. What Redis cannot take yet is kept for its next answer. It
+// runs apart from the request whose answer found owed, and so acquires
+// a client of its own, as a take does: the config may be retiring.
+func (r *Store) chargeOwed(owed []owedKey) {
+	c, own, err := r.acquire()
+	if err != nil {
+		return
+	}
+	defer r.end(own)
+	now := c.now()
+	var keys []string
+	var debts []owedKey
+	for _, o := range owed {
+		if o.units = o.counting(now); o.units > 0 {
+			keys = append(keys, r.counterKey(o.q.Zone, o.q.Key))
+			debts = append(debts, o)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	var clock int64
+	if r.scriptClock != nil {
+		clock = r.scriptClock().UnixMilli()
+	}
+	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
+		q := debts[i].q
+		return appendReleaseArgs(dst, q, algorithms.Decision{Allowed: true, Limit: q.Rate.Units}, 0, debts[i].units, clock)
+	})
+	for k, p := range parts {
+		// A Redis just back may still hand out connections that died
+		// with it: a failed part is tried again, a few times, before it
+		// waits for Redis's next answer. A call that failed after its
+		// script ran is charged twice, erring toward refusing.
+		err := c.release(p, time.Duration(r.Timeout))
+		for try := 1; err != nil && try < chargeTries; try++ {
+			time.Sleep(chargeRetry)
+			err = c.release(p, time.Duration(r.Timeout))
+		}
+		if err != nil {
+			for _, i := range groups[k] {
+				c.owed.readd(debts[i])
+			}
+			c.localUsed.Store(true)
+			if n, ok := c.releaseLog.Allow(now); ok {
+				r.logger.Warn("charging what the local fallback admitted failed; kept for Redis's next answer",
+					zap.Error(err), zap.Int64("failures_since_last_log", n))
+			}
+		}
+	}
+}
+
+// chargeOwed tries a failed call chargeTries times in all, chargeRetry
+// apart.
+const (
+	chargeTries = 3
+	chargeRetry = 100 * time.Millisecond
+)
+
+// maxOwed bounds the keys whose local admissions are kept for Redis: a
+// flood of fresh keys during an outage cannot grow it. Past it, a key's
+// local admissions are not charged to Redis (owedTable.dropped).
+const maxOwed = 65_536
+
+// owedTable is what the local fallback admitted since Redis last
+// answered, per zone and key.
+type owedTable struct {
+	mu sync.Mutex
+	m  map[owedName]*owedKey
+	// dropped counts the keys left out for want of room.
+	dropped atomic.Int64
+}
+
+type owedName struct{ zone, key string }
+
+// owedKey is a key's units admitted by the local fallback: q is its
+// last request, with the zone's whole limit; window the window (fixed,
+// sliding_tail) they were admitted in; last the time of the latest.
+type owedKey struct {
+	q      storage.Request
+	units  int64
+	window int64
+	last   time.Time
+}
+
+// add keeps the costs of reqs, which the local fallback admitted at now
+// (decisions), but a concurrency zone's: its units are released where
+// they were taken.
+func (t *owedTable) add(reqs []storage.Request, decisions []algorithms.Decision, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = make(map[owedName]*owedKey)
+	}
+	for i, q := range reqs {
+		if q.Algorithm == algorithms.Concurrency || q.Cost == 0 {
+			continue
+		}
+		name := owedName{q.Zone, q.Key}
+		o, ok := t.m[name]
+		switch {
+		case !ok && len(t.m) >= maxOwed:
+			t.dropped.Add(1)
+			continue
+		case !ok || o.window != decisions[i].Window && q.Algorithm.Windowed():
+			o = &owedKey{window: decisions[i].Window}
+			t.m[name] = o
+		}
+		o.q, o.last = q, now
+		o.units += q.Cost
+	}
+}
+
+// readd keeps o again, for Redis's next answer.
+func (t *owedTable) readd(o owedKey) {
+	t.add([]storage.Request{withCost(o.q, o.units)}, []algorithms.Decision{{Allowed: true, Window: o.window}}, o.last)
+}
+
+func withCost(q storage.Request, cost int64) storage.Request {
+	q.Cost = cost
+	return q
+}
+
+// drain returns what the table holds, and empties it.
+func (t *owedTable) drain() []owedKey {
+	t.mu.Lock()
+	m := t.m
+	t.m = nil
+	t.mu.Unlock()
+	owed := make([]owedKey, 0, len(m))
+	for _, o := range m {
+		owed = append(owed, *o)
+	}
+	return owed
+}
+
+// counting returns the units of o that still count against its key at
+// now: in a fixed or sliding_tail window, all of them while it is the
+// window they were admitted in, and none after (sliding_tail's weight
+// of the window before is not charged); in a sliding window, all of
+// them for a window after the latest; in gcra, what the bucket has not
+// drained since the latest.
+func (o owedKey) counting(now time.Time) int64 {
+	w := o.q.Rate.Window.Milliseconds()
+	switch {
+	case o.q.Algorithm.Windowed():
+		if algorithms.WindowIndex(now.UnixMilli(), w) != o.window {
+			return 0
+		}
+		return o.units
+	case o.q.Algorithm == algorithms.GCRA:
+		drained := now.Sub(o.last).Milliseconds() * o.q.Rate.Units / max(w, 1)
+		return max(o.units-drained, 0)
+	default:
+		if now.Sub(o.last) >= o.q.Rate.Window {
+			return 0
+		}
+		return o.units
 	}
 }
 

@@ -297,32 +297,48 @@ func TestRedisInstances(t *testing.T) {
 }
 
 // TestRedisLocalFallback: the local fallback gives each instance its share
-// of a limit (floor(limit/N)), in the same algorithm, and forgets its
-// counts once Redis answers again.
+// of a limit (floor(limit/N)), in the same algorithm. It begins from what
+// Redis admitted for this instance (a key whose share was spent through
+// Redis is refused at once), and what it admitted alone is charged to
+// Redis once Redis answers again; its counts stay.
 func TestRedisLocalFallback(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Store), s.URL())
 	fleetOf(t, s, 3, r)
 	local := r.Local()
 	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 31, Window: time.Hour}, Cost: 1}
-	takeLocal := func() algorithms.Decision {
+	takeLocal := func(q storage.Request) algorithms.Decision {
 		d := make([]algorithms.Decision, 1)
-		if err := local.Take(context.Background(), []storage.Request{req}, d); err != nil {
+		if err := local.Take(context.Background(), []storage.Request{q}, d); err != nil {
 			t.Fatal(err)
 		}
 		return d[0]
 	}
+	spent := req
+	spent.Key = "spent"
+	for range 10 {
+		redisTake(t, r, time.Time{}, spent)
+	}
+	if d := takeLocal(spent); d.Allowed {
+		t.Fatal("a key this instance took its share of through Redis was allowed by the local fallback")
+	}
 	for i := range 10 {
-		if d := takeLocal(); !d.Allowed || d.Limit != 10 {
+		if d := takeLocal(req); !d.Allowed || d.Limit != 10 {
 			t.Fatalf("local request %d: %+v, want allowed against 10 (31/3)", i, d)
 		}
 	}
-	if d := takeLocal(); d.Allowed {
+	if d := takeLocal(req); d.Allowed {
 		t.Fatal("the 11th local request allowed")
 	}
-	redisTake(t, r, time.Time{}, req) // Redis answers again
-	if d := takeLocal(); !d.Allowed {
-		t.Fatal("the local counts outlived Redis's answer")
+	if d := redisTake(t, r, time.Time{}, req)[0]; !d.Allowed || d.Used != 1 { // Redis answers again
+		t.Fatalf("Redis's first answer: %+v, want allowed, used 1", d)
+	}
+	waitUntil(t, "Redis counts the 10 admitted locally", func() bool {
+		st, err := r.KeyState(context.Background(), "z", "k", time.Hour)
+		return err == nil && st.Counts.C == 11
+	})
+	if d := takeLocal(req); d.Allowed {
+		t.Fatal("the local counts did not outlive Redis's answer")
 	}
 }
 

@@ -1989,3 +1989,50 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 		t.Errorf("Redis counts %q (%v), want 3", c, err)
 	}
 }
+
+// BenchmarkRedisTakeLocalFallback measures what on_store_error local
+// costs while Redis answers: each admission is counted in the local
+// fallback's memory too (mirror). One hot key with lease on, mostly
+// decided from leases (the path where that count weighs most), and 1024
+// keys, one script call each, with and without the fallback.
+func BenchmarkRedisTakeLocalFallback(b *testing.B) {
+	bin, _ := redistest.Binaries(b)
+	s, err := redistest.Start(bin, b.TempDir(), redistest.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Kill()
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
+	}
+	for i, c := range []struct {
+		name         string
+		lease, local bool
+		keys         int
+	}{
+		{"leased hot key", true, false, 1},
+		{"leased hot key, local", true, true, 1},
+		{"1024 keys", false, false, 1024},
+		{"1024 keys, local", false, true, 1024},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			// A client of its own (by its timeout), whose fallback no
+			// other case turned on.
+			r := newRedisStore(b, &Store{Timeout: caddy.Duration(time.Second + time.Duration(i)*time.Millisecond), Lease: c.lease}, s.URL())
+			if c.local {
+				r.Local()
+			}
+			reqs := []storage.Request{{Zone: "bench", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: math.MaxInt32, Window: time.Minute}, Cost: 1}}
+			d := make([]algorithms.Decision, 1)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for n := 0; b.Loop(); n++ {
+				reqs[0].Key = keys[n%c.keys]
+				if err := r.Take(ctx, reqs, d); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -69,6 +69,7 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	now := r.now()
 	leasing := r.Lease && clock == 0
 	if leasing && c.leases.take(keys, reqs, decisions, now) {
+		c.mirror(reqs, decisions)
 		return nil
 	}
 	if clock == 0 && c.denies.lookup(keys, reqs, decisions, now) {
@@ -113,7 +114,10 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 		c.rereadSlots()
 	}
 	c.breaker.done(nil, true, now)
-	c.answered()
+	if owed := c.answered(); owed != nil {
+		go r.chargeOwed(owed)
+	}
+	c.mirror(reqs, decisions)
 	if leases != nil {
 		c.leases.leased(keys, reqs, leases, decisions, now, r.leaseSeries)
 	}
