@@ -54,7 +54,8 @@ type client struct {
 	// that it has decided since Redis last answered, and owed what it
 	// admitted since, not yet charged to Redis. mirrors tells that a
 	// handler has the fallback, so that what Redis admits is counted in
-	// it too.
+	// it too; it stays on for the client's life, across reloads that
+	// drop the fallback (a memory take a zone, until the client closes).
 	local     local
 	localUsed atomic.Bool
 	owed      owedTable
