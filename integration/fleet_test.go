@@ -551,12 +551,13 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 		}
 		return sent
 	}
-	// fleetWide waits until each instance is told the fleet's limit of
-	// 30 again (Redis decides), and logs how long that took; then until
-	// every instance has announced itself again (a Redis that restarted
-	// forgot them), so that the next outage divides by 3 again.
+	// fleetWide waits until every instance has announced itself again (a
+	// Redis that restarted forgot them), so that a local decision is told
+	// 10 again, not 30 = 30/1; then until each is told the fleet's limit
+	// of 30 (Redis decides), and logs how long that took.
 	fleetWide := func(t *testing.T, since time.Time) {
 		t.Helper()
+		waitForFleet(t, fleet)
 		for i, in := range fleet {
 			waitFor(t, in.url+" to take in Redis again", func() bool {
 				resp, _ := do(t, http.MethodGet, in.url, fmt.Sprintf("X-Client: probe-%d-%d", i, time.Now().UnixNano()))
@@ -564,7 +565,6 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 			})
 		}
 		t.Logf("fleet-wide decisions again %v after Redis came back", time.Since(since).Round(time.Millisecond))
-		waitForFleet(t, fleet)
 	}
 	// exact sends 40 requests for key, in turn to each instance: the
 	// fleet's 30 pass.
@@ -605,13 +605,28 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 			}
 		}
 	}
-	// charged waits until Redis counts the 30 the instances admitted
-	// for key during the outage, then checks that each refuses it.
+	// owed is how many keys an instance keeps to charge to Redis.
+	const owed = `caddy_http_rate_limit_store_entries{kind="owed",store="redis"}`
+	// keeps checks that each instance keeps one key (the outage's) to
+	// charge to Redis; charged, once Redis is back, waits until Redis
+	// counts the 30 the instances admitted for it during the outage and
+	// they keep none, then checks that each refuses it.
+	keeps := func(t *testing.T) {
+		t.Helper()
+		for _, in := range fleet {
+			if n := metricCount(t, in.admin, owed); n != 1 {
+				t.Fatalf("%s keeps %d keys to charge to Redis during the outage, want 1", in.url, n)
+			}
+		}
+	}
 	charged := func(t *testing.T, key string) {
 		t.Helper()
 		waitFor(t, "Redis to count what the instances admitted alone for "+key, func() bool {
 			return keyState(t, fleet[0].admin, "fleet", key).Used >= 30
 		})
+		for _, in := range fleet {
+			waitFor(t, in.url+" to have charged what it kept", func() bool { return metricCount(t, in.admin, owed) == 0 })
+		}
 		for _, in := range fleet {
 			if code := get(t, in.url, key); code != http.StatusTooManyRequests {
 				t.Fatalf("%s, for %s after the outage: %d, want 429: the fleet admitted its 30 during the outage", in.url, key, code)
@@ -622,10 +637,14 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 	sent := 0
 	for i, o := range outages {
 		t.Run(o.name, func(t *testing.T) {
+			// Each instance divides by 3 (a Redis that restarted forgot
+			// the fleet, and learns it again within a second).
+			waitForFleet(t, fleet)
 			spend(t, fmt.Sprintf("spent-%d", i))
 			o.start()
 			spent(t, fmt.Sprintf("spent-%d", i))
 			sent += shares(t, fmt.Sprintf("outage-%d", i))
+			keeps(t)
 			if err := o.end(); err != nil {
 				t.Fatal(err)
 			}

@@ -281,6 +281,11 @@ func (w *dialWatcher) refresh() {
 		// logged where requests meet them.
 		return
 	}
+	// Redis answers: what the local fallback admitted meanwhile is
+	// charged now, whether or not a request comes to find it.
+	if owed := w.client.answered(); owed != nil {
+		go w.client.chargeOwed(owed)
+	}
 	if n, err := live.Int64(); err == nil {
 		w.client.fleet.n.Store(n)
 		if metrics.instances != nil {

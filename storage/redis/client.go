@@ -51,14 +51,14 @@ type client struct {
 	leases  leaseTable
 	leasing sync.Once
 	// local is the fallback of on_store_error local; localUsed tells
-	// that it has decided since Redis last answered, and owed what it
-	// admitted since, not yet charged to Redis. mirrors tells that a
+	// that owed holds what it admitted, not yet charged to Redis. mirrors tells that a
 	// handler has the fallback, so that what Redis admits is counted in
 	// it too; it stays on for the client's life, across reloads that
 	// drop the fallback (a memory take a zone, until the client closes).
 	local     local
 	localUsed atomic.Bool
 	owed      owedTable
+	charging  atomic.Bool // a chargeOwed runs
 	mirrors   atomic.Bool
 
 	cluster bool

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,11 +58,15 @@ func (r *Store) Instances() int {
 // charged to Redis once Redis answers again (owed).
 func (r *Store) Local() storage.Store {
 	r.client.mirrors.Store(true)
-	return localStore{r.client}
+	return localStore{c: r.client, counterKey: r.counterKey}
 }
 
-// localStore is the Redis store's local fallback.
-type localStore struct{ c *client }
+// localStore is the Redis store's local fallback; counterKey names a
+// key's counters in Redis, where what it admits is charged.
+type localStore struct {
+	c          *client
+	counterKey func(zone, key string) string
+}
 
 // Take implements storage.Store: it decides in this instance's memory,
 // with every limit divided among the instances, and keeps what it
@@ -73,12 +78,14 @@ func (s localStore) Take(ctx context.Context, reqs []storage.Request, decisions 
 		q.Rate = share(q.Rate, n)
 		shares[i] = q
 	}
-	s.c.localUsed.Store(true)
 	if err := s.c.localMemory().Take(ctx, shares, decisions); err != nil {
 		return err
 	}
 	if allAllowed(decisions) {
-		s.c.owed.add(reqs, decisions, s.c.now())
+		s.c.owed.add(s.counterKey, reqs, decisions, s.c.now())
+		// After the add, so that an answer draining the table
+		// meanwhile leaves the flag for the next one.
+		s.c.localUsed.Store(true)
 	}
 	return nil
 }
@@ -156,142 +163,163 @@ func (c *client) mirror(reqs []storage.Request, decisions []algorithms.Decision)
 	}
 }
 
-// answered is called when Redis has answered: if the local fallback
-// decided since it last did, it returns what the fallback admitted,
-// which Redis has not counted, to charge it (chargeOwed). The local
-// counts stay: with the mirrored ones, they are what this instance
-// admitted, for the next outage.
+// answered is called when Redis has answered, a take or the dial
+// watcher's refresh: if the local fallback decided since Redis last
+// answered, it returns what the fallback admitted, which Redis has not
+// counted, to charge it (chargeOwed). The local counts stay: with the
+// mirrored ones, they are what this instance admitted, for the next
+// outage. A caller given a slice, even empty, must run chargeOwed with
+// it, which lets the next charge begin.
 func (c *client) answered() []owedKey {
-	if c.localUsed.Load() && c.localUsed.CompareAndSwap(true, false) {
-		return c.owed.drain()
+	if !c.localUsed.Load() || !c.charging.CompareAndSwap(false, true) {
+		return nil // nothing admitted alone, or a charge under way
 	}
-	return nil
+	if !c.localUsed.CompareAndSwap(true, false) {
+		c.charging.Store(false)
+		return nil
+	}
+	return c.owed.drain()
 }
 
 // chargeOwed takes in Redis, past the limit if need be, what the local
 // fallback admitted (owed) and still counts at now: a debt, as a true-up
 // takes one, so that the window an outage ends in does not count
-// afresh. What Redis cannot take yet is kept for its next answer. It
-// runs apart from the request whose answer found owed, and so acquires
-// a client of its own, as a take does: the config may be retiring.
-func (r *Store) chargeOwed(owed []owedKey) {
-	c, own, err := r.acquire()
-	if err != nil {
-		return
-	}
-	defer r.end(own)
+// afresh. It runs in the background, in the server's clock, one at a
+// time (answered), and for chargeFor at most: what Redis has not taken
+// by then, a part that keeps failing or one not tried yet, is kept for
+// Redis's next answer. A call that failed after its script ran is
+// charged twice, erring toward refusing.
+func (c *client) chargeOwed(owed []owedKey) {
+	defer c.charging.Store(false)
 	now := c.now()
+	deadline := time.Now().Add(chargeFor)
 	var keys []string
 	var debts []owedKey
 	for _, o := range owed {
 		if o.units = o.counting(now); o.units > 0 {
-			keys = append(keys, r.counterKey(o.q.Zone, o.q.Key))
+			keys = append(keys, o.counter)
 			debts = append(debts, o)
 		}
 	}
-	if len(keys) == 0 {
-		return
-	}
-	var clock int64
-	if r.scriptClock != nil {
-		clock = r.scriptClock().UnixMilli()
-	}
-	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
-		q := debts[i].q
-		return appendReleaseArgs(dst, q, algorithms.Decision{Allowed: true, Limit: q.Rate.Units}, 0, debts[i].units, clock)
-	})
-	for k, p := range parts {
-		// A Redis just back may still hand out connections that died
-		// with it: a failed part is tried again, a few times, before it
-		// waits for Redis's next answer. A call that failed after its
-		// script ran is charged twice, erring toward refusing.
-		err := c.release(p, time.Duration(r.Timeout))
-		for try := 1; err != nil && try < chargeTries; try++ {
-			time.Sleep(chargeRetry)
-			err = c.release(p, time.Duration(r.Timeout))
-		}
-		if err != nil {
-			for _, i := range groups[k] {
-				c.owed.readd(debts[i])
+	// A call charges at most chargeKeys keys, so that no one script
+	// holds Redis for long.
+	for len(keys) > 0 {
+		n := min(len(keys), chargeKeys)
+		chunk := debts[:n]
+		parts, groups := c.slotParts(keys[:n], func(dst []any, i int) []any {
+			q := chunk[i].q
+			return appendReleaseArgs(dst, q, algorithms.Decision{Allowed: true, Limit: q.Rate.Units}, 0, chunk[i].units, 0)
+		})
+		for k, p := range parts {
+			// A Redis just back may still hand out connections that
+			// died with it, one failed call each: a failed part is
+			// tried again until the deadline.
+			err := errChargeLate
+			for time.Now().Before(deadline) {
+				if err = c.release(p, chargeTimeout); err == nil {
+					break
+				}
+				time.Sleep(chargeRetry)
 			}
-			c.localUsed.Store(true)
-			if n, ok := c.releaseLog.Allow(now); ok {
-				r.logger.Warn("charging what the local fallback admitted failed; kept for Redis's next answer",
-					zap.Error(err), zap.Int64("failures_since_last_log", n))
+			if err != nil {
+				for _, i := range groups[k] {
+					c.owed.readd(chunk[i])
+				}
+				c.localUsed.Store(true)
+				if n, ok := c.releaseLog.Allow(time.Now()); ok {
+					c.logger.Warn("charging Redis with what the local fallback admitted failed; kept for Redis's next answer",
+						zap.Error(err), zap.Int64("failures_since_last_log", n))
+				}
 			}
 		}
+		keys, debts = keys[n:], debts[n:]
 	}
 }
 
-// chargeOwed tries a failed call chargeTries times in all, chargeRetry
-// apart.
+// errChargeLate is a charge's part not tried before chargeOwed's
+// deadline.
+var errChargeLate = errors.New("not tried before the charge's deadline")
+
+// chargeOwed charges at most chargeKeys keys a call, each call bounded
+// by chargeTimeout (it is no request's), and gives up, until Redis's
+// next answer, after chargeFor, trying failed calls again chargeRetry
+// apart: longer than a pool of dead connections lasts (one failed call
+// each, and go-redis keeps 10 a core).
 const (
-	chargeTries = 3
-	chargeRetry = 100 * time.Millisecond
+	chargeKeys    = 256
+	chargeTimeout = time.Second
+	chargeFor     = 2 * time.Second
+	chargeRetry   = 50 * time.Millisecond
 )
 
 // maxOwed bounds the keys whose local admissions are kept for Redis: a
-// flood of fresh keys during an outage cannot grow it. Past it, a key's
-// local admissions are not charged to Redis (owedTable.dropped).
+// flood of fresh keys during an outage cannot grow it. Past it, a new
+// key's local admissions are not charged to Redis.
 const maxOwed = 65_536
 
 // owedTable is what the local fallback admitted since Redis last
 // answered, per zone and key.
 type owedTable struct {
 	mu sync.Mutex
-	m  map[owedName]*owedKey
-	// dropped counts the keys left out for want of room.
-	dropped atomic.Int64
+	m  map[string]*owedKey // by counter key
 }
 
-type owedName struct{ zone, key string }
+// size returns the keys t holds.
+func (t *owedTable) size() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
+}
 
-// owedKey is a key's units admitted by the local fallback: q is its
-// last request, with the zone's whole limit; window the window (fixed,
-// sliding_tail) they were admitted in; last the time of the latest.
+// owedKey is a key's units admitted by the local fallback: counter
+// names its counters in Redis; q is its last request, with the zone's
+// whole limit; window the window (fixed, sliding_tail) they were
+// admitted in; last the time of the latest.
 type owedKey struct {
-	q      storage.Request
-	units  int64
-	window int64
-	last   time.Time
+	counter string
+	q       storage.Request
+	units   int64
+	window  int64
+	last    time.Time
 }
 
 // add keeps the costs of reqs, which the local fallback admitted at now
-// (decisions), but a concurrency zone's: its units are released where
-// they were taken.
-func (t *owedTable) add(reqs []storage.Request, decisions []algorithms.Decision, now time.Time) {
+// (decisions), by their counters in Redis (counterKey), but a
+// concurrency zone's: its units are released where they were taken.
+func (t *owedTable) add(counterKey func(zone, key string) string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.m == nil {
-		t.m = make(map[owedName]*owedKey)
-	}
 	for i, q := range reqs {
-		if q.Algorithm == algorithms.Concurrency || q.Cost == 0 {
-			continue
+		if q.Algorithm != algorithms.Concurrency && q.Cost > 0 {
+			t.keep(counterKey(q.Zone, q.Key), q, decisions[i].Window, q.Cost, now)
 		}
-		name := owedName{q.Zone, q.Key}
-		o, ok := t.m[name]
-		switch {
-		case !ok && len(t.m) >= maxOwed:
-			t.dropped.Add(1)
-			continue
-		case !ok || o.window != decisions[i].Window && q.Algorithm.Windowed():
-			o = &owedKey{window: decisions[i].Window}
-			t.m[name] = o
-		}
-		o.q, o.last = q, now
-		o.units += q.Cost
 	}
 }
 
 // readd keeps o again, for Redis's next answer.
 func (t *owedTable) readd(o owedKey) {
-	t.add([]storage.Request{withCost(o.q, o.units)}, []algorithms.Decision{{Allowed: true, Window: o.window}}, o.last)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.keep(o.counter, o.q, o.window, o.units, o.last)
 }
 
-func withCost(q storage.Request, cost int64) storage.Request {
-	q.Cost = cost
-	return q
+// keep adds units of q, admitted at now in window, to what its counter
+// owes, unless the table is full; a windowed key's units of an earlier
+// window no longer count. t.mu is held.
+func (t *owedTable) keep(counter string, q storage.Request, window, units int64, now time.Time) {
+	if t.m == nil {
+		t.m = make(map[string]*owedKey)
+	}
+	o, ok := t.m[counter]
+	switch {
+	case !ok && len(t.m) >= maxOwed:
+		return
+	case !ok || o.window != window && q.Algorithm.Windowed():
+		o = &owedKey{counter: counter, window: window}
+		t.m[counter] = o
+	}
+	o.q, o.last = q, now
+	o.units += units
 }
 
 // drain returns what the table holds, and empties it.

@@ -300,7 +300,8 @@ func TestRedisInstances(t *testing.T) {
 // of a limit (floor(limit/N)), in the same algorithm. It begins from what
 // Redis admitted for this instance (a key whose share was spent through
 // Redis is refused at once), and what it admitted alone is charged to
-// Redis once Redis answers again; its counts stay.
+// Redis once Redis answers again, a take or the dial watcher's refresh;
+// its counts stay.
 func TestRedisLocalFallback(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Store), s.URL())
@@ -340,6 +341,18 @@ func TestRedisLocalFallback(t *testing.T) {
 	if d := takeLocal(req); d.Allowed {
 		t.Fatal("the local counts did not outlive Redis's answer")
 	}
+	// With no request to find Redis back, the dial watcher's refresh,
+	// once a second, charges it.
+	quiet := req
+	quiet.Key = "quiet"
+	for range 3 {
+		takeLocal(quiet)
+	}
+	r.watcher().refresh()
+	waitUntil(t, "Redis counts the 3 admitted locally, charged by the refresh", func() bool {
+		st, err := r.KeyState(context.Background(), "z", "quiet", time.Hour)
+		return err == nil && st.Counts.C == 3
+	})
 }
 
 // TestRedisLeaseReleasedOnShutdown: the leases a client holds are

@@ -45,7 +45,8 @@ var registerMetrics = promreg.Once(func() []prometheus.Collector {
 
 // entries reports how many entries the Redis store's per-key structures
 // in this process hold, as caddy_http_rate_limit_store_entries{store=
-// "redis", kind}: its lease records and cached denials, summed over the
+// "redis", kind}: its lease records, cached denials and the keys whose
+// local fallback admissions wait to be charged (owed), summed over the
 // clients (see storage.EntriesDesc). They are read when the metrics are
 // scraped.
 type entries struct{ desc *prometheus.Desc }
@@ -55,15 +56,17 @@ var entriesCollector = &entries{desc: storage.EntriesDesc("redis")}
 func (e *entries) Describe(ch chan<- *prometheus.Desc) { ch <- e.desc }
 
 func (e *entries) Collect(ch chan<- prometheus.Metric) {
-	var leases, denials int
+	var leases, denials, owed int
 	clients.Range(func(_, v any) bool {
 		c := v.(*client)
 		leases += c.leases.records()
 		denials += int(c.denies.size.Load())
+		owed += c.owed.size()
 		return true
 	})
 	ch <- prometheus.MustNewConstMetric(e.desc, prometheus.GaugeValue, float64(leases), "leases")
 	ch <- prometheus.MustNewConstMetric(e.desc, prometheus.GaugeValue, float64(denials), "denials")
+	ch <- prometheus.MustNewConstMetric(e.desc, prometheus.GaugeValue, float64(owed), "owed")
 }
 
 // leaseSeries are one zone's series of lease_units_total, by outcome,

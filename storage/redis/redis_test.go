@@ -1294,12 +1294,7 @@ func TestRedisCluster(t *testing.T) {
 // BenchmarkRedisTake measures one decision against a real redis-server:
 // one EVALSHA round trip over loopback.
 func BenchmarkRedisTake(b *testing.B) {
-	bin, _ := redistest.Binaries(b)
-	s, err := redistest.Start(bin, b.TempDir(), redistest.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Kill()
+	s := redistest.Standalone(b)
 	r := newRedisStore(b, new(Store), s.URL())
 	reqs := []storage.Request{{Zone: "bench", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: math.MaxInt32, Window: time.Minute}, Cost: 1}}
 	d := make([]algorithms.Decision, 1)
@@ -1323,12 +1318,7 @@ func BenchmarkRedisTake(b *testing.B) {
 // reports decisions/s and Redis's own CPU time per decision (INFO cpu), and
 // from that how many decisions one Redis core sustains.
 func BenchmarkRedisTakeParallel(b *testing.B) {
-	bin, _ := redistest.Binaries(b)
-	s, err := redistest.Start(bin, b.TempDir(), redistest.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Kill()
+	s := redistest.Standalone(b)
 	// A generous timeout: this measures throughput, and a busy machine
 	// must not turn waits for a connection into errors.
 	r := newRedisStore(b, &Store{Timeout: caddy.Duration(time.Second)}, s.URL())
@@ -1996,12 +1986,7 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 // decided from leases (the path where that count weighs most), and 1024
 // keys, one script call each, with and without the fallback.
 func BenchmarkRedisTakeLocalFallback(b *testing.B) {
-	bin, _ := redistest.Binaries(b)
-	s, err := redistest.Start(bin, b.TempDir(), redistest.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Kill()
+	s := redistest.Standalone(b)
 	keys := make([]string, 1024)
 	for i := range keys {
 		keys[i] = "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)

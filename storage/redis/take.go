@@ -115,7 +115,7 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	}
 	c.breaker.done(nil, true, now)
 	if owed := c.answered(); owed != nil {
-		go r.chargeOwed(owed)
+		go c.chargeOwed(owed)
 	}
 	c.mirror(reqs, decisions)
 	if leases != nil {
