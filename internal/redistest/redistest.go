@@ -567,32 +567,22 @@ func startCluster(serverBin, cliBin, dir string, masters int, replicas bool) (*C
 			return nil, err
 		}
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for _, s := range servers {
-		for {
-			info, err := s.Do("CLUSTER", "INFO")
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
-				break
+	ready := func() bool {
+		for _, s := range servers {
+			if !s.clusterOK() {
+				return false
 			}
-			if time.Now().After(deadline) {
-				kill()
-				return nil, fmt.Errorf("redistest: cluster node %s not ok: %v %s", s.Addr, err, info)
-			}
-			time.Sleep(50 * time.Millisecond)
 		}
+		for _, r := range c.Replicas {
+			if !r.linkUp() {
+				return false
+			}
+		}
+		return true
 	}
-	for _, r := range c.Replicas {
-		for {
-			link, err := r.Info("replication", "master_link_status")
-			if err == nil && link == "up" {
-				break
-			}
-			if time.Now().After(deadline) {
-				kill()
-				return nil, fmt.Errorf("redistest: replica %s has no link to its master: %v %s", r.Addr, err, link)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+	if !poll(15*time.Second, ready) {
+		kill()
+		return nil, fmt.Errorf("redistest: cluster of %d nodes not ok, or a replica without its link, within 15s", len(servers))
 	}
 	return c, nil
 }
@@ -678,24 +668,18 @@ func (c *Cluster) FailMaster(i int, timeout time.Duration) (promoted time.Durati
 	c.Nodes[i].Kill()
 	killed := time.Now()
 	ready := func() bool {
-		if role, err := c.Replicas[i].Info("replication", "role"); err != nil || role != "master" {
+		if !c.Replicas[i].isMaster() {
 			return false
 		}
 		for _, s := range append(append([]*Server(nil), c.Nodes...), c.Replicas...) {
-			if !s.running() {
-				continue
-			}
-			if info, err := s.Do("CLUSTER", "INFO"); err != nil || !strings.Contains(info, "cluster_state:ok") {
+			if s.running() && !s.clusterOK() {
 				return false
 			}
 		}
 		return true
 	}
-	for !ready() {
-		if time.Since(killed) > timeout {
-			return 0, fmt.Errorf("redistest: replica %s not promoted with the cluster ok within %v of killing master %s", c.Replicas[i].Addr, timeout, c.Nodes[i].Addr)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll(timeout, ready) {
+		return 0, fmt.Errorf("redistest: replica %s not promoted with the cluster ok within %v of killing master %s", c.Replicas[i].Addr, timeout, c.Nodes[i].Addr)
 	}
 	return time.Since(killed), nil
 }
@@ -727,18 +711,35 @@ func StartSentinel(bin, dir, name string) (*Sentinel, error) {
 		return nil, err
 	}
 	s := &Sentinel{Master: master, Sentinel: sentinel, Name: name}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		addr, err := sentinel.Do("SENTINEL", "get-master-addr-by-name", name)
-		if err == nil && addr == "127.0.0.1\n"+strconv.Itoa(master.Port) {
-			return s, nil
-		}
-		if time.Now().After(deadline) {
-			s.Kill()
-			return nil, fmt.Errorf("redistest: sentinel does not report master %s: %q %v", name, addr, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !poll(10*time.Second, func() bool { return sentinelNames(sentinel, name, master) }) {
+		s.Kill()
+		return nil, fmt.Errorf("redistest: sentinel does not report master %s at %s", name, master.Addr)
 	}
+	return s, nil
+}
+
+// sentinelNames reports whether sentinel names master as the master
+// called name (SENTINEL get-master-addr-by-name).
+func sentinelNames(sentinel *Server, name string, master *Server) bool {
+	addr, err := sentinel.Do("SENTINEL", "get-master-addr-by-name", name)
+	return err == nil && addr == "127.0.0.1\n"+strconv.Itoa(master.Port)
+}
+
+// linkUp reports whether replica s's link to its master is up.
+func (s *Server) linkUp() bool {
+	link, err := s.Info("replication", "master_link_status")
+	return err == nil && link == "up"
+}
+
+// poll calls ready until it holds, every 20 ms, for up to timeout, and
+// reports whether it held.
+func poll(timeout time.Duration, ready func() bool) bool {
+	for deadline := time.Now().Add(timeout); !ready(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
 }
 
 // NewSentinel starts a master and a sentinel for test t, killed when t ends.
@@ -799,13 +800,9 @@ func StartSentinelGroup(bin, dir, name string) (*SentinelGroup, error) {
 		return nil, err
 	}
 	g := &SentinelGroup{Master: master, Replica: replica, Sentinel: sentinel, Name: name}
-	deadline := time.Now().Add(20 * time.Second)
-	for !g.replicaKnown() {
-		if time.Now().After(deadline) {
-			g.Kill()
-			return nil, fmt.Errorf("redistest: sentinel does not know replica %s of %s online", replica.Addr, name)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !poll(20*time.Second, g.replicaKnown) {
+		g.Kill()
+		return nil, fmt.Errorf("redistest: sentinel does not know replica %s of %s online", replica.Addr, name)
 	}
 	return g, nil
 }
@@ -814,7 +811,7 @@ func StartSentinelGroup(bin, dir, name string) (*SentinelGroup, error) {
 // the sentinel lists the replica, at 127.0.0.1, as an online replica with
 // its link up.
 func (g *SentinelGroup) replicaKnown() bool {
-	if link, err := g.Replica.Info("replication", "master_link_status"); err != nil || link != "up" {
+	if !g.Replica.linkUp() {
 		return false
 	}
 	text, err := g.Sentinel.Do("SENTINEL", "REPLICAS", g.Name)
@@ -851,19 +848,22 @@ func NewSentinelGroup(t testing.TB, name string) *SentinelGroup {
 func (g *SentinelGroup) Failover(timeout time.Duration) (promoted time.Duration, err error) {
 	g.Master.Kill()
 	killed := time.Now()
-	want := "127.0.0.1\n" + strconv.Itoa(g.Replica.Port)
-	for {
-		addr, err := g.Sentinel.Do("SENTINEL", "get-master-addr-by-name", g.Name)
-		if err == nil && addr == want {
-			if role, err := g.Replica.Info("replication", "role"); err == nil && role == "master" {
-				return time.Since(killed), nil
-			}
-		}
-		if time.Since(killed) > timeout {
-			return 0, fmt.Errorf("redistest: sentinel did not promote replica %s of %s within %v: master is %q", g.Replica.Addr, g.Name, timeout, addr)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll(timeout, func() bool { return sentinelNames(g.Sentinel, g.Name, g.Replica) && g.Replica.isMaster() }) {
+		return 0, fmt.Errorf("redistest: sentinel did not promote replica %s of %s within %v", g.Replica.Addr, g.Name, timeout)
 	}
+	return time.Since(killed), nil
+}
+
+// isMaster reports whether s reports role:master.
+func (s *Server) isMaster() bool {
+	role, err := s.Info("replication", "role")
+	return err == nil && role == "master"
+}
+
+// clusterOK reports whether node s reports cluster_state:ok.
+func (s *Server) clusterOK() bool {
+	info, err := s.Do("CLUSTER", "INFO")
+	return err == nil && strings.Contains(info, "cluster_state:ok")
 }
 
 // selfSigned writes a self-signed certificate for 127.0.0.1 and its key
