@@ -3,10 +3,8 @@
 package integration
 
 import (
-	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -660,29 +658,18 @@ func measure(name string, s faultSetting, l *faultLoad, answers []answer, fleet 
 // linesSince counts the lines of a JSON log file written at or after
 // since, and returns the errors they name.
 func linesSince(path string, since time.Time) (int, []string) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, nil
-	}
-	defer f.Close()
 	n := 0
 	var errs []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var line struct {
-			TS    float64 `json:"ts"`
-			Msg   string  `json:"msg"`
-			Error string  `json:"error"`
-		}
-		if json.Unmarshal(sc.Bytes(), &line) != nil {
+	for _, e := range logEntries(logLines(path)) {
+		ts, _ := e["ts"].(float64)
+		sec, frac := math.Modf(ts)
+		if time.Unix(int64(sec), int64(frac*1e9)).Before(since) {
 			continue
 		}
-		sec, frac := math.Modf(line.TS)
-		if !time.Unix(int64(sec), int64(frac*1e9)).Before(since) {
-			n++
-			if e := strings.TrimSpace(line.Msg + ": " + line.Error); line.Error != "" && !slices.Contains(errs, e) {
-				errs = append(errs, e)
+		n++
+		if msg, _ := e["msg"].(string); e["error"] != nil {
+			if line := fmt.Sprintf("%s: %v", msg, e["error"]); !slices.Contains(errs, line) {
+				errs = append(errs, line)
 			}
 		}
 	}

@@ -207,8 +207,9 @@ func (c *client) chargeOwed(owed []owedKey) {
 		n := min(len(keys), chargeKeys)
 		chunk := debts[:n]
 		parts, groups := c.slotParts(keys[:n], func(dst []any, i int) []any {
-			q := chunk[i].q
-			return appendReleaseArgs(dst, q, algorithms.Decision{Allowed: true, Limit: q.Rate.Units}, 0, chunk[i].units, 0)
+			// No release, a debt against q's own limit, in no window of
+			// a decision: only the debt's arguments are read.
+			return appendReleaseArgs(dst, chunk[i].q, algorithms.Decision{}, 0, chunk[i].units, 0)
 		})
 		for k, p := range parts {
 			// A Redis just back may still hand out connections that
