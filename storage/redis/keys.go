@@ -32,11 +32,12 @@ import (
 // are the same in every mode.
 
 // tagSecretKey names the fleet's secret, <prefix>tag_secret: the one key
-// of the store without a TTL. Each instance creates it if Redis has none
-// (SET NX) and reads it back once a second, in the round trip that
-// announces the instance (see dialWatcher.refresh): when it is lost (a
-// FLUSHALL, a failover that lost its write), the first instance to come
-// by writes its own, and the fleet agrees on it within a second.
+// the store writes without a TTL unless an operator asked (a dial or an
+// override for good, the admin epoch). Each instance creates it if Redis
+// has none (SET NX) and reads it back once a second, in the round trip
+// that announces the instance (see dialWatcher.refresh): when it is lost
+// (a FLUSHALL, a failover that lost its write), the first instance to
+// come by writes its own, and the fleet agrees on it within a second.
 func (r *Store) tagSecretKey() string { return r.KeyPrefix + "tag_secret" }
 
 // tagBytes is how many bytes of the keyed hash a tag keeps (shown as hex):
@@ -56,7 +57,7 @@ type keyNames struct {
 	prefix string
 	secret string
 	// macs holds HMACs keyed with the secret, reset between uses: a
-	// fresh one hashes the key twice more.
+	// fresh one hashes the secret's two padded blocks first.
 	macs sync.Pool
 }
 

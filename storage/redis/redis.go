@@ -207,8 +207,8 @@ func (r *Store) Provision(ctx caddy.Context) error {
 	// The first request needs the fleet's secret to name its keys: read
 	// it now, as the watcher would, if Redis is there to ask.
 	if reached == nil && w.names.Load() == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), serverCheckTimeout)
-		_, _ = w.readSecret(ctx) // if it fails, the first request or refresh reads it
+		read, cancel := context.WithTimeout(context.Background(), serverCheckTimeout)
+		_, _ = w.readSecret(read) // if it fails, the first request or refresh reads it
 		cancel()
 	}
 	if r.Lease {
