@@ -277,6 +277,9 @@ func TestOneLinerNames(t *testing.T) {
 		{"a named route and a site of its name", "&(lim) {\n\trate_limit {remote.ip} 10r/s\n}\n:8080 {\n\tinvoke lim\n}\nlim {\n\trate_limit {remote.ip} 10r/s\n}\n",
 			"[default@&(lim) default@lim]"},
 		{"an address that is not ASCII", "münchen.de {\n\trate_limit {remote.ip} 10r/s\n}\n", "[default@m%C3%BCnchen.de]"},
+		// A zone may not be named . or .., but a one-liner's zone has its
+		// site's address too.
+		{"matchers named . and ..", ":8080 {\n\t@. path /a\n\trate_limit @. {remote.ip} 10r/s\n\t@.. path /b\n\trate_limit @.. {remote.ip} 10r/s\n}\n", "[..@:8080 .@:8080]"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			zones, err := adaptedZones(t, c.src)
@@ -310,14 +313,14 @@ func TestOneLinerNameOfABlockZoneRefused(t *testing.T) {
 func TestOneLineNameWithoutSite(t *testing.T) {
 	named := oneLineNamesOf(make(map[string]any))
 	var got []string
-	for _, base := range []string{"default", "auth", "default", "default"} {
+	for _, base := range []string{"default", "auth", "default", "default", ".", "..", "."} {
 		name, err := named.name(base, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		got = append(got, name)
 	}
-	if fmt.Sprint(got) != "[default auth default~2 default~3]" {
+	if fmt.Sprint(got) != "[default auth default~2 default~3 .~2 ..~2 .~3]" {
 		t.Fatalf("names %v", got)
 	}
 }

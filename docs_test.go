@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -134,4 +135,88 @@ func TestRemoteAdminDocIsCaddysJSON(t *testing.T) {
 	if len(perms) != 1 || !slices.Equal(perms[0].Paths, []string{"/rate_limit/"}) || !slices.Equal(perms[0].Methods, []string{"GET"}) {
 		t.Fatalf("permissions %+v, want GET on /rate_limit/ only", perms)
 	}
+}
+
+// TestDocumentedBansCountOnlyGuesses: every documented zone that counts
+// failures and bans (count_status and ban) matches only requests that can
+// carry a guess: those that send a password (a header Authorization
+// matcher, as basic_auth needs) or a login form's POSTs (a method matcher
+// without GET or HEAD). A zone that also counted the 401 basic_auth
+// answers to a request without a password, which every browser sends
+// first, would ban people who never guessed.
+func TestDocumentedBansCountOnlyGuesses(t *testing.T) {
+	configs := map[string]any{}
+	add := func(what string, raw []byte) {
+		var v any
+		if err := json.Unmarshal(raw, &v); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		configs[what] = v
+	}
+	for _, file := range docFiles(t) {
+		for i, block := range docs.FencedBlocks(docs.Read(t, file), "caddyfile") {
+			if grammar.MatchString(block) {
+				continue
+			}
+			// TestDocumentedCaddyfilesAdapt reports a block that does not adapt.
+			if out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(adaptable(block)), nil); err == nil {
+				add(file+", Caddyfile block "+strconv.Itoa(i+1), out)
+			}
+		}
+		for i, block := range docs.FencedBlocks(docs.Read(t, file), "json") {
+			if strings.Contains(block, `"ban"`) {
+				add(file+", JSON block "+strconv.Itoa(i+1), []byte(block))
+			}
+		}
+	}
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(docs.Read(t, "Caddyfile.example")), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add("Caddyfile.example", out)
+
+	bans := 0
+	var walk func(what string, v any)
+	walk = func(what string, v any) {
+		switch v := v.(type) {
+		case []any:
+			for _, e := range v {
+				walk(what, e)
+			}
+		case map[string]any:
+			if _, ok := v["ban"]; ok && v["count_status"] != nil {
+				bans++
+				if !matchesGuessesOnly(v["match"]) {
+					t.Errorf("%s: zone %v counts failures and bans, and matches requests that carry no guess (match %v)", what, v["name"], v["match"])
+				}
+			}
+			for _, e := range v {
+				walk(what, e)
+			}
+		}
+	}
+	for what, c := range configs {
+		walk(what, c)
+	}
+	if bans < 4 {
+		t.Fatalf("%d documented zones with count_status and ban; the test is not reading them", bans)
+	}
+}
+
+// matchesGuessesOnly reports whether every matcher set of a zone's match
+// (JSON) requires an Authorization header or a method other than GET and
+// HEAD.
+func matchesGuessesOnly(match any) bool {
+	sets, _ := match.([]any)
+	for _, s := range sets {
+		set, _ := s.(map[string]any)
+		header, _ := set["header"].(map[string]any)
+		_, auth := header["Authorization"]
+		methods, _ := set["method"].([]any)
+		posts := len(methods) > 0 && !slices.ContainsFunc(methods, func(m any) bool { return m == "GET" || m == "HEAD" })
+		if !auth && !posts {
+			return false
+		}
+	}
+	return len(sets) > 0
 }

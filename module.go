@@ -162,7 +162,9 @@ type Handler struct {
 // Zone is one limit: which requests it applies to, how they are keyed and
 // how much each key may take per window.
 type Zone struct {
-	// The zone's name. Zones with the same name share counters.
+	// The zone's name. Zones with the same name share counters. 1 to 128
+	// printable ASCII characters, but not . or .., which URL paths drop:
+	// the admin API names a zone in its paths.
 	Name string `json:"name"`
 
 	// Which requests the zone applies to; all requests if empty. The sets
@@ -737,11 +739,24 @@ func checkOnOff(v string) error {
 	return fmt.Errorf("want on or off, got %q", v)
 }
 
+// checkZoneName accepts a zone's name. A name is one segment of the admin
+// API's paths (/rate_limit/zones/<zone>/...), which the status page and
+// the command fetch with the name escaped; "." and ".." cannot be, since
+// browsers and URL parsers take them, escaped or not, for the directory
+// and its parent and drop them from the path.
 func checkZoneName(name string) error {
 	if name == "" {
 		return errors.New("zone: a name is required")
 	}
+	if dotSegment(name) {
+		return fmt.Errorf("name: want a name other than . and .. (the admin API and the status page put a zone's name in a URL path, which drops them), got %q", name)
+	}
 	return names.Check(name)
+}
+
+// dotSegment reports whether name is a segment a URL path drops.
+func dotSegment(name string) bool {
+	return name == "." || name == ".."
 }
 
 // checkLimit accepts a template, which is resolved per request, or a

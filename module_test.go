@@ -29,6 +29,8 @@ func TestBadJSONRefused(t *testing.T) {
 		{"duplicate", `{"zones":[{"name":"z","limit":[1],"window":"1s"},{"name":"z","limit":[1],"window":"1s"}]}`, "duplicate zone", `"z"`},
 		{"cost method", `{"zones":[{"name":"z","limit":[1],"window":"1s","cost":{"get":2}}]}`, "unknown HTTP method", "get"},
 		{"unnamed", `{"zones":[{"limit":[1],"window":"1s"}]}`, "zone", "name"},
+		{"named .", `{"zones":[{"name":".","limit":[1],"window":"1s"}]}`, "name", `"."`},
+		{"named ..", `{"zones":[{"name":"..","limit":[1],"window":"1s"}]}`, "name", `".."`},
 		{"limit type", `{"zones":[{"name":"z","limit":[true],"window":"1s"}]}`, "limit", "true"},
 		{"null zone", `{"zones":[null]}`, "zones", "null"},
 		{"negative max_keys", `{"store":{"backend":"memory","max_keys":-5},"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "max_keys", "-5"},

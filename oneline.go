@@ -12,6 +12,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/names"
 )
 
 // This file reads the one-line form that many published Caddyfiles use,
@@ -77,7 +79,9 @@ func (n *oneLineNames) name(base, site string) (string, error) {
 		first += "@" + siteLabel(site)
 	}
 	name := first
-	for i := 2; n.oneLine[name]; i++ {
+	// Without a site, the matcher @. or @.. would name a zone that URL
+	// paths drop (see checkZoneName): it is numbered from the first.
+	for i := 2; n.oneLine[name] || dotSegment(name); i++ {
 		name = first + "~" + strconv.Itoa(i)
 	}
 	if n.block[name] {
@@ -244,7 +248,9 @@ func (h *Handler) unmarshalOneLine(d *caddyfile.Dispenser, args []string, zone s
 	if err != nil {
 		return d.Errf("rate_limit: rate: %v", err)
 	}
-	if err := checkZoneName(zone); err != nil {
+	// The characters the zone's name takes from the matcher; the name
+	// as a whole, with the site's address, is checked once it has it.
+	if err := names.Check(zone); err != nil {
 		return d.Errf("rate_limit: matcher @%s as the zone's name: %v", zone, err)
 	}
 	z := &Zone{

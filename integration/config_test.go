@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"testing"
@@ -30,7 +31,12 @@ func TestBadConfigRefusedAtLoadKeepsOldConfig(t *testing.T) {
 		if code == http.StatusOK {
 			t.Fatalf("%s: loaded", c.Name)
 		}
-		badconfig.AssertNames(t, body, c.Directive, c.Value)
+		// The error as Caddy wrote it, not as JSON escapes it.
+		var answer struct{ Error string }
+		if err := json.Unmarshal([]byte(body), &answer); err != nil {
+			t.Fatalf("%s: %d %s, want Caddy's JSON error", c.Name, code, body)
+		}
+		badconfig.AssertNames(t, answer.Error, c.Directive, c.Value)
 	}
 	resp, body := do(t, http.MethodGet, siteURL+"/")
 	status(t, resp, http.StatusOK)

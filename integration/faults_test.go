@@ -78,7 +78,7 @@ type faultEnv struct {
 	// decisions again.
 	backWithin time.Duration
 	// counted returns, for a fault that loses counts, what Redis counts
-	// for a key once the fault is over.
+	// for a key of zone fleet once the fault is over.
 	counted func(t *testing.T, key string) int64
 }
 
@@ -105,7 +105,7 @@ var faultCases = []faultCase{
 			end:   ended(s.Restart),
 			// A Redis without persistence comes back empty.
 			loses:   true,
-			counted: func(t *testing.T, key string) int64 { return hashCount(t, s, key) },
+			counted: func(t *testing.T, key string) int64 { return hashCount(t, s, counterKey(t, s, "fleet", key)) },
 		}
 	}},
 	{"redis hung", func(t *testing.T) faultEnv {
@@ -161,8 +161,10 @@ var faultCases = []faultCase{
 			end:         func() error { return <-took },
 			healsItself: true,
 			// A replica promoted before the master's last writes reached it.
-			loses:   true,
-			counted: func(t *testing.T, key string) int64 { return hashCount(t, g.Replica, key) },
+			loses: true,
+			counted: func(t *testing.T, key string) int64 {
+				return hashCount(t, g.Replica, counterKey(t, g.Replica, "fleet", key))
+			},
 		}
 	}},
 	{"cluster master killed", func(t *testing.T) faultEnv {
@@ -186,10 +188,14 @@ var faultCases = []faultCase{
 			// A replica promoted before the master's last writes reached it.
 			loses: true,
 			counted: func(t *testing.T, key string) int64 {
+				name, err := c.Counter("fleet", key)
+				if err != nil {
+					t.Fatal(err)
+				}
 				// The live node that serves the key's slot answers; the
 				// others answer MOVED.
 				for _, n := range append(c.Nodes[1:], c.Replicas...) {
-					if v, err := n.Do("HGET", key, "c"); err == nil {
+					if v, err := n.Do("HGET", name, "c"); err == nil {
 						count, _ := strconv.ParseInt(v, 10, 64)
 						return count
 					}
@@ -578,7 +584,7 @@ func runFault(t *testing.T, name string, env faultEnv, s faultSetting) faultRow 
 				before++
 			}
 		}
-		counted := env.counted(t, "rl:{p"+strconv.Itoa(period)+"}:fleet")
+		counted := env.counted(t, "p"+strconv.Itoa(period))
 		r.lost = fmt.Sprintf("%d of the %d units counted before the fault", max(0, int64(before)-counted), before)
 	}
 	return r
@@ -749,7 +755,7 @@ func runInstanceKilled(t *testing.T, s faultSetting) faultRow {
 	// The period's key is no longer asked for: the live instances have
 	// given back what they leased, and what Redis still counts over
 	// what was admitted went with the dead instance.
-	counted := hashCount(t, rs, "rl:{p"+strconv.Itoa(period)+"}:fleet")
+	counted := hashCount(t, rs, counterKey(t, rs, "fleet", "p"+strconv.Itoa(period)))
 	r.lost = fmt.Sprintf("%d of the window's %d units with its leases; %d concurrency units for %v",
 		counted-int64(admitted), faultLimit, held, reaped.Round(10*time.Millisecond))
 	return r

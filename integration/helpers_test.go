@@ -28,6 +28,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/d61b427a/caddy-rate-limit/admin"
+	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
 
 // This file holds what the integration tests share: the suite's address
@@ -381,6 +382,33 @@ func redisStore(store string) string {
 // by store (the store block's body), with extra handler options.
 func redisSite(store string, limit int, extra string) string {
 	return clientSite("per_client", limit, redisStore(store)+"\n"+extra)
+}
+
+// counterKey returns the name of the hash that holds the counters of key
+// in zone on s, for a store with the default key_prefix (see
+// redistest.Server.Counter).
+func counterKey(t testing.TB, s *redistest.Server, zone, key string) string {
+	t.Helper()
+	name, err := s.Counter(zone, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// clusterCounterKey is counterKey on cluster c: the hash's name and the
+// index in c.Nodes of the node that holds it.
+func clusterCounterKey(t testing.TB, c *redistest.Cluster, zone, key string) (string, int) {
+	t.Helper()
+	name, err := c.Counter(zone, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := c.NodeFor(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name, node
 }
 
 // client sends the tests' requests: a new connection for each (a reload

@@ -264,6 +264,28 @@ func readmeLoginZone(t *testing.T) string {
 	return readme
 }
 
+// testChallenges plays the README's basic_auth zone against requests
+// that carry no password, so no guess: a browser's first request, which
+// basic_auth answers 401 with a challenge, an uptime probe, or colleagues
+// behind one address opening the page. Five of them count nothing, and
+// then the right password is let in (app lets it through), with no ban.
+func testChallenges(t *testing.T, fleet []instance, app *gate) {
+	const key = "127.0.0.1"
+	for i := range 5 {
+		resp, _ := do(t, http.MethodGet, fleet[i%len(fleet)].url)
+		if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" {
+			t.Fatalf("request %d without credentials: %d, WWW-Authenticate %q; want 401 and a challenge", i+1, resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
+		}
+	}
+	app.open(1)
+	if code, retryAfter := attempt(t, fleet[len(fleet)-1].url, "right"); code != http.StatusOK {
+		t.Fatalf("the right password after 5 requests without credentials: %d, Retry-After %q; want 200: nobody guessed", code, retryAfter)
+	}
+	if info := keyState(t, fleet[0].admin, "login", key); info.Used != 0 || !info.BanEnds.IsZero() {
+		t.Fatalf("after requests without credentials and the right password, the admin API shows %d used and a ban until %s; want none", info.Used, info.BanEnds)
+	}
+}
+
 // testPageLoad plays the README's basic_auth zone: a page load of 20
 // requests at once with the right password all pass, the first five
 // holding the limit while the app holds them and the others waiting for
@@ -273,8 +295,9 @@ func readmeLoginZone(t *testing.T) string {
 // the ban's end, as Retry-After does.
 func testPageLoad(t *testing.T, fleet []instance, app *gate) {
 	const key = "127.0.0.1"
+	arrived := app.arrived.Load()
 	answers := loginsAtOnce(fleet, "right", 20)
-	app.waitArrivals(t, 5)
+	app.waitArrivals(t, arrived+5)
 	app.releaseAll()
 	for range 20 {
 		if r := receive(t, "an answer", answers); r.status != http.StatusOK {
@@ -325,9 +348,13 @@ func wantBanHeaders(t *testing.T, what string, resp *http.Response) {
 	}
 }
 
+// TestLoginsPageLoadMemory: the README's zone, requests without
+// credentials first, then a page load and a guesser.
 func TestLoginsPageLoadMemory(t *testing.T) {
 	app := newGate(t)
-	testPageLoad(t, startLogins(t, 1, "headers both", readmeLoginZone(t), app.url), app)
+	fleet := startLogins(t, 1, "headers both", readmeLoginZone(t), app.url)
+	testChallenges(t, fleet, app)
+	testPageLoad(t, fleet, app)
 }
 
 // TestLoginsPageLoadRedisFleet: the same on three instances sharing Redis
@@ -335,7 +362,9 @@ func TestLoginsPageLoadMemory(t *testing.T) {
 func TestLoginsPageLoadRedisFleet(t *testing.T) {
 	s := redistest.Standalone(t)
 	app := newGate(t)
-	testPageLoad(t, startLogins(t, 3, redisLines(s, "lease on")+"\n\t\t\theaders both", readmeLoginZone(t), app.url), app)
+	fleet := startLogins(t, 3, redisLines(s, "lease on")+"\n\t\t\theaders both", readmeLoginZone(t), app.url)
+	testChallenges(t, fleet, app)
+	testPageLoad(t, fleet, app)
 }
 
 // TestRedisFleetCountStatusLeases: three instances with lease on and a

@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -424,5 +426,71 @@ func (d *devTools) screenshot(t *testing.T, file string, width int) {
 	d.call("Page.captureScreenshot", map[string]any{"format": "png"}, &shot)
 	if err := os.WriteFile(file, shot.Data, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStatusPageZoneNamesInBrowser: zones named with the characters a URL
+// gives a meaning to (/, ?, #, %) show on the status page, from a site
+// and from the admin endpoint, each with its top keys, beside a zone
+// named plainly: the page escapes each name into one segment of the
+// address it fetches, and the admin API unescapes it, as it does for
+// each zone's other routes. (The names . and .., which no escape keeps
+// in a URL's path, are refused at load: see badconfig.)
+func TestStatusPageZoneNamesInBrowser(t *testing.T) {
+	integration(t)
+	browser := chromium(t)
+	names := []string{"api", "/", "?", "#", "%"}
+	var zones strings.Builder
+	for _, name := range names {
+		fmt.Fprintf(&zones, "\t\t\tzone %q {\n\t\t\t\tkey {header.X-Client}\n\t\t\t\tlimit 5\n\t\t\t\twindow 1h\n\t\t\t}\n", name)
+	}
+	site, admin := freePort(), onLoopback(freePort())
+	siteURL := "http://" + onLoopback(site)
+	startProcess(t, caddyGlobals(adminOption(admin, `""`), site, freePort(), "")+siteURL+` {
+	handle_path /limits/* {
+		rate_limit_status
+	}
+	handle {
+		rate_limit {
+			log_keys on
+`+zones.String()+`		}
+		respond "ok"
+	}
+}
+`, siteURL+"/limits/zones")
+	if codes := burst([]string{siteURL + "/"}, 7, "X-Client: seen"); codes[http.StatusOK] != 5 || codes[http.StatusTooManyRequests] != 2 {
+		t.Fatalf("7 requests: %v, want 5 allowed and 2 rejected", codes)
+	}
+
+	for _, name := range names {
+		path := "/rate_limit/zones/" + url.PathEscape(name)
+		var top struct{ Zone string }
+		if code, body := adminJSON(t, "http://"+admin, http.MethodGet, path+"/top", ""); code != http.StatusOK || json.Unmarshal([]byte(body), &top) != nil || top.Zone != name {
+			t.Errorf("GET %s/top: %d %s, want zone %q's top keys", path, code, body, name)
+		}
+		if code, body := adminJSON(t, "http://"+admin, http.MethodGet, path+"/keys/seen", ""); code != http.StatusOK || !strings.Contains(body, `"used":5`) {
+			t.Errorf("GET %s/keys/seen: %d %s, want its 5 used", path, code, body)
+		}
+	}
+
+	for _, page := range []string{siteURL + "/limits/", "http://" + admin + "/rate_limit/"} {
+		dom := headless(t, browser, page, "--virtual-time-budget=3000", "--dump-dom")
+		_, status, _ := strings.Cut(dom, `id="status"`)
+		if status, _, _ = strings.Cut(status, "</p>"); !strings.Contains(status, "Updated") {
+			t.Fatalf("%s: the page's status line: %s, want Updated\n%s", page, status, dom)
+		}
+		cards := map[string]string{}
+		for _, card := range strings.Split(dom, `<section class="card">`)[1:] {
+			name, rest, _ := strings.Cut(strings.TrimPrefix(card, "<h3>"), "</h3>")
+			cards[name] = rest
+		}
+		for _, name := range names {
+			if card, ok := cards[name]; !ok || !strings.Contains(card, `class="key">seen<`) {
+				t.Errorf("%s: zone %q's card: %q, want its key seen among its top keys", page, name, card)
+			}
+		}
+		if t.Failed() {
+			t.Fatalf("rendered page:\n%s", dom)
+		}
 	}
 }

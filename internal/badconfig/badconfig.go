@@ -35,6 +35,8 @@ var Caddyfiles = []struct {
 	{"log_key and log_keys", `log_keys off; log_key; zone z { limit 1; window 1s }`, "log_key", "log_keys"},
 	{"zone name not ASCII", `zone "zöne" { limit 1; window 1s }`, "name", "0xc3"},
 	{"zone name with a tab", "zone \"a\tb\" { limit 1; window 1s }", "name", "0x09"},
+	{"zone named .", `zone . { limit 1; window 1s }`, "name", `"."`},
+	{"zone named ..", `zone .. { limit 1; window 1s }`, "name", `".."`},
 	{"zone name too long", `zone ` + strings.Repeat("n", names.MaxLen+1) + ` { limit 1; window 1s }`, "name", "129"},
 	{"unknown algorithm", `zone z { limit 1; window 1s; algorithm leaky_bucket }`, "algorithm", "leaky_bucket"},
 	{"missing limit", `zone z { window 1s }`, "limit", "missing"},

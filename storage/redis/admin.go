@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -41,7 +42,11 @@ func (r *Store) adminCtx(ctx context.Context) (context.Context, context.CancelFu
 func (r *Store) KeyState(ctx context.Context, zone, key string, window time.Duration) (storage.KeyState, error) {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
-	vals, err := keyStateScript.Run(ctx, r.client.rdb, []string{r.counterKey(zone, key)}).Int64Slice()
+	names, err := r.keyNames(ctx, r.client)
+	if err != nil {
+		return storage.KeyState{}, fmt.Errorf("redis: %w", err)
+	}
+	vals, err := keyStateScript.Run(ctx, r.client.rdb, []string{names.counter(zone, key)}).Int64Slice()
 	if err != nil {
 		return storage.KeyState{}, fmt.Errorf("redis: %w", err)
 	}
@@ -72,7 +77,7 @@ func (r *Store) KeyState(ctx context.Context, zone, key string, window time.Dura
 // ResetKey implements storage.Admin: it forgets the key's counts and lifts its
 // ban, on every instance sharing the store.
 func (r *Store) ResetKey(ctx context.Context, zone, key string) error {
-	return r.adminOp(ctx, "reset", r.counterKey(zone, key), 0, 0)
+	return r.adminOp(ctx, "reset", zone, key, 0, 0)
 }
 
 // SetOverride implements storage.Admin.
@@ -81,20 +86,25 @@ func (r *Store) SetOverride(ctx context.Context, zone, key string, o storage.Ove
 	if !o.Expires.IsZero() {
 		ttl = max(time.Until(o.Expires).Milliseconds(), 1)
 	}
-	return r.adminOp(ctx, "override", r.counterKey(zone, key), o.Limit, ttl)
+	return r.adminOp(ctx, "override", zone, key, o.Limit, ttl)
 }
 
 // DeleteOverride implements storage.Admin.
 func (r *Store) DeleteOverride(ctx context.Context, zone, key string) error {
-	return r.adminOp(ctx, "unoverride", r.counterKey(zone, key), 0, 0)
+	return r.adminOp(ctx, "unoverride", zone, key, 0, 0)
 }
 
-// adminOp runs one change of a key's admin state (scripts/admin.lua) and
-// bumps the epoch, so that every instance forgets its cached rejections.
-func (r *Store) adminOp(ctx context.Context, op, key string, limit, ttl int64) error {
+// adminOp runs one change of the admin state of key in zone
+// (scripts/admin.lua) and bumps the epoch, so that every instance forgets
+// its cached rejections.
+func (r *Store) adminOp(ctx context.Context, op, zone, key string, limit, ttl int64) error {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
-	if err := adminScript.Run(ctx, r.client.rdb, []string{key}, op, limit, ttl).Err(); err != nil {
+	names, err := r.keyNames(ctx, r.client)
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	if err := adminScript.Run(ctx, r.client.rdb, []string{names.counter(zone, key)}, op, limit, ttl).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
 	return r.bumpEpoch(ctx)
@@ -167,13 +177,21 @@ func (r *Store) watcher() *dialWatcher {
 
 // dialWatcher keeps the dials of the zones asked about, for one client and
 // key prefix, rereading them and the epoch once a second, in the same
-// round trip that announces this instance and counts the fleet.
+// round trip that announces this instance, counts the fleet and reads the
+// secret the store's key names are derived from (keys.go).
 type dialWatcher struct {
 	client       *client
 	dialKey      func(zone string) string
 	epochKey     string
 	instancesKey string
 	logger       *zap.Logger
+
+	prefix    string
+	secretKey string
+	// offer is the secret this instance writes if Redis has none.
+	offer string
+	// names names the store's keys, once the secret has been read.
+	names atomic.Pointer[keyNames]
 
 	dials storage.DialTable
 
@@ -197,6 +215,7 @@ func (c *client) watcher(prefix string, r *Store) *dialWatcher {
 		return w
 	}
 	w := &dialWatcher{client: c, dialKey: r.dialKey, epochKey: r.epochKey(), instancesKey: r.instancesKey(), logger: r.logger,
+		prefix: prefix, secretKey: r.tagSecretKey(), offer: newTagSecret(),
 		zones: make(map[string]bool), wake: make(chan struct{}, 1)}
 	if c.watchers == nil {
 		c.watchers = make(map[string]*dialWatcher)
@@ -253,8 +272,9 @@ func (w *dialWatcher) run() {
 	}
 }
 
-// refresh rereads the dials and the epoch, announces this instance and
-// counts the live ones, with one round trip.
+// refresh rereads the dials, the epoch and the secret the store's key
+// names derive from, announces this instance and counts the live ones,
+// with one round trip.
 func (w *dialWatcher) refresh() {
 	ctx, cancel := context.WithTimeout(context.Background(), dialRefresh)
 	defer cancel()
@@ -265,12 +285,13 @@ func (w *dialWatcher) refresh() {
 	}
 	sets := w.sets
 	w.mu.Unlock()
-	var epoch *goredis.StringCmd
+	var epoch, secret *goredis.StringCmd
 	var live *goredis.Cmd
 	gets := make([]*goredis.StringCmd, len(zones))
 	_, err := w.client.rdb.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		epoch = p.Get(ctx, w.epochKey)
 		live = announce(ctx, p, w.instancesKey)
+		secret = w.querySecret(ctx, p)
 		for i, z := range zones {
 			gets[i] = p.Get(ctx, w.dialKey(z))
 		}
@@ -280,6 +301,9 @@ func (w *dialWatcher) refresh() {
 		// Keep the dials and the fleet last read; the store's errors are
 		// logged where requests meet them.
 		return
+	}
+	if secret.Err() == nil {
+		w.learnSecret(secret.Val())
 	}
 	// Redis answers: what the local fallback admitted meanwhile is
 	// charged now, whether or not a request comes to find it.

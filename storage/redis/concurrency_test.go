@@ -23,9 +23,11 @@ func release(s storage.Store, reqs ...storage.Request) error {
 }
 
 // holderKey names the sorted set of a concurrency key's holders, as the
-// scripts derive it from the counter key: <prefix>{<key>}h:<zone>.
+// scripts derive it from the counter key: <prefix>{<tag>}h{<key>}:<zone>.
 func (r *Store) holderKey(zone, key string) string {
-	return r.KeyPrefix + "{" + key + "}h:" + zone
+	counter := r.counterKey(zone, key)
+	tag := counter[len(r.KeyPrefix) : strings.IndexByte(counter, '}')+1]
+	return r.KeyPrefix + tag + "h{" + key + "}:" + zone
 }
 
 // TestRedisHolderSetNamedApart: a concurrency key's holder set is named

@@ -58,14 +58,14 @@ func (r *Store) Instances() int {
 // charged to Redis once Redis answers again (owed).
 func (r *Store) Local() storage.Store {
 	r.client.mirrors.Store(true)
-	return localStore{c: r.client, counterKey: r.counterKey}
+	return localStore{c: r.client, names: r.watcher()}
 }
 
-// localStore is the Redis store's local fallback; counterKey names a
-// key's counters in Redis, where what it admits is charged.
+// localStore is the Redis store's local fallback; names names a key's
+// counters in Redis, where what it admits is charged.
 type localStore struct {
-	c          *client
-	counterKey func(zone, key string) string
+	c     *client
+	names *dialWatcher
 }
 
 // Take implements storage.Store: it decides in this instance's memory,
@@ -82,7 +82,7 @@ func (s localStore) Take(ctx context.Context, reqs []storage.Request, decisions 
 		return err
 	}
 	if allAllowed(decisions) {
-		s.c.owed.add(s.counterKey, reqs, decisions, s.c.now())
+		s.c.owed.add(s.names, reqs, decisions, s.c.now())
 		// After the add, so that an answer draining the table
 		// meanwhile leaves the flag for the next one.
 		s.c.localUsed.Store(true)
@@ -196,10 +196,18 @@ func (c *client) chargeOwed(owed []owedKey) {
 	var keys []string
 	var debts []owedKey
 	for _, o := range owed {
-		if o.units = o.counting(now); o.units > 0 {
-			keys = append(keys, o.counter)
-			debts = append(debts, o)
+		if o.units = o.counting(now); o.units <= 0 {
+			continue
 		}
+		names := o.names.names.Load()
+		if names == nil {
+			// The fleet's secret not read yet: the key has no name.
+			c.owed.readd(o)
+			c.localUsed.Store(true)
+			continue
+		}
+		keys = append(keys, names.counter(o.q.Zone, o.q.Key))
+		debts = append(debts, o)
 	}
 	// A call charges at most chargeKeys keys, so that no one script
 	// holds Redis for long.
@@ -259,10 +267,18 @@ const (
 const maxOwed = 65_536
 
 // owedTable is what the local fallback admitted since Redis last
-// answered, per zone and key.
+// answered, per store's key names, zone and key.
 type owedTable struct {
 	mu sync.Mutex
-	m  map[string]*owedKey // by counter key
+	m  map[owedID]*owedKey
+}
+
+// owedID is a key of a zone, in the key names of a store (its prefix). The
+// counters' name in Redis is found when they are charged: the fleet's
+// secret may not be known before.
+type owedID struct {
+	names     *dialWatcher
+	zone, key string
 }
 
 // size returns the keys t holds.
@@ -272,27 +288,27 @@ func (t *owedTable) size() int {
 	return len(t.m)
 }
 
-// owedKey is a key's units admitted by the local fallback: counter
-// names its counters in Redis; q is its last request, with the zone's
-// whole limit; window the window (fixed, sliding_tail) they were
-// admitted in; last the time of the latest.
+// owedKey is a key's units admitted by the local fallback: names names
+// its counters in Redis; q is its last request, with the zone's whole
+// limit; window the window (fixed, sliding_tail) they were admitted in;
+// last the time of the latest.
 type owedKey struct {
-	counter string
-	q       storage.Request
-	units   int64
-	window  int64
-	last    time.Time
+	names  *dialWatcher
+	q      storage.Request
+	units  int64
+	window int64
+	last   time.Time
 }
 
 // add keeps the costs of reqs, which the local fallback admitted at now
-// (decisions), by their counters in Redis (counterKey), but a
+// (decisions), by their counters in Redis (as names names them), but a
 // concurrency zone's: its units are released where they were taken.
-func (t *owedTable) add(counterKey func(zone, key string) string, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) {
+func (t *owedTable) add(names *dialWatcher, reqs []storage.Request, decisions []algorithms.Decision, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i, q := range reqs {
 		if q.Algorithm != algorithms.Concurrency && q.Cost > 0 {
-			t.keep(counterKey(q.Zone, q.Key), q, decisions[i].Window, q.Cost, now)
+			t.keep(names, q, decisions[i].Window, q.Cost, now)
 		}
 	}
 }
@@ -301,23 +317,24 @@ func (t *owedTable) add(counterKey func(zone, key string) string, reqs []storage
 func (t *owedTable) readd(o owedKey) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.keep(o.counter, o.q, o.window, o.units, o.last)
+	t.keep(o.names, o.q, o.window, o.units, o.last)
 }
 
-// keep adds units of q, admitted at now in window, to what its counter
-// owes, unless the table is full; a windowed key's units of an earlier
+// keep adds units of q, admitted at now in window, to what its counters
+// owe, unless the table is full; a windowed key's units of an earlier
 // window no longer count. t.mu is held.
-func (t *owedTable) keep(counter string, q storage.Request, window, units int64, now time.Time) {
+func (t *owedTable) keep(names *dialWatcher, q storage.Request, window, units int64, now time.Time) {
 	if t.m == nil {
-		t.m = make(map[string]*owedKey)
+		t.m = make(map[owedID]*owedKey)
 	}
-	o, ok := t.m[counter]
+	id := owedID{names, q.Zone, q.Key}
+	o, ok := t.m[id]
 	switch {
 	case !ok && len(t.m) >= maxOwed:
 		return
 	case !ok || o.window != window && q.Algorithm.Windowed():
-		o = &owedKey{counter: counter, window: window}
-		t.m[counter] = o
+		o = &owedKey{names: names, window: window}
+		t.m[id] = o
 	}
 	o.q, o.last = q, now
 	o.units += units

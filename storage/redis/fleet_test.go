@@ -14,17 +14,17 @@ import (
 // kept still adds up.
 func TestOwedTableBounded(t *testing.T) {
 	var table owedTable
-	counterKey := new(Store).counterKey
+	names := new(dialWatcher)
 	now := time.Now()
 	rate := algorithms.Rate{Units: 10, Window: time.Hour}
 	d := []algorithms.Decision{{Allowed: true, Window: algorithms.WindowIndex(now.UnixMilli(), time.Hour.Milliseconds())}}
 	for i := range maxOwed + 1000 {
-		table.add(counterKey, []storage.Request{{Zone: "z", Key: strconv.Itoa(i), Algorithm: algorithms.FixedWindow, Rate: rate, Cost: 1}}, d, now)
+		table.add(names, []storage.Request{{Zone: "z", Key: strconv.Itoa(i), Algorithm: algorithms.FixedWindow, Rate: rate, Cost: 1}}, d, now)
 	}
 	if n := table.size(); n != maxOwed {
 		t.Fatalf("%d keys kept after %d, want the bound %d", n, maxOwed+1000, maxOwed)
 	}
-	table.add(counterKey, []storage.Request{{Zone: "z", Key: "0", Algorithm: algorithms.FixedWindow, Rate: rate, Cost: 2}}, d, now)
+	table.add(names, []storage.Request{{Zone: "z", Key: "0", Algorithm: algorithms.FixedWindow, Rate: rate, Cost: 2}}, d, now)
 	for _, o := range table.drain() {
 		if o.q.Key == "0" && o.units != 3 {
 			t.Fatalf("key 0 owes %d, want 3 (1, then 2)", o.units)

@@ -8,6 +8,7 @@
 package redis
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -194,14 +195,22 @@ func (r *Store) Provision(ctx caddy.Context) error {
 	// reach does not: Redis may be back before the first request, and a
 	// connection made then checks the version (see versionCheck).
 	var old *errOldServer
-	if err := r.client.checkServers(serverCheckTimeout); errors.As(err, &old) {
-		return fmt.Errorf("store redis: %w", err)
-	} else if err != nil {
+	reached := r.client.checkServers(serverCheckTimeout)
+	if errors.As(reached, &old) {
+		return fmt.Errorf("store redis: %w", reached)
+	} else if reached != nil {
 		r.logger.Warn("Redis out of reach at load; its version will be checked when the store reaches it",
-			zap.Error(err), zap.String("needs", minRedisText+" or later"))
+			zap.Error(reached), zap.String("needs", minRedisText+" or later"))
 	}
 	// Announce this instance from now on, and read the fleet's size.
-	r.watcher()
+	w := r.watcher()
+	// The first request needs the fleet's secret to name its keys: read
+	// it now, as the watcher would, if Redis is there to ask.
+	if reached == nil && w.names.Load() == nil {
+		read, cancel := context.WithTimeout(context.Background(), serverCheckTimeout)
+		_, _ = w.readSecret(read) // if it fails, the first request or refresh reads it
+		cancel()
+	}
 	if r.Lease {
 		r.client.startLeases()
 	}

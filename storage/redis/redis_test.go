@@ -2,6 +2,9 @@ package redis
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -244,53 +247,53 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 	})
 }
 
-// TestRedisKeys: keys bounded by BoundKey make one hash tag each, distinct
-// for distinct keys, and short enough, however hostile the key.
+// TestRedisKeys: a key's counters are named <prefix>{<tag>}{<key>}:<zone>,
+// the tag the first 4 bytes, as hex, of HMAC-SHA256 of the key with the
+// fleet's secret in Redis: the same for each zone of a key, which so
+// share a slot, and nothing a client can choose. Keys bounded by BoundKey
+// make distinct names, short enough, however hostile the key.
 func TestRedisKeys(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, &Store{KeyPrefix: "rl:"}, s.URL())
+	secret, err := s.Do("GET", "rl:tag_secret")
+	if err != nil || len(secret) != 64 {
+		t.Fatalf("the secret in Redis: %q (%v), want 64 hex digits", secret, err)
+	}
 	long := strings.Repeat("x", 10000)
-	cases := []struct {
-		key, want string
-	}{
-		{"1.2.3.4", "rl:{1.2.3.4}:z"},
-		{"user:42", "rl:{user:42}:z"},
-		{"2001:db8::1", "rl:{2001:db8::1}:z"},
-		{"a}b", ""},
-		{"{a}", ""},
-		{long, ""},
-		{"", ""},
+	seen := map[string]string{}
+	for _, key := range []string{"1.2.3.4", "user:42", "2001:db8::1", "a}b", "{a}", long, "",
 		// a key that looks like a hashed one is hashed itself, so it
 		// cannot take over the counter of the long key
-		{storage.BoundKey(long), ""},
-	}
-	seen := map[string]string{}
-	for _, c := range cases {
-		got := r.counterKey("z", storage.BoundKey(c.key))
-		if c.want != "" && got != c.want {
-			t.Errorf("counterKey(%.20q) = %q, want %q", c.key, got, c.want)
+		storage.BoundKey(long)} {
+		bound := storage.BoundKey(key)
+		mac := hmac.New(sha256.New, []byte(secret))
+		mac.Write([]byte(bound))
+		tag := "{" + hex.EncodeToString(mac.Sum(nil)[:4]) + "}"
+		got := r.counterKey("z", bound)
+		if want := "rl:" + tag + "{" + bound + "}:z"; got != want {
+			t.Errorf("counterKey(%.20q) = %q, want %q", key, got, want)
 		}
-		if c.want == "" && (!strings.HasPrefix(got, "rl:{#") || len(got) != len("rl:{#}:z")+32) {
-			t.Errorf("counterKey(%.20q) = %q, want a hashed tag", c.key, got)
-		}
-		if strings.Count(got, "{") != 1 || strings.Count(got, "}") != 1 {
-			t.Errorf("counterKey(%.20q) = %q: broken tag", c.key, got)
+		if other := r.counterKey("other zone", bound); hashTag(other) != tag {
+			t.Errorf("key %.20q: tag %s in zone z, %s in another", key, tag, hashTag(other))
 		}
 		if prev, ok := seen[got]; ok {
-			t.Errorf("keys %.20q and %.20q share %q", prev, c.key, got)
+			t.Errorf("keys %.20q and %.20q share %q", prev, key, got)
 		}
-		seen[got] = c.key
-		redisTake(t, r, time.Time{}, storage.Request{Zone: "z", Key: c.key, Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
+		seen[got] = key
+		redisTake(t, r, time.Time{}, storage.Request{Zone: "z", Key: key, Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
 	}
 	keys, err := s.Do("KEYS", "rl:{*")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(strings.Split(keys, "\n")); n != len(cases) {
-		t.Fatalf("%d keys in Redis, want %d:\n%s", n, len(cases), keys)
+	if n := len(strings.Split(keys, "\n")); n != len(seen) {
+		t.Fatalf("%d keys in Redis, want %d:\n%s", n, len(seen), keys)
 	}
 	for _, k := range strings.Split(keys, "\n") {
-		if len(k) > 100 {
+		if _, ok := seen[k]; !ok {
+			t.Errorf("unexpected key %q in Redis", k)
+		}
+		if len(k) > 110 {
 			t.Errorf("key of %d bytes in Redis", len(k))
 		}
 	}
@@ -301,6 +304,8 @@ func TestRedisKeys(t *testing.T) {
 // TTL relative to its own clock, and the TTL then counts down in real time
 // until PTTL reads it: so PTTL may be short of the full TTL by the time
 // between the take and the read, measured around both, and by no more.
+// Every key in Redis then has a TTL, but one: the fleet's secret, which
+// key names derive from (keys.go).
 func TestRedisExpiry(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Store), s.URL())
@@ -324,6 +329,19 @@ func TestRedisExpiry(t *testing.T) {
 		if got := time.Duration(ms) * time.Millisecond; got > c.want || got < c.want-between {
 			t.Errorf("%s: PTTL %s, want %s less at most the %s between the take and the read", c.alg, got, c.want, between)
 		}
+	}
+	keys, err := s.Do("KEYS", "*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var forever []string
+	for _, key := range strings.Split(keys, "\n") {
+		if ttl, err := s.Do("PTTL", key); err != nil || mustInt(t, ttl) < 0 {
+			forever = append(forever, key)
+		}
+	}
+	if want := []string{r.tagSecretKey()}; !slices.Equal(forever, want) {
+		t.Fatalf("keys without a TTL: %q, want only the secret %q; all keys:\n%s", forever, want, keys)
 	}
 }
 

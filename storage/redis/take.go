@@ -18,35 +18,15 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// This file is the Redis store's take protocol: key names, the take and
-// release scripts, and how zones in different cluster slots are taken
-// all or nothing.
-
-// counterKey names the Redis hash holding the counters of key in zone:
-// <prefix>{<key>}:<zone>. The braces make the key its own cluster hash
-// tag, so the zones of one key share a slot and one script call decides
-// them all, even on a cluster. The hash holds the current and the previous
-// window together. BoundKey has made sure the key holds no brace.
-func (r *Store) counterKey(zone, key string) string {
-	return r.KeyPrefix + "{" + key + "}:" + zone
-}
-
-// holdersKey names the sorted set of a concurrency key's holders, beside
-// its counter hash: <prefix>{<key>}h:<zone>, in the counter's slot by the
-// same tag, and a name no counter hash can have ("}:" follows every
-// counter's tag). The scripts are handed it in KEYS after the counters,
-// since a script must declare every key it touches.
-func holdersKey(counter string) string {
-	tag := strings.IndexByte(counter, '}')
-	return counter[:tag+1] + "h" + counter[tag+1:]
-}
+// This file is the Redis store's take protocol: the take and release
+// scripts, and how zones in different cluster slots are taken all or
+// nothing. How keys are named is in keys.go.
 
 // Take implements storage.Store.
 func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	if len(reqs) == 0 {
 		return nil
 	}
-	keys := make([]string, 0, len(reqs))
 	for _, q := range reqs {
 		if q.Rate.Units > maxExact || q.Cost < 0 || q.Cost > maxExact || q.Rate.Window.Milliseconds() > maxExact ||
 			q.Algorithm == algorithms.GCRA && (q.Rate.Units > math.MaxInt32 || q.Rate.Burst > math.MaxInt32) {
@@ -55,13 +35,20 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 		if err := q.Rate.Validate(); err != nil {
 			return fmt.Errorf("zone %q: %w", q.Zone, err)
 		}
-		keys = append(keys, r.counterKey(q.Zone, q.Key))
 	}
 	c, own, err := r.acquire()
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
 	defer r.end(own)
+	names, err := r.keyNames(ctx, c)
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	keys := make([]string, len(reqs))
+	for i, q := range reqs {
+		keys[i] = names.counter(q.Zone, q.Key)
+	}
 	var clock int64
 	if r.scriptClock != nil {
 		clock = r.scriptClock().UnixMilli()
@@ -442,6 +429,7 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 		return fmt.Errorf("redis: %w", err)
 	}
 	defer r.end(own)
+	var names *keyNames
 	var keys []string
 	var held []settling
 	now := r.now()
@@ -450,11 +438,16 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 		clock = r.scriptClock().UnixMilli()
 	}
 	for i, q := range reqs {
-		key := r.counterKey(q.Zone, q.Key)
 		release, debt := q.Settle()
 		if release == 0 && debt == 0 && !q.KeepsInFlight() && q.Algorithm != algorithms.Concurrency {
 			continue // the cost stays whole: nothing to settle
 		}
+		if names == nil {
+			if names, err = r.keyNames(context.Background(), c); err != nil {
+				return fmt.Errorf("redis: %w", err)
+			}
+		}
+		key := names.counter(q.Zone, q.Key)
 		// A cost in flight ends in Redis, where it is kept.
 		if r.Lease && !q.KeepsInFlight() && release > 0 && c.leases.release(key, q, decisions[i], release, now) {
 			continue

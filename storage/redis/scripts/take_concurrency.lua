@@ -8,7 +8,7 @@
 -- "<instance>:<request>/<cost>". The set comes in KEYS right after the
 -- hash, as every key a script touches must (Redis Cluster routes the call
 -- by them, and replicates its effects on them): the caller names it
--- prefix{key}h:zone, which no counter hash can be named, in the hash's
+-- prefix{tag}h{key}:zone, which no counter hash can be named, in the hash's
 -- slot by the same tag. Holders whose hold ended (their instance died
 -- without releasing) are removed, and their cost taken off c, before the
 -- key is decided.
