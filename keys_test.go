@@ -4,7 +4,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"regexp"
+	"strings"
 	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // TestHiddenKey: a hidden key is "#" and 16 hex digits, the same for the
@@ -47,6 +51,24 @@ func TestLogKeyShowsKeys(t *testing.T) {
 		h := provisionHandler(t, c.config)
 		if got := h.keyField("k"); got.String != c.want {
 			t.Errorf("%s: key logged as %q, want %q", c.config, got.String, c.want)
+		}
+	}
+}
+
+// TestLoggedKeysEscaped: a key shown as it is (log_keys on) with an
+// escape sequence and a line break is written escaped in Caddy's log
+// formats, json and console alike: it can neither drive the terminal
+// that shows the log nor forge a line.
+func TestLoggedKeysEscaped(t *testing.T) {
+	h := provisionHandler(t, `{"log_keys":"on","zones":[{"name":"unit_logged_escaped","key":["{http.request.header.X-Api-Key}"],"limit":[1],"window":"1m"}]}`)
+	for name, enc := range map[string]zapcore.Encoder{
+		"json":    zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()),
+		"console": zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()),
+	} {
+		var out strings.Builder
+		zap.New(zapcore.NewCore(enc, zapcore.AddSync(&out), zap.InfoLevel)).Info("rate limit exceeded", h.keyField("\x1b[2J\r\nforged"))
+		if line := out.String(); strings.ContainsAny(strings.TrimSuffix(line, "\n"), "\x1b\r\n") || !strings.Contains(line, `\u001b[2J\r\nforged`) {
+			t.Errorf("%s: logged %q, want the key escaped", name, line)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -40,7 +41,8 @@ shared by a fleet (Redis), a change acts on every instance.
   caddy rate-limit dial <zone> [--mode enforce|dry_run|off] [--limit <n>] [--ttl 1h]
   caddy rate-limit dial <zone> --remove
 
---json prints the admin API's answer as it is, for scripts.
+--json prints the admin API's answer as it is, for scripts. Keys and
+names that hold control characters are printed Go-quoted ("\x1b[2J").
 
 As with 'caddy reload', the admin endpoint is --address if given;
 otherwise the one in the config given by --config (and --adapter);
@@ -321,7 +323,7 @@ func showZones(w io.Writer, answer []byte) error {
 		if z.Hold != "" {
 			window = z.Hold + " hold"
 		}
-		limit := strings.Join(z.Limit, " or ")
+		limit := printable(strings.Join(z.Limit, " or "))
 		if z.Units {
 			limit += " units"
 		}
@@ -330,7 +332,7 @@ func showZones(w io.Writer, answer []byte) error {
 			instances = strconv.Itoa(z.Instances)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			z.Name, z.Algorithm, limit, window, z.Store, dialText(z.Dial), instances)
+			printable(z.Name), z.Algorithm, limit, window, z.Store, dialText(z.Dial), instances)
 	}
 	return tw.Flush()
 }
@@ -348,7 +350,7 @@ func showTop(w io.Writer, answer []byte) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintf(tw, "KEY\t%s\tREJECTED\n", strings.ToUpper(counted))
 	for _, k := range top.Keys {
-		fmt.Fprintf(tw, "%s\t%d\t%d\n", k.Key, count(k), k.Rejected)
+		fmt.Fprintf(tw, "%s\t%d\t%d\n", printable(k.Key), count(k), k.Rejected)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -369,8 +371,8 @@ func showKey(w io.Writer, answer []byte) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "zone\t%s\n", k.Zone)
-	fmt.Fprintf(tw, "key\t%s\n", k.Key)
+	fmt.Fprintf(tw, "zone\t%s\n", printable(k.Zone))
+	fmt.Fprintf(tw, "key\t%s\n", printable(k.Key))
 	if k.Hash != "" {
 		fmt.Fprintf(tw, "hash\t%s\n", k.Hash)
 	}
@@ -388,6 +390,19 @@ func showKey(w io.Writer, answer []byte) error {
 		fmt.Fprintf(tw, "reserved\t%d\n", *k.Reserved)
 	}
 	return tw.Flush()
+}
+
+// printable is s as a table shows it: as it is if every character is
+// printable, else Go-quoted ("\x1b[2J", "a\r\nb"), so that a key, which
+// clients choose, can neither move the terminal's cursor, clear its
+// screen or turn text around, nor forge a row. A string that opens with
+// a double quote is quoted too: no string is then shown as another's
+// quoted form.
+func printable(s string) string {
+	if strings.HasPrefix(s, `"`) || !utf8.ValidString(s) || strings.IndexFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 // overrideText shows an override as "5000 until <time>", or "-" for none.

@@ -118,6 +118,45 @@ func TestRateLimitTopFooter(t *testing.T) {
 	}
 }
 
+// TestRateLimitCommandEscapes: the tables print keys and zone names that
+// hold control characters or other characters a terminal does not print
+// as Go-quoted strings, and leave printable ones as they are.
+func TestRateLimitCommandEscapes(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"203.0.113.9", "203.0.113.9"},
+		{"a/b c", "a/b c"},
+		{"münchen", "münchen"},
+		{"\x1b[2J", `"\x1b[2J"`},
+		{"x\r\nforged", `"x\r\nforged"`},
+		{"tab\there", `"tab\there"`},
+		{"\u202eevil", `"\u202eevil"`},
+		{"\xff", `"\xff"`},
+		{`"quoted"`, `"\"quoted\""`},
+	} {
+		if got := printable(c.in); got != c.want {
+			t.Errorf("printable(%q) = %s, want %s", c.in, got, c.want)
+		}
+	}
+	s := newStandIn(t)
+	show := func(answer string, args ...string) string {
+		t.Helper()
+		s.answer = answer
+		out, err := rateLimit(append(args, "--address", s.address)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.ContainsAny(out, "\x1b\r") {
+			t.Errorf("%q printed %q, with an escape or a carriage return", args, out)
+		}
+		return out
+	}
+	show(`{"zone":"api","keys":[{"key":"\u001b[2J\r\n","requests":1,"rejected":0}],"error":0}`, "top", "api")
+	show(`{"zone":"a\u001b","key":"\u001b[2J\r","used":1,"reset":"2030-01-01T00:00:00Z"}`, "key", "api", "k")
+	if out := show(`[{"name":"a\u001b]0;x\u0007","algorithm":"gcra","window":"1s","limit":["{l\r}"],"store":"memory"}]`, "zones"); !strings.Contains(out, `"a\x1b]0;x\a"`) {
+		t.Errorf("zones printed %q, want the name quoted", out)
+	}
+}
+
 // TestRateLimitCommandUnits: for a zone that limits what responses cost,
 // the zone list says its limit is in units, the top table counts units,
 // and a key shows its debt and the units its requests in flight hold

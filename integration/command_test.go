@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -220,5 +221,43 @@ func commandAt(t *testing.T, in instance) func(args ...string) string {
 			t.Fatalf("caddy rate-limit %q: %v", args, err)
 		}
 		return out
+	}
+}
+
+// inProcessCLI is commandAt for the in-process Caddy.
+func inProcessCLI(t *testing.T) func(args ...string) string {
+	return commandAt(t, instance{admin: adminURL})
+}
+
+// TestCommandEscapesKeys: a key with an escape sequence or a line break
+// (a query parameter can carry both) is printed by top with them escaped,
+// so that it can neither clear the operator's screen nor forge a row.
+func TestCommandEscapesKeys(t *testing.T) {
+	startCaddy(t, siteAddr+` {
+	rate_limit {
+		log_keys on
+		zone escaped {
+			key {query.id}
+			limit 5
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`)
+	cli := inProcessCLI(t)
+	for _, id := range []string{"%1b%5b2J", "x%0d%0aforged%099%090"} {
+		if resp, _ := do(t, http.MethodGet, siteURL+"/?id="+id); resp.StatusCode != http.StatusOK {
+			t.Fatalf("id=%s: %d, want 200", id, resp.StatusCode)
+		}
+	}
+	top := cli("top", "escaped")
+	if strings.ContainsAny(top, "\x1b\r") || len(topRows(top)) != 2 {
+		t.Fatalf("top printed %q, want 2 rows and no escape or carriage return", top)
+	}
+	for _, want := range []string{`\x1b[2J`, `x\r\nforged\t9\t0`} {
+		if !strings.Contains(top, want) {
+			t.Fatalf("top printed %q, want the key %s escaped", top, want)
+		}
 	}
 }
