@@ -24,7 +24,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "zones|top|key|reset|override|dial [<zone> [<key>]] [--json] [--address <interface>] [--config <path> [--adapter <name>]]",
+		Usage: "zones|top|key|reset|override|dial [<zone> [<key>]] [--from <alternative>] [--json] [--address <interface>] [--config <path> [--adapter <name>]]",
 		Short: "Shows and changes the rate limits of the running Caddy",
 		Long: `
 Shows the running rate limit zones, a zone's heaviest keys and a key's
@@ -34,12 +34,17 @@ shared by a fleet (Redis), a change acts on every instance.
 
   caddy rate-limit zones
   caddy rate-limit top <zone> [--n 20]
-  caddy rate-limit key <zone> <key>
-  caddy rate-limit reset <zone> <key>
-  caddy rate-limit override <zone> <key> <limit> [--ttl 24h]
-  caddy rate-limit override <zone> <key> --remove
+  caddy rate-limit key <zone> <key> [--from <alternative>]
+  caddy rate-limit reset <zone> <key> [--from <alternative>]
+  caddy rate-limit override <zone> <key> <limit> [--ttl 24h] [--from <alternative>]
+  caddy rate-limit override <zone> <key> --remove [--from <alternative>]
   caddy rate-limit dial <zone> [--mode enforce|dry_run|off] [--limit <n>] [--ttl 1h]
   caddy rate-limit dial <zone> --remove
+
+A key is its value, as clients send it. Each alternative of a zone's key ({header.X-Api-Key}, then the client
+address it falls back to) counts apart: top's FROM column says which a
+key came from, and --from names it where the key is counted under
+several.
 
 --json prints the admin API's answer as it is, for scripts. Keys and
 names that hold control characters are printed Go-quoted ("\x1b[2J").
@@ -79,19 +84,23 @@ func rateLimitCommands(cmd *cobra.Command) {
 	top.Flags().Int("n", DefaultTopKeys, "How many keys to show")
 	cmd.AddCommand(top)
 
-	cmd.AddCommand(&cobra.Command{
+	key := &cobra.Command{
 		Use:   "key <zone> <key>",
 		Short: "Shows a key's counts, override and ban",
 		Args:  cobra.ExactArgs(2),
 		RunE:  run(keyRequest),
-	})
+	}
+	fromFlag(key)
+	cmd.AddCommand(key)
 
-	cmd.AddCommand(&cobra.Command{
+	reset := &cobra.Command{
 		Use:   "reset <zone> <key>",
 		Short: "Forgets a key's counts and lifts its ban",
 		Args:  cobra.ExactArgs(2),
 		RunE:  run(resetRequest),
-	})
+	}
+	fromFlag(reset)
+	cmd.AddCommand(reset)
 
 	override := &cobra.Command{
 		Use:   "override <zone> <key> (<limit> [--ttl <duration>] | --remove)",
@@ -101,6 +110,7 @@ func rateLimitCommands(cmd *cobra.Command) {
 	}
 	override.Flags().String("ttl", "", "How long the override lasts (default: until removed)")
 	override.Flags().Bool("remove", false, "Remove the key's override")
+	fromFlag(override)
 	cmd.AddCommand(override)
 
 	dial := &cobra.Command{
@@ -114,6 +124,11 @@ func rateLimitCommands(cmd *cobra.Command) {
 	dial.Flags().String("ttl", "", "How long the dial lasts (default: until removed)")
 	dial.Flags().Bool("remove", false, "Return the zone to its config")
 	cmd.AddCommand(dial)
+}
+
+// fromFlag adds --from to a subcommand that names a key.
+func fromFlag(cmd *cobra.Command) {
+	cmd.Flags().String("from", "", "The alternative of the zone's key the key came from, as top shows it (needed only where the key is counted under several)")
 }
 
 // adminRequest is what a subcommand asks of the admin endpoint, and how
@@ -200,8 +215,24 @@ func zonePath(zone string) string {
 	return "/rate_limit/zones/" + url.PathEscape(zone)
 }
 
-func keyPath(zone, key string) string {
-	return zonePath(zone) + "/keys/" + url.PathEscape(key)
+// keyPath is the admin path of a key, with the alternative --from names,
+// if any; route is "" for the key, "/limit" for its override.
+func keyPath(fl caddycmd.Flags, zone, key, route string) string {
+	path := zonePath(zone) + "/keys/" + url.PathEscape(key) + route
+	if from := fl.String("from"); from != "" {
+		path += "?from=" + url.QueryEscape(from)
+	}
+	return path
+}
+
+// keyText is how a subcommand's line names the key it changed: as given,
+// and the alternative --from named, if any.
+func keyText(fl caddycmd.Flags, key string) string {
+	text := fmt.Sprintf("key %q", key)
+	if from := fl.String("from"); from != "" {
+		text += fmt.Sprintf(" from %q", from)
+	}
+	return text
 }
 
 // ttlFlag returns the --ttl flag, checked here so that a bad one is
@@ -227,27 +258,27 @@ func topRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 	return adminRequest{method: http.MethodGet, path: path, show: showTop}, nil
 }
 
-func keyRequest(_ caddycmd.Flags, args []string) (adminRequest, error) {
-	return adminRequest{method: http.MethodGet, path: keyPath(args[0], args[1]), show: showKey}, nil
+func keyRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
+	return adminRequest{method: http.MethodGet, path: keyPath(fl, args[0], args[1], ""), show: showKey}, nil
 }
 
-func resetRequest(_ caddycmd.Flags, args []string) (adminRequest, error) {
+func resetRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 	zone, key := args[0], args[1]
-	return adminRequest{method: http.MethodDelete, path: keyPath(zone, key), show: func(w io.Writer, _ []byte) error {
-		_, err := fmt.Fprintf(w, "zone %q: key %q reset\n", zone, key)
+	return adminRequest{method: http.MethodDelete, path: keyPath(fl, zone, key, ""), show: func(w io.Writer, _ []byte) error {
+		_, err := fmt.Fprintf(w, "zone %q: %s reset\n", zone, keyText(fl, key))
 		return err
 	}}, nil
 }
 
 func overrideRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 	zone, key := args[0], args[1]
-	path := keyPath(zone, key) + "/limit"
+	path := keyPath(fl, zone, key, "/limit")
 	if fl.Bool("remove") {
 		if len(args) != 2 || fl.Changed("ttl") {
 			return adminRequest{}, errors.New("override --remove takes a zone and a key, and no limit or --ttl")
 		}
 		return adminRequest{method: http.MethodDelete, path: path, show: func(w io.Writer, _ []byte) error {
-			_, err := fmt.Fprintf(w, "zone %q: key %q: override removed\n", zone, key)
+			_, err := fmt.Fprintf(w, "zone %q: %s: override removed\n", zone, keyText(fl, key))
 			return err
 		}}, nil
 	}
@@ -271,7 +302,7 @@ func overrideRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 		if err := json.Unmarshal(answer, &o); err != nil {
 			return err
 		}
-		_, err := fmt.Fprintf(w, "zone %q: key %q: override %s\n", zone, key, overrideText(&o))
+		_, err := fmt.Fprintf(w, "zone %q: %s: override %s\n", zone, keyText(fl, key), overrideText(&o))
 		return err
 	}}, nil
 }
@@ -348,9 +379,10 @@ func showTop(w io.Writer, answer []byte) error {
 		counted, count = "Units", func(k TopKey) int64 { return k.Units }
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "KEY\t%s\tREJECTED\n", strings.ToUpper(counted))
+	// FROM last, where a template with a space in it reads whole.
+	fmt.Fprintf(tw, "KEY\t%s\tREJECTED\tFROM\n", strings.ToUpper(counted))
 	for _, k := range top.Keys {
-		fmt.Fprintf(tw, "%s\t%d\t%d\n", printable(k.Key), count(k), k.Rejected)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", printable(k.Key), count(k), k.Rejected, printable(k.From))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -373,6 +405,9 @@ func showKey(w io.Writer, answer []byte) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintf(tw, "zone\t%s\n", printable(k.Zone))
 	fmt.Fprintf(tw, "key\t%s\n", printable(k.Key))
+	if k.From != "" {
+		fmt.Fprintf(tw, "from\t%s\n", printable(k.From))
+	}
 	if k.Hash != "" {
 		fmt.Fprintf(tw, "hash\t%s\n", k.Hash)
 	}

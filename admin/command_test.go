@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -73,6 +74,10 @@ func TestRateLimitCommandRequests(t *testing.T) {
 		{[]string{"key", "default@m%C3%BCnchen.de", "k"}, "GET", "/rate_limit/zones/default@m%25C3%25BCnchen.de/keys/k", ""},
 		{[]string{"key", "api", "bot 7/%"}, "GET", "/rate_limit/zones/api/keys/bot%207%2F%25", ""},
 		{[]string{"reset", "api", "k"}, "DELETE", "/rate_limit/zones/api/keys/k", ""},
+		{[]string{"key", "api", "k", "--from", "{header.X-Api-Key}"}, "GET", "/rate_limit/zones/api/keys/k?from=%7Bheader.X-Api-Key%7D", ""},
+		{[]string{"reset", "api", "k", "--from", "{client_ip}"}, "DELETE", "/rate_limit/zones/api/keys/k?from=%7Bclient_ip%7D", ""},
+		{[]string{"override", "api", "k", "7", "--from", "a b"}, "PUT", "/rate_limit/zones/api/keys/k/limit?from=a+b", `{"limit":7}`},
+		{[]string{"override", "api", "k", "--remove", "--from", "{client_ip}"}, "DELETE", "/rate_limit/zones/api/keys/k/limit?from=%7Bclient_ip%7D", ""},
 		{[]string{"override", "api", "k", "5000", "--ttl", "24h"}, "PUT", "/rate_limit/zones/api/keys/k/limit", `{"limit":5000,"ttl":"24h"}`},
 		{[]string{"override", "api", "k", "10"}, "PUT", "/rate_limit/zones/api/keys/k/limit", `{"limit":10}`},
 		{[]string{"override", "api", "k", "--remove"}, "DELETE", "/rate_limit/zones/api/keys/k/limit", ""},
@@ -118,9 +123,36 @@ func TestRateLimitTopFooter(t *testing.T) {
 	}
 }
 
-// TestRateLimitCommandEscapes: the tables print keys and zone names that
-// hold control characters or other characters a terminal does not print
-// as Go-quoted strings, and leave printable ones as they are.
+// TestRateLimitCommandShowsAlternatives: top shows the alternative each
+// key came from, last, and key shows it; a change made with --from says
+// which.
+func TestRateLimitCommandShowsAlternatives(t *testing.T) {
+	s := newStandIn(t)
+	s.answer = `{"zone":"api","keys":[{"key":"k","from":"{http.request.header.X-Api-Key}","requests":9,"rejected":2},{"key":"k","from":"{http.vars.client_ip}","requests":1,"rejected":0}],"error":0}`
+	out, err := rateLimit("top", "api", "--address", s.address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out, "\n")
+	for i, want := range [][]string{{"KEY", "REQUESTS", "REJECTED", "FROM"}, {"k", "9", "2", "{http.request.header.X-Api-Key}"}, {"k", "1", "0", "{http.vars.client_ip}"}} {
+		if got := strings.Fields(lines[i]); !slices.Equal(got, want) {
+			t.Errorf("top line %d: %q, want %q", i, got, want)
+		}
+	}
+	s.answer = `{"zone":"api","key":"k","from":"{http.vars.client_ip}","used":1,"reset":"2030-01-01T00:00:00Z"}`
+	if out, err := rateLimit("key", "api", "k", "--address", s.address); err != nil || !strings.Contains(out, "\nfrom               {http.vars.client_ip}\n") {
+		t.Errorf("key printed\n%s\n(%v), want its alternative", out, err)
+	}
+	s.answer = ""
+	if out, err := rateLimit("reset", "api", "k", "--from", "{client_ip}", "--address", s.address); err != nil || out != "zone \"api\": key \"k\" from \"{client_ip}\" reset\n" {
+		t.Errorf("reset --from printed %q (%v), want the alternative named", out, err)
+	}
+}
+
+// TestRateLimitCommandEscapes: the tables print keys, alternatives and
+// zone names that hold control characters or other characters a
+// terminal does not print as Go-quoted strings, and leave printable ones
+// as they are.
 func TestRateLimitCommandEscapes(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
 		{"203.0.113.9", "203.0.113.9"},
@@ -150,8 +182,8 @@ func TestRateLimitCommandEscapes(t *testing.T) {
 		}
 		return out
 	}
-	show(`{"zone":"api","keys":[{"key":"\u001b[2J\r\n","requests":1,"rejected":0}],"error":0}`, "top", "api")
-	show(`{"zone":"a\u001b","key":"\u001b[2J\r","used":1,"reset":"2030-01-01T00:00:00Z"}`, "key", "api", "k")
+	show(`{"zone":"api","keys":[{"key":"\u001b[2J","from":"{x}\r\n","requests":1,"rejected":0}],"error":0}`, "top", "api")
+	show(`{"zone":"a\u001b","key":"\u001b[2J","from":"\r","used":1,"reset":"2030-01-01T00:00:00Z"}`, "key", "api", "k")
 	if out := show(`[{"name":"a\u001b]0;x\u0007","algorithm":"gcra","window":"1s","limit":["{l\r}"],"store":"memory"}]`, "zones"); !strings.Contains(out, `"a\x1b]0;x\a"`) {
 		t.Errorf("zones printed %q, want the name quoted", out)
 	}

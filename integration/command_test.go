@@ -112,10 +112,11 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 		t.Fatalf("zones row %q, want %q", got, want)
 	}
 
+	const from = "{http.request.header.X-Client}"
 	top := cli("top", "cli")
 	rows := topRows(top)
-	if len(rows) < 4 || !hashForm.MatchString(rows[0][0]) || !slices.Equal(rows[0][1:], []string{"12", "7"}) {
-		t.Fatalf("top:\n%s\nwant the 4 clients, %s's hash first with 12 requests, 7 rejected", top, bot)
+	if len(rows) < 4 || !hashForm.MatchString(rows[0][0]) || !slices.Equal(rows[0][1:], []string{"12", "7", from}) {
+		t.Fatalf("top:\n%s\nwant the 4 clients, %s's hash first with 12 requests, 7 rejected, from %s", top, bot, from)
 	}
 	hash := rows[0][0]
 	if strings.Contains(top, bot) {
@@ -137,7 +138,7 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 	if err := json.Unmarshal([]byte(cli("top", "cli", "--json")), &answer); err != nil || answer.Zone != "cli" || len(answer.Keys) < 4 || answer.Keys[0].Key != hash {
 		t.Fatalf("top --json: %+v, %v; want zone cli, the 4 clients, %s first", answer, err, hash)
 	}
-	if rows := topRows(cli("top", "cli_shown")); len(rows) < 4 || !slices.Equal(rows[0], []string{bot, "5", "0"}) {
+	if rows := topRows(cli("top", "cli_shown")); len(rows) < 4 || !slices.Equal(rows[0], []string{bot, "5", "0", from}) {
 		t.Fatalf("top of cli_shown (log_keys on):\n%s\nwant %s first with 5 requests", cli("top", "cli_shown"), bot)
 	}
 
@@ -149,8 +150,8 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 		}
 		return fields
 	}
-	if k := key(); k["zone"] != "cli" || k["key"] != bot || k["hash"] != hash || k["used"] != "5" || k["current"] != "5" || k["override"] != "-" {
-		t.Fatalf("key: %v, want %s, the hash top shows, 5 used, no override", k, bot)
+	if k := key(); k["zone"] != "cli" || k["key"] != bot || k["from"] != from || k["hash"] != hash || k["used"] != "5" || k["current"] != "5" || k["override"] != "-" {
+		t.Fatalf("key: %v, want %s from %s, the hash top shows, 5 used, no override", k, bot, from)
 	}
 
 	if out := cli("override", "cli", bot, "10", "--ttl", "1h"); !strings.HasPrefix(out, fmt.Sprintf("zone %q: key %q: override 10 until ", "cli", bot)) {

@@ -578,7 +578,7 @@ func runFault(t *testing.T, name string, env faultEnv, s faultSetting) faultRow 
 				before++
 			}
 		}
-		counted := env.counted(t, "rl:{p"+strconv.Itoa(period)+"}:fleet")
+		counted := env.counted(t, "rl:{"+clientKey("p"+strconv.Itoa(period))+"}:fleet")
 		r.lost = fmt.Sprintf("%d of the %d units counted before the fault", max(0, int64(before)-counted), before)
 	}
 	return r
@@ -749,7 +749,7 @@ func runInstanceKilled(t *testing.T, s faultSetting) faultRow {
 	// The period's key is no longer asked for: the live instances have
 	// given back what they leased, and what Redis still counts over
 	// what was admitted went with the dead instance.
-	counted := hashCount(t, rs, "rl:{p"+strconv.Itoa(period)+"}:fleet")
+	counted := hashCount(t, rs, "rl:{"+clientKey("p"+strconv.Itoa(period))+"}:fleet")
 	r.lost = fmt.Sprintf("%d of the window's %d units with its leases; %d concurrency units for %v",
 		counted-int64(admitted), faultLimit, held, reaped.Round(10*time.Millisecond))
 	return r

@@ -56,7 +56,7 @@ func TestRedisFleetExact(t *testing.T) {
 		byNode := map[int]string{}
 		for i := 0; len(byNode) < len(c.Nodes); i++ {
 			key := "client-" + strconv.Itoa(i)
-			node, err := c.NodeFor(key)
+			node, err := c.NodeFor(clientKey(key))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,7 +70,7 @@ func TestRedisFleetExact(t *testing.T) {
 		}
 		wg.Wait()
 		for node, key := range byNode {
-			if n, err := c.Nodes[node].Do("HGET", "rl:{"+key+"}:fleet", "c"); err != nil || n != "30" {
+			if n, err := c.Nodes[node].Do("HGET", "rl:{"+clientKey(key)+"}:fleet", "c"); err != nil || n != "30" {
 				t.Errorf("node %d holds %q for %s (%v), want 30", node, n, key, err)
 			}
 		}
@@ -80,7 +80,7 @@ func TestRedisFleetExact(t *testing.T) {
 		s := redistest.NewSentinel(t, "fleet")
 		fleet := urls(startFleet(t, 3, fleetSpec{store: "address " + s.Sentinel.URL() + "\nsentinel fleet", zone: perClient(30)}))
 		exact(t, fleet, "one")
-		if n, err := s.Master.Do("HGET", "rl:{one}:fleet", "c"); err != nil || n != "30" {
+		if n, err := s.Master.Do("HGET", "rl:{"+clientKey("one")+"}:fleet", "c"); err != nil || n != "30" {
 			t.Fatalf("master holds %q (%v), want 30", n, err)
 		}
 	})
@@ -135,7 +135,7 @@ func TestRedisConcurrencyFleet(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		s := redistest.Standalone(t)
 		run(t, "address "+s.URL(), func(key string) string {
-			n, err := s.Do("ZCARD", "rl:{"+key+"}h:fleet")
+			n, err := s.Do("ZCARD", "rl:{"+clientKey(key)+"}h:fleet")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -379,16 +379,16 @@ func TestRedisFleetLeases(t *testing.T) {
 	}
 	t.Run("standalone", func(t *testing.T) {
 		s := redistest.Standalone(t)
-		run(t, "address "+s.URL(), func(key string) int64 { return hashCount(t, s, "rl:{"+key+"}:fleet") })
+		run(t, "address "+s.URL(), func(key string) int64 { return hashCount(t, s, "rl:{"+clientKey(key)+"}:fleet") })
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.NewCluster(t, 3)
 		run(t, "address "+strings.Join(c.URLs(), " ")+"\ncluster", func(key string) int64 {
-			node, err := c.NodeFor(key)
+			node, err := c.NodeFor(clientKey(key))
 			if err != nil {
 				t.Fatal(err)
 			}
-			return hashCount(t, c.Nodes[node], "rl:{"+key+"}:fleet")
+			return hashCount(t, c.Nodes[node], "rl:{"+clientKey(key)+"}:fleet")
 		})
 	})
 }
@@ -414,7 +414,7 @@ func TestRedisFleetSlidingWindowLeases(t *testing.T) {
 		t.Fatalf("the app saw %d requests, %d were admitted", n, total)
 	}
 	ring := func() int64 {
-		v, err := s.Do("HGET", "rl:{hot}:fleet", "r")
+		v, err := s.Do("HGET", "rl:{"+clientKey("hot")+"}:fleet", "r")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -713,7 +713,7 @@ func TestRedisFleetInstanceDiesHoldingLease(t *testing.T) {
 
 	rest := drain(t, fleet[1:], "k", workers, 20)
 	admitted := dying.Load() + sum(rest)
-	c := hashCount(t, s, "rl:{k}:fleet")
+	c := hashCount(t, s, "rl:{"+clientKey("k")+"}:fleet")
 	lost := c - admitted
 	t.Logf("admitted %d (%d by the instance killed, %v by the others); Redis counts %d: %d lost with the instance", admitted, dying.Load(), rest, c, lost)
 	if admitted > limit || c != limit {

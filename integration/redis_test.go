@@ -53,7 +53,7 @@ func TestRedisStoreConfig(t *testing.T) {
 		}
 	}
 	keys, err := s.DoIn(2, "KEYS", "rl:{*")
-	if err != nil || keys != "rl:{env}:per_client" {
+	if err != nil || keys != "rl:{"+clientKey("env")+"}:per_client" {
 		t.Fatalf("keys in database 2: %q %v", keys, err)
 	}
 
@@ -107,7 +107,7 @@ func TestRedisStoreConfig(t *testing.T) {
 			t.Fatalf("JSON config, request %d: %d, want %d", i, code, want)
 		}
 	}
-	if n, _ := s.Do("EXISTS", "json:{json}:per_client"); n != "1" {
+	if n, _ := s.Do("EXISTS", "json:{"+clientKey("json")+"}:per_client"); n != "1" {
 		t.Fatal("JSON config: no counter under key_prefix json:")
 	}
 }
@@ -149,9 +149,9 @@ func TestRedisMultiZone(t *testing.T) {
 		}
 	}
 	for key, want := range map[string]string{
-		"rl:{multi}:per_client":        "2",
-		"rl:{multi}:per_client_strict": "2",
-		"rl:{all}:global":              "2",
+		"rl:{" + clientKey("multi") + "}:per_client":        "2",
+		"rl:{" + clientKey("multi") + "}:per_client_strict": "2",
+		"rl:{" + storedKey("all", "all") + "}:global":       "2",
 	} {
 		if got, err := s.Do("HGET", key, "c"); err != nil || got != want {
 			t.Errorf("%s counts %q (%v), want %s", key, got, err, want)
@@ -298,7 +298,7 @@ func TestRedisClientsGoingAway(t *testing.T) {
 	// was counted before.
 	var counted int64
 	for _, f := range []string{"c", "p"} {
-		v, err := s.Do("HGET", "rl:{away}:per_client", f)
+		v, err := s.Do("HGET", "rl:{"+clientKey("away")+"}:per_client", f)
 		if err != nil {
 			t.Fatal(err)
 		}
