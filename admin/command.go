@@ -41,7 +41,8 @@ shared by a fleet (Redis), a change acts on every instance.
   caddy rate-limit dial <zone> [--mode enforce|dry_run|off] [--limit <n>] [--ttl 1h]
   caddy rate-limit dial <zone> --remove
 
-A key is its value, as clients send it. Each alternative of a zone's key ({header.X-Api-Key}, then the client
+A key is its value, as clients send it, or its hash as top shows it.
+Each alternative of a zone's key ({header.X-Api-Key}, then the client
 address it falls back to) counts apart: top's FROM column says which a
 key came from, and --from names it where the key is counted under
 several.

@@ -74,6 +74,7 @@ func TestRateLimitCommandRequests(t *testing.T) {
 		{[]string{"key", "default@m%C3%BCnchen.de", "k"}, "GET", "/rate_limit/zones/default@m%25C3%25BCnchen.de/keys/k", ""},
 		{[]string{"key", "api", "bot 7/%"}, "GET", "/rate_limit/zones/api/keys/bot%207%2F%25", ""},
 		{[]string{"reset", "api", "k"}, "DELETE", "/rate_limit/zones/api/keys/k", ""},
+		{[]string{"reset", "api", "#0123456789abcdef"}, "DELETE", "/rate_limit/zones/api/keys/%230123456789abcdef", ""},
 		{[]string{"key", "api", "k", "--from", "{header.X-Api-Key}"}, "GET", "/rate_limit/zones/api/keys/k?from=%7Bheader.X-Api-Key%7D", ""},
 		{[]string{"reset", "api", "k", "--from", "{client_ip}"}, "DELETE", "/rate_limit/zones/api/keys/k?from=%7Bclient_ip%7D", ""},
 		{[]string{"override", "api", "k", "7", "--from", "a b"}, "PUT", "/rate_limit/zones/api/keys/k/limit?from=a+b", `{"limit":7}`},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -29,6 +30,21 @@ import (
 // holds nothing under any is shown with no use, and not changed: there
 // is nothing to reset (404), and which one an override is meant for
 // cannot be known (409).
+//
+// A key may also be named by its hash, as logs, events and top keys show
+// keys under log_keys off ('#' and 16 hex digits). A hash cannot be
+// turned back into its key, so it is looked up among this instance's top
+// keys of the zone, which keep the keys themselves; one that is not
+// there is refused, saying to pass the key itself. A '#' and 32 hex
+// digits is storage.BoundKey's own form of a long key, as top keys show
+// it under log_keys on, and is taken as it is.
+
+var (
+	// shownHash is a key's hash as it is shown under log_keys off.
+	shownHash = regexp.MustCompile(`^#[0-9a-f]{16}$`)
+	// boundHash is a long key as storage.BoundKey keeps it.
+	boundHash = regexp.MustCompile(`^#[0-9a-f]{32}$`)
+)
 
 // namedKey is a key an admin request names, in one key space of its
 // zone, with what the store holds for it.
@@ -46,7 +62,8 @@ func (k namedKey) fields(z target) []zap.Field {
 // namedKeys returns the keys that raw (the key's path segment, unescaped)
 // and from (?from=, or "") name in z: the key under the alternative from,
 // or, without from, under each of the zone's alternatives that could
-// have given it (each of them if none could).
+// have given it (each of them if none could); for a hash, the one key
+// among the zone's top keys that has it.
 func (z target) namedKeys(ctx context.Context, raw, from string) ([]namedKey, error) {
 	spaces := z.info.Key
 	if from != "" {
@@ -56,7 +73,13 @@ func (z target) namedKeys(ctx context.Context, raw, from string) ([]namedKey, er
 		}
 		spaces = []string{alt}
 	}
-	key := storage.BoundKey(raw)
+	if shownHash.MatchString(raw) {
+		return z.hashedKey(ctx, raw, spaces)
+	}
+	key := raw
+	if !boundHash.MatchString(raw) {
+		key = storage.BoundKey(raw)
+	}
 	if from == "" {
 		if alts := keySpaces(z.info.Name, key); len(alts) > 0 {
 			spaces = alts
@@ -71,6 +94,23 @@ func (z target) namedKeys(ctx context.Context, raw, from string) ([]namedKey, er
 		out = append(out, k)
 	}
 	return out, nil
+}
+
+// hashedKey returns the key among the zone's top keys, under one of the
+// alternatives spaces, whose hash is hash. The answer shows the hash in
+// place of the key, which it stands for because the key is hidden.
+func (z target) hashedKey(ctx context.Context, hash string, spaces []string) ([]namedKey, error) {
+	top, _ := z.Top(MaxTopKeys)
+	for _, t := range top {
+		if z.ShownKey(t.Key) != hash || !slices.Contains(spaces, t.From) {
+			continue
+		}
+		k, err := z.read(ctx, t.Key)
+		k.info.Key = hash
+		return []namedKey{k}, err
+	}
+	return nil, apiError(http.StatusNotFound, fmt.Errorf("zone %q: key %q: a key's hash, as logs and top keys show keys under log_keys off, and none of this instance's top keys of the zone (about the last minute's) has it; pass the key itself",
+		z.info.Name, hash))
 }
 
 // read reads a stored key's state.

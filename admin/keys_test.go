@@ -10,6 +10,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 const (
@@ -140,5 +142,47 @@ func TestKeyNamedByAlternative(t *testing.T) {
 	other.store = z.store
 	if code, k, msg := keyAnswer(t, logs, http.MethodGet, base+ip+"?from="+url.QueryEscape("{cookie.s}"), ""); code != http.StatusOK || k.From != "{http.request.cookie.s}" {
 		t.Fatalf("GET from the other handler's alternative: %d %+v %s", code, k, msg)
+	}
+}
+
+// TestKeyNamedByHash: a key's hash, as top keys show it under log_keys
+// off, names that key, found among the zone's top keys, and the answer
+// shows the hash, not the key; a hash no top key has is refused, saying
+// to pass the key itself, and changes nothing. A long key's bounded form
+// ('#' and 32 hex digits) is taken as it is; the long key itself is
+// bounded.
+func TestKeyNamedByHash(t *testing.T) {
+	z := runSpacedZone(t, "hashes")
+	logs := zap.NewNop()
+	const base = "/rate_limit/zones/hashes/keys/"
+	secret := headerAlt + "|secret"
+	z.top = []TopKey{{Key: secret, From: headerAlt, Requests: 3}}
+	z.store.used["hashes/"+secret] = 3
+	hash := z.ShownKey(secret)
+
+	code, k, msg := keyAnswer(t, logs, http.MethodGet, base+url.PathEscape(hash), "")
+	if code != http.StatusOK || k.Key != hash || k.From != headerAlt || k.Used != 3 || strings.Contains(msg, "secret") {
+		t.Fatalf("GET by hash: %d %s, want the key's counts from %s, shown as its hash", code, msg, headerAlt)
+	}
+	if code, _, msg := keyAnswer(t, logs, http.MethodDelete, base+url.PathEscape(hash), ""); code != http.StatusNoContent {
+		t.Fatalf("DELETE by hash: %d %s", code, msg)
+	}
+	const unknown = "#0123456789abcdef"
+	for _, method := range []string{http.MethodGet, http.MethodDelete} {
+		if code, _, msg := keyAnswer(t, logs, method, base+url.PathEscape(unknown), ""); code != http.StatusNotFound || !strings.Contains(msg, "pass the key itself") {
+			t.Fatalf("%s by a hash no top key has: %d %s, want 404 saying to pass the key itself", method, code, msg)
+		}
+	}
+	if want := []string{"reset hashes " + secret}; !slices.Equal(z.store.changes, want) {
+		t.Fatalf("the store was asked %q, want %q", z.store.changes, want)
+	}
+
+	long := strings.Repeat("k", storage.MaxKeyLen+1)
+	bounded := storage.BoundKey(long)
+	z.store.used["hashes/"+headerAlt+"|"+bounded] = 4
+	for _, key := range []string{long, bounded} {
+		if code, k, msg := keyAnswer(t, logs, http.MethodGet, base+url.PathEscape(key), ""); code != http.StatusOK || k.Used != 4 || k.Key != bounded {
+			t.Fatalf("GET %.10s…: %d %s, want the long key's counts, as %s", key, code, msg, bounded)
+		}
 	}
 }

@@ -230,6 +230,37 @@ func inProcessCLI(t *testing.T) func(args ...string) string {
 	return commandAt(t, instance{admin: adminURL})
 }
 
+// TestCommandResetsAHashedKey: reset given a key's hash, as top shows it
+// under log_keys off, resets that key; a hash that no top key of this
+// instance has is refused, saying to pass the key itself, and resets
+// nothing.
+func TestCommandResetsAHashedKey(t *testing.T) {
+	startCaddy(t, clientSite("hashed", 2, ""))
+	cli := inProcessCLI(t)
+	wantStatuses(t, statuses(t, 3, "bot"), 200, 200, 429)
+	rows := topRows(cli("top", "hashed"))
+	if len(rows) != 1 || !hashForm.MatchString(rows[0][0]) {
+		t.Fatalf("top rows %q, want bot's hash", rows)
+	}
+	hash := rows[0][0]
+
+	var exit *exec.ExitError
+	const unknown = "#0123456789abcdef"
+	out, stderr, err := rateLimitCLI(t, "reset", "hashed", unknown, "--address", adminAddr)
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || out != "" || !strings.Contains(loggedError(stderr), "pass the key itself") {
+		t.Fatalf("reset of a hash no top key has: %v, printed %q, logged %q; want exit status 1 saying to pass the key itself", err, out, loggedError(stderr))
+	}
+	if used := keyState(t, adminURL, "hashed", "bot").Used; used != 2 {
+		t.Fatalf("bot used %d after the refused reset, want 2", used)
+	}
+
+	cli("reset", "hashed", hash)
+	if used := keyState(t, adminURL, "hashed", "bot").Used; used != 0 {
+		t.Fatalf("bot used %d after reset %s, want 0", used, hash)
+	}
+	wantStatuses(t, statuses(t, 3, "bot"), 200, 200, 429)
+}
+
 // TestCommandEscapesKeys: a key with an escape sequence or a line break
 // (a query parameter can carry both) is printed by top with them escaped,
 // so that it can neither clear the operator's screen nor forge a row.
