@@ -2,6 +2,10 @@ package ratelimit
 
 import (
 	"context"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/admin"
@@ -16,7 +20,7 @@ import (
 // Info is the zone's config as the admin API's zone list shows it.
 func (z *Zone) Info() admin.ZoneInfo {
 	info := admin.ZoneInfo{Name: z.Name, Algorithm: z.Algorithm, Burst: z.Burst, Buckets: z.Buckets,
-		Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun, Units: z.meter.on}
+		Key: z.keySpaces(), Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun, Units: z.meter.on}
 	if z.Algorithm == algorithms.Concurrency {
 		info.Hold = z.hold().String()
 	} else {
@@ -25,19 +29,86 @@ func (z *Zone) Info() admin.ZoneInfo {
 	return info
 }
 
+// keySpaces are the alternatives of the zone's key, each a key space of
+// its own (see keys.go), and the client's address it falls back to, last
+// unless it is an alternative.
+func (z *Zone) keySpaces() []string {
+	out := make([]string, 0, len(z.keys)+1)
+	for _, t := range z.keys {
+		if !slices.Contains(out, t.text) {
+			out = append(out, t.text)
+		}
+	}
+	if !slices.Contains(out, clientIPTemplate) {
+		out = append(out, clientIPTemplate)
+	}
+	return out
+}
+
+// AlternativesOf returns the alternatives of the zone's key that could
+// have given key, a value bounded by storage.BoundKey: a template's
+// literal text must be in the value where the template has it, each
+// placeholder standing for some text; the client's address is an IP
+// address or network; a long value that the bound hashed could come from
+// any placeholder. So a value a prefix tells apart (key:customer-42 from
+// key:{header.X-Api-Key} ip:{client_ip}) names its alternative, and an
+// API key that is no address never needs one named.
+func (z *Zone) AlternativesOf(key string) []string {
+	var out []string
+	for _, alt := range z.keySpaces() {
+		if couldGive(alt, key) {
+			out = append(out, alt)
+		}
+	}
+	return out
+}
+
+// couldGive reports whether the key template alt could give key, a
+// bounded value.
+func couldGive(alt, key string) bool {
+	if alt == clientIPTemplate {
+		_, errAddr := netip.ParseAddr(key)
+		_, errPrefix := netip.ParsePrefix(key)
+		return errAddr == nil || errPrefix == nil
+	}
+	if hashedForm.MatchString(key) {
+		return strings.Contains(alt, "{") || storage.BoundKey(alt) == key
+	}
+	var pattern strings.Builder
+	pattern.WriteString("^")
+	last := 0
+	for _, p := range placeholderPattern.FindAllStringIndex(alt, -1) {
+		pattern.WriteString(regexp.QuoteMeta(alt[last:p[0]]) + "(?s:.+)")
+		last = p[1]
+	}
+	pattern.WriteString(regexp.QuoteMeta(alt[last:]) + "$")
+	return regexp.MustCompile(pattern.String()).MatchString(key)
+}
+
+// hashedForm is a value storage.BoundKey hashed.
+var hashedForm = regexp.MustCompile(`^#[0-9a-f]{32}$`)
+
+// StoredKey is the key the zone's store keeps for key, a value bounded
+// by storage.BoundKey, from the alternative from of the zone's key.
+func (z *Zone) StoredKey(key, from string) string {
+	t := template{tag: spaceTag(from), bare: from == clientIPTemplate}
+	return t.tagKey(key)
+}
+
 // Admin is the admin side of the zone's store (dials, overrides), nil if
 // the store has none.
 func (z *Zone) Admin() storage.Admin {
 	return z.admin
 }
 
-// KeyInfo reads key's state from the zone's store, which has an admin
-// side, and tells what counts against the limit now.
-func (z *Zone) KeyInfo(ctx context.Context, key string) (admin.KeyInfo, error) {
-	st, err := z.admin.KeyState(ctx, z.Name, key, z.period)
+// KeyInfo reads the state of a stored key from the zone's store, which
+// has an admin side, and tells what counts against the limit now.
+func (z *Zone) KeyInfo(ctx context.Context, stored string) (admin.KeyInfo, error) {
+	st, err := z.admin.KeyState(ctx, z.Name, stored, z.period)
 	if err != nil {
 		return admin.KeyInfo{}, err
 	}
+	key, from := keyFrom(stored)
 	// Decide for a request of no cost against no limit reports what
 	// counts now, without taking anything. A GCRA bucket is measured
 	// against the limit the key last took with, kept with its
@@ -53,14 +124,14 @@ func (z *Zone) KeyInfo(ctx context.Context, key string) (admin.KeyInfo, error) {
 		rate.Buckets = z.Buckets
 		d, ring := algorithms.DecideRing(st.Ring, time.Now(), rate, 0)
 		current := ring.Counts[d.Window%int64(ring.Buckets+1)]
-		info := admin.KeyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Current: current, Previous: d.Used - current,
+		info := admin.KeyInfo{Zone: z.Name, Key: key, From: from, Hash: z.hash(stored), Used: d.Used, Current: current, Previous: d.Used - current,
 			Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds}
 		info.Debt, info.Reserved = z.debt(st, d.Used), z.reserved(st)
 		return info, nil
 	}
 	now := time.Now()
 	d, rolled := algorithms.Decide(z.Algorithm, st.Counts, now, rate, 0)
-	info := admin.KeyInfo{Zone: z.Name, Key: key, Hash: z.hash(key), Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds,
+	info := admin.KeyInfo{Zone: z.Name, Key: key, From: from, Hash: z.hash(stored), Used: d.Used, Reset: d.Reset, Override: st.Override, BanEnds: st.BanEnds,
 		Reserved: z.reserved(st)}
 	if z.Algorithm.Windowed() {
 		c := rolled.Windows()
@@ -122,22 +193,23 @@ func (z *Zone) keyLimit(st storage.KeyState) (int64, bool) {
 }
 
 // Top returns the zone's n heaviest keys over about the last minute, as
-// they are, and the most any count may be overstated. A cost_from zone
-// counts units, not requests.
+// stored, with the alternative each came from, and the most any count
+// may be overstated. A cost_from zone counts units, not requests.
 func (z *Zone) Top(n int) ([]admin.TopKey, int64) {
 	keys, bound := z.top.top(n)
-	if z.meter.on {
-		for i := range keys {
+	for i := range keys {
+		_, keys[i].From = keyFrom(keys[i].Key)
+		if z.meter.on {
 			keys[i].Units, keys[i].Requests = keys[i].Requests, 0
 		}
 	}
 	return keys, bound
 }
 
-// ShownKey is key as the zone shows it: itself under log_keys on, else
-// its hash.
-func (z *Zone) ShownKey(key string) string {
-	return shownKey(key, z.showKeys)
+// ShownKey is a stored key as the zone shows it: its value under
+// log_keys on, else its hash.
+func (z *Zone) ShownKey(stored string) string {
+	return shownKey(stored, z.showKeys)
 }
 
 // Interface guard

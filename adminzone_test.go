@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/d61b427a/caddy-rate-limit/admin"
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // statusJSON asks a rate_limit_status handler for one of its JSON routes
@@ -68,7 +69,7 @@ func TestZoneInAdminView(t *testing.T) {
 	} {
 		var top admin.TopInfo
 		statusJSON(t, "/zones/"+c.zone+"/top", &top)
-		if len(top.Keys) != 1 || top.Keys[0] != (admin.TopKey{Key: c.key, Requests: 3, Rejected: 1}) {
+		if len(top.Keys) != 1 || top.Keys[0] != (admin.TopKey{Key: c.key, From: clientIPTemplate, Requests: 3, Rejected: 1}) {
 			t.Errorf("top of %s: %+v, want %s with 3 requests, 1 rejected", c.zone, top.Keys, c.key)
 		}
 		info, err := c.h.Zones[0].KeyInfo(context.Background(), ip)
@@ -127,12 +128,12 @@ func TestCostFromZoneInAdminView(t *testing.T) {
 	}
 	var top admin.TopInfo
 	statusJSON(t, "/zones/units_view/top", &top)
-	if !top.Units || len(top.Keys) != 1 || top.Keys[0] != (admin.TopKey{Key: ip, Units: 30 + 10 + 150, Rejected: 1}) {
+	if !top.Units || len(top.Keys) != 1 || top.Keys[0] != (admin.TopKey{Key: ip, From: clientIPTemplate, Units: 30 + 10 + 150, Rejected: 1}) {
 		t.Errorf("top: %+v, want units, %s with 190 units, 1 rejected", top, ip)
 	}
 	var plain admin.TopInfo
 	statusJSON(t, "/zones/units_view_plain/top", &plain)
-	if plain.Units || len(plain.Keys) != 1 || plain.Keys[0] != (admin.TopKey{Key: ip, Requests: 4}) {
+	if plain.Units || len(plain.Keys) != 1 || plain.Keys[0] != (admin.TopKey{Key: ip, From: clientIPTemplate, Requests: 4}) {
 		t.Errorf("top of a zone without cost_from: %+v, want %s with 4 requests", plain, ip)
 	}
 
@@ -205,5 +206,36 @@ func TestCostFromReservedInAdminView(t *testing.T) {
 				t.Errorf("a zone without cost_from: %+v (%v), want no reserved", plain, err)
 			}
 		})
+	}
+}
+
+// TestAlternativesOf: a value could come from the alternatives whose
+// literal text it has where they have it, from the client's address if
+// it is an address or a network, and, hashed by the bound, from any
+// placeholder.
+func TestAlternativesOf(t *testing.T) {
+	const header = "{http.request.header.X-Api-Key}"
+	prefixed := provisionHandler(t, `{"zones":[{"name":"unit_alts_prefixed","key":["key:`+header+`","ip:{http.vars.client_ip}"],"limit":[1],"window":"1m"}]}`).Zones[0]
+	plain := provisionHandler(t, `{"zones":[{"name":"unit_alts_plain","key":["`+header+`","global"],"limit":[1],"window":"1m"}]}`).Zones[0]
+	long := storage.BoundKey(strings.Repeat("k", storage.MaxKeyLen+1))
+	for _, c := range []struct {
+		z    *Zone
+		key  string
+		want []string
+	}{
+		{prefixed, "key:customer-42", []string{"key:" + header}},
+		{prefixed, "ip:203.0.113.9", []string{"ip:{http.vars.client_ip}"}},
+		{prefixed, "203.0.113.9", []string{clientIPTemplate}},
+		{prefixed, "customer-42", nil},
+		{prefixed, long, []string{"key:" + header, "ip:{http.vars.client_ip}"}},
+		{plain, "127.0.0.9", []string{header, clientIPTemplate}},
+		{plain, "2001:db8::/64", []string{header, clientIPTemplate}},
+		{plain, "customer-42", []string{header}},
+		{plain, "global", []string{header, "global"}},
+		{plain, long, []string{header}},
+	} {
+		if got := c.z.AlternativesOf(c.key); !slices.Equal(got, c.want) {
+			t.Errorf("zone %s, key %.20q: %q, want %q", c.z.Name, c.key, got, c.want)
+		}
 	}
 }

@@ -66,8 +66,9 @@ func (e *exceededKeys) first(key string, window int64) bool {
 // emitExceeded emits rate_limit_exceeded for the rejection c of r at now,
 // if anything listens and it is the key's first in the zone's current
 // window. The event carries the zone, the key (as its hash unless
-// log_keys is on), the client's address, the seconds to wait, and, for a
-// banned key, when its ban ends.
+// log_keys is on) and the alternative of the zone's key it came from,
+// the client's address, the seconds to wait, and, for a banned key,
+// when its ban ends.
 func (h *Handler) emitExceeded(r *http.Request, c *zoneCheck, retryAfter int64, now time.Time) {
 	if h.events == nil || !h.events.ShouldEmit(exceededEvent) {
 		return
@@ -75,9 +76,11 @@ func (h *Handler) emitExceeded(r *http.Request, c *zoneCheck, retryAfter int64, 
 	if !c.zone.events.first(c.req.Key, now.UnixNano()/int64(max(c.zone.period, time.Millisecond))) {
 		return
 	}
+	_, from := keyFrom(c.req.Key)
 	data := map[string]any{
 		"zone":        c.zone.Name,
 		"key":         shownKey(c.req.Key, h.showKeys),
+		"from":        from,
 		"remote_ip":   remoteIP(r),
 		"retry_after": retryAfter,
 	}

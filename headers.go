@@ -47,7 +47,7 @@ func leastRemaining(checks []zoneCheck) *zoneCheck {
 func (h *Handler) report(w http.ResponseWriter, values requestValues, c *zoneCheck, exceeded bool, retryAfter int64) *placeholders {
 	p := requestPlaceholders(values)
 	d := c.decision
-	p.zone, p.key, p.limit, p.remaining, p.exceeded = c.zone.Name, c.req.Key, d.Limit, d.Remaining, exceeded
+	p.zone, p.key, p.limit, p.remaining, p.exceeded = c.zone.Name, keyValue(c.req.Key), d.Limit, d.Remaining, exceeded
 	p.cost = c.req.Cost
 
 	// Units in flight have no window, reset or policy to describe.

@@ -6,8 +6,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"strings"
+	"sync"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
 // Keys are whatever clients send, and often credentials: an API key, a
@@ -39,25 +44,153 @@ func hiddenKey(key string) string {
 	return "#" + hex.EncodeToString(mac.Sum(nil)[:8])
 }
 
-// shownKey is key as it is shown: itself if show (log_keys on), else its
-// hash.
-func shownKey(key string, show bool) string {
+// shownKey is a stored key as it is shown: its value if show (log_keys
+// on), else the hash of the stored key, which tells apart the same
+// value in two key spaces.
+func shownKey(stored string, show bool) string {
 	if show {
-		return key
+		return keyValue(stored)
 	}
-	return hiddenKey(key)
+	return hiddenKey(stored)
 }
 
-// keyField is the key as a log field, shown as log_keys says.
-func (h *Handler) keyField(key string) zap.Field {
-	return zap.String("key", shownKey(key, h.showKeys))
+// keyField is a stored key as log fields: key, shown as log_keys says,
+// and from, the alternative of the zone's key it came from.
+func (h *Handler) keyField(stored string) zap.Field {
+	return zap.Inline(loggedKey{stored: stored, show: h.showKeys})
 }
 
-// hash is the hash that stands for key in the zone's logs, events and top
-// keys, or "" if the zone shows keys as they are.
-func (z *Zone) hash(key string) string {
+// loggedKey is a stored key as keyField logs it.
+type loggedKey struct {
+	stored string
+	show   bool
+}
+
+func (k loggedKey) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	_, from := keyFrom(k.stored)
+	enc.AddString("key", shownKey(k.stored, k.show))
+	enc.AddString("from", from)
+	return nil
+}
+
+// hash is the hash that stands for a stored key in the zone's logs,
+// events and top keys, or "" if the zone shows keys as they are.
+func (z *Zone) hash(stored string) string {
 	if z.showKeys {
 		return ""
 	}
-	return hiddenKey(key)
+	return hiddenKey(stored)
+}
+
+// Key spaces. A zone's key has alternatives (key {jwt.sub}
+// {header.X-Api-Key}), and falls back to the client's address when none
+// resolves. Each counts in a key space of its own, so that no value of
+// one lands on another's counter, ban or override: a client that sends
+// another client's address as its X-Api-Key uses up, or gets banned, its
+// own counter, never the address's. A key as the stores keep it is its
+// alternative's tag, 8 hex digits of the SHA-256 of the template's text,
+// then '|' and the value bounded by storage.BoundKey (so a long value is
+// hashed and the tag stays). The tag depends on the text alone: zones of
+// one name in different handlers that list the same templates count a
+// key in the same space whatever their order, and a stored key tells
+// which alternative it came from.
+//
+// The client's address ({http.vars.client_ip}: the fallback, and
+// {client_ip} or a one-liner's {remote.ip} as an alternative, which are
+// the same key) is kept as it is, without a tag: an address never holds
+// a '|', so it is a space apart from every tagged one, and the commonest
+// key costs no byte and no allocation more. A value of it that does hold
+// one (a vars directive that sets client_ip to a header) is tagged like
+// any other.
+
+// clientIPTemplate is the client's address as a key template, the key
+// of a zone without one and the fallback of every zone.
+const clientIPTemplate = "{http.vars.client_ip}"
+
+const (
+	// tagLen is the length of a key space's tag, in hex digits, and
+	// tagSep what follows it in a stored key.
+	tagLen = 8
+	tagSep = '|'
+)
+
+// spaceTag returns the tag of the key space of template, with tagSep.
+func spaceTag(template string) string {
+	sum := sha256.Sum256([]byte(template))
+	return hex.EncodeToString(sum[:tagLen/2]) + string(tagSep)
+}
+
+// keyTemplates maps each tag (with tagSep) to its template, for every key
+// template compiled in this process, so that a stored key can say which
+// alternative it came from in any zone that shares its name. It grows
+// with the templates of the configs loaded, never with requests.
+var keyTemplates sync.Map
+
+// compileKeyTemplates compiles a zone's key alternatives, each with its
+// key space.
+func compileKeyTemplates(alts Alternatives) []template {
+	out := make([]template, len(alts))
+	for i, a := range alts {
+		out[i] = compileKeyTemplate(a)
+	}
+	return out
+}
+
+// compileKeyTemplate compiles a key alternative, with its key space.
+func compileKeyTemplate(a string) template {
+	t := compileTemplate(a)
+	t.tag = spaceTag(a)
+	t.bare = a == clientIPTemplate
+	keyTemplates.LoadOrStore(t.tag, a)
+	if t.dynamic && t.placeholder == "" {
+		// Replaced with the tag in front: the replacement's one string
+		// is the stored key.
+		t.tagged = t.tag + a
+	}
+	if !t.dynamic {
+		t.stored = t.storedKey(a)
+	}
+	return t
+}
+
+// storedKey is the key the stores keep for value, resolved from t.
+func (t *template) storedKey(value string) string {
+	return t.tagKey(storage.BoundKey(value))
+}
+
+// tagKey is the key the stores keep for key, a value bounded by
+// storage.BoundKey, from t.
+func (t *template) tagKey(key string) string {
+	if t.bare && strings.IndexByte(key, tagSep) < 0 {
+		return key
+	}
+	return t.tag + key
+}
+
+// splitKey returns the value of a stored key and the tag of its space
+// (with tagSep), or "" for the client's address kept as it is.
+func splitKey(stored string) (tag, value string) {
+	if len(stored) > tagLen && stored[tagLen] == tagSep {
+		return stored[:tagLen+1], stored[tagLen+1:]
+	}
+	return "", stored
+}
+
+// keyValue is the value of a stored key, as {http.rate_limit.key} holds it.
+func keyValue(stored string) string {
+	_, value := splitKey(stored)
+	return value
+}
+
+// keyFrom returns the value of a stored key and the template of the
+// alternative it came from.
+func keyFrom(stored string) (value, from string) {
+	tag, value := splitKey(stored)
+	if tag == "" {
+		return value, clientIPTemplate
+	}
+	if t, ok := keyTemplates.Load(tag); ok {
+		return value, t.(string)
+	}
+	return value, ""
 }

@@ -457,13 +457,13 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	}
 	keys := z.KeyAlternatives
 	if len(keys) == 0 {
-		keys = Alternatives{"{http.vars.client_ip}"}
+		keys = Alternatives{clientIPTemplate}
 	}
 	if z.counted, err = newStatusSet(z.CountStatus); err != nil {
 		return fmt.Errorf("count_status: %w", err)
 	}
 	z.countsStatus = len(z.CountStatus) > 0
-	z.keys = compileTemplates(keys)
+	z.keys = compileKeyTemplates(keys)
 	z.limits = compileTemplates(z.LimitAlternatives)
 	z.policySeconds = int64((time.Duration(z.Window) + time.Second - 1) / time.Second)
 	literal := false

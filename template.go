@@ -24,6 +24,15 @@ type template struct {
 	variable string
 	// number is the value of a literal limit.
 	number int64
+
+	// A key template's key space (see keys.go): its tag, with tagSep;
+	// bare, for the client's address, kept without a tag; tagged, for a
+	// template replaced as a whole, its text behind the tag; stored, for
+	// literal text, its stored key.
+	tag    string
+	bare   bool
+	tagged string
+	stored string
 }
 
 func compileTemplates(alts Alternatives) []template {
@@ -57,7 +66,7 @@ type requestValues struct {
 	vars map[string]any
 }
 
-func (v requestValues) get(t template) (any, bool) {
+func (v requestValues) get(t *template) (any, bool) {
 	if t.variable != "" && v.vars != nil {
 		return v.vars[t.variable], true
 	}
@@ -65,32 +74,63 @@ func (v requestValues) get(t template) (any, bool) {
 }
 
 // clientIP is the key when no key template resolves.
-var clientIP = compileTemplate("{http.vars.client_ip}")
+var clientIP = compileKeyTemplate(clientIPTemplate)
 
 // errUnresolved stops a replacement as soon as one placeholder is unknown or
 // empty; it is a sentinel so that falling through alternatives allocates no
 // error.
 var errUnresolved = errors.New("placeholder unknown or empty")
 
-// resolveKey returns the first alternative whose placeholders all resolve to
-// non-empty values, masking IP addresses to the zone's prefixes. If none
-// does, the key is the client IP, so that a missing or forged credential
-// falls back to per-address limiting rather than escaping the zone. The
-// key is bounded by storage.BoundKey, the rule every store relies on.
+// resolveKey returns the stored key (see keys.go) of the first
+// alternative whose placeholders all resolve to non-empty values, masking
+// IP addresses to the zone's prefixes. If none does, the key is the
+// client IP, so that a missing or forged credential falls back to
+// per-address limiting rather than escaping the zone. The value is
+// bounded by storage.BoundKey, the rule every store relies on, and
+// follows the tag of its alternative's key space.
 func (z *Zone) resolveKey(v requestValues) string {
-	for _, t := range z.keys {
-		if k, ok := z.resolve(v, t); ok {
-			return storage.BoundKey(k)
+	for i := range z.keys {
+		if k, ok := z.resolveStored(v, &z.keys[i]); ok {
+			return k
 		}
 	}
-	k, _ := z.resolve(v, clientIP)
-	return storage.BoundKey(k)
+	if k, ok := z.resolveStored(v, &clientIP); ok {
+		return k
+	}
+	return clientIP.storedKey("")
+}
+
+// resolveStored returns the stored key of key template t, and whether
+// every placeholder in it is known and non-empty.
+func (z *Zone) resolveStored(v requestValues, t *template) (string, bool) {
+	switch {
+	case !t.dynamic:
+		return t.stored, true
+	case t.tagged != "":
+		// One string for the tag and the value; a value the bound
+		// hashes makes another.
+		out, ok := z.replace(v, t.tagged)
+		if !ok {
+			return "", false
+		}
+		value := out[len(t.tag):]
+		if bounded := storage.BoundKey(value); bounded != value {
+			out = t.tag + bounded
+		}
+		return out, true
+	}
+	value, ok := z.resolve(v, t)
+	if !ok {
+		return "", false
+	}
+	return t.storedKey(value), true
 }
 
 // resolveLimit returns the first alternative that resolves to an integer in
 // 1..maxLimit.
 func (z *Zone) resolveLimit(v requestValues) (int64, bool) {
-	for _, t := range z.limits {
+	for i := range z.limits {
+		t := &z.limits[i]
 		if !t.dynamic {
 			return t.number, true
 		}
@@ -108,7 +148,7 @@ func (z *Zone) resolveLimit(v requestValues) (int64, bool) {
 
 // resolve returns the template's value, and whether every placeholder in
 // it is known and non-empty.
-func (z *Zone) resolve(v requestValues, t template) (string, bool) {
+func (z *Zone) resolve(v requestValues, t *template) (string, bool) {
 	if !t.dynamic {
 		return t.text, true
 	}
@@ -126,7 +166,13 @@ func (z *Zone) resolve(v requestValues, t template) (string, bool) {
 		}
 		return s, true
 	}
-	out, err := v.repl.ReplaceFunc(t.text, func(_ string, val any) (any, error) {
+	return z.replace(v, t.text)
+}
+
+// replace returns text with its placeholders replaced, and whether every
+// one is known and non-empty.
+func (z *Zone) replace(v requestValues, text string) (string, bool) {
+	out, err := v.repl.ReplaceFunc(text, func(_ string, val any) (any, error) {
 		if val == nil {
 			return nil, errUnresolved
 		}

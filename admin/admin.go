@@ -63,7 +63,10 @@ func (a *adminAPI) Routes() []caddy.AdminRoute {
 }
 
 // Zone is a running zone as the routes see it: what they show of it and
-// ask of it. The rate_limit handler's zones are Zones.
+// ask of it. The rate_limit handler's zones are Zones. Each alternative
+// of a zone's key (ZoneInfo.Key) counts in a key space of its own, so
+// the store keeps a key as its value in the space of the alternative it
+// came from: a stored key.
 type Zone interface {
 	// Info is the zone's config as GET /rate_limit/zones shows it,
 	// without the dial in force and the instances, which the routes ask
@@ -72,16 +75,25 @@ type Zone interface {
 	// Admin is the admin side of the zone's store, nil if the store has
 	// none.
 	Admin() storage.Admin
-	// KeyInfo reads key's state from the store and tells what it counts
-	// now under the zone's algorithm.
-	KeyInfo(ctx context.Context, key string) (KeyInfo, error)
-	// Top returns the zone's n heaviest keys on this instance, as they
-	// are, and the most any count may be overstated.
+	// AlternativesOf returns the alternatives of the zone's key (of
+	// Info's Key) that could have given key, a value bounded by
+	// storage.BoundKey: those whose literal text it has, for one.
+	AlternativesOf(key string) []string
+	// StoredKey is the stored key of key, a value bounded by
+	// storage.BoundKey, from the alternative from (one of Info's Key).
+	StoredKey(key, from string) string
+	// KeyInfo reads a stored key's state from the store and tells what
+	// it counts now under the zone's algorithm, and the alternative it
+	// came from.
+	KeyInfo(ctx context.Context, stored string) (KeyInfo, error)
+	// Top returns the zone's n heaviest keys on this instance, as
+	// stored, with the alternative each came from, and the most any
+	// count may be overstated.
 	Top(n int) ([]TopKey, int64)
-	// ShownKey is key as the zone shows it outside the request's own
-	// handlers: itself under log_keys on, else its hash, since keys are
-	// often credentials.
-	ShownKey(key string) string
+	// ShownKey is a stored key as the zone shows it outside the
+	// request's own handlers: its value under log_keys on, else its
+	// hash, since keys are often credentials.
+	ShownKey(stored string) string
 }
 
 // running knows the zones of the loaded configs by name. During a reload
@@ -160,6 +172,29 @@ func checkChangesAllowed() error {
 		strings.Join(where, "; ")))
 }
 
+// keySpaces returns the alternatives of the keys of the running zones
+// named name, each once: zones of one name share their counters, and a
+// key of any of their alternatives may be asked for. With key set, only
+// those that could have given key, a bounded value.
+func keySpaces(name, key string) []string {
+	running.Lock()
+	zs := slices.Clone(running.zones[name])
+	running.Unlock()
+	var out []string
+	for _, z := range zs {
+		alts := z.Info().Key
+		if key != "" {
+			alts = z.AlternativesOf(key)
+		}
+		for _, alt := range alts {
+			if !slices.Contains(out, alt) {
+				out = append(out, alt)
+			}
+		}
+	}
+	return out
+}
+
 // runningZone returns the zone in force with that name.
 func runningZone(name string) Zone {
 	running.Lock()
@@ -179,9 +214,15 @@ type ZoneInfo struct {
 	Burst     int64                `json:"burst,omitempty"`
 	Buckets   int                  `json:"buckets,omitempty"`
 	Hold      string               `json:"hold,omitempty"`
-	Limit     []string             `json:"limit"`
-	Store     string               `json:"store"`
-	DryRun    bool                 `json:"dry_run,omitempty"`
+	// Key is the alternatives of the zone's key, then the client's
+	// address it falls back to ({http.vars.client_ip}) unless it is
+	// one: each counts in a key space of its own, which the key routes'
+	// from names. With zones of the same name in several handlers, all
+	// of theirs.
+	Key    []string `json:"key"`
+	Limit  []string `json:"limit"`
+	Store  string   `json:"store"`
+	DryRun bool     `json:"dry_run,omitempty"`
 	// Units tells that the zone limits what responses cost (cost_from):
 	// its limit, its keys' counts and its top keys are in cost units
 	// (an LLM API's tokens), not requests.
@@ -196,6 +237,11 @@ type ZoneInfo struct {
 type KeyInfo struct {
 	Zone string `json:"zone"`
 	Key  string `json:"key"`
+	// From is the alternative of the zone's key the key is counted
+	// under (ZoneInfo.Key): the same value from another alternative is
+	// another key. It is empty for a key asked for without from that
+	// holds nothing under any alternative.
+	From string `json:"from,omitempty"`
 	// Hash is how the key is shown in logs, events and top keys, unless
 	// log_keys is on: so an operator can tell whether a hash seen there
 	// is this key.
@@ -236,17 +282,17 @@ type KeyInfo struct {
 //
 //	GET    /rate_limit/                               the status page (/rate_limit redirects there)
 //	GET    /rate_limit/zones
-//	GET    /rate_limit/zones/<zone>/keys/<key>
-//	DELETE /rate_limit/zones/<zone>/keys/<key>
-//	PUT    /rate_limit/zones/<zone>/keys/<key>/limit   {"limit": n, "ttl": "24h"}
-//	DELETE /rate_limit/zones/<zone>/keys/<key>/limit
+//	GET    /rate_limit/zones/<zone>/keys/<key>[?from=<alternative>]
+//	DELETE /rate_limit/zones/<zone>/keys/<key>[?from=<alternative>]
+//	PUT    /rate_limit/zones/<zone>/keys/<key>/limit[?from=<alternative>]   {"limit": n, "ttl": "24h"}
+//	DELETE /rate_limit/zones/<zone>/keys/<key>/limit[?from=<alternative>]
 //	GET    /rate_limit/zones/<zone>/top?n=20
 //	PUT    /rate_limit/zones/<zone>/dial               {"mode": m, "limit": n, "ttl": "1h"}
 //	DELETE /rate_limit/zones/<zone>/dial
 //	GET    /rate_limit/shed
 //
-// Zone names and keys are path segments, URL-path-escaped. The routes
-// that only read answer HEAD as well.
+// Zone names and keys are path segments, URL-path-escaped; keys.go says
+// how a key is named. The routes that only read answer HEAD as well.
 func (a *adminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	parts, err := pathSegments(r.URL.EscapedPath())
 	if err != nil {
@@ -304,6 +350,14 @@ type target struct {
 	store storage.Admin
 }
 
+// infoOf is the config of z, the running zone named name, with the
+// alternatives of every running zone of that name.
+func infoOf(name string, z Zone) ZoneInfo {
+	info := z.Info()
+	info.Key = keySpaces(name, "")
+	return info
+}
+
 // adminZone returns the running zone named name, if its store has an
 // admin API to ask.
 func adminZone(name string) (target, error) {
@@ -311,7 +365,7 @@ func adminZone(name string) (target, error) {
 	if z == nil {
 		return target{}, apiError(http.StatusNotFound, fmt.Errorf("zone %q: no such zone in the running config", name))
 	}
-	t := target{Zone: z, info: z.Info(), store: z.Admin()}
+	t := target{Zone: z, info: infoOf(name, z), store: z.Admin()}
 	if t.store == nil {
 		return target{}, apiError(http.StatusNotImplemented, fmt.Errorf("zone %q: store %s has no admin API", t.info.Name, t.info.Store))
 	}
@@ -355,7 +409,7 @@ func serveZones(w http.ResponseWriter, r *http.Request) error {
 		if z == nil {
 			continue
 		}
-		info := z.Info()
+		info := infoOf(name, z)
 		store := z.Admin()
 		if store != nil {
 			if d, ok := store.ZoneDial(info.Name); ok && d.Active(now) {
@@ -388,7 +442,9 @@ type TopInfo struct {
 // nothing for a request whose cost was released); and its rejected
 // requests.
 type TopKey struct {
-	Key      string `json:"key"`
+	Key string `json:"key"`
+	// From is the alternative of the zone's key it came from.
+	From     string `json:"from,omitempty"`
 	Requests int64  `json:"requests,omitempty"`
 	Units    int64  `json:"units,omitempty"`
 	Rejected int64  `json:"rejected"`
@@ -426,36 +482,51 @@ func serveTop(w http.ResponseWriter, r *http.Request, z target) error {
 const maxLimit = math.MaxInt32
 
 func (a *adminAPI) key(w http.ResponseWriter, r *http.Request, z target, raw string) error {
-	key := storage.BoundKey(raw)
-	switch r.Method {
-	case http.MethodGet:
-		info, err := z.KeyInfo(r.Context(), key)
-		if err != nil {
-			return apiError(http.StatusBadGateway, err)
-		}
-		return writeJSON(w, info)
-	case http.MethodDelete:
+	if r.Method != http.MethodGet && r.Method != http.MethodDelete {
+		return methodNotAllowed(r)
+	}
+	if r.Method == http.MethodDelete {
 		if err := checkChangesAllowed(); err != nil {
 			return err
 		}
-		if err := z.store.ResetKey(r.Context(), z.info.Name, key); err != nil {
-			return apiError(http.StatusBadGateway, err)
-		}
-		a.changed(r, "key reset", z, zap.String("key", z.ShownKey(key)))
-		w.WriteHeader(http.StatusNoContent)
-		return nil
 	}
-	return methodNotAllowed(r)
+	keys, err := z.namedKeys(r.Context(), raw, r.URL.Query().Get("from"))
+	if err != nil {
+		return err
+	}
+	k, ok, err := z.pick(keys, raw, holdsState)
+	if err != nil {
+		return err
+	}
+	if r.Method == http.MethodGet {
+		if !ok {
+			// Unseen under every alternative: no use, in none of them.
+			info := keys[0].info
+			info.From, info.Hash = "", ""
+			return writeJSON(w, info)
+		}
+		return writeJSON(w, k.info)
+	}
+	if !ok {
+		return apiError(http.StatusNotFound, fmt.Errorf("zone %q: key %q holds no counts, ban or override under any alternative of the zone's key (%s): nothing to reset",
+			z.info.Name, raw, strings.Join(z.info.Key, ", ")))
+	}
+	if err := z.store.ResetKey(r.Context(), z.info.Name, k.stored); err != nil {
+		return apiError(http.StatusBadGateway, err)
+	}
+	a.changed(r, "key reset", z, k.fields(z)...)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 func (a *adminAPI) override(w http.ResponseWriter, r *http.Request, z target, raw string) error {
-	key := storage.BoundKey(raw)
 	if r.Method != http.MethodPut && r.Method != http.MethodDelete {
 		return methodNotAllowed(r)
 	}
 	if err := checkChangesAllowed(); err != nil {
 		return err
 	}
+	from := r.URL.Query().Get("from")
 	switch r.Method {
 	case http.MethodPut:
 		var body struct {
@@ -471,22 +542,46 @@ func (a *adminAPI) override(w http.ResponseWriter, r *http.Request, z target, ra
 		if body.TTL < 0 {
 			return apiError(http.StatusBadRequest, fmt.Errorf("ttl: want a positive duration, got %s", time.Duration(body.TTL)))
 		}
+		keys, err := z.namedKeys(r.Context(), raw, from)
+		if err != nil {
+			return err
+		}
+		k, ok, err := z.pick(keys, raw, holdsState)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return apiError(http.StatusConflict, fmt.Errorf("zone %q: key %q holds nothing yet under any alternative of the zone's key (%s); name the one to give it a limit in with ?from=<alternative> (caddy rate-limit: --from <alternative>)",
+				z.info.Name, raw, strings.Join(z.info.Key, ", ")))
+		}
 		o := storage.Override{Limit: body.Limit}
 		if body.TTL > 0 {
 			o.Expires = time.Now().Add(time.Duration(body.TTL))
 		}
-		if err := z.store.SetOverride(r.Context(), z.info.Name, key, o); errors.Is(err, storage.ErrTooManyOverrides) {
+		if err := z.store.SetOverride(r.Context(), z.info.Name, k.stored, o); errors.Is(err, storage.ErrTooManyOverrides) {
 			return apiError(http.StatusInsufficientStorage, err)
 		} else if err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
-		a.changed(r, "key limit override set", z, zap.String("key", z.ShownKey(key)), zap.Int64("limit", o.Limit), zap.Time("expires", o.Expires))
+		a.changed(r, "key limit override set", z, append(k.fields(z), zap.Int64("limit", o.Limit), zap.Time("expires", o.Expires))...)
 		return writeJSON(w, o)
 	default: // DELETE
-		if err := z.store.DeleteOverride(r.Context(), z.info.Name, key); err != nil {
+		keys, err := z.namedKeys(r.Context(), raw, from)
+		if err != nil {
+			return err
+		}
+		k, ok, err := z.pick(keys, raw, func(k KeyInfo) bool { return k.Override != nil })
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return apiError(http.StatusNotFound, fmt.Errorf("zone %q: key %q has no override under any alternative of the zone's key (%s): nothing to remove",
+				z.info.Name, raw, strings.Join(z.info.Key, ", ")))
+		}
+		if err := z.store.DeleteOverride(r.Context(), z.info.Name, k.stored); err != nil {
 			return apiError(http.StatusBadGateway, err)
 		}
-		a.changed(r, "key limit override removed", z, zap.String("key", z.ShownKey(key)))
+		a.changed(r, "key limit override removed", z, k.fields(z)...)
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -34,6 +35,38 @@ type testZone struct {
 
 func (z *testZone) Info() ZoneInfo { return z.info }
 
+// StoredKey keeps a key of the zone's last alternative, its fallback, as
+// it is, and one of another alternative behind its text and "|", as the
+// handler keeps the client's address bare and tags the others.
+func (z *testZone) StoredKey(key, from string) string {
+	if from == z.info.Key[len(z.info.Key)-1] {
+		return key
+	}
+	return from + "|" + key
+}
+
+// AlternativesOf: any alternative could give a key but the fallback,
+// the client's address, which gives IP addresses only.
+func (z *testZone) AlternativesOf(key string) []string {
+	var out []string
+	for _, alt := range z.info.Key {
+		if _, err := netip.ParseAddr(key); err == nil || alt != z.info.Key[len(z.info.Key)-1] {
+			out = append(out, alt)
+		}
+	}
+	return out
+}
+
+// keyOf returns the key a stored key holds and its alternative.
+func (z *testZone) keyOf(stored string) (key, from string) {
+	for _, alt := range z.info.Key {
+		if key, ok := strings.CutPrefix(stored, alt+"|"); ok {
+			return key, alt
+		}
+	}
+	return stored, z.info.Key[len(z.info.Key)-1]
+}
+
 func (z *testZone) Admin() storage.Admin {
 	if z.store == nil {
 		return nil
@@ -41,9 +74,10 @@ func (z *testZone) Admin() storage.Admin {
 	return z.store
 }
 
-func (z *testZone) KeyInfo(ctx context.Context, key string) (KeyInfo, error) {
-	st, err := z.store.KeyState(ctx, z.info.Name, key, time.Minute)
-	return KeyInfo{Zone: z.info.Name, Key: key, Used: st.Counts.Windows().Current, Override: st.Override}, err
+func (z *testZone) KeyInfo(ctx context.Context, stored string) (KeyInfo, error) {
+	st, err := z.store.KeyState(ctx, z.info.Name, stored, time.Minute)
+	key, from := z.keyOf(stored)
+	return KeyInfo{Zone: z.info.Name, Key: key, From: from, Used: st.Counts.Windows().Current, Override: st.Override}, err
 }
 
 func (z *testZone) Top(n int) ([]TopKey, int64) {
@@ -60,17 +94,19 @@ func (z *testZone) ShownKey(key string) string {
 	return "#" + hex.EncodeToString(h[:8])
 }
 
-// testStore is a store's admin side that keeps overrides and dials in
-// maps and records each change asked of it.
+// testStore is a store's admin side that keeps the counts the test
+// gives it, overrides and dials in maps, and records each change asked
+// of it.
 type testStore struct {
 	mu        sync.Mutex
+	used      map[string]int64 // by zone/key
 	overrides map[string]storage.Override
 	dials     map[string]storage.ZoneDial
 	changes   []string
 }
 
 func newTestStore() *testStore {
-	return &testStore{overrides: map[string]storage.Override{}, dials: map[string]storage.ZoneDial{}}
+	return &testStore{used: map[string]int64{}, overrides: map[string]storage.Override{}, dials: map[string]storage.ZoneDial{}}
 }
 
 func (s *testStore) change(format string, args ...any) {
@@ -80,7 +116,7 @@ func (s *testStore) change(format string, args ...any) {
 func (s *testStore) KeyState(_ context.Context, zone, key string, _ time.Duration) (storage.KeyState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := storage.KeyState{Counts: algorithms.WindowCounts{Current: 1}.Counts()}
+	st := storage.KeyState{Counts: algorithms.WindowCounts{Current: s.used[zone+"/"+key]}.Counts()}
 	if o, ok := s.overrides[zone+"/"+key]; ok {
 		st.Override = &o
 	}
@@ -91,6 +127,7 @@ func (s *testStore) ResetKey(_ context.Context, zone, key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.change("reset %s %s", zone, key)
+	delete(s.used, zone+"/"+key)
 	return nil
 }
 
@@ -137,7 +174,7 @@ func (s *testStore) ZoneDial(zone string) (storage.ZoneDial, bool) {
 // test's length; show is its log_keys.
 func runZone(t *testing.T, name string, show bool) *testZone {
 	t.Helper()
-	z := &testZone{info: ZoneInfo{Name: name, Algorithm: algorithms.SlidingTail, Window: "1h0m0s", Limit: []string{"2"}, Store: "test"},
+	z := &testZone{info: ZoneInfo{Name: name, Algorithm: algorithms.SlidingTail, Window: "1h0m0s", Key: []string{"{http.vars.client_ip}"}, Limit: []string{"2"}, Store: "test"},
 		store: newTestStore(), show: show}
 	RegisterZone(z)
 	t.Cleanup(func() { UnregisterZone(z) })

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -23,7 +24,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "rate-limit",
-		Usage: "zones|top|key|reset|override|dial [<zone> [<key>]] [--json] [--address <interface>] [--config <path> [--adapter <name>]]",
+		Usage: "zones|top|key|reset|override|dial [<zone> [<key>]] [--from <alternative>] [--json] [--address <interface>] [--config <path> [--adapter <name>]]",
 		Short: "Shows and changes the rate limits of the running Caddy",
 		Long: `
 Shows the running rate limit zones, a zone's heaviest keys and a key's
@@ -33,14 +34,21 @@ shared by a fleet (Redis), a change acts on every instance.
 
   caddy rate-limit zones
   caddy rate-limit top <zone> [--n 20]
-  caddy rate-limit key <zone> <key>
-  caddy rate-limit reset <zone> <key>
-  caddy rate-limit override <zone> <key> <limit> [--ttl 24h]
-  caddy rate-limit override <zone> <key> --remove
+  caddy rate-limit key <zone> <key> [--from <alternative>]
+  caddy rate-limit reset <zone> <key> [--from <alternative>]
+  caddy rate-limit override <zone> <key> <limit> [--ttl 24h] [--from <alternative>]
+  caddy rate-limit override <zone> <key> --remove [--from <alternative>]
   caddy rate-limit dial <zone> [--mode enforce|dry_run|off] [--limit <n>] [--ttl 1h]
   caddy rate-limit dial <zone> --remove
 
---json prints the admin API's answer as it is, for scripts.
+A key is its value, as clients send it, or its hash as top shows it.
+Each alternative of a zone's key ({header.X-Api-Key}, then the client
+address it falls back to) counts apart: top's FROM column says which a
+key came from, and --from names it where the key is counted under
+several.
+
+--json prints the admin API's answer as it is, for scripts. Keys and
+names that hold control characters are printed Go-quoted ("\x1b[2J").
 
 As with 'caddy reload', the admin endpoint is --address if given;
 otherwise the one in the config given by --config (and --adapter);
@@ -77,19 +85,23 @@ func rateLimitCommands(cmd *cobra.Command) {
 	top.Flags().Int("n", DefaultTopKeys, "How many keys to show")
 	cmd.AddCommand(top)
 
-	cmd.AddCommand(&cobra.Command{
+	key := &cobra.Command{
 		Use:   "key <zone> <key>",
 		Short: "Shows a key's counts, override and ban",
 		Args:  cobra.ExactArgs(2),
 		RunE:  run(keyRequest),
-	})
+	}
+	fromFlag(key)
+	cmd.AddCommand(key)
 
-	cmd.AddCommand(&cobra.Command{
+	reset := &cobra.Command{
 		Use:   "reset <zone> <key>",
 		Short: "Forgets a key's counts and lifts its ban",
 		Args:  cobra.ExactArgs(2),
 		RunE:  run(resetRequest),
-	})
+	}
+	fromFlag(reset)
+	cmd.AddCommand(reset)
 
 	override := &cobra.Command{
 		Use:   "override <zone> <key> (<limit> [--ttl <duration>] | --remove)",
@@ -99,6 +111,7 @@ func rateLimitCommands(cmd *cobra.Command) {
 	}
 	override.Flags().String("ttl", "", "How long the override lasts (default: until removed)")
 	override.Flags().Bool("remove", false, "Remove the key's override")
+	fromFlag(override)
 	cmd.AddCommand(override)
 
 	dial := &cobra.Command{
@@ -112,6 +125,11 @@ func rateLimitCommands(cmd *cobra.Command) {
 	dial.Flags().String("ttl", "", "How long the dial lasts (default: until removed)")
 	dial.Flags().Bool("remove", false, "Return the zone to its config")
 	cmd.AddCommand(dial)
+}
+
+// fromFlag adds --from to a subcommand that names a key.
+func fromFlag(cmd *cobra.Command) {
+	cmd.Flags().String("from", "", "The alternative of the zone's key the key came from, as top shows it (needed only where the key is counted under several)")
 }
 
 // adminRequest is what a subcommand asks of the admin endpoint, and how
@@ -198,8 +216,24 @@ func zonePath(zone string) string {
 	return "/rate_limit/zones/" + url.PathEscape(zone)
 }
 
-func keyPath(zone, key string) string {
-	return zonePath(zone) + "/keys/" + url.PathEscape(key)
+// keyPath is the admin path of a key, with the alternative --from names,
+// if any; route is "" for the key, "/limit" for its override.
+func keyPath(fl caddycmd.Flags, zone, key, route string) string {
+	path := zonePath(zone) + "/keys/" + url.PathEscape(key) + route
+	if from := fl.String("from"); from != "" {
+		path += "?from=" + url.QueryEscape(from)
+	}
+	return path
+}
+
+// keyText is how a subcommand's line names the key it changed: as given,
+// and the alternative --from named, if any.
+func keyText(fl caddycmd.Flags, key string) string {
+	text := fmt.Sprintf("key %q", key)
+	if from := fl.String("from"); from != "" {
+		text += fmt.Sprintf(" from %q", from)
+	}
+	return text
 }
 
 // ttlFlag returns the --ttl flag, checked here so that a bad one is
@@ -225,27 +259,27 @@ func topRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 	return adminRequest{method: http.MethodGet, path: path, show: showTop}, nil
 }
 
-func keyRequest(_ caddycmd.Flags, args []string) (adminRequest, error) {
-	return adminRequest{method: http.MethodGet, path: keyPath(args[0], args[1]), show: showKey}, nil
+func keyRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
+	return adminRequest{method: http.MethodGet, path: keyPath(fl, args[0], args[1], ""), show: showKey}, nil
 }
 
-func resetRequest(_ caddycmd.Flags, args []string) (adminRequest, error) {
+func resetRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 	zone, key := args[0], args[1]
-	return adminRequest{method: http.MethodDelete, path: keyPath(zone, key), show: func(w io.Writer, _ []byte) error {
-		_, err := fmt.Fprintf(w, "zone %q: key %q reset\n", zone, key)
+	return adminRequest{method: http.MethodDelete, path: keyPath(fl, zone, key, ""), show: func(w io.Writer, _ []byte) error {
+		_, err := fmt.Fprintf(w, "zone %q: %s reset\n", zone, keyText(fl, key))
 		return err
 	}}, nil
 }
 
 func overrideRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 	zone, key := args[0], args[1]
-	path := keyPath(zone, key) + "/limit"
+	path := keyPath(fl, zone, key, "/limit")
 	if fl.Bool("remove") {
 		if len(args) != 2 || fl.Changed("ttl") {
 			return adminRequest{}, errors.New("override --remove takes a zone and a key, and no limit or --ttl")
 		}
 		return adminRequest{method: http.MethodDelete, path: path, show: func(w io.Writer, _ []byte) error {
-			_, err := fmt.Fprintf(w, "zone %q: key %q: override removed\n", zone, key)
+			_, err := fmt.Fprintf(w, "zone %q: %s: override removed\n", zone, keyText(fl, key))
 			return err
 		}}, nil
 	}
@@ -269,7 +303,7 @@ func overrideRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 		if err := json.Unmarshal(answer, &o); err != nil {
 			return err
 		}
-		_, err := fmt.Fprintf(w, "zone %q: key %q: override %s\n", zone, key, overrideText(&o))
+		_, err := fmt.Fprintf(w, "zone %q: %s: override %s\n", zone, keyText(fl, key), overrideText(&o))
 		return err
 	}}, nil
 }
@@ -321,7 +355,7 @@ func showZones(w io.Writer, answer []byte) error {
 		if z.Hold != "" {
 			window = z.Hold + " hold"
 		}
-		limit := strings.Join(z.Limit, " or ")
+		limit := printable(strings.Join(z.Limit, " or "))
 		if z.Units {
 			limit += " units"
 		}
@@ -330,7 +364,7 @@ func showZones(w io.Writer, answer []byte) error {
 			instances = strconv.Itoa(z.Instances)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			z.Name, z.Algorithm, limit, window, z.Store, dialText(z.Dial), instances)
+			printable(z.Name), z.Algorithm, limit, window, z.Store, dialText(z.Dial), instances)
 	}
 	return tw.Flush()
 }
@@ -346,9 +380,10 @@ func showTop(w io.Writer, answer []byte) error {
 		counted, count = "Units", func(k TopKey) int64 { return k.Units }
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "KEY\t%s\tREJECTED\n", strings.ToUpper(counted))
+	// FROM last, where a template with a space in it reads whole.
+	fmt.Fprintf(tw, "KEY\t%s\tREJECTED\tFROM\n", strings.ToUpper(counted))
 	for _, k := range top.Keys {
-		fmt.Fprintf(tw, "%s\t%d\t%d\n", k.Key, count(k), k.Rejected)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", printable(k.Key), count(k), k.Rejected, printable(k.From))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -369,8 +404,11 @@ func showKey(w io.Writer, answer []byte) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "zone\t%s\n", k.Zone)
-	fmt.Fprintf(tw, "key\t%s\n", k.Key)
+	fmt.Fprintf(tw, "zone\t%s\n", printable(k.Zone))
+	fmt.Fprintf(tw, "key\t%s\n", printable(k.Key))
+	if k.From != "" {
+		fmt.Fprintf(tw, "from\t%s\n", printable(k.From))
+	}
 	if k.Hash != "" {
 		fmt.Fprintf(tw, "hash\t%s\n", k.Hash)
 	}
@@ -388,6 +426,19 @@ func showKey(w io.Writer, answer []byte) error {
 		fmt.Fprintf(tw, "reserved\t%d\n", *k.Reserved)
 	}
 	return tw.Flush()
+}
+
+// printable is s as a table shows it: as it is if every character is
+// printable, else Go-quoted ("\x1b[2J", "a\r\nb"), so that a key, which
+// clients choose, can neither move the terminal's cursor, clear its
+// screen or turn text around, nor forge a row. A string that opens with
+// a double quote is quoted too: no string is then shown as another's
+// quoted form.
+func printable(s string) string {
+	if strings.HasPrefix(s, `"`) || !utf8.ValidString(s) || strings.IndexFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 // overrideText shows an override as "5000 until <time>", or "-" for none.

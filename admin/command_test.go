@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -73,6 +74,11 @@ func TestRateLimitCommandRequests(t *testing.T) {
 		{[]string{"key", "default@m%C3%BCnchen.de", "k"}, "GET", "/rate_limit/zones/default@m%25C3%25BCnchen.de/keys/k", ""},
 		{[]string{"key", "api", "bot 7/%"}, "GET", "/rate_limit/zones/api/keys/bot%207%2F%25", ""},
 		{[]string{"reset", "api", "k"}, "DELETE", "/rate_limit/zones/api/keys/k", ""},
+		{[]string{"reset", "api", "#0123456789abcdef"}, "DELETE", "/rate_limit/zones/api/keys/%230123456789abcdef", ""},
+		{[]string{"key", "api", "k", "--from", "{header.X-Api-Key}"}, "GET", "/rate_limit/zones/api/keys/k?from=%7Bheader.X-Api-Key%7D", ""},
+		{[]string{"reset", "api", "k", "--from", "{client_ip}"}, "DELETE", "/rate_limit/zones/api/keys/k?from=%7Bclient_ip%7D", ""},
+		{[]string{"override", "api", "k", "7", "--from", "a b"}, "PUT", "/rate_limit/zones/api/keys/k/limit?from=a+b", `{"limit":7}`},
+		{[]string{"override", "api", "k", "--remove", "--from", "{client_ip}"}, "DELETE", "/rate_limit/zones/api/keys/k/limit?from=%7Bclient_ip%7D", ""},
 		{[]string{"override", "api", "k", "5000", "--ttl", "24h"}, "PUT", "/rate_limit/zones/api/keys/k/limit", `{"limit":5000,"ttl":"24h"}`},
 		{[]string{"override", "api", "k", "10"}, "PUT", "/rate_limit/zones/api/keys/k/limit", `{"limit":10}`},
 		{[]string{"override", "api", "k", "--remove"}, "DELETE", "/rate_limit/zones/api/keys/k/limit", ""},
@@ -115,6 +121,72 @@ func TestRateLimitTopFooter(t *testing.T) {
 		if !strings.HasSuffix(out, "\n"+want) || !strings.Contains(out, "k  ") {
 			t.Errorf("error bound %d: printed\n%s\nwant the table and %q", bound, out, want)
 		}
+	}
+}
+
+// TestRateLimitCommandShowsAlternatives: top shows the alternative each
+// key came from, last, and key shows it; a change made with --from says
+// which.
+func TestRateLimitCommandShowsAlternatives(t *testing.T) {
+	s := newStandIn(t)
+	s.answer = `{"zone":"api","keys":[{"key":"k","from":"{http.request.header.X-Api-Key}","requests":9,"rejected":2},{"key":"k","from":"{http.vars.client_ip}","requests":1,"rejected":0}],"error":0}`
+	out, err := rateLimit("top", "api", "--address", s.address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out, "\n")
+	for i, want := range [][]string{{"KEY", "REQUESTS", "REJECTED", "FROM"}, {"k", "9", "2", "{http.request.header.X-Api-Key}"}, {"k", "1", "0", "{http.vars.client_ip}"}} {
+		if got := strings.Fields(lines[i]); !slices.Equal(got, want) {
+			t.Errorf("top line %d: %q, want %q", i, got, want)
+		}
+	}
+	s.answer = `{"zone":"api","key":"k","from":"{http.vars.client_ip}","used":1,"reset":"2030-01-01T00:00:00Z"}`
+	if out, err := rateLimit("key", "api", "k", "--address", s.address); err != nil || !strings.Contains(out, "\nfrom               {http.vars.client_ip}\n") {
+		t.Errorf("key printed\n%s\n(%v), want its alternative", out, err)
+	}
+	s.answer = ""
+	if out, err := rateLimit("reset", "api", "k", "--from", "{client_ip}", "--address", s.address); err != nil || out != "zone \"api\": key \"k\" from \"{client_ip}\" reset\n" {
+		t.Errorf("reset --from printed %q (%v), want the alternative named", out, err)
+	}
+}
+
+// TestRateLimitCommandEscapes: the tables print keys, alternatives and
+// zone names that hold control characters or other characters a
+// terminal does not print as Go-quoted strings, and leave printable ones
+// as they are.
+func TestRateLimitCommandEscapes(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"203.0.113.9", "203.0.113.9"},
+		{"a/b c", "a/b c"},
+		{"münchen", "münchen"},
+		{"\x1b[2J", `"\x1b[2J"`},
+		{"x\r\nforged", `"x\r\nforged"`},
+		{"tab\there", `"tab\there"`},
+		{"\u202eevil", `"\u202eevil"`},
+		{"\xff", `"\xff"`},
+		{`"quoted"`, `"\"quoted\""`},
+	} {
+		if got := printable(c.in); got != c.want {
+			t.Errorf("printable(%q) = %s, want %s", c.in, got, c.want)
+		}
+	}
+	s := newStandIn(t)
+	show := func(answer string, args ...string) string {
+		t.Helper()
+		s.answer = answer
+		out, err := rateLimit(append(args, "--address", s.address)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.ContainsAny(out, "\x1b\r") {
+			t.Errorf("%q printed %q, with an escape or a carriage return", args, out)
+		}
+		return out
+	}
+	show(`{"zone":"api","keys":[{"key":"\u001b[2J","from":"{x}\r\n","requests":1,"rejected":0}],"error":0}`, "top", "api")
+	show(`{"zone":"a\u001b","key":"\u001b[2J","from":"\r","used":1,"reset":"2030-01-01T00:00:00Z"}`, "key", "api", "k")
+	if out := show(`[{"name":"a\u001b]0;x\u0007","algorithm":"gcra","window":"1s","limit":["{l\r}"],"store":"memory"}]`, "zones"); !strings.Contains(out, `"a\x1b]0;x\a"`) {
+		t.Errorf("zones printed %q, want the name quoted", out)
 	}
 }
 

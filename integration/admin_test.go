@@ -284,7 +284,7 @@ func TestAdminAPIRedis(t *testing.T) {
 	startCaddy(t, clientSite("admin_redis", 2, redisStore("address "+s.URL())))
 	testAdminAPI(t, adminURL, "admin_redis", "redis", func(client string, n int) []int { return statuses(t, n, client) })
 	// The override lives beside the key's counters, in the same slot.
-	if o, err := s.Do("HGET", counterKey(t, s, "admin_redis", "vip"), "o"); err != nil || o != "" {
+	if o, err := s.Do("HGET", counterKey(t, s, "admin_redis", clientKey("vip")), "o"); err != nil || o != "" {
 		t.Fatalf("override field after DELETE: %q %v", o, err)
 	}
 }

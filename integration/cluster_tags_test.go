@@ -133,7 +133,7 @@ func TestRedisTagSecretSurvivesRestart(t *testing.T) {
 	if codes := burst([]string{first.url}, 1, "X-Client: k"); codes[http.StatusOK] != 1 {
 		t.Fatalf("the first Caddy: %v, want 200", codes)
 	}
-	name, err := s.Counter("fleet", "k")
+	name, err := s.Counter("fleet", clientKey("k"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestRedisTagSecretSurvivesRestart(t *testing.T) {
 	if n := hashCount(t, s, name); n != 2 {
 		t.Fatalf("%s counts %d, want 2: one request from each Caddy", name, n)
 	}
-	if keys, err := s.Do("KEYS", "rl:{*}{k}:fleet"); err != nil || keys != name {
+	if keys, err := s.Do("KEYS", "rl:{*}{"+clientKey("k")+"}:fleet"); err != nil || keys != name {
 		t.Fatalf("k's counters in Redis: %q (%v), want %s alone", keys, err, name)
 	}
 }

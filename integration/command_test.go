@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -111,10 +112,11 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 		t.Fatalf("zones row %q, want %q", got, want)
 	}
 
+	const from = "{http.request.header.X-Client}"
 	top := cli("top", "cli")
 	rows := topRows(top)
-	if len(rows) < 4 || !hashForm.MatchString(rows[0][0]) || !slices.Equal(rows[0][1:], []string{"12", "7"}) {
-		t.Fatalf("top:\n%s\nwant the 4 clients, %s's hash first with 12 requests, 7 rejected", top, bot)
+	if len(rows) < 4 || !hashForm.MatchString(rows[0][0]) || !slices.Equal(rows[0][1:], []string{"12", "7", from}) {
+		t.Fatalf("top:\n%s\nwant the 4 clients, %s's hash first with 12 requests, 7 rejected, from %s", top, bot, from)
 	}
 	hash := rows[0][0]
 	if strings.Contains(top, bot) {
@@ -136,7 +138,7 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 	if err := json.Unmarshal([]byte(cli("top", "cli", "--json")), &answer); err != nil || answer.Zone != "cli" || len(answer.Keys) < 4 || answer.Keys[0].Key != hash {
 		t.Fatalf("top --json: %+v, %v; want zone cli, the 4 clients, %s first", answer, err, hash)
 	}
-	if rows := topRows(cli("top", "cli_shown")); len(rows) < 4 || !slices.Equal(rows[0], []string{bot, "5", "0"}) {
+	if rows := topRows(cli("top", "cli_shown")); len(rows) < 4 || !slices.Equal(rows[0], []string{bot, "5", "0", from}) {
 		t.Fatalf("top of cli_shown (log_keys on):\n%s\nwant %s first with 5 requests", cli("top", "cli_shown"), bot)
 	}
 
@@ -148,8 +150,8 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 		}
 		return fields
 	}
-	if k := key(); k["zone"] != "cli" || k["key"] != bot || k["hash"] != hash || k["used"] != "5" || k["current"] != "5" || k["override"] != "-" {
-		t.Fatalf("key: %v, want %s, the hash top shows, 5 used, no override", k, bot)
+	if k := key(); k["zone"] != "cli" || k["key"] != bot || k["from"] != from || k["hash"] != hash || k["used"] != "5" || k["current"] != "5" || k["override"] != "-" {
+		t.Fatalf("key: %v, want %s from %s, the hash top shows, 5 used, no override", k, bot, from)
 	}
 
 	if out := cli("override", "cli", bot, "10", "--ttl", "1h"); !strings.HasPrefix(out, fmt.Sprintf("zone %q: key %q: override 10 until ", "cli", bot)) {
@@ -220,5 +222,74 @@ func commandAt(t *testing.T, in instance) func(args ...string) string {
 			t.Fatalf("caddy rate-limit %q: %v", args, err)
 		}
 		return out
+	}
+}
+
+// inProcessCLI is commandAt for the in-process Caddy.
+func inProcessCLI(t *testing.T) func(args ...string) string {
+	return commandAt(t, instance{admin: adminURL})
+}
+
+// TestCommandResetsAHashedKey: reset given a key's hash, as top shows it
+// under log_keys off, resets that key; a hash that no top key of this
+// instance has is refused, saying to pass the key itself, and resets
+// nothing.
+func TestCommandResetsAHashedKey(t *testing.T) {
+	startCaddy(t, clientSite("hashed", 2, ""))
+	cli := inProcessCLI(t)
+	wantStatuses(t, statuses(t, 3, "bot"), 200, 200, 429)
+	rows := topRows(cli("top", "hashed"))
+	if len(rows) != 1 || !hashForm.MatchString(rows[0][0]) {
+		t.Fatalf("top rows %q, want bot's hash", rows)
+	}
+	hash := rows[0][0]
+
+	var exit *exec.ExitError
+	const unknown = "#0123456789abcdef"
+	out, stderr, err := rateLimitCLI(t, "reset", "hashed", unknown, "--address", adminAddr)
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || out != "" || !strings.Contains(loggedError(stderr), "pass the key itself") {
+		t.Fatalf("reset of a hash no top key has: %v, printed %q, logged %q; want exit status 1 saying to pass the key itself", err, out, loggedError(stderr))
+	}
+	if used := keyState(t, adminURL, "hashed", "bot").Used; used != 2 {
+		t.Fatalf("bot used %d after the refused reset, want 2", used)
+	}
+
+	cli("reset", "hashed", hash)
+	if used := keyState(t, adminURL, "hashed", "bot").Used; used != 0 {
+		t.Fatalf("bot used %d after reset %s, want 0", used, hash)
+	}
+	wantStatuses(t, statuses(t, 3, "bot"), 200, 200, 429)
+}
+
+// TestCommandEscapesKeys: a key with an escape sequence or a line break
+// (a query parameter can carry both) is printed by top with them escaped,
+// so that it can neither clear the operator's screen nor forge a row.
+func TestCommandEscapesKeys(t *testing.T) {
+	startCaddy(t, siteAddr+` {
+	rate_limit {
+		log_keys on
+		zone escaped {
+			key {query.id}
+			limit 5
+			window 1h
+		}
+	}
+	respond "ok"
+}
+`)
+	cli := inProcessCLI(t)
+	for _, id := range []string{"%1b%5b2J", "x%0d%0aforged%099%090"} {
+		if resp, _ := do(t, http.MethodGet, siteURL+"/?id="+id); resp.StatusCode != http.StatusOK {
+			t.Fatalf("id=%s: %d, want 200", id, resp.StatusCode)
+		}
+	}
+	top := cli("top", "escaped")
+	if strings.ContainsAny(top, "\x1b\r") || len(topRows(top)) != 2 {
+		t.Fatalf("top printed %q, want 2 rows and no escape or carriage return", top)
+	}
+	for _, want := range []string{`\x1b[2J`, `x\r\nforged\t9\t0`} {
+		if !strings.Contains(top, want) {
+			t.Fatalf("top printed %q, want the key %s escaped", top, want)
+		}
 	}
 }

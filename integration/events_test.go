@@ -137,8 +137,8 @@ func TestDocumentedEventsLog(t *testing.T) {
 		e := lines[i]
 		d, _ := e["data"].(map[string]any)
 		if e["msg"] != "event" || e["level"] != "debug" || e["origin"] != "http.handlers.rate_limit" ||
-			d["zone"] != "ev_log" || d["key"] != keyHash(t, adminURL, "ev_log", key) || d["remote_ip"] != "127.0.0.1" {
-			t.Fatalf("line %d: %v, want the debug event of zone ev_log for key %s, shown as its hash", i+1, e, key)
+			d["zone"] != "ev_log" || d["key"] != keyHash(t, adminURL, "ev_log", key) || d["from"] != "{http.request.header.X-Client}" || d["remote_ip"] != "127.0.0.1" {
+			t.Fatalf("line %d: %v, want the debug event of zone ev_log for key %s, shown as its hash, from {http.request.header.X-Client}", i+1, e, key)
 		}
 	}
 	wantStatuses(t, statuses(t, 5, "client-a"), 429, 429, 429, 429, 429)

@@ -584,7 +584,7 @@ func runFault(t *testing.T, name string, env faultEnv, s faultSetting) faultRow 
 				before++
 			}
 		}
-		counted := env.counted(t, "p"+strconv.Itoa(period))
+		counted := env.counted(t, clientKey("p"+strconv.Itoa(period)))
 		r.lost = fmt.Sprintf("%d of the %d units counted before the fault", max(0, int64(before)-counted), before)
 	}
 	return r
@@ -755,7 +755,7 @@ func runInstanceKilled(t *testing.T, s faultSetting) faultRow {
 	// The period's key is no longer asked for: the live instances have
 	// given back what they leased, and what Redis still counts over
 	// what was admitted went with the dead instance.
-	counted := hashCount(t, rs, counterKey(t, rs, "fleet", "p"+strconv.Itoa(period)))
+	counted := hashCount(t, rs, counterKey(t, rs, "fleet", clientKey("p"+strconv.Itoa(period))))
 	r.lost = fmt.Sprintf("%d of the window's %d units with its leases; %d concurrency units for %v",
 		counted-int64(admitted), faultLimit, held, reaped.Round(10*time.Millisecond))
 	return r

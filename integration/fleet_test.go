@@ -56,7 +56,7 @@ func TestRedisFleetExact(t *testing.T) {
 		byNode := map[int]string{}
 		for i := 0; len(byNode) < len(c.Nodes); i++ {
 			key := "client-" + strconv.Itoa(i)
-			if _, node := clusterCounterKey(t, c, "fleet", key); byNode[node] == "" {
+			if _, node := clusterCounterKey(t, c, "fleet", clientKey(key)); byNode[node] == "" {
 				byNode[node] = key
 			}
 		}
@@ -66,7 +66,7 @@ func TestRedisFleetExact(t *testing.T) {
 		}
 		wg.Wait()
 		for node, key := range byNode {
-			name, _ := clusterCounterKey(t, c, "fleet", key)
+			name, _ := clusterCounterKey(t, c, "fleet", clientKey(key))
 			if n, err := c.Nodes[node].Do("HGET", name, "c"); err != nil || n != "30" {
 				t.Errorf("node %d holds %q for %s (%v), want 30", node, n, key, err)
 			}
@@ -77,7 +77,7 @@ func TestRedisFleetExact(t *testing.T) {
 		s := redistest.NewSentinel(t, "fleet")
 		fleet := urls(startFleet(t, 3, fleetSpec{store: "address " + s.Sentinel.URL() + "\nsentinel fleet", zone: perClient(30)}))
 		exact(t, fleet, "one")
-		if n, err := s.Master.Do("HGET", counterKey(t, s.Master, "fleet", "one"), "c"); err != nil || n != "30" {
+		if n, err := s.Master.Do("HGET", counterKey(t, s.Master, "fleet", clientKey("one")), "c"); err != nil || n != "30" {
 			t.Fatalf("master holds %q (%v), want 30", n, err)
 		}
 	})
@@ -134,7 +134,7 @@ func TestRedisConcurrencyFleet(t *testing.T) {
 		run(t, "address "+s.URL(), func(key string) string {
 			// The holders' set is named as the counters' hash, with an h
 			// after the tag.
-			counter := counterKey(t, s, "fleet", key)
+			counter := counterKey(t, s, "fleet", clientKey(key))
 			tag := strings.IndexByte(counter, '}') + 1
 			n, err := s.Do("ZCARD", counter[:tag]+"h"+counter[tag:])
 			if err != nil {
@@ -380,12 +380,12 @@ func TestRedisFleetLeases(t *testing.T) {
 	}
 	t.Run("standalone", func(t *testing.T) {
 		s := redistest.Standalone(t)
-		run(t, "address "+s.URL(), func(key string) int64 { return hashCount(t, s, counterKey(t, s, "fleet", key)) })
+		run(t, "address "+s.URL(), func(key string) int64 { return hashCount(t, s, counterKey(t, s, "fleet", clientKey(key))) })
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.NewCluster(t, 3)
 		run(t, "address "+strings.Join(c.URLs(), " ")+"\ncluster", func(key string) int64 {
-			name, node := clusterCounterKey(t, c, "fleet", key)
+			name, node := clusterCounterKey(t, c, "fleet", clientKey(key))
 			return hashCount(t, c.Nodes[node], name)
 		})
 	})
@@ -412,7 +412,7 @@ func TestRedisFleetSlidingWindowLeases(t *testing.T) {
 		t.Fatalf("the app saw %d requests, %d were admitted", n, total)
 	}
 	ring := func() int64 {
-		v, err := s.Do("HGET", counterKey(t, s, "fleet", "hot"), "r")
+		v, err := s.Do("HGET", counterKey(t, s, "fleet", clientKey("hot")), "r")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -711,7 +711,7 @@ func TestRedisFleetInstanceDiesHoldingLease(t *testing.T) {
 
 	rest := drain(t, fleet[1:], "k", workers, 20)
 	admitted := dying.Load() + sum(rest)
-	c := hashCount(t, s, counterKey(t, s, "fleet", "k"))
+	c := hashCount(t, s, counterKey(t, s, "fleet", clientKey("k")))
 	lost := c - admitted
 	t.Logf("admitted %d (%d by the instance killed, %v by the others); Redis counts %d: %d lost with the instance", admitted, dying.Load(), rest, c, lost)
 	if admitted > limit || c != limit {

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -571,6 +573,21 @@ func keyState(t testing.TB, base, zone, key string) admin.KeyInfo {
 	return readAdmin[admin.KeyInfo](t, base, "/rate_limit/zones/"+zone+"/keys/"+url.PathEscape(key))
 }
 
+// storedKey is value as a store keeps it from the key alternative
+// template: behind the alternative's tag, 8 hex digits of the SHA-256 of
+// its text and '|', so that the alternatives of a zone's key never share
+// a counter.
+func storedKey(template, value string) string {
+	sum := sha256.Sum256([]byte(template))
+	return hex.EncodeToString(sum[:4]) + "|" + value
+}
+
+// clientKey is how a store keeps an X-Client, the key of most tests'
+// zones.
+func clientKey(value string) string {
+	return storedKey("{http.request.header.X-Client}", value)
+}
+
 // hashForm is how a key is shown where log_keys does not show it.
 var hashForm = regexp.MustCompile(`^#[0-9a-f]{16}$`)
 
@@ -593,6 +610,7 @@ type topAnswer struct {
 	Units bool   `json:"units"`
 	Keys  []struct {
 		Key      string `json:"key"`
+		From     string `json:"from"`
 		Requests int64  `json:"requests"`
 		Units    int64  `json:"units"`
 		Rejected int64  `json:"rejected"`

@@ -278,7 +278,7 @@ func TestKeysHiddenByDefault(t *testing.T) {
 		{"rate limit exceeded", "keys_shown", shown},
 		{"rate limit ban", "keys_shown", shown},
 	} {
-		waitForLog(t, logFile, 1, c.msg, `"zone":"`+c.zone+`"`, `"key":"`+c.key+`"`)
+		waitForLog(t, logFile, 1, c.msg, `"zone":"`+c.zone+`"`, `"key":"`+c.key+`"`, `"from":"{http.request.header.X-Api-Key}"`)
 	}
 	if lines := logLines(logFile, secret); len(lines) != 0 {
 		t.Fatalf("the key is in the log:\n%s", strings.Join(lines, ""))

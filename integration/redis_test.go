@@ -53,7 +53,7 @@ func TestRedisStoreConfig(t *testing.T) {
 		}
 	}
 	keys, err := s.DoIn(2, "KEYS", "rl:{*")
-	if want, _ := s.CounterIn(2, "rl:", "per_client", "env"); err != nil || keys != want {
+	if want, _ := s.CounterIn(2, "rl:", "per_client", clientKey("env")); err != nil || keys != want {
 		t.Fatalf("keys in database 2: %q %v, want %s", keys, err, want)
 	}
 
@@ -107,7 +107,7 @@ func TestRedisStoreConfig(t *testing.T) {
 			t.Fatalf("JSON config, request %d: %d, want %d", i, code, want)
 		}
 	}
-	if name, err := s.CounterIn(0, "json:", "per_client", "json"); err != nil {
+	if name, err := s.CounterIn(0, "json:", "per_client", clientKey("json")); err != nil {
 		t.Fatal(err)
 	} else if n, _ := s.Do("EXISTS", name); n != "1" {
 		t.Fatal("JSON config: no counter under key_prefix json:")
@@ -151,9 +151,9 @@ func TestRedisMultiZone(t *testing.T) {
 		}
 	}
 	for key, want := range map[string]string{
-		counterKey(t, s, "per_client", "multi"):        "2",
-		counterKey(t, s, "per_client_strict", "multi"): "2",
-		counterKey(t, s, "global", "all"):              "2",
+		counterKey(t, s, "per_client", clientKey("multi")):        "2",
+		counterKey(t, s, "per_client_strict", clientKey("multi")): "2",
+		counterKey(t, s, "global", storedKey("all", "all")):       "2",
 	} {
 		if got, err := s.Do("HGET", key, "c"); err != nil || got != want {
 			t.Errorf("%s counts %q (%v), want %s", key, got, err, want)
@@ -300,7 +300,7 @@ func TestRedisClientsGoingAway(t *testing.T) {
 	// was counted before.
 	var counted int64
 	for _, f := range []string{"c", "p"} {
-		v, err := s.Do("HGET", counterKey(t, s, "per_client", "away"), f)
+		v, err := s.Do("HGET", counterKey(t, s, "per_client", clientKey("away")), f)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -109,7 +109,7 @@ func TestRedisReloadsUnderLoad(t *testing.T) {
 				l.progress(t, 50)
 			}
 			byStatus, failed, lastErr := l.end()
-			counted, err := s.Do("HGET", counterKey(t, s, "per_client", "load"), "c")
+			counted, err := s.Do("HGET", counterKey(t, s, "per_client", clientKey("load")), "c")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -169,7 +169,7 @@ func TestRedisReloads(t *testing.T) {
 			t.Fatalf("request after reload %d: %d", i, code)
 		}
 	}
-	if c, err := s.Do("HGET", counterKey(t, s, "per_client", "reload"), "c"); err != nil || c != strconv.Itoa(reloads) {
+	if c, err := s.Do("HGET", counterKey(t, s, "per_client", clientKey("reload")), "c"); err != nil || c != strconv.Itoa(reloads) {
 		t.Fatalf("counter after %d reloads: %q %v, want %d: counts survive reloads", reloads, c, err, reloads)
 	}
 	var nc, ng int

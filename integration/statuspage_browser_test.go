@@ -85,7 +85,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 			t.Errorf("the cost_from zone's card lacks %q", want)
 		}
 	}
-	for _, want := range []string{">per_client<", ">backend<", ">40<", ">35<"} {
+	// The zone's key and the alternative each key came from.
+	for _, want := range []string{">per_client<", ">backend<", ">40<", ">35<", ">{http.request.header.X-Client} or {http.vars.client_ip}<", ">from {http.request.header.X-Client}<"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the rendered page lacks %q", want)
 		}

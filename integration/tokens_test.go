@@ -565,11 +565,12 @@ func TestCostFromInUnitsThroughCaddy(t *testing.T) {
 		t.Errorf("zones row %q, want %q", got, want)
 	}
 	top := cli("top", zone)
-	if got := strings.Fields(strings.SplitN(top, "\n", 2)[0]); !slices.Equal(got, []string{"KEY", "UNITS", "REJECTED"}) {
-		t.Errorf("top header %q, want KEY UNITS REJECTED", got)
+	if got := strings.Fields(strings.SplitN(top, "\n", 2)[0]); !slices.Equal(got, []string{"KEY", "UNITS", "REJECTED", "FROM"}) {
+		t.Errorf("top header %q, want KEY UNITS REJECTED FROM", got)
 	}
-	if rows := topRows(top); len(rows) < 2 || !slices.Equal(rows[0], []string{"heavy", "250", "1"}) || !slices.Equal(rows[1], []string{"light", "50", "0"}) {
-		t.Errorf("top rows %q, want heavy 250 1, light 50 0", rows)
+	const from = "{http.request.header.X-Client}"
+	if rows := topRows(top); len(rows) < 2 || !slices.Equal(rows[0], []string{"heavy", "250", "1", from}) || !slices.Equal(rows[1], []string{"light", "50", "0", from}) {
+		t.Errorf("top rows %q, want heavy 250 1, light 50 0, from %s", rows, from)
 	}
 	if !strings.Contains(top, "\nUnits over about the last minute") {
 		t.Errorf("top footer of\n%s\nwant units", top)

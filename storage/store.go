@@ -24,8 +24,11 @@ import (
 // Namespace is the Caddy module namespace of stores.
 const Namespace = "http.handlers.rate_limit.stores"
 
-// Request takes Cost units of Key's budget in Zone. Key has been
-// bounded by BoundKey; stores keep it as it is.
+// Request takes Cost units of Key's budget in Zone. Key is a value
+// bounded by BoundKey, which the handler may put behind a tag of the
+// alternative of the zone's key it came from (8 hex digits and '|'), so
+// that alternatives never share a counter: at most MaxKeyLen+9 bytes, no
+// brace. Stores keep it as it is.
 type Request struct {
 	Zone      string
 	Key       string
