@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/costfrom"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -115,8 +116,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				if err := s.readBody(r); err != nil {
 					return bodyRefused(w, r, err)
 				}
+				if err := s.request.Read(s.body); err != nil {
+					return fieldRefused(w, r, err)
+				}
 			}
-			cost = z.meter.reservation(s.body)
+			cost = z.meter.reservation(&s.request, limit)
 		}
 		req := storage.Request{
 			Zone:        z.Name,
@@ -355,9 +359,11 @@ type scratch struct {
 	// some statuses.
 	recorder statusRecorder
 	// body is the request's body, once bodyRead, for the zones that
-	// reserve by it (cost_from); writers read the response's costs.
+	// reserve by it (cost_from), and request what they read of it;
+	// writers read the response's costs.
 	body     []byte
 	bodyRead bool
+	request  costfrom.Request
 	writers  []costWriter
 }
 
@@ -374,6 +380,9 @@ func (s *scratch) recycle() {
 	clear(s.reqs)
 	s.checks, s.reqs, s.decisions, s.waited, s.store = s.checks[:0], s.reqs[:0], s.decisions[:0], false, nil
 	s.recorder = statusRecorder{}
+	if s.bodyRead {
+		s.request = costfrom.Request{}
+	}
 	s.body, s.bodyRead = nil, false
 	s.recycleWriters()
 	scratchPool.Put(s)

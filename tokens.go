@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -44,10 +45,13 @@ type Reserve struct {
 	Units int64 `json:"units,omitempty"`
 
 	// Reserve the most tokens the request's body lets the model generate
-	// (max_tokens, max_completion_tokens, max_output_tokens or Ollama's
-	// options.num_predict, the largest given), or this many if it gives
-	// none; with cost_from usage input or total, plus the body's length
-	// in bytes, which bounds its prompt's tokens.
+	// (max_tokens, max_completion_tokens, max_output_tokens, n_predict
+	// or Ollama's options.num_predict, the largest given, times n or
+	// best_of), or this many if it gives none; the zone's whole limit if
+	// its bound means none (0 or less); with cost_from usage input or
+	// total, plus the body's length in bytes, which bounds its prompt's
+	// tokens. The body is read as the most lenient server reads it, and
+	// one that gives a field it reads twice is refused with 400.
 	MaxTokens int64 `json:"max_tokens,omitempty"`
 }
 
@@ -192,18 +196,60 @@ func (m *meter) readsBody() bool {
 	return m.on && (m.def > 0 || m.streamUsage)
 }
 
-// reservation is what a request with body takes at admission. It is at
-// most maxLimit: a request asking for more than any limit is refused
-// whatever its count.
-func (m *meter) reservation(body []byte) int64 {
+// reservation is what a request whose body reads as req takes at
+// admission, where its key's limit is limit. It is at most maxLimit: a
+// request asking for more than any limit is refused whatever its count.
+// A request whose bound means none takes the whole limit (or more, if
+// another of its bounds asks for more), which its key must have free.
+func (m *meter) reservation(req *costfrom.Request, limit int64) int64 {
 	if m.fixed > 0 {
 		return m.fixed
 	}
-	r := min(costfrom.MaxTokens(body, m.def), maxLimit)
+	n, unbounded := req.MaxTokens(m.def)
+	if unbounded {
+		return min(max(n, limit), maxLimit)
+	}
+	r := min(n, maxLimit)
 	if m.prompt {
-		r += int64(len(body))
+		r += int64(req.Size())
 	}
 	return min(r, maxLimit)
+}
+
+// fieldRefused answers a request whose body gives a field a zone reads
+// more than once, under any spelling (a *costfrom.DuplicateError), which
+// servers would read differently: 400, with a JSON body in the shape of
+// OpenAI's and Anthropic's errors that names the field in param. Nothing
+// has been taken. Where the server has error routes (handle_errors), they
+// answer it, with the error's message naming the field.
+func fieldRefused(w http.ResponseWriter, r *http.Request, err error) error {
+	if hasErrorRoutes(r) {
+		return caddyhttp.Error(http.StatusBadRequest, err)
+	}
+	var dup *costfrom.DuplicateError
+	errors.As(err, &dup)
+	var answer fieldError
+	answer.Type = "error"
+	answer.Error.Type, answer.Error.Code = "invalid_request_error", "duplicate_field"
+	answer.Error.Param, answer.Error.Message = dup.Field, err.Error()
+	body, _ := json.Marshal(answer)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusBadRequest)
+	_, _ = w.Write(body)
+	return nil
+}
+
+// fieldError is the body of fieldRefused's answer.
+type fieldError struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+		Param   string `json:"param"`
+		Message string `json:"message"`
+	} `json:"error"`
 }
 
 // readBody reads the request's body, once, for the zones that reserve
@@ -322,9 +368,13 @@ func (s *scratch) meterResponse(w http.ResponseWriter, r *http.Request) http.Res
 	// requests, which look like a Chat Completion's by their body, all
 	// carry anthropic-version: they are handed on as sent.
 	if hide && s.bodyRead && r.Header.Get("anthropic-version") == "" {
-		if b, ok := costfrom.RequestStreamUsage(s.body); ok {
+		if b, ok := s.request.StreamUsage(); ok {
 			setBody(r, b)
-			s.costWriter(costfrom.Source{Count: costfrom.Total}).HideStreamUsage()
+			// A client that asked for the usage, in a spelling some
+			// server does not read, sees it.
+			if !s.request.AsksStreamUsage() {
+				s.costWriter(costfrom.Source{Count: costfrom.Total}).HideStreamUsage()
+			}
 		}
 	}
 	return w

@@ -44,11 +44,13 @@ func TestCostFromCaddyfile(t *testing.T) {
 }
 
 // TestReservation: reserve <n> is n whatever the body; reserve max_tokens
-// is the body's bound, or the default, plus the body's bytes for a count
-// that includes the prompt, and never more than any limit.
+// is the body's bound times its choices, or the default, plus the body's
+// bytes for a count that includes the prompt, and never more than any
+// limit; a bound that means none is the whole limit.
 func TestReservation(t *testing.T) {
 	body := []byte(`{"max_tokens":300,"messages":[]}`)
 	huge := []byte(`{"max_tokens":99999999999}`)
+	unbounded := []byte(`{"prompt":"Why?","options":{"num_predict":-1}}`)
 	for _, c := range []struct {
 		from    CostFrom
 		reserve Reserve
@@ -57,14 +59,23 @@ func TestReservation(t *testing.T) {
 	}{
 		{CostFrom{Usage: "output"}, Reserve{Units: 70}, body, 70},
 		{CostFrom{Usage: "output"}, Reserve{MaxTokens: 50}, body, 300},
+		{CostFrom{Usage: "output"}, Reserve{MaxTokens: 50}, []byte(`{"max_tokens":300,"n":2}`), 600},
 		{CostFrom{Usage: "output"}, Reserve{MaxTokens: 50}, []byte(`not json`), 50},
 		{CostFrom{Usage: "total"}, Reserve{MaxTokens: 50}, body, 300 + int64(len(body))},
 		{CostFrom{Usage: "input"}, Reserve{MaxTokens: 50}, nil, 50},
 		{CostFrom{Header: "X-Cost"}, Reserve{MaxTokens: 50}, body, 300},
 		{CostFrom{Usage: "total"}, Reserve{MaxTokens: 50}, huge, maxLimit},
+		{CostFrom{Usage: "output"}, Reserve{MaxTokens: 50}, unbounded, 5000},
+		{CostFrom{Usage: "total"}, Reserve{MaxTokens: 50}, unbounded, 5000},
+		{CostFrom{Usage: "output"}, Reserve{Units: 70}, unbounded, 70},
+		{CostFrom{Usage: "output"}, Reserve{MaxTokens: 50}, []byte(`{"max_tokens":9000,"options":{"num_predict":-1}}`), 9000},
 	} {
 		m := newMeter(&Zone{Name: "z", CostFrom: &c.from, Reserve: &c.reserve}, true)
-		if got := m.reservation(c.body); got != c.want {
+		var req costfrom.Request
+		if err := req.Read(c.body); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.reservation(&req, 5000); got != c.want {
 			t.Errorf("%+v %+v, body %q: reservation %d, want %d", c.from, c.reserve, c.body, got, c.want)
 		}
 	}
@@ -114,7 +125,11 @@ func TestCostFromHandsTheBodyOn(t *testing.T) {
 		}
 	}
 	stream := `{"model":"m","stream":true,"messages":[]}`
-	want, _ := costfrom.RequestStreamUsage([]byte(stream))
+	var req costfrom.Request
+	if err := req.Read([]byte(stream)); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := req.StreamUsage()
 	if status, got, gotLen, header, _ := send("/tokens", "a", stream, int64(len(stream))); status != http.StatusOK || got != string(want) || gotLen != int64(len(want)) || header != strconv.Itoa(len(want)) {
 		t.Errorf("stream: status %d, next read %q (%d, %q), want %s", status, got, gotLen, header, want)
 	}
@@ -134,6 +149,13 @@ func TestCostFromHandsTheBodyOn(t *testing.T) {
 	}
 	if status, got, _, _, unread := send("/plain", "p", big, int64(len(big))); status != http.StatusOK || got != big || !unread {
 		t.Errorf("a zone without cost_from: status %d, next read %d bytes (the body untouched: %v), want 200 and the body untouched", status, len(got), unread)
+	}
+	// A body that gives a field twice is refused, and takes nothing.
+	if status, got, _, _, _ := send("/tokens", "twice", `{"max_tokens":5,"MAX_TOKENS":9000,"messages":[]}`, -1); status != http.StatusBadRequest || got != "" {
+		t.Errorf("a field twice: status %d, next read %q; want 400, the next handler not called", status, got)
+	}
+	if n := used(t, h, "unit_body", "twice"); n != 0 {
+		t.Errorf("a body refused took %d", n)
 	}
 }
 

@@ -136,20 +136,27 @@ func BenchmarkStream(b *testing.B) {
 // BenchmarkRequest reads a request's body of 2 KiB.
 func BenchmarkRequest(b *testing.B) {
 	body := []byte(`{"model":"gpt-4o-mini","stream":true,"max_tokens":512,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"` + strings.Repeat("Tell me about the sky. ", 85) + `"}]}`)
+	var r Request
 	b.Run("MaxTokens", func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for range b.N {
-			if MaxTokens(body, 4096) != 512 {
+			if err := r.Read(body); err != nil {
+				b.Fatal(err)
+			}
+			if n, _ := r.MaxTokens(4096); n != 512 {
 				b.Fatal("wrong bound")
 			}
 		}
 	})
-	b.Run("RequestStreamUsage", func(b *testing.B) {
+	b.Run("StreamUsage", func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for range b.N {
-			if _, ok := RequestStreamUsage(body); !ok {
+			if err := r.Read(body); err != nil {
+				b.Fatal(err)
+			}
+			if _, ok := r.StreamUsage(); !ok {
 				b.Fatal("not changed")
 			}
 		}

@@ -1,11 +1,19 @@
 // Package costfrom reads the cost of a response to an LLM API from the
 // response itself: the tokens its body reports it used, or a number in a
 // header or trailer. A zone that limits tokens takes a reservation at
-// admission (MaxTokens reads the bound a request asks for) and, once the
-// response is written, trues it up to what Writer.Cost read.
+// admission (Request reads the bound a request's body asks for) and, once
+// the response is written, trues it up to what Writer.Cost read.
+//
+// A request's body, whole once the handler has read it, is read once for
+// every zone, as the most lenient server behind the zone would read it
+// (Fields): keys with their escapes decoded and without regard to case,
+// values coerced as a lax validator coerces them, and a field given twice
+// refused, so that a client cannot spell a field for the zone to read one
+// bound and the server another.
 //
 // A Writer reads a response as it passes it on: the body is never held,
 // and the memory it takes does not grow with the body, however large.
+// It compares keys as Fields does.
 //
 // # Formats
 //

@@ -1,76 +1,304 @@
 package costfrom
 
-// readRequest reads a request's body, which must be one JSON object.
-func readRequest(body []byte) (record, bool) {
-	var s scanner
-	n, done := s.feed(body, 0)
-	if !done || s.rec.top != kindObject {
-		return record{}, false
+import (
+	"encoding/binary"
+	"math"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// The fields of a request's body that a zone's decisions depend on. Each
+// is read as requestFields reads it, as the most lenient server does.
+const (
+	// The bounds on the tokens the model may generate: max_tokens (Chat
+	// Completions, Completions, Anthropic's Messages, llama.cpp's
+	// server), max_completion_tokens (Chat Completions),
+	// max_output_tokens (the Responses API), n_predict (llama.cpp's
+	// server, which reads it before max_tokens) and options.num_predict
+	// (Ollama's native API).
+	fieldMaxTokens = iota
+	fieldMaxCompletionTokens
+	fieldMaxOutputTokens
+	fieldNPredict
+	fieldNumPredict
+	// The choices the model generates, each up to the bound: n, and
+	// best_of (Completions), of which n are returned.
+	fieldN
+	fieldBestOf
+	fieldStream
+	fieldStreamOptions
+	fieldIncludeUsage
+	fieldModel
+	// What tells a Chat Completions or Completions request from one to
+	// the Responses API.
+	fieldMessages
+	fieldPrompt
+	fieldInput
+	requestFieldCount
+)
+
+var requestFields = func() *Fields {
+	f, err := NewFields(
+		"max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict", "options.num_predict",
+		"n", "best_of",
+		"stream", "stream_options", "stream_options.include_usage",
+		"model",
+		"messages", "prompt", "input",
+	)
+	if err != nil {
+		panic(err)
 	}
-	for _, c := range body[n:] {
-		if c != ' ' && c != '\n' && c != '\r' && c != '\t' {
-			return record{}, false
+	return f
+}()
+
+// Request is what a zone reads of a request's body: the bound it asks
+// for on the tokens the model generates, whether it streams, its model.
+// A Request is read once per request, for every zone that reads it.
+type Request struct {
+	// text is the body, as UTF-8 (see utf8Body).
+	text []byte
+	// size is the body's length in bytes, as sent or as UTF-8, whichever
+	// is larger: it bounds the tokens of a text prompt.
+	size   int
+	values [requestFieldCount]Value
+}
+
+// Read reads body into r. It returns a *DuplicateError if the body gives
+// a field r reads more than once, under any spelling; r then has none of
+// them. A body whose first JSON value is not an object gives none.
+func (r *Request) Read(body []byte) error {
+	text := utf8Body(body)
+	*r = Request{text: text, size: max(len(body), len(text))}
+	return requestFields.Read(text, r.values[:])
+}
+
+// Size is the body's length in bytes, which bounds its prompt's tokens (a
+// token is at least one byte of text).
+func (r *Request) Size() int {
+	return r.size
+}
+
+// maxBound is where MaxTokens saturates: far above any limit, and exact
+// as a float64.
+const maxBound = 1 << 53
+
+// MaxTokens returns the most tokens the request lets the model generate:
+// the largest bound it gives (see fieldMaxTokens), rounded up, times the
+// choices it asks for (n or best_of, the larger); or def times the
+// choices if it gives none. It also reports whether a bound means that
+// there is none: 0 or less (Ollama reads a num_predict of 0 or less as no
+// bound, -1 and -2 by its documentation, and takes max_tokens as
+// num_predict in its OpenAI-compatible API; llama.cpp's server reads -1
+// as no bound), or infinite; the count is then that of its other bounds.
+//
+// A bound the body gives only in a form that some server does not read
+// (under a key spelled otherwise than its name, or as anything but a JSON
+// number) counts no lower than def: such a server generates as if the
+// request had no bound.
+func (r *Request) MaxTokens(def int64) (n int64, unbounded bool) {
+	bound, plain := 0.0, false
+	for f := fieldMaxTokens; f <= fieldNumPredict; f++ {
+		v := r.values[f]
+		x, ok := v.Number()
+		if !ok {
+			continue
+		}
+		if !(x > 0) || math.IsInf(x, 1) {
+			unbounded = true
+			continue
+		}
+		bound = max(bound, math.Ceil(x))
+		plain = plain || v.plainNumber()
+	}
+	if !plain {
+		bound = max(bound, float64(def))
+	}
+	choices := 1.0
+	for f := fieldN; f <= fieldBestOf; f++ {
+		if x, ok := r.values[f].Number(); ok && x > choices {
+			choices = math.Ceil(x)
 		}
 	}
-	return s.rec, true
+	return int64(min(bound*choices, maxBound)), unbounded
 }
 
-// MaxTokens returns the most tokens a request's body lets the model
-// generate: the largest of max_tokens (Chat Completions, Completions,
-// Anthropic's Messages), max_completion_tokens (Chat Completions),
-// max_output_tokens (the Responses API) and options.num_predict (Ollama)
-// that is a positive integer. It returns def if there is none, or if the
-// body is not a JSON object. The largest is taken so that a request that
-// gives two bounds, or one twice, cannot be reserved for the smaller one
-// and served the larger.
-func MaxTokens(body []byte, def int64) int64 {
-	r, ok := readRequest(body)
-	if !ok || r.maxOut == 0 {
-		return def
-	}
-	return r.maxOut
+// Stream reports whether the request asks for a stream: its stream is
+// true as the most lenient server reads it (see Value.True).
+func (r *Request) Stream() bool {
+	return r.values[fieldStream].True()
 }
 
-// includeUsage is what RequestStreamUsage asks for.
-const includeUsage = `"include_usage":true`
+// Model returns the request's model, and false if it names none.
+func (r *Request) Model() (string, bool) {
+	return r.values[fieldModel].Text()
+}
 
-// RequestStreamUsage returns the body of a streamed Chat Completions or
-// Completions request (OpenAI's, or a server compatible with it) changed to
-// ask for the usage chunk at the end of the stream, and true; or the body
-// and false if it needs no change. The request is one with "stream": true
-// and messages or prompt, and without input (the Responses API, whose
-// stream always ends with its usage) or stream_options.include_usage
-// true. Its stream_options gets "include_usage": true, and nothing else
-// in the body changes. A Writer then hides the usage chunk from the client
-// (Writer.HideStreamUsage), which sees the stream it asked for.
+// AsksStreamUsage reports whether the request asks for its stream's usage
+// (stream_options.include_usage true, as the most lenient server reads
+// it): its client expects the usage chunk.
+func (r *Request) AsksStreamUsage() bool {
+	return r.values[fieldIncludeUsage].True()
+}
+
+// The stream_options StreamUsage puts in a request.
+const (
+	streamOptionsKey = `"stream_options":`
+	includeUsage     = `"include_usage":true`
+)
+
+// StreamUsage returns the body of a streamed Chat Completions or
+// Completions request (OpenAI's, or a server compatible with it) changed
+// to ask for the usage chunk at the end of the stream, and true; or nil
+// and false if it needs no change. The request is one that streams (see
+// Stream), with messages or prompt and without input (the Responses
+// API, whose stream always ends with its usage), and that does not ask
+// for the usage in the form every server reads: "stream_options":
+// {"include_usage": true}, both keys spelled so.
+//
+// The request's stream_options, under whatever spelling, is replaced by
+// one spelled so, with "include_usage": true in place of any it had, and
+// its other members kept; nothing else in the body changes. The body
+// returned is UTF-8 (see utf8Body). A Writer then hides the usage chunk
+// from a client that did not ask for it (Writer.HideStreamUsage).
 //
 // Anthropic's Messages API refuses a stream_options field: a request for
 // it must not be changed (the handler tells one by its anthropic-version
 // header).
-func RequestStreamUsage(body []byte) ([]byte, bool) {
-	r, ok := readRequest(body)
-	if !ok || !r.stream || !r.chat || r.input || r.include.kind == kindTrue {
-		return body, false
-	}
-	var at, end int
-	var insert string
+func (r *Request) StreamUsage() ([]byte, bool) {
+	v := &r.values
+	opts, inc := v[fieldStreamOptions], v[fieldIncludeUsage]
 	switch {
-	case r.opts.kind == kindNone:
-		at = r.topStart + 1
-		end, insert = at, `"stream_options":{`+includeUsage+`},`
-	case r.opts.kind != kindObject:
-		at, end, insert = r.opts.start, r.opts.end, `{`+includeUsage+`}`
-	case r.include.kind == kindNone:
-		at = r.opts.start + 1
-		end, insert = at, includeUsage
-		if r.optsFull {
+	case !r.Stream(), v[fieldMessages].raw == nil && v[fieldPrompt].raw == nil, v[fieldInput].raw != nil:
+		return nil, false
+	case opts.exact && inc.exact && string(inc.raw) == "true":
+		return nil, false
+	}
+	var e edits
+	switch {
+	case opts.raw == nil:
+		top := 0
+		for r.text[top] != '{' {
+			top++
+		}
+		e.add(top+1, top+1, streamOptionsKey+"{"+includeUsage+"},")
+	case opts.raw[0] != '{':
+		e.add(opts.key, opts.at+len(opts.raw), streamOptionsKey+"{"+includeUsage+"}")
+	case inc.raw == nil:
+		insert := streamOptionsKey + "{" + includeUsage
+		if hasMembers(opts.raw) {
 			insert += ","
 		}
+		e.add(opts.key, opts.at+1, insert)
 	default:
-		at, end, insert = r.include.start, r.include.end, "true"
+		e.add(opts.key, opts.at+1, streamOptionsKey+"{")
+		e.add(inc.key, inc.at+len(inc.raw), includeUsage)
 	}
-	out := make([]byte, 0, len(body)-(end-at)+len(insert))
-	out = append(out, body[:at]...)
-	out = append(out, insert...)
-	return append(out, body[end:]...), true
+	return e.apply(r.text), true
+}
+
+// hasMembers reports whether the JSON object has a member.
+func hasMembers(object []byte) bool {
+	for _, c := range object[1:] {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+		case '}':
+			return false
+		default:
+			return true
+		}
+	}
+	return false
+}
+
+// edits are up to two replacements of a body's bytes, in order.
+type edits struct {
+	n    int
+	list [2]struct {
+		at, end int
+		with    string
+	}
+}
+
+// add replaces the bytes [at, end) with with.
+func (e *edits) add(at, end int, with string) {
+	e.list[e.n].at, e.list[e.n].end, e.list[e.n].with = at, end, with
+	e.n++
+}
+
+// apply returns a copy of b with the replacements made.
+func (e *edits) apply(b []byte) []byte {
+	size := len(b)
+	for _, x := range e.list[:e.n] {
+		size += len(x.with) - (x.end - x.at)
+	}
+	out, from := make([]byte, 0, size), 0
+	for _, x := range e.list[:e.n] {
+		out = append(out, b[from:x.at]...)
+		out = append(out, x.with...)
+		from = x.end
+	}
+	return append(out, b[from:]...)
+}
+
+// utf8Body returns the text of a JSON body as UTF-8: the body itself,
+// less a UTF-8 byte order mark; or, where Python's json.loads (with which
+// servers built on FastAPI, such as vLLM, read a body) would decode it
+// from UTF-16 or UTF-32, the body so decoded, in a new slice. Python
+// tells those encodings by their byte order marks, or by the zero bytes
+// of the body's first character, which is ASCII in JSON. A body that is
+// not JSON comes back as it is, or decoded to text that is not JSON
+// either.
+func utf8Body(b []byte) []byte {
+	switch {
+	case hasPrefix(b, "\x00\x00\xfe\xff"):
+		return utf32Body(b[4:], binary.BigEndian)
+	case hasPrefix(b, "\xff\xfe\x00\x00"):
+		return utf32Body(b[4:], binary.LittleEndian)
+	case hasPrefix(b, "\xfe\xff"):
+		return utf16Body(b[2:], binary.BigEndian)
+	case hasPrefix(b, "\xff\xfe"):
+		return utf16Body(b[2:], binary.LittleEndian)
+	case hasPrefix(b, "\xef\xbb\xbf"):
+		return b[3:]
+	case len(b) < 4:
+		return b
+	case b[0] == 0 && b[1] != 0:
+		return utf16Body(b, binary.BigEndian)
+	case b[0] == 0:
+		return utf32Body(b, binary.BigEndian)
+	case b[1] == 0 && (b[2] != 0 || b[3] != 0):
+		return utf16Body(b, binary.LittleEndian)
+	case b[1] == 0:
+		return utf32Body(b, binary.LittleEndian)
+	}
+	return b
+}
+
+func hasPrefix(b []byte, prefix string) bool {
+	return len(b) >= len(prefix) && string(b[:len(prefix)]) == prefix
+}
+
+// utf16Body decodes b from UTF-16, a lone surrogate as U+FFFD.
+func utf16Body(b []byte, order binary.ByteOrder) []byte {
+	out := make([]byte, 0, len(b)/2*3)
+	for i := 0; i+1 < len(b); i += 2 {
+		r := rune(order.Uint16(b[i:]))
+		if utf16.IsSurrogate(r) && i+3 < len(b) {
+			if pair := utf16.DecodeRune(r, rune(order.Uint16(b[i+2:]))); pair != utf8.RuneError {
+				r = pair
+				i += 2
+			}
+		}
+		out = utf8.AppendRune(out, r)
+	}
+	return out
+}
+
+// utf32Body decodes b from UTF-32, an invalid rune as U+FFFD.
+func utf32Body(b []byte, order binary.ByteOrder) []byte {
+	out := make([]byte, 0, len(b))
+	for i := 0; i+3 < len(b); i += 4 {
+		out = utf8.AppendRune(out, rune(order.Uint32(b[i:])))
+	}
+	return out
 }

@@ -17,30 +17,26 @@ import "encoding/binary"
 // It checks JSON only as far as it reads it: what it skips is not
 // validated, and a value that ends where the JSON stops making sense is
 // still read. The values it reads come from a model server, not from a
-// client trying to fool it; what a client sends is read by MaxTokens and
-// RequestStreamUsage, for which a value read wrongly only changes the
-// client's own reservation.
+// client trying to fool it (a request's body, whole before it is read, is
+// read by Fields). It compares keys as Fields does (see keyByte), and of
+// a count given twice in one object it keeps the larger: no server reads
+// more tokens than it does.
 type scanner struct {
 	rec   record
 	state state
 	// depth is the number of objects and arrays open around the current
-	// position, at most maxDepth; kinds, keys and starts describe them,
-	// 1-based: kinds[d] is '{' or '[', keys[d] the key of the member being
-	// read in it (keyOther for an array's elements, and for a key not read),
-	// starts[d] its position.
-	depth  int
-	kinds  [maxDepth + 1]byte
-	keys   [maxDepth + 1]key
-	starts [maxDepth + 1]int
+	// position, at most maxDepth; kinds and keys describe them, 1-based:
+	// kinds[d] is '{' or '[', keys[d] the key of the member being read in
+	// it (keyOther for an array's elements, and for a key not read).
+	depth int
+	kinds [maxDepth + 1]byte
+	keys  [maxDepth + 1]key
 
-	start int  // where the current scalar (or skipped value) began
 	skip  int  // depth inside a skipped object or array
 	open  byte // the bracket that opened the skipped value
 	esc   bool // a backslash ended the last piece of a string
 	isKey bool // the string being read is a key
-
-	key    [maxKey]byte
-	keyLen int // > maxKey: too long or escaped, so not a key read here
+	key   keyFolder
 
 	num   int64 // the number being read
 	numOK bool  // it is a non-negative integer of at most maxDigits digits
@@ -58,9 +54,6 @@ type scanner struct {
 // maxDepth is how deep the scanner follows objects: the deepest value read
 // is message.usage.input_tokens.
 const maxDepth = 3
-
-// maxKey is the longest key read (cache_creation_input_tokens).
-const maxKey = 27
 
 // maxDigits bounds the numbers read, so that sums of them cannot overflow.
 const maxDigits = 18
@@ -115,19 +108,9 @@ const (
 	keyOutputTokens
 	keyCacheCreation
 	keyCacheRead
-	keyMaxTokens
-	keyMaxCompletionTokens
-	keyMaxOutputTokens
-	keyOptions
-	keyNumPredict
-	keyStream
-	keyStreamOptions
-	keyIncludeUsage
-	keyMessages
-	keyPrompt
-	keyInput
 )
 
+// lookup returns the key whose folded form (see keyFolder) is b.
 func lookup(b []byte) key {
 	switch string(b) {
 	case "usage":
@@ -158,40 +141,13 @@ func lookup(b []byte) key {
 		return keyCacheCreation
 	case "cache_read_input_tokens":
 		return keyCacheRead
-	case "max_tokens":
-		return keyMaxTokens
-	case "max_completion_tokens":
-		return keyMaxCompletionTokens
-	case "max_output_tokens":
-		return keyMaxOutputTokens
-	case "options":
-		return keyOptions
-	case "num_predict":
-		return keyNumPredict
-	case "stream":
-		return keyStream
-	case "stream_options":
-		return keyStreamOptions
-	case "include_usage":
-		return keyIncludeUsage
-	case "messages":
-		return keyMessages
-	case "prompt":
-		return keyPrompt
-	case "input":
-		return keyInput
 	}
 	return keyOther
 }
 
-// span is a value read for a rewrite: its kind and its bytes' positions.
-type span struct {
-	kind       kind
-	start, end int
-}
-
 // record is what the scanner read of the current top-level value. For a
-// key given twice, the last one counts, as in encoding/json.
+// key given twice, the last one counts, as in encoding/json, but for the
+// counts, of which the larger counts, and done, true if either is.
 type record struct {
 	top kind // the kind of the top-level value, as soon as it begins
 
@@ -206,16 +162,6 @@ type record struct {
 	// cutA, cutB bound a top-level "usage": null member with the comma or
 	// space that separates it from its neighbour; cutA == cutB if none.
 	cutA, cutB int
-
-	// Request.
-	topStart int
-	maxOut   int64 // the largest valid output bound
-	stream   bool
-	chat     bool // has messages or prompt
-	input    bool // has input (the Responses API)
-	opts     span // stream_options
-	optsFull bool // stream_options has a member
-	include  span // stream_options.include_usage
 }
 
 // counts are the token counts of a usage, with which of them were given.
@@ -232,20 +178,28 @@ const (
 	hasCacheRead
 )
 
-// set records the count n under the key k.
+// set records the count n under the key k, unless a larger count is
+// recorded under it already.
 func (c *counts) set(k key, n int64) {
 	switch k {
 	case keyPromptTokens, keyInputTokens, keyPromptEvalCount:
-		c.in, c.has = n, c.has|hasIn
+		c.in, c.has = max(c.in, n), c.has|hasIn
 	case keyCompletionTokens, keyOutputTokens, keyEvalCount:
-		c.out, c.has = n, c.has|hasOut
+		c.out, c.has = max(c.out, n), c.has|hasOut
 	case keyTotalTokens:
-		c.total, c.has = n, c.has|hasTotal
+		c.total, c.has = max(c.total, n), c.has|hasTotal
 	case keyCacheCreation:
-		c.cacheCreate, c.has = n, c.has|hasCacheCreate
+		c.cacheCreate, c.has = max(c.cacheCreate, n), c.has|hasCacheCreate
 	case keyCacheRead:
-		c.cacheRead, c.has = n, c.has|hasCacheRead
+		c.cacheRead, c.has = max(c.cacheRead, n), c.has|hasCacheRead
 	}
+}
+
+// union takes, of each count, the larger of c's and o's.
+func (c *counts) union(o counts) {
+	c.in, c.out, c.total = max(c.in, o.in), max(c.out, o.out), max(c.total, o.total)
+	c.cacheCreate, c.cacheRead = max(c.cacheCreate, o.cacheCreate), max(c.cacheRead, o.cacheRead)
+	c.has |= o.has
 }
 
 // merge takes the counts o gives over c's.
@@ -281,7 +235,7 @@ func (s *scanner) next() {
 }
 
 // feed reads p, whose first byte is at position base (positions are what
-// the record's spans hold). It stops after a top-level value ends and then
+// the record's cutA and cutB hold). It stops after a top-level value ends and then
 // returns how much of p it read and true: the record holds that value
 // until the next call.
 func (s *scanner) feed(p []byte, base int) (int, bool) {
@@ -296,9 +250,9 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 			return len(p), false
 
 		case stString:
-			n, escaped := s.stringEnd(p[i:])
+			n := s.stringEnd(p[i:])
 			if s.isKey && s.skip == 0 {
-				s.keepKey(p[i:], n, escaped)
+				s.keepKey(p[i:], n)
 			}
 			if n < 0 {
 				return len(p), false
@@ -308,13 +262,10 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 			case s.skip > 0:
 				s.state = stSkip
 			case s.isKey:
-				s.keys[s.depth] = keyOther
-				if s.keyLen <= maxKey {
-					s.keys[s.depth] = lookup(s.key[:s.keyLen])
-				}
+				s.keys[s.depth] = lookup(s.key.key())
 				s.state = stColon
 			default:
-				if s.end(kindString, s.start, base+i) {
+				if s.end(kindString, base+i) {
 					return i, true
 				}
 			}
@@ -328,7 +279,7 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 				i++
 				switch c {
 				case '"':
-					n, _ := s.stringEnd(p[i:])
+					n := s.stringEnd(p[i:])
 					if n < 0 {
 						s.state = stString
 						return len(p), false
@@ -345,7 +296,7 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 					if s.open == '[' {
 						k = kindArray
 					}
-					if s.end(k, s.start, base+i) {
+					if s.end(k, base+i) {
 						return i, true
 					}
 					break skip
@@ -370,7 +321,7 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 			if s.ndig > maxDigits {
 				s.numOK = false
 			}
-			if s.end(kindNumber, s.start, base+i) {
+			if s.end(kindNumber, base+i) {
 				return i, true
 			}
 
@@ -389,7 +340,7 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 				case "false":
 					k = kindFalse
 				}
-				if s.end(k, s.start, base+i) {
+				if s.end(k, base+i) {
 					return i, true
 				}
 			}
@@ -416,16 +367,17 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 func (s *scanner) structural(c byte, pos int) bool {
 	switch s.state {
 	case stValue:
-		s.begin(c, pos)
+		s.begin(c)
 	case stArrStart:
 		if c == ']' {
 			return s.close(c, pos)
 		}
-		s.begin(c, pos)
+		s.begin(c)
 	case stObjStart, stKey:
 		switch {
 		case c == '"':
-			s.isKey, s.keyLen, s.keyStart = true, 0, pos
+			s.isKey, s.keyStart = true, pos
+			s.key.reset()
 			if s.depth == 1 {
 				if s.state == stObjStart {
 					s.member, s.firstKey = pos, true
@@ -433,9 +385,6 @@ func (s *scanner) structural(c byte, pos int) bool {
 				if s.extendsCut {
 					s.rec.cutB, s.extendsCut = pos, false
 				}
-			}
-			if s.depth == 2 && s.keys[1] == keyStreamOptions {
-				s.rec.optsFull = true
 			}
 			s.state = stString
 		case c == '}' && s.state == stObjStart:
@@ -469,10 +418,9 @@ func (s *scanner) structural(c byte, pos int) bool {
 	return false
 }
 
-// begin starts reading the value whose first byte c is at pos.
-func (s *scanner) begin(c byte, pos int) {
+// begin starts reading the value whose first byte is c.
+func (s *scanner) begin(c byte) {
 	d := s.depth
-	s.start = pos
 	if d == 0 {
 		s.rec.top = kindOf(c)
 	} else if s.kinds[d] == '[' {
@@ -490,15 +438,8 @@ func (s *scanner) begin(c byte, pos int) {
 			s.skip, s.open, s.state = 1, c, stSkip
 			return
 		}
-		if d == 0 && c == '{' {
-			s.rec.topStart = pos
-		}
-		if d == 1 && s.keys[1] == keyStreamOptions {
-			// A later stream_options replaces an earlier one.
-			s.rec.optsFull, s.rec.include = false, span{}
-		}
 		d++
-		s.depth, s.kinds[d], s.keys[d], s.starts[d] = d, c, keyOther, pos
+		s.depth, s.kinds[d], s.keys[d] = d, c, keyOther
 		s.state = stObjStart
 		if c == '[' {
 			s.state = stArrStart
@@ -550,13 +491,13 @@ func (s *scanner) close(c byte, pos int) bool {
 	if c == ']' {
 		k = kindArray
 	}
-	return s.end(k, s.starts[d], pos+1)
+	return s.end(k, pos+1)
 }
 
-// end records the value of kind k that spans [start, end) and reports
-// whether it was the top-level value.
-func (s *scanner) end(k kind, start, end int) bool {
-	s.value(k, start, end)
+// end records the value of kind k that ends at end and reports whether
+// it was the top-level value.
+func (s *scanner) end(k kind, end int) bool {
+	s.value(k, end)
 	if s.depth == 0 {
 		s.state = stDone
 		return true
@@ -566,7 +507,7 @@ func (s *scanner) end(k kind, start, end int) bool {
 }
 
 // value records a value that ended, if it is one of those read.
-func (s *scanner) value(k kind, start, end int) {
+func (s *scanner) value(k kind, end int) {
 	r := &s.rec
 	n, isCount := s.num, k == kindNumber && s.numOK
 	switch s.depth {
@@ -585,32 +526,15 @@ func (s *scanner) value(k kind, start, end int) {
 		case keyChoices:
 			r.choices = k
 		case keyDone:
-			r.done = k == kindTrue
+			r.done = r.done || k == kindTrue
 		case keyPromptEvalCount, keyEvalCount:
 			if isCount {
 				r.ollama.set(s.keys[1], n)
 			}
-		case keyMaxTokens, keyMaxCompletionTokens, keyMaxOutputTokens:
-			if isCount {
-				r.maxOut = max(r.maxOut, n)
-			}
-		case keyStream:
-			r.stream = k == kindTrue
-		case keyStreamOptions:
-			r.opts = span{k, start, end}
-		case keyMessages, keyPrompt:
-			r.chat = true
-		case keyInput:
-			r.input = true
 		}
 	case 2:
-		switch {
-		case s.keys[1] == keyUsage && isCount:
+		if s.keys[1] == keyUsage && isCount {
 			r.final.set(s.keys[2], n)
-		case s.keys[1] == keyOptions && s.keys[2] == keyNumPredict && isCount:
-			r.maxOut = max(r.maxOut, n)
-		case s.keys[1] == keyStreamOptions && s.keys[2] == keyIncludeUsage:
-			r.include = span{k, start, end}
 		}
 	case 3:
 		if s.keys[2] != keyUsage || !isCount {
@@ -626,12 +550,11 @@ func (s *scanner) value(k kind, start, end int) {
 }
 
 // stringEnd returns how many bytes of p, which begins inside a string,
-// reach past its closing quote, or -1 if the string goes on after p; and
-// whether that part of the string has an escape.
-func (s *scanner) stringEnd(p []byte) (int, bool) {
-	i, escaped := 0, false
+// reach past its closing quote, or -1 if the string goes on after p.
+func (s *scanner) stringEnd(p []byte) int {
+	i := 0
 	if s.esc {
-		s.esc, i, escaped = false, 1, true
+		s.esc, i = false, 1
 	}
 	for i < len(p) {
 		// Eight bytes at a time while none is a quote or a backslash,
@@ -646,14 +569,13 @@ func (s *scanner) stringEnd(p []byte) (int, bool) {
 			break
 		}
 		if p[i] == '"' {
-			return i + 1, escaped
+			return i + 1
 		}
 		// An escape: the backslash and the byte after it.
-		escaped = true
 		i += 2
 	}
 	s.esc = i > len(p)
-	return -1, escaped
+	return -1
 }
 
 const (
@@ -671,16 +593,11 @@ func special(x uint64) bool {
 	return ((q-ones)&^q|(b-ones)&^b)&highs != 0
 }
 
-// keepKey appends to the key being read the bytes of p before n-1 (the
-// closing quote), or all of p if n < 0. A key with an escape is not one
-// of those read.
-func (s *scanner) keepKey(p []byte, n int, escaped bool) {
+// keepKey reads, into the key being read, the bytes of p before n-1 (the
+// closing quote), or all of p if n < 0.
+func (s *scanner) keepKey(p []byte, n int) {
 	if n >= 0 {
 		p = p[:n-1]
 	}
-	if escaped || s.keyLen+len(p) > maxKey {
-		s.keyLen = maxKey + 1
-		return
-	}
-	s.keyLen += copy(s.key[s.keyLen:], p)
+	s.key.write(p)
 }

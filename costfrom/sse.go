@@ -145,20 +145,25 @@ func wholeEvent(p []byte) int {
 
 var (
 	blankLine = []byte("\n\n")
-	// usageKey is looked for from its u, which JSON has fewer of than
-	// quotes.
-	usageKey = []byte(`usage"`)
+	usageKey  = []byte(`usage"`)
+	// An escape, or a long s (ſ), can spell a key that reads as "usage"
+	// (see keyByte) without the letters of usageKey.
+	escapeU = []byte(`\u`)
+	longS   = []byte("ſ")
 )
 
 // quiet reports whether the whole event has nothing in it to read: no
 // usage key, or only usage keys whose value is null (which, under
 // HideStreamUsage, are taken out, so that the event must be read). It
-// looks for "usage" with its quotes, which in JSON can only be a whole
-// string, as a quote within a string is escaped: a key if a colon
-// follows. The scanner reads no key with an escape either.
+// looks for "usage" with its quotes, in any case, which in JSON can only
+// be a whole string, as a quote within a string is escaped: a key if a
+// colon follows. An event with an escape or a long s anywhere is read.
 func quiet(event []byte, hide bool) bool {
+	if bytes.Contains(event, escapeU) || bytes.Contains(event, longS) {
+		return false
+	}
 	for {
-		i := bytes.Index(event, usageKey)
+		i := indexUsage(event)
 		if i < 0 {
 			return true
 		}
@@ -178,6 +183,35 @@ func quiet(event []byte, hide bool) bool {
 			return false
 		}
 	}
+}
+
+// indexUsage returns where the first usageKey of p, in any case, begins,
+// or -1. It looks for each u and U, of which JSON has fewer than quotes.
+func indexUsage(p []byte) int {
+	lower, upper := bytes.IndexByte(p, 'u'), bytes.IndexByte(p, 'U')
+	for lower >= 0 || upper >= 0 {
+		i := lower
+		if i < 0 || upper >= 0 && upper < i {
+			i = upper
+		}
+		if len(p)-i >= len(usageKey) && bytes.EqualFold(p[i:i+len(usageKey)], usageKey) {
+			return i
+		}
+		if i == lower {
+			lower = indexFrom(p, i+1, 'u')
+		} else {
+			upper = indexFrom(p, i+1, 'U')
+		}
+	}
+	return -1
+}
+
+// indexFrom returns the index of the first c in p at or after i, or -1.
+func indexFrom(p []byte, i int, c byte) int {
+	if j := bytes.IndexByte(p[i:], c); j >= 0 {
+		return i + j
+	}
+	return -1
 }
 
 // trimSpace trims the spaces and tabs p begins with.

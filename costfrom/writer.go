@@ -203,23 +203,25 @@ func (cw *Writer) scanJSON(p []byte) {
 // usage in a Responses API event, or the counts of Ollama's last object
 // ("done": true), which leaves out a count of 0 (Ollama does not send
 // events). Anthropic's message_start
-// gives the input counts only, so it completes nothing by itself.
+// gives the input counts only, so it completes nothing by itself. Of
+// counts one value gives in several places, the largest counts.
 func (cw *Writer) took() {
 	r := &cw.sc.rec
 	if r.top != kindObject {
 		return
 	}
-	cw.usage.merge(r.partial)
+	got := r.partial
 	if r.final.has != 0 {
-		cw.usage.merge(r.final)
+		got.union(r.final)
 		cw.complete = true
 	}
 	if r.done && r.ollama.has != 0 && cw.body == bodyJSON {
 		o := r.ollama
 		o.has |= hasIn | hasOut
-		cw.usage.merge(o)
+		got.union(o)
 		cw.complete = true
 	}
+	cw.usage.merge(got)
 }
 
 // Flush flushes what was passed on to the client.

@@ -321,7 +321,14 @@ func TestCounts(t *testing.T) {
 			0, 0, 3, false, false, true},
 		{"json seq with trailing text", "application/json", `{"usage":{"total_tokens":3}}` + "\n\n", 0, 0, 3, false, false, true},
 		{"problem+json", "application/problem+json", `{"usage":{"total_tokens":3}}`, 0, 0, 3, false, false, true},
-		{"escaped key is not read", "application/json", `{"usage":{"total_tokens":3,"total\u005ftokens":5}}`, 0, 0, 3, false, false, true},
+		{"escaped key, twice: the larger", "application/json", `{"usage":{"total_tokens":3,"total\u005ftokens":5}}`, 0, 0, 5, false, false, true},
+		{"twice: the larger first", "application/json", `{"usage":{"total_tokens":5,"total_tokens":3}}`, 0, 0, 5, false, false, true},
+		{"keys in any case", "application/json", "{\"USAGE\":{\"Prompt_Tokens\":1,\"COMPLETION_TO\u212aENS\":2,\"total_tokenſ\":3}}", 1, 2, 3, true, true, true},
+		{"escapes in every key", "application/json", `{"\u0075sage":{"prompt\u005Ftokens":1,"completion_tokens\u0020":2,"\u0074otal_tokens":3}}`, 1, 0, 3, true, false, true},
+		{"stream: usage in capitals", "text/event-stream", "data: {\"choices\":[],\"USAGE\":{\"total_tokens\":3}}\n\n", 0, 0, 3, false, false, true},
+		{"stream: usage escaped", "text/event-stream", "data: {\"choices\":[],\"us\\u0061ge\":{\"total_tokens\":3}}\n\n", 0, 0, 3, false, false, true},
+		{"stream: usage with a long s", "text/event-stream", "data: {\"choices\":[],\"uſage\":{\"total_tokens\":3}}\n\n", 0, 0, 3, false, false, true},
+		{"ollama done in capitals", "application/x-ndjson", `{"DONE":true,"Eval_Count":5}` + "\n", 0, 5, 5, true, true, true},
 		{"deep values are skipped", "application/json", `{"a":[{"usage":{"total_tokens":9}},"]}\"{"],"b":{"c":{"d":{"usage":{"total_tokens":8}}}},"usage":{"total_tokens":3}}`, 0, 0, 3, false, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
