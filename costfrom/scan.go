@@ -43,7 +43,7 @@ type scanner struct {
 	keyLen int // > maxKey: too long or escaped, so not a key read here
 
 	num   int64 // the number being read
-	numOK bool  // it is a non-negative integer of at most maxDigits digits
+	numOK bool  // it is a non-negative integer (of more than maxDigits digits: maxCount)
 	ndig  int
 
 	lit  string // the literal being read ("true", "false", "null") and how
@@ -62,8 +62,14 @@ const maxDepth = 3
 // maxKey is the longest key read (cache_creation_input_tokens).
 const maxKey = 27
 
-// maxDigits bounds the numbers read, so that sums of them cannot overflow.
-const maxDigits = 18
+// maxDigits bounds the digits of the numbers read, so that sums of them
+// cannot overflow: a number of more digits is read as maxCount, the
+// largest of maxDigits, so that a count too large to hold still counts
+// as larger than any limit.
+const (
+	maxDigits = 18
+	maxCount  = 999_999_999_999_999_999
+)
 
 type state uint8
 
@@ -354,8 +360,9 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 
 		case stNumber:
 			for ; i < len(p) && p[i] >= '0' && p[i] <= '9'; i++ {
-				s.ndig++
-				s.num = s.num*10 + int64(p[i]-'0')
+				if s.ndig++; s.ndig <= maxDigits {
+					s.num = s.num*10 + int64(p[i]-'0')
+				}
 			}
 			if i == len(p) {
 				break
@@ -368,7 +375,7 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 			// The byte after the number is read again, as what follows
 			// a value.
 			if s.ndig > maxDigits {
-				s.numOK = false
+				s.num = maxCount
 			}
 			if s.end(kindNumber, s.start, base+i) {
 				return i, true

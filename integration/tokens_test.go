@@ -740,3 +740,31 @@ func fmtPtr(n *int64) string {
 	}
 	return strconv.FormatInt(*n, 10)
 }
+
+// TestCostFromCostTooLargeToReadIsDebt: a cost too large to read (19
+// digits and more, in a header or in a usage) is a debt past the limit,
+// capped at one limit as any debt, not no cost: the key does not keep
+// its smaller reservation.
+func TestCostFromCostTooLargeToReadIsDebt(t *testing.T) {
+	huge := strings.Repeat("9", 19)
+	for _, c := range []struct{ name, from, path string }{
+		{"header", "cost_from header X-Cost", "/cost?n=" + huge},
+		{"usage", "cost_from usage total", "/usage?n=" + huge},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			u := newLLM(t)
+			zone := "tokens_huge_" + c.name
+			startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, "", zone, `limit 100
+			window 1h
+			algorithm fixed_window
+			`+c.from+`
+			reserve 10`))
+			resp, _ := do(t, http.MethodGet, siteURL+c.path, "X-Client: huge")
+			status(t, resp, http.StatusOK)
+			// A key owes at most one limit past its limit.
+			waitUsed(t, adminURL, zone, "huge", 200)
+			resp, _ = do(t, http.MethodGet, siteURL+"/cost?n=1", "X-Client: huge")
+			status(t, resp, http.StatusTooManyRequests)
+		})
+	}
+}
