@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/bodyread"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -78,6 +79,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	s := scratchPool.Get().(*scratch)
 	defer s.recycle()
+	needsBody := false
 	for _, z := range h.Zones {
 		match, err := z.matchers.AnyMatchWithError(r)
 		if err != nil {
@@ -101,6 +103,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		case storage.ModeEnforce:
 			dryRun = false
 		}
+		if z.bodyTemplates && !s.bodyRead {
+			// Read as a zone reads any body, before Caddy's placeholder
+			// would read it whole, whatever its size.
+			if err := s.readBody(w, r, h.bodyLimits); err != nil {
+				return bodyRefused(w, r, err)
+			}
+		}
 		limit, ok := dial.Limit, dial.Limit > 0
 		if !ok {
 			if limit, ok = z.resolveLimit(values); !ok {
@@ -109,14 +118,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		cost := z.costs[methodIndex(r.Method)]
 		if z.meter.on {
-			// Read before anything is taken, so that a body refused
-			// takes nothing.
-			if z.meter.readsBody() && !s.bodyRead {
-				if err := s.readBody(r); err != nil {
-					return bodyRefused(w, r, err)
-				}
-			}
-			cost = z.meter.reservation(s.body)
+			// The reservation is set once the body is read, below.
+			cost = z.meter.leastReservation()
+			needsBody = needsBody || z.meter.readsBody()
 		}
 		req := storage.Request{
 			Zone:        z.Name,
@@ -138,6 +142,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(s.checks) == 0 {
 		return h.serveNext(w, r, next)
 	}
+	if needsBody && !s.bodyRead {
+		// A key the store knows it refuses is answered before its
+		// body is read; any other body is read before anything is
+		// taken, so that a body refused takes nothing.
+		if c := h.refusedNow(s.checks); c != nil {
+			countTop(s.checks, rejectedByZone, c)
+			c.zone.results[resultRejected].Inc()
+			return h.reject(w, r, values, c)
+		}
+		if err := s.readBody(w, r, h.bodyLimits); err != nil {
+			return bodyRefused(w, r, err)
+		}
+	}
+	for i := range s.checks {
+		if m := &s.checks[i].zone.meter; m.on {
+			s.checks[i].req.Cost = m.reservation(s.body)
+		}
+	}
 
 	s.take.store = h.store
 	v, rejected, err := h.decide(r.Context(), s.checks, &s.take)
@@ -149,23 +171,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		v, rejected, err = h.decide(r.Context(), s.checks, &s.take)
 	}
 	if v != unanswered {
-		for i := range s.checks {
-			c := &s.checks[i]
-			switch {
-			case !c.zone.meter.on:
-				c.zone.top.add(c.req.Key, 1, c == rejected)
-			case c == rejected:
-				// A cost_from zone counts units charged: none here.
-				c.zone.top.add(c.req.Key, 0, true)
-			case v == allowed && c.dryRunExceeded:
-				// Takes nothing: counted as the reservation it
-				// would have taken, so the key still shows.
-				c.zone.top.add(c.req.Key, c.req.Cost, false)
-			}
-			// An allowed cost_from check is counted once its response
-			// is done, with what it was charged (release); one of a
-			// request another zone rejected was charged nothing.
-		}
+		countTop(s.checks, v, rejected)
 	}
 	switch v {
 	case unanswered:
@@ -215,6 +221,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		rec.finish(r, err)
 	}
 	return err
+}
+
+// countTop counts a decided request in the top keys of its checks' zones,
+// the check rejected, if any, as rejected.
+func countTop(checks []zoneCheck, v verdict, rejected *zoneCheck) {
+	for i := range checks {
+		c := &checks[i]
+		switch {
+		case !c.zone.meter.on:
+			c.zone.top.add(c.req.Key, 1, c == rejected)
+		case c == rejected:
+			// A cost_from zone counts units charged: none here.
+			c.zone.top.add(c.req.Key, 0, true)
+		case v == allowed && c.dryRunExceeded:
+			// Takes nothing: counted as the reservation it would have
+			// taken, so the key still shows.
+			c.zone.top.add(c.req.Key, c.req.Cost, false)
+		}
+		// An allowed cost_from check is counted once its response is
+		// done, with what it was charged (release); one of a request
+		// another zone rejected was charged nothing.
+	}
 }
 
 // anyCountsStatus reports whether any of the allowed checks counts only
@@ -374,6 +402,7 @@ func (s *scratch) recycle() {
 	clear(s.reqs)
 	s.checks, s.reqs, s.decisions, s.waited, s.store = s.checks[:0], s.reqs[:0], s.decisions[:0], false, nil
 	s.recorder = statusRecorder{}
+	bodyread.Release(int64(len(s.body)))
 	s.body, s.bodyRead = nil, false
 	s.recycleWriters()
 	scratchPool.Put(s)
@@ -393,15 +422,18 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestV
 	return refuse(w, r, c.zone.Status, p.header(retryAfterValue), c.zone.exceeded)
 }
 
-// refuse answers a request that does not go on, rejected by a zone or
-// shed: status, with Retry-After, as errorStatus answers.
+// refuse answers a request that does not go on, rejected by a zone,
+// shed, or whose body could not be read: status, with Retry-After if
+// one is given, as errorStatus answers.
 func refuse(w http.ResponseWriter, r *http.Request, status int, retryAfter []string, err error) error {
 	hdr := w.Header()
-	hdr["Retry-After"] = retryAfter
+	if retryAfter != nil {
+		hdr["Retry-After"] = retryAfter
+	}
 	if r.ProtoMajor == 1 && r.ContentLength != 0 {
-		// The body is never read. Otherwise Go's server reads up to
-		// 256 KiB of it before it sends the answer, and a client that
-		// withholds its body waits for nothing. (Not on HTTP/2, where this
+		// The rest of the body is never read. Otherwise Go's server
+		// reads up to 256 KiB of it before it sends the answer, and a
+		// client that withholds its body waits for nothing. (Not on HTTP/2, where this
 		// header would shut down the whole connection.)
 		hdr["Connection"] = connectionClose
 	}

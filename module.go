@@ -104,6 +104,24 @@ type Handler struct {
 	// enough; "on" cannot overrule it.
 	AdminChanges string `json:"admin_changes,omitempty"`
 
+	// The most memory, in bytes, that the request bodies zones read may
+	// take at once in this Caddy process, read or being read: a request
+	// whose body would take more is answered 503 Service Unavailable,
+	// with Retry-After: 1, before any zone takes anything. A zone reads
+	// a body to reserve by it (reserve max_tokens), to ask a stream for
+	// its usage (usage_in_stream on), or for a key or limit that uses
+	// {http.request.body}; it reads it as its bytes arrive, whatever its
+	// Content-Length announced. At least 2 MiB. Default: the global
+	// rate_limit option's body_memory, or 64 MiB.
+	BodyMemory int64 `json:"body_memory,omitempty"`
+
+	// How long a client has to send a body a zone reads: past it, the
+	// request is answered 408 Request Timeout, and its share of
+	// body_memory is free again. The server's read_body timeout, if
+	// shorter, applies instead. At least 1s. Default: the global
+	// rate_limit option's body_timeout, or 10s.
+	BodyTimeout caddy.Duration `json:"body_timeout,omitempty"`
+
 	// The handler options of mholt/caddy-ratelimit, under its names, so
 	// that its configs carry over (see docs/migrating.md). Its log_key,
 	// which is log_keys on, and its distributed and storage, which are
@@ -153,6 +171,8 @@ type Handler struct {
 	// fallback decides while the store cannot (on_store_error local); nil
 	// otherwise.
 	fallback storage.Store
+	// bodyLimits are body_memory and body_timeout as they apply.
+	bodyLimits bodyLimits
 	// events is Caddy's events app, which rate_limit_exceeded goes
 	// through, and ctx the context events are emitted in (their origin).
 	events *caddyevents.App
@@ -325,6 +345,9 @@ type Zone struct {
 	sfName string
 	// meter is what a cost_from zone reads a response's cost with.
 	meter meter
+	// bodyTemplates tells that a key or limit template reads the
+	// request's body.
+	bodyTemplates bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -383,6 +406,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 	if err := h.provisionOptions(store); err != nil {
+		return err
+	}
+	if err := h.provisionBodyLimits(ctx); err != nil {
 		return err
 	}
 	h.storeErrorCount, h.storeLatency = storeSeries(h.storeName, h.DisableMetrics)
@@ -486,6 +512,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 		}
 	}
 	z.meter = newMeter(z, metricsOff)
+	z.bodyTemplates = z.templatesReadBody()
 	return nil
 }
 
@@ -542,6 +569,9 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("admin_changes: %w", err)
 	}
 	if err := h.validateOptions(); err != nil {
+		return err
+	}
+	if err := h.validateBodyLimits(); err != nil {
 		return err
 	}
 	if len(h.Zones) == 0 && h.Shed == nil {
