@@ -2,6 +2,8 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -179,6 +181,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case rejectedByZone:
 		rejected.zone.results[resultRejected].Inc()
 		h.banned(s.checks)
+		if c := neverPasses(s.checks); c != nil {
+			return h.refuseCost(w, r, values, c)
+		}
 		return h.reject(w, r, values, rejected)
 	}
 	for _, c := range s.checks {
@@ -421,6 +426,73 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestV
 	}
 	return refuse(w, r, c.zone.Status, p.header(retryAfterValue), c.zone.exceeded)
 }
+
+// neverPasses returns a check of checks, rejected in an enforcing zone,
+// whose cost is more than its zone lets pass at once, against the limit
+// in force (a dial's, or the key's override, which the store applied):
+// the limit, or a gcra zone's burst. However long the request waits, it
+// can never pass. Nil if there is none.
+func neverPasses(checks []zoneCheck) *zoneCheck {
+	for i := range checks {
+		c := &checks[i]
+		if !c.dryRunExceeded && !c.decision.Allowed && c.req.Cost > c.capacity() {
+			return c
+		}
+	}
+	return nil
+}
+
+// capacity is the most the check's zone lets pass at once: the limit it
+// was decided against, or a gcra zone's burst.
+func (c *zoneCheck) capacity() int64 {
+	if c.req.Algorithm == algorithms.GCRA {
+		return c.req.Rate.BurstFor(c.decision.Limit)
+	}
+	return c.decision.Limit
+}
+
+// refuseCost answers a request whose cost in c's zone can never pass
+// (neverPasses) with 413 Content Too Large: it is not rate limited but
+// too large, and a 429 would have the client, or its SDK on its own,
+// retry what can never pass. So there is no Retry-After; the limit
+// headers describe the zone as for any rejection. The body is JSON
+// naming the zone, the cost and the limit (and a gcra zone's burst).
+// Nothing was taken.
+func (h *Handler) refuseCost(w http.ResponseWriter, r *http.Request, values requestValues, c *zoneCheck) error {
+	h.report(w, values, c, true, 0)
+	answer := costAnswer{Error: "request cost exceeds the zone's limit", Zone: c.zone.Name, Cost: c.req.Cost, Limit: c.decision.Limit}
+	if most := c.capacity(); most != answer.Limit {
+		answer.Error, answer.Burst = "request cost exceeds the zone's burst", most
+	}
+	body, _ := json.Marshal(answer)
+	if ce := h.logger.Check(zap.DebugLevel, "rate limit cost exceeds the zone's limit"); ce != nil {
+		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key), zap.Int64("cost", answer.Cost), zap.Int64("limit", answer.Limit))
+	}
+	if r.ProtoMajor == 1 && r.ContentLength != 0 {
+		w.Header()["Connection"] = connectionClose // see refuse
+	}
+	if hasErrorRoutes(r) {
+		// The error's message is the body, for an error route to
+		// answer with ({err.message}).
+		return caddyhttp.Error(http.StatusRequestEntityTooLarge, errors.New(string(body)))
+	}
+	w.Header()["Content-Type"] = jsonContentType
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	_, _ = w.Write(body)
+	return nil
+}
+
+// costAnswer is the body of refuseCost's answer.
+type costAnswer struct {
+	Error string `json:"error"`
+	Zone  string `json:"zone"`
+	Cost  int64  `json:"cost"`
+	Limit int64  `json:"limit"`
+	// Burst is a gcra zone's burst, when it is not the limit.
+	Burst int64 `json:"burst,omitempty"`
+}
+
+var jsonContentType = []string{"application/json"}
 
 // refuse answers a request that does not go on, rejected by a zone,
 // shed, or whose body could not be read: status, with Retry-After if

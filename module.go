@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -663,7 +665,47 @@ func (z *Zone) validate() error {
 			return fmt.Errorf("ban: %w", err)
 		}
 	}
-	return z.validateCostFrom()
+	if err := z.validateCostFrom(); err != nil {
+		return err
+	}
+	return z.validateCostsFit()
+}
+
+// validateCostsFit refuses a cost, or a reserve <n>, that the zone could
+// never let pass: more than a gcra zone's burst, or than its limit when
+// that is an integer (the first alternative: a template may resolve to
+// more). Every such request would be refused.
+func (z *Zone) validateCostsFit() error {
+	most, what := z.burstOrLimit()
+	if most == 0 {
+		return nil
+	}
+	for _, m := range slices.Sorted(maps.Keys(z.Cost)) {
+		if c := z.Cost[m]; c > most {
+			return fmt.Errorf("cost: a %s request costs more than the %s of %d lets pass at once, so it could never pass (want a cost of at most %d), got %d", m, what, most, most, c)
+		}
+	}
+	if z.Reserve != nil && z.Reserve.Units > most {
+		return fmt.Errorf("reserve: more than the %s of %d lets pass at once, so no request could ever pass (want at most %d), got %d", what, most, most, z.Reserve.Units)
+	}
+	return nil
+}
+
+// burstOrLimit is the most the zone lets pass at once, if its config
+// says: a gcra zone's burst, or its limit when the first alternative is
+// an integer; 0 if it depends on the request. It names which it is.
+func (z *Zone) burstOrLimit() (int64, string) {
+	if z.Algorithm == algorithms.GCRA && z.Burst > 0 {
+		return z.Burst, "burst"
+	}
+	if len(z.LimitAlternatives) == 0 {
+		return 0, ""
+	}
+	n, err := strconv.ParseInt(z.LimitAlternatives[0], 10, 64)
+	if err != nil {
+		return 0, ""
+	}
+	return n, "limit"
 }
 
 // validateAlgorithmOptions checks the options that belong to some
