@@ -505,8 +505,9 @@ func refuse(w http.ResponseWriter, r *http.Request, status int, retryAfter []str
 	if r.ProtoMajor == 1 && r.ContentLength != 0 {
 		// The rest of the body is never read. Otherwise Go's server
 		// reads up to 256 KiB of it before it sends the answer, and a
-		// client that withholds its body waits for nothing. (Not on HTTP/2, where this
-		// header would shut down the whole connection.)
+		// client that withholds its body waits for nothing. (Not on
+		// HTTP/2, where this header would shut down the whole
+		// connection.)
 		hdr["Connection"] = connectionClose
 	}
 	return errorStatus(w, r, status, err)
