@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/bodyread"
 	"github.com/d61b427a/caddy-rate-limit/jwtclaims"
 	"github.com/d61b427a/caddy-rate-limit/shed"
 	"github.com/d61b427a/caddy-rate-limit/storage"
@@ -91,6 +92,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 //		on_store_error allow|deny|local         # default: allow
 //		log_keys on|off                         # default: off
 //		admin_changes on|off                    # default: on
+//		body_memory <size>                      # default: the global option's, or 64MiB
+//		body_timeout <duration>                 # default: the global option's, or 10s
 //		shed [<name>] { ... }
 //		jitter <fraction>                       # 0 to 1
 //		sweep_interval <duration>               # memory store only
@@ -224,13 +227,37 @@ func (h *Handler) unmarshalBlock(d *caddyfile.Dispenser) error {
 				return d.Errf("on_store_error: %v", err)
 			}
 
+		case "body_memory":
+			var size string
+			if !d.AllArgs(&size) {
+				return d.ArgErr()
+			}
+			n, err := bodyread.ParseSize(size)
+			if err == nil {
+				err = bodyread.CheckMemory(n)
+			}
+			if err != nil {
+				return d.Errf("body_memory: %v", err)
+			}
+			h.BodyMemory = n
+
+		case "body_timeout":
+			t, err := parseDuration(d)
+			if err == nil {
+				err = bodyread.CheckTimeout(t)
+			}
+			if err != nil {
+				return d.Errf("body_timeout: %v", err)
+			}
+			h.BodyTimeout = caddy.Duration(t)
+
 		case "jitter", "sweep_interval", "log_key", "disable_metrics", "distributed", "storage":
 			if err := h.unmarshalOption(d); err != nil {
 				return err
 			}
 
 		default:
-			return d.Errf("rate_limit: unknown subdirective %q (want zone, shed, store, jwt, headers, on_store_error, log_keys, admin_changes, jitter, sweep_interval, log_key or disable_metrics)", d.Val())
+			return d.Errf("rate_limit: unknown subdirective %q (want zone, shed, store, jwt, headers, on_store_error, log_keys, admin_changes, body_memory, body_timeout, jitter, sweep_interval, log_key or disable_metrics)", d.Val())
 		}
 	}
 	if len(given) == 0 && len(h.Zones) == 0 && h.Shed == nil {

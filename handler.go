@@ -2,6 +2,8 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/costfrom"
+	"github.com/d61b427a/caddy-rate-limit/internal/bodyread"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -79,6 +82,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	s := scratchPool.Get().(*scratch)
 	defer s.recycle()
+	needsBody := false
 	for _, z := range h.Zones {
 		match, err := z.matchers.AnyMatchWithError(r)
 		if err != nil {
@@ -102,6 +106,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		case storage.ModeEnforce:
 			dryRun = false
 		}
+		if z.bodyTemplates && !s.bodyRead {
+			// Read as a zone reads any body, before Caddy's placeholder
+			// would read it whole, whatever its size.
+			if err := s.readBody(w, r, h.bodyLimits); err != nil {
+				return bodyRefused(w, r, err)
+			}
+		}
 		limit, ok := dial.Limit, dial.Limit > 0
 		if !ok {
 			if limit, ok = z.resolveLimit(values); !ok {
@@ -110,17 +121,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		cost := z.costs[methodIndex(r.Method)]
 		if z.meter.on {
-			// Read before anything is taken, so that a body refused
-			// takes nothing.
-			if z.meter.readsBody() && !s.bodyRead {
-				if err := s.readBody(r); err != nil {
-					return bodyRefused(w, r, err)
-				}
-				if err := s.request.Read(s.body); err != nil {
-					return fieldRefused(w, r, err)
-				}
-			}
-			cost = z.meter.reservation(&s.request, limit)
+			// The reservation is set once the body is read, below.
+			cost = z.meter.leastReservation()
+			needsBody = needsBody || z.meter.readsBody()
 		}
 		req := storage.Request{
 			Zone:        z.Name,
@@ -142,6 +145,30 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(s.checks) == 0 {
 		return h.serveNext(w, r, next)
 	}
+	if needsBody {
+		if !s.bodyRead {
+			// A key the store knows it refuses is answered before its
+			// body is read; any other body is read before anything is
+			// taken, so that a body refused takes nothing.
+			if c := h.refusedNow(s.checks); c != nil {
+				countTop(s.checks, rejectedByZone, c)
+				c.zone.results[resultRejected].Inc()
+				return h.reject(w, r, values, c)
+			}
+			if err := s.readBody(w, r, h.bodyLimits); err != nil {
+				return bodyRefused(w, r, err)
+			}
+		}
+		if err := s.request.Read(s.body); err != nil {
+			return fieldRefused(w, r, err)
+		}
+	}
+	for i := range s.checks {
+		c := &s.checks[i]
+		if m := &c.zone.meter; m.on {
+			c.req.Cost = m.reservation(&s.request, c.req.Rate.Units)
+		}
+	}
 
 	s.take.store = h.store
 	v, rejected, err := h.decide(r.Context(), s.checks, &s.take)
@@ -153,23 +180,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		v, rejected, err = h.decide(r.Context(), s.checks, &s.take)
 	}
 	if v != unanswered {
-		for i := range s.checks {
-			c := &s.checks[i]
-			switch {
-			case !c.zone.meter.on:
-				c.zone.top.add(c.req.Key, 1, c == rejected)
-			case c == rejected:
-				// A cost_from zone counts units charged: none here.
-				c.zone.top.add(c.req.Key, 0, true)
-			case v == allowed && c.dryRunExceeded:
-				// Takes nothing: counted as the reservation it
-				// would have taken, so the key still shows.
-				c.zone.top.add(c.req.Key, c.req.Cost, false)
-			}
-			// An allowed cost_from check is counted once its response
-			// is done, with what it was charged (release); one of a
-			// request another zone rejected was charged nothing.
-		}
+		countTop(s.checks, v, rejected)
 	}
 	switch v {
 	case unanswered:
@@ -177,6 +188,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case rejectedByZone:
 		rejected.zone.results[resultRejected].Inc()
 		h.banned(s.checks)
+		if c := neverPasses(s.checks); c != nil {
+			return h.refuseCost(w, r, values, c)
+		}
 		return h.reject(w, r, values, rejected)
 	}
 	for _, c := range s.checks {
@@ -219,6 +233,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		rec.finish(r, err)
 	}
 	return err
+}
+
+// countTop counts a decided request in the top keys of its checks' zones,
+// the check rejected, if any, as rejected.
+func countTop(checks []zoneCheck, v verdict, rejected *zoneCheck) {
+	for i := range checks {
+		c := &checks[i]
+		switch {
+		case !c.zone.meter.on:
+			c.zone.top.add(c.req.Key, 1, c == rejected)
+		case c == rejected:
+			// A cost_from zone counts units charged: none here.
+			c.zone.top.add(c.req.Key, 0, true)
+		case v == allowed && c.dryRunExceeded:
+			// Takes nothing: counted as the reservation it would have
+			// taken, so the key still shows.
+			c.zone.top.add(c.req.Key, c.req.Cost, false)
+		}
+		// An allowed cost_from check is counted once its response is
+		// done, with what it was charged (release); one of a request
+		// another zone rejected was charged nothing.
+	}
 }
 
 // anyCountsStatus reports whether any of the allowed checks counts only
@@ -383,6 +419,7 @@ func (s *scratch) recycle() {
 	if s.bodyRead {
 		s.request = costfrom.Request{}
 	}
+	bodyread.Release(int64(len(s.body)))
 	s.body, s.bodyRead = nil, false
 	s.recycleWriters()
 	scratchPool.Put(s)
@@ -402,16 +439,87 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestV
 	return refuse(w, r, c.zone.Status, p.header(retryAfterValue), c.zone.exceeded)
 }
 
-// refuse answers a request that does not go on, rejected by a zone or
-// shed: status, with Retry-After, as errorStatus answers.
+// neverPasses returns a check of checks, rejected in an enforcing zone,
+// whose cost is more than its zone lets pass at once, against the limit
+// in force (a dial's, or the key's override, which the store applied):
+// the limit, or a gcra zone's burst. However long the request waits, it
+// can never pass. Nil if there is none.
+func neverPasses(checks []zoneCheck) *zoneCheck {
+	for i := range checks {
+		c := &checks[i]
+		if !c.dryRunExceeded && !c.decision.Allowed && c.req.Cost > c.capacity() {
+			return c
+		}
+	}
+	return nil
+}
+
+// capacity is the most the check's zone lets pass at once: the limit it
+// was decided against, or a gcra zone's burst.
+func (c *zoneCheck) capacity() int64 {
+	if c.req.Algorithm == algorithms.GCRA {
+		return c.req.Rate.BurstFor(c.decision.Limit)
+	}
+	return c.decision.Limit
+}
+
+// refuseCost answers a request whose cost in c's zone can never pass
+// (neverPasses) with 413 Content Too Large: it is not rate limited but
+// too large, and a 429 would have the client, or its SDK on its own,
+// retry what can never pass. So there is no Retry-After; the limit
+// headers describe the zone as for any rejection. The body is JSON
+// naming the zone, the cost and the limit (and a gcra zone's burst).
+// Nothing was taken.
+func (h *Handler) refuseCost(w http.ResponseWriter, r *http.Request, values requestValues, c *zoneCheck) error {
+	h.report(w, values, c, true, 0)
+	answer := costAnswer{Error: "request cost exceeds the zone's limit", Zone: c.zone.Name, Cost: c.req.Cost, Limit: c.decision.Limit}
+	if most := c.capacity(); most != answer.Limit {
+		answer.Error, answer.Burst = "request cost exceeds the zone's burst", most
+	}
+	body, _ := json.Marshal(answer)
+	if ce := h.logger.Check(zap.DebugLevel, "rate limit cost exceeds the zone's limit"); ce != nil {
+		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key), zap.Int64("cost", answer.Cost), zap.Int64("limit", answer.Limit))
+	}
+	if r.ProtoMajor == 1 && r.ContentLength != 0 {
+		w.Header()["Connection"] = connectionClose // see refuse
+	}
+	if hasErrorRoutes(r) {
+		// The error's message is the body, for an error route to
+		// answer with ({err.message}).
+		return caddyhttp.Error(http.StatusRequestEntityTooLarge, errors.New(string(body)))
+	}
+	w.Header()["Content-Type"] = jsonContentType
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	_, _ = w.Write(body)
+	return nil
+}
+
+// costAnswer is the body of refuseCost's answer.
+type costAnswer struct {
+	Error string `json:"error"`
+	Zone  string `json:"zone"`
+	Cost  int64  `json:"cost"`
+	Limit int64  `json:"limit"`
+	// Burst is a gcra zone's burst, when it is not the limit.
+	Burst int64 `json:"burst,omitempty"`
+}
+
+var jsonContentType = []string{"application/json"}
+
+// refuse answers a request that does not go on, rejected by a zone,
+// shed, or whose body could not be read: status, with Retry-After if
+// one is given, as errorStatus answers.
 func refuse(w http.ResponseWriter, r *http.Request, status int, retryAfter []string, err error) error {
 	hdr := w.Header()
-	hdr["Retry-After"] = retryAfter
+	if retryAfter != nil {
+		hdr["Retry-After"] = retryAfter
+	}
 	if r.ProtoMajor == 1 && r.ContentLength != 0 {
-		// The body is never read. Otherwise Go's server reads up to
-		// 256 KiB of it before it sends the answer, and a client that
-		// withholds its body waits for nothing. (Not on HTTP/2, where this
-		// header would shut down the whole connection.)
+		// The rest of the body is never read. Otherwise Go's server
+		// reads up to 256 KiB of it before it sends the answer, and a
+		// client that withholds its body waits for nothing. (Not on
+		// HTTP/2, where this header would shut down the whole
+		// connection.)
 		hdr["Connection"] = connectionClose
 	}
 	return errorStatus(w, r, status, err)

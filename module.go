@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -104,6 +106,24 @@ type Handler struct {
 	// enough; "on" cannot overrule it.
 	AdminChanges string `json:"admin_changes,omitempty"`
 
+	// The most memory, in bytes, that the request bodies zones read may
+	// take at once in this Caddy process, read or being read: a request
+	// whose body would take more is answered 503 Service Unavailable,
+	// with Retry-After: 1, before any zone takes anything. A zone reads
+	// a body to reserve by it (reserve max_tokens), to ask a stream for
+	// its usage (usage_in_stream on), or for a key or limit that uses
+	// {http.request.body}; it reads it as its bytes arrive, whatever its
+	// Content-Length announced. At least 2 MiB. Default: the global
+	// rate_limit option's body_memory, or 64 MiB.
+	BodyMemory int64 `json:"body_memory,omitempty"`
+
+	// How long a client has to send a body a zone reads: past it, the
+	// request is answered 408 Request Timeout, and its share of
+	// body_memory is free again. The server's read_body timeout, if
+	// shorter, applies instead. At least 1s. Default: the global
+	// rate_limit option's body_timeout, or 10s.
+	BodyTimeout caddy.Duration `json:"body_timeout,omitempty"`
+
 	// The handler options of mholt/caddy-ratelimit, under its names, so
 	// that its configs carry over (see docs/migrating.md). Its log_key,
 	// which is log_keys on, and its distributed and storage, which are
@@ -153,6 +173,8 @@ type Handler struct {
 	// fallback decides while the store cannot (on_store_error local); nil
 	// otherwise.
 	fallback storage.Store
+	// bodyLimits are body_memory and body_timeout as they apply.
+	bodyLimits bodyLimits
 	// events is Caddy's events app, which rate_limit_exceeded goes
 	// through, and ctx the context events are emitted in (their origin).
 	events *caddyevents.App
@@ -327,6 +349,9 @@ type Zone struct {
 	sfName string
 	// meter is what a cost_from zone reads a response's cost with.
 	meter meter
+	// bodyTemplates tells that a key or limit template reads the
+	// request's body.
+	bodyTemplates bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -385,6 +410,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 	if err := h.provisionOptions(store); err != nil {
+		return err
+	}
+	if err := h.provisionBodyLimits(ctx); err != nil {
 		return err
 	}
 	h.storeErrorCount, h.storeLatency = storeSeries(h.storeName, h.DisableMetrics)
@@ -488,6 +516,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 		}
 	}
 	z.meter = newMeter(z, metricsOff)
+	z.bodyTemplates = z.templatesReadBody()
 	return nil
 }
 
@@ -544,6 +573,9 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("admin_changes: %w", err)
 	}
 	if err := h.validateOptions(); err != nil {
+		return err
+	}
+	if err := h.validateBodyLimits(); err != nil {
 		return err
 	}
 	if len(h.Zones) == 0 && h.Shed == nil {
@@ -635,7 +667,47 @@ func (z *Zone) validate() error {
 			return fmt.Errorf("ban: %w", err)
 		}
 	}
-	return z.validateCostFrom()
+	if err := z.validateCostFrom(); err != nil {
+		return err
+	}
+	return z.validateCostsFit()
+}
+
+// validateCostsFit refuses a cost, or a reserve <n>, that the zone could
+// never let pass: more than a gcra zone's burst, or than its limit when
+// that is an integer (the first alternative: a template may resolve to
+// more). Every such request would be refused.
+func (z *Zone) validateCostsFit() error {
+	most, what := z.burstOrLimit()
+	if most == 0 {
+		return nil
+	}
+	for _, m := range slices.Sorted(maps.Keys(z.Cost)) {
+		if c := z.Cost[m]; c > most {
+			return fmt.Errorf("cost: a %s request costs more than the %s of %d lets pass at once, so it could never pass (want a cost of at most %d), got %d", m, what, most, most, c)
+		}
+	}
+	if z.Reserve != nil && z.Reserve.Units > most {
+		return fmt.Errorf("reserve: more than the %s of %d lets pass at once, so no request could ever pass (want at most %d), got %d", what, most, most, z.Reserve.Units)
+	}
+	return nil
+}
+
+// burstOrLimit is the most the zone lets pass at once, if its config
+// says: a gcra zone's burst, or its limit when the first alternative is
+// an integer; 0 if it depends on the request. It names which it is.
+func (z *Zone) burstOrLimit() (int64, string) {
+	if z.Algorithm == algorithms.GCRA && z.Burst > 0 {
+		return z.Burst, "burst"
+	}
+	if len(z.LimitAlternatives) == 0 {
+		return 0, ""
+	}
+	n, err := strconv.ParseInt(z.LimitAlternatives[0], 10, 64)
+	if err != nil {
+		return 0, ""
+	}
+	return n, "limit"
 }
 
 // validateAlgorithmOptions checks the options that belong to some

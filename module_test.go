@@ -69,6 +69,10 @@ func TestBadJSONRefused(t *testing.T) {
 		{"usage_in_stream", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{"usage":"output"},"reserve":{"units":10},"usage_in_stream":"yes"}]}`, "usage_in_stream", "yes"},
 		{"usage_in_stream without cost_from", `{"zones":[{"name":"z","limit":[100],"window":"1m","usage_in_stream":"on"}]}`, "usage_in_stream", "cost_from usage"},
 		{"zone name", `{"zones":[{"name":"z\u00f6ne","limit":[1],"window":"1s"}]}`, "name", "0xc3"},
+		{"body_memory", `{"body_memory":1024,"zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "body_memory", "1024"},
+		{"body_timeout", `{"body_timeout":"500ms","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "body_timeout", "500ms"},
+		{"cost above the limit", `{"zones":[{"name":"z","limit":[10],"window":"1s","cost":{"*":11}}]}`, "cost", "11"},
+		{"reserve above the burst", `{"zones":[{"name":"z","limit":[100],"window":"1s","algorithm":"gcra","burst":5,"cost_from":{"header":"X-Cost"},"reserve":{"units":6}}]}`, "reserve", "6"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,11 +1,9 @@
 package ratelimit
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -54,19 +52,6 @@ type Reserve struct {
 	// one that gives a field it reads twice is refused with 400.
 	MaxTokens int64 `json:"max_tokens,omitempty"`
 }
-
-// MaxBody is the largest request body a zone reads (reserve max_tokens,
-// usage_in_stream on): a larger one is answered 413 Content Too Large
-// before any zone takes anything.
-const MaxBody = 1 << 20
-
-// errBodyTooLarge refuses a request whose body a zone would read, and
-// which is larger than MaxBody.
-// refusedBodyDrain bounds what is read and dropped of a body refused as
-// larger than MaxBody, before the answer (see bodyRefused).
-const refusedBodyDrain = 4 * MaxBody
-
-var errBodyTooLarge = fmt.Errorf("request body larger than %d bytes, the most a zone that reserves by the body reads", MaxBody)
 
 // checkUsage accepts the counts cost_from usage reads.
 func checkUsage(v string) error {
@@ -250,70 +235,6 @@ type fieldError struct {
 		Param   string `json:"param"`
 		Message string `json:"message"`
 	} `json:"error"`
-}
-
-// readBody reads the request's body, once, for the zones that reserve
-// by it, and hands it on unchanged to the handlers after this one. A
-// body larger than MaxBody, by its Content-Length or as it is read,
-// fails with errBodyTooLarge, as does one cut short by request_body's
-// max_size.
-func (s *scratch) readBody(r *http.Request) error {
-	s.bodyRead = true
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil
-	}
-	if r.ContentLength > MaxBody {
-		return errBodyTooLarge
-	}
-	var buf bytes.Buffer
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
-	}
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, MaxBody+1))
-	var tooLarge *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooLarge), err == nil && buf.Len() > MaxBody:
-		return errBodyTooLarge
-	case err != nil:
-		return err
-	}
-	r.Body.Close()
-	s.body = buf.Bytes()
-	setBody(r, s.body)
-	return nil
-}
-
-// setBody makes b the request's body, with a length to match.
-func setBody(r *http.Request, b []byte) {
-	r.Body = io.NopCloser(bytes.NewReader(b))
-	r.ContentLength = int64(len(b))
-	r.TransferEncoding = nil
-	r.Header.Set("Content-Length", strconv.Itoa(len(b)))
-}
-
-// bodyRefused answers a request whose body could not be read: 413 for
-// one too large, 499 for a client gone, 400 otherwise. Nothing has been
-// taken.
-func bodyRefused(w http.ResponseWriter, r *http.Request, err error) error {
-	switch {
-	case errors.Is(err, errBodyTooLarge):
-		// A client still sending the body reads the answer only if the
-		// connection is not closed on bytes it sent: closing with them
-		// unread resets it, and the client sees a broken connection
-		// instead of a 413. So the rest is read and dropped first, up to
-		// refusedBodyDrain.
-		if r.Body != nil {
-			_, _ = io.CopyN(io.Discard, r.Body, refusedBodyDrain)
-		}
-		if r.ProtoMajor == 1 {
-			// The rest of the body is never read (see refuse).
-			w.Header()["Connection"] = connectionClose
-		}
-		return errorStatus(w, r, http.StatusRequestEntityTooLarge, err)
-	case r.Context().Err() != nil:
-		return caddyhttp.Error(statusClientClosedRequest, err)
-	}
-	return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
 }
 
 // costWriter is a Writer reading one source of cost for the zones that

@@ -5,7 +5,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/badconfig"
@@ -29,10 +31,21 @@ func TestGlobalOption(t *testing.T) {
 	if err := json.Unmarshal(out, &cfg); err != nil || cfg.Apps.RateLimit == nil || cfg.Apps.RateLimit.AdminChanges != "off" {
 		t.Fatalf("adapted to %s, want apps.rate_limit.admin_changes off", out)
 	}
+	out, _, err = adapter.Adapt([]byte("{\n\trate_limit {\n\t\tbody_memory 16MiB\n\t\tbody_timeout 30s\n\t}\n}\n"+site), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(out, &cfg); err != nil || cfg.Apps.RateLimit.BodyMemory != 16<<20 || time.Duration(cfg.Apps.RateLimit.BodyTimeout) != 30*time.Second {
+		t.Fatalf("adapted to %s, want apps.rate_limit.body_memory 16 MiB and body_timeout 30s", out)
+	}
 	for _, c := range []struct{ name, global, directive, value string }{
 		{"bad value", "rate_limit {\n\t\tadmin_changes never\n\t}", "admin_changes", "never"},
 		{"unknown", "rate_limit {\n\t\tlog_keys on\n\t}", "rate_limit", "log_keys"},
 		{"repeated", "rate_limit {\n\t\tadmin_changes off\n\t\tadmin_changes on\n\t}", "admin_changes", "repeated"},
+		{"body_memory too small", "rate_limit {\n\t\tbody_memory 1MiB\n\t}", "body_memory", "1048576"},
+		{"body_memory not a size", "rate_limit {\n\t\tbody_memory lots\n\t}", "body_memory", "lots"},
+		{"body_timeout too short", "rate_limit {\n\t\tbody_timeout 10ms\n\t}", "body_timeout", "10ms"},
+		{"body_timeout not a duration", "rate_limit {\n\t\tbody_timeout soon\n\t}", "body_timeout", "soon"},
 		{"twice", "rate_limit {\n\t\tadmin_changes off\n\t}\n\trate_limit {\n\t\tadmin_changes off\n\t}", "rate_limit", "repeated"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -45,6 +58,12 @@ func TestGlobalOption(t *testing.T) {
 	}
 	if err := (&App{AdminChanges: "never"}).Validate(); err == nil {
 		t.Fatal(`JSON admin_changes "never" accepted`)
+	}
+	if err := (&App{BodyMemory: 1 << 20}).Validate(); err == nil {
+		t.Fatal("JSON body_memory of 1 MiB accepted")
+	}
+	if err := (&App{BodyTimeout: caddy.Duration(time.Millisecond)}).Validate(); err == nil {
+		t.Fatal("JSON body_timeout of 1ms accepted")
 	}
 }
 

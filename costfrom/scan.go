@@ -39,7 +39,7 @@ type scanner struct {
 	key   keyFolder
 
 	num   int64 // the number being read
-	numOK bool  // it is a non-negative integer of at most maxDigits digits
+	numOK bool  // it is a non-negative integer (of more than maxDigits digits: maxCount)
 	ndig  int
 
 	lit  string // the literal being read ("true", "false", "null") and how
@@ -55,8 +55,14 @@ type scanner struct {
 // is message.usage.input_tokens.
 const maxDepth = 3
 
-// maxDigits bounds the numbers read, so that sums of them cannot overflow.
-const maxDigits = 18
+// maxDigits bounds the digits of the numbers read, so that sums of them
+// cannot overflow: a number of more digits is read as maxCount, the
+// largest of maxDigits, so that a count too large to hold still counts
+// as larger than any limit.
+const (
+	maxDigits = 18
+	maxCount  = 999_999_999_999_999_999
+)
 
 type state uint8
 
@@ -305,8 +311,9 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 
 		case stNumber:
 			for ; i < len(p) && p[i] >= '0' && p[i] <= '9'; i++ {
-				s.ndig++
-				s.num = s.num*10 + int64(p[i]-'0')
+				if s.ndig++; s.ndig <= maxDigits {
+					s.num = s.num*10 + int64(p[i]-'0')
+				}
 			}
 			if i == len(p) {
 				break
@@ -319,7 +326,7 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 			// The byte after the number is read again, as what follows
 			// a value.
 			if s.ndig > maxDigits {
-				s.numOK = false
+				s.num = maxCount
 			}
 			if s.end(kindNumber, base+i) {
 				return i, true

@@ -304,10 +304,11 @@ func (cw *Writer) Tokens(c Count) (int64, bool) {
 	return 0, false
 }
 
-// parseCount parses a non-negative decimal integer of at most maxDigits
-// digits.
+// parseCount parses a non-negative decimal integer. One of more than
+// maxDigits digits is read as maxCount: a cost too large to hold is a
+// cost larger than any limit, not no cost.
 func parseCount(s string) (int64, bool) {
-	if s == "" || len(s) > maxDigits {
+	if s == "" {
 		return 0, false
 	}
 	var n int64
@@ -316,7 +317,12 @@ func parseCount(s string) (int64, bool) {
 		if c < '0' || c > '9' {
 			return 0, false
 		}
-		n = n*10 + int64(c-'0')
+		if i < maxDigits {
+			n = n*10 + int64(c-'0')
+		}
+	}
+	if len(s) > maxDigits {
+		n = maxCount
 	}
 	return n, true
 }

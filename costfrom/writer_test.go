@@ -303,7 +303,10 @@ func TestCounts(t *testing.T) {
 	}{
 		{"invalid count", "application/json", `{"usage":{"prompt_tokens":-1,"completion_tokens":3}}`, 0, 3, 0, false, true, false},
 		{"fraction", "application/json", `{"usage":{"prompt_tokens":1.5,"completion_tokens":3,"total_tokens":4}}`, 0, 3, 4, false, true, true},
-		{"too large", "application/json", `{"usage":{"prompt_tokens":1234567890123456789,"completion_tokens":3}}`, 0, 3, 0, false, true, false},
+		// A count of more than 18 digits is read as the largest of 18:
+		// larger than any limit, not absent.
+		{"too large", "application/json", `{"usage":{"prompt_tokens":1234567890123456789,"completion_tokens":3}}`, maxCount, 3, maxCount + 3, true, true, true},
+		{"far too large", "application/json", `{"usage":{"prompt_tokens":1` + strings.Repeat("0", 40) + `,"completion_tokens":3,"total_tokens":` + strings.Repeat("9", 25) + `}}`, maxCount, 3, maxCount, true, true, true},
 		{"string", "application/json", `{"usage":{"prompt_tokens":"1","completion_tokens":3}}`, 0, 3, 0, false, true, false},
 		{"total only", "application/json", `{"usage":{"total_tokens":7}}`, 0, 0, 7, false, false, true},
 		{"keys in another order, spaces", "application/json", "{ \"usage\" : { \"total_tokens\" : 30 , \"completion_tokens\" : 20 , \"prompt_tokens\" : 10 } , \"choices\" : [ ] }", 10, 20, 30, true, true, true},
@@ -361,7 +364,9 @@ func TestHeaderCost(t *testing.T) {
 		{"absent", nil, nil, 0, false},
 		{"negative", map[string]string{"X-Tokens": "-3"}, nil, 0, false},
 		{"not a number", map[string]string{"X-Tokens": "12 tokens"}, nil, 0, false},
-		{"too large", map[string]string{"X-Tokens": "1234567890123456789"}, nil, 0, false},
+		{"18 digits", map[string]string{"X-Tokens": "123456789012345678"}, nil, 123456789012345678, true},
+		{"too large", map[string]string{"X-Tokens": "1234567890123456789"}, nil, maxCount, true},
+		{"far too large", map[string]string{"X-Tokens": strings.Repeat("9", 40)}, nil, maxCount, true},
 		{"declared trailer", map[string]string{"Trailer": "X-Other, x-tokens"}, map[string]string{"X-Tokens": "17"}, 17, true},
 		{"declared trailer never sent", map[string]string{"Trailer": "X-Tokens"}, nil, 0, false},
 		{"trailer prefix", nil, map[string]string{http.TrailerPrefix + "X-Tokens": "19"}, 19, true},

@@ -81,7 +81,7 @@ func TestMaxDelay(t *testing.T) {
 				path /costly
 			}
 			key costly
-			limit 2
+			limit 10
 			window 1h
 			cost POST 5
 			max_delay 2h
@@ -124,9 +124,16 @@ func TestMaxDelay(t *testing.T) {
 		}
 	})
 	t.Run("never_holds_what_can_never_pass", func(t *testing.T) {
-		// A POST costs 5 against a limit of 2: no wait can let it pass.
+		// A POST costs 5; with the zone's limit dialed down to 2, no
+		// wait can let it pass: it is answered 413, with no Retry-After.
+		if code, body := adminJSON(t, adminURL, http.MethodPut, "/rate_limit/zones/costly/dial", `{"limit":2}`); code != http.StatusOK {
+			t.Fatalf("dial: %d %s", code, body)
+		}
 		resp, _ := do(t, http.MethodPost, siteURL+"/costly")
-		status(t, resp, http.StatusTooManyRequests)
+		status(t, resp, http.StatusRequestEntityTooLarge)
+		if ra := resp.Header.Get("Retry-After"); ra != "" {
+			t.Errorf("Retry-After %q on a request that can never pass", ra)
+		}
 		if n := len(logLines(logFile, "delaying request", `"key":"costly"`)); n != 0 {
 			t.Fatalf("the request was held (%d log lines) before its rejection", n)
 		}

@@ -148,10 +148,16 @@ func startFleet(t *testing.T, n int, spec fleetSpec) []instance {
 // instance's url names path on the site.
 func startInstance(t *testing.T, body, path string) instance {
 	t.Helper()
+	return startInstanceWith(t, "", body, path)
+}
+
+// startInstanceWith is startInstance with extra global options.
+func startInstanceWith(t *testing.T, options, body, path string) instance {
+	t.Helper()
 	site, admin := freePort(), onLoopback(freePort())
 	siteURL := "http://" + onLoopback(site)
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	globals := caddyGlobals(adminOption(admin), site, freePort(), jsonLog(logFile, "INFO"))
+	globals := caddyGlobals(adminOption(admin), site, freePort(), jsonLog(logFile, "INFO")+"\n\t"+options)
 	proc := startProcess(t, globals+siteURL+" {\n\thandle /ready {\n\t\trespond \"ok\"\n\t}\n"+body+"}\n", siteURL+"/ready")
 	return instance{url: siteURL + path, admin: "http://" + admin, log: logFile, proc: proc}
 }

@@ -741,3 +741,112 @@ func fmtPtr(n *int64) string {
 	}
 	return strconv.FormatInt(*n, 10)
 }
+
+// TestCostFromCostTooLargeToReadIsDebt: a cost too large to read (19
+// digits and more, in a header or in a usage) is a debt past the limit,
+// capped at one limit as any debt, not no cost: the key does not keep
+// its smaller reservation.
+func TestCostFromCostTooLargeToReadIsDebt(t *testing.T) {
+	huge := strings.Repeat("9", 19)
+	for _, c := range []struct{ name, from, path string }{
+		{"header", "cost_from header X-Cost", "/cost?n=" + huge},
+		{"usage", "cost_from usage total", "/usage?n=" + huge},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			u := newLLM(t)
+			zone := "tokens_huge_" + c.name
+			startCaddy(t, tokenSite(filepath.Join(t.TempDir(), "access.log"), u.url, "", zone, `limit 100
+			window 1h
+			algorithm fixed_window
+			`+c.from+`
+			reserve 10`))
+			resp, _ := do(t, http.MethodGet, siteURL+c.path, "X-Client: huge")
+			status(t, resp, http.StatusOK)
+			// A key owes at most one limit past its limit.
+			waitUsed(t, adminURL, zone, "huge", 200)
+			resp, _ = do(t, http.MethodGet, siteURL+"/cost?n=1", "X-Client: huge")
+			status(t, resp, http.StatusTooManyRequests)
+		})
+	}
+}
+
+// TestCostThatCanNeverPassAnswers413: a request whose reservation is
+// more than its zone lets pass at once, a gcra zone's burst or the limit
+// in force (the key's override raises it), is answered 413 with a JSON
+// body naming the zone, the cost and the limit, and no Retry-After; it
+// takes nothing and the upstream never sees it. With handle_errors, the
+// error's message is that JSON.
+func TestCostThatCanNeverPassAnswers413(t *testing.T) {
+	u := newLLM(t)
+	site := func(errors string) string {
+		return `
+` + siteAddr + ` {
+	rate_limit {
+		zone tokens_burst {
+			match {
+				path /v1/chat/completions
+			}
+			key {header.X-Client}
+			limit 10
+			window 1s
+			algorithm gcra
+			burst 3
+			cost_from header X-Cost
+			reserve max_tokens 1
+		}
+		zone tokens_limit {
+			match {
+				path /v1/messages
+			}
+			key {header.X-Client}
+			limit 100
+			window 1h
+			algorithm fixed_window
+			cost_from header X-Cost
+			reserve max_tokens 1
+		}
+	}
+	reverse_proxy ` + u.url + `
+	` + errors + `
+}
+`
+	}
+	startCaddy(t, site(""))
+	tooLarge := func(t *testing.T, path, key string, maxTokens int, want string) {
+		t.Helper()
+		resp, body := request(t, client, http.MethodPost, siteURL+path, fmt.Sprintf(`{"max_tokens":%d}`, maxTokens), "X-Client: "+key)
+		status(t, resp, http.StatusRequestEntityTooLarge)
+		if body != want || resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s: body %s (%s), want application/json %s", path, body, resp.Header.Get("Content-Type"), want)
+		}
+		if ra := resp.Header.Get("Retry-After"); ra != "" {
+			t.Errorf("%s: Retry-After %q, want none", path, ra)
+		}
+	}
+	tooLarge(t, "/v1/chat/completions", "a", 5, `{"error":"request cost exceeds the zone's burst","zone":"tokens_burst","cost":5,"limit":10,"burst":3}`)
+	tooLarge(t, "/v1/messages", "a", 500, `{"error":"request cost exceeds the zone's limit","zone":"tokens_limit","cost":500,"limit":100}`)
+	if n := u.hits.Load(); n != 0 {
+		t.Errorf("the upstream got %d requests that can never pass", n)
+	}
+	for _, zone := range []string{"tokens_burst", "tokens_limit"} {
+		if used := keyState(t, adminURL, zone, "a").Used; used != 0 {
+			t.Errorf("zone %s: the key uses %d after requests that can never pass, want 0", zone, used)
+		}
+	}
+	resp, _ := request(t, client, http.MethodPost, siteURL+"/v1/chat/completions", `{"max_tokens":3}`, "X-Client: a")
+	status(t, resp, http.StatusOK)
+	// The key's override is the limit in force.
+	if code, body := adminJSON(t, adminURL, http.MethodPut, "/rate_limit/zones/tokens_limit/keys/vip/limit", `{"limit":1000}`); code != http.StatusOK {
+		t.Fatalf("override: %d %s", code, body)
+	}
+	resp, _ = request(t, client, http.MethodPost, siteURL+"/v1/messages", `{"max_tokens":500}`, "X-Client: vip")
+	status(t, resp, http.StatusOK)
+	tooLarge(t, "/v1/messages", "vip", 1500, `{"error":"request cost exceeds the zone's limit","zone":"tokens_limit","cost":1500,"limit":1000}`)
+
+	// As docs/reference.md shows it.
+	mustReload(t, site(`handle_errors 413 {
+		header Content-Type application/json
+		respond "{err.message}" 413
+	}`))
+	tooLarge(t, "/v1/messages", "b", 500, `{"error":"request cost exceeds the zone's limit","zone":"tokens_limit","cost":500,"limit":100}`)
+}

@@ -1,13 +1,14 @@
 // Package storage is the contract between the rate_limit handler and the
 // stores that keep its counters: Store and Request, the admin side
 // (Admin, Override, ZoneDial, KeyState), the rule that bounds keys
-// (BoundKey), what a store may offer beyond Store (LocalFallback, Fleet,
-// Sweeper, MetricsDisabler), which the handler finds by type assertion,
-// and the small pieces every store needs alike. A store is a
-// Caddy guest module in the http.handlers.rate_limit.stores namespace,
-// in a package of its own (storage/memory, storage/redis), so other
-// stores can be plugged in without touching the handler; storage/storetest
-// is the suite every store passes. This package imports no store.
+// (BoundKey), what a store may offer beyond Store (Refuser,
+// LocalFallback, Fleet, Sweeper, MetricsDisabler), which the handler
+// finds by type assertion, and the small pieces every store needs
+// alike. A store is a Caddy guest module in the
+// http.handlers.rate_limit.stores namespace, in a package of its own
+// (storage/memory, storage/redis), so other stores can be plugged in
+// without touching the handler; storage/storetest is the suite every
+// store passes. This package imports no store.
 package storage
 
 import (
@@ -153,6 +154,21 @@ type Store interface {
 	// Units released elsewhere (another instance, a hold ending) close
 	// it not; waiters on a shared store also try again from time to time.
 	Released() <-chan struct{}
+}
+
+// Refuser is a store that can tell, from what it holds in this process
+// and without a round trip, that a request would be refused now: its
+// key's ban, which the memory store keeps and the Redis store
+// remembers from the rejection that answered it, and the other
+// rejections a shared store remembers until their retry instant (the
+// Redis store's deny cache). The handler asks before it reads a
+// request's body, so that a key already refused costs no body read.
+type Refuser interface {
+	// Refused reports whether Take would reject q now, and so any
+	// request of q's zone and key with its rate that costs more than
+	// q.Cost, and if it would, the rejection. It takes nothing and
+	// begins no ban. A store that does not know answers false.
+	Refused(q Request) (algorithms.Decision, bool)
 }
 
 // LocalFallback is a store that can fail (Redis) and offers a local

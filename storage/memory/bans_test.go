@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -53,6 +56,43 @@ func TestMemoryEndedBansSwept(t *testing.T) {
 	c.sweep()
 	if n := c.bans(); n != 0 {
 		t.Fatalf("%d bans kept after they ended", n)
+	}
+}
+
+// TestMemoryRefusedTellsBans: the store tells a banned key refused
+// without a take, against the key's override if it has one, until the
+// ban ends; a key over its limit but not banned is for a take to decide
+// (storetest checks the rest of storage.Refuser).
+func TestMemoryRefusedTellsBans(t *testing.T) {
+	clock := clocktest.New(vectors.Start)
+	m := New(0, clock.Now)
+	t.Cleanup(func() { _ = m.Cleanup() })
+	c := m.counters
+	req := loginRequest("k")
+	for range 3 {
+		failMemory(c, req)
+	}
+	d, ok := m.Refused(req)
+	if !ok || !d.BanEnds.Equal(clock.Now().Add(time.Hour)) || d.Limit != 2 {
+		t.Fatalf("a banned key: %+v, %v; want refused until the ban's end against the limit 2", d, ok)
+	}
+	if err := m.SetOverride(context.Background(), "login", "k", storage.Override{Limit: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if d, ok := m.Refused(req); !ok || d.Limit != 7 {
+		t.Fatalf("a banned key with an override: %+v, %v; want refused against the override's 7", d, ok)
+	}
+	over := storage.Request{Zone: "plain", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1, Window: time.Hour}, Cost: 1}
+	take1(c, over)
+	if d := take1(c, over); d.Allowed {
+		t.Fatalf("a second request against a limit of 1: %+v, want rejected", d)
+	}
+	if d, ok := m.Refused(over); ok {
+		t.Fatalf("a key over its limit, not banned: refused with %+v, want a take to decide", d)
+	}
+	clock.Add(time.Hour)
+	if d, ok := m.Refused(req); ok {
+		t.Fatalf("once the ban ended: refused with %+v", d)
 	}
 }
 

@@ -157,6 +157,13 @@ func (m *Store) Take(_ context.Context, reqs []storage.Request, decisions []algo
 	return nil
 }
 
+// Refused implements storage.Refuser: a request of a banned key is
+// refused whatever it costs. The store's other decisions depend on the
+// cost, and are made by Take, as cheaply.
+func (m *Store) Refused(q storage.Request) (algorithms.Decision, bool) {
+	return m.counters.refused(q)
+}
+
 // Release implements storage.Store: it releases what Take took for
 // reqs, and wakes requests waiting for concurrency units.
 func (m *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
@@ -783,6 +790,29 @@ func (c *counters) banEnds(zone, key string, now time.Time) (int64, bool) {
 	return ends, ok && ends > now.UnixMilli()
 }
 
+// refused returns the rejection of q by its key's ban, if the key is
+// banned and q's zone bans, as take would answer it: against the
+// override in force, if any, and with the clock read under the lock.
+func (c *counters) refused(q storage.Request) (algorithms.Decision, bool) {
+	if q.Ban <= 0 {
+		return algorithms.Decision{}, false
+	}
+	h := c.keyHash(q.Zone, q.Key)
+	s := &c.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := c.now()
+	ends, ok := s.bans.ends(h)
+	if !ok || ends <= now.UnixMilli() {
+		return algorithms.Decision{}, false
+	}
+	limit := q.Rate.Units
+	if o, ok := s.overrides[h]; ok && o.Active(now) {
+		limit = o.Limit
+	}
+	return algorithms.Decision{Limit: limit}.Ban(time.UnixMilli(ends), false), true
+}
+
 // reset forgets the counts of zone and key and lifts its ban, and reports
 // whether anything was kept. The costs of its requests still in flight
 // stay until those requests end: the counts hold none of them now, so
@@ -850,6 +880,7 @@ func (s *shard) sweep(now uint32) (overrides int) {
 // Interface guards
 var (
 	_ storage.Store         = (*Store)(nil)
+	_ storage.Refuser       = (*Store)(nil)
 	_ storage.Sweeper       = (*Store)(nil)
 	_ caddy.Provisioner     = (*Store)(nil)
 	_ caddy.Validator       = (*Store)(nil)

@@ -277,3 +277,56 @@ func TestBansAgreeWithMemory(t *testing.T) {
 		})
 	}
 }
+
+// TestRedisRefused: the store tells from its deny cache, with no script
+// call, that a key is refused: a ban, whatever the request costs, and
+// another rejection for the costs it stands for; not a request that
+// could take from a lease (lease on), which Take answers first.
+func TestRedisRefused(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, &Store{}, s.URL())
+	refused := func(r *Store, q storage.Request) (algorithms.Decision, bool) {
+		q.Key = storage.BoundKey(q.Key)
+		return r.Refused(q)
+	}
+	req := loginRequest("k")
+	failRedis(t, r, req)
+	failRedis(t, r, req)
+	ban := failRedis(t, r, req)
+	plain := storage.Request{Zone: "plain", Key: "p", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 2, Window: time.Hour}, Cost: 2}
+	redisTake(t, r, time.Time{}, plain)
+	if d := redisTake(t, r, time.Time{}, plain)[0]; d.Allowed {
+		t.Fatalf("a second request of cost 2 against a limit of 2: %+v, want rejected", d)
+	}
+	before := scriptCalls(t, s)
+	free := req
+	free.Cost = 0
+	for _, q := range []storage.Request{req, free} {
+		if d, ok := refused(r, q); !ok || !d.BanEnds.Equal(ban.BanEnds) || !d.RetryAt.Equal(ban.BanEnds) {
+			t.Fatalf("cost %d on the banned key: %+v, %v; want the ban", q.Cost, d, ok)
+		}
+	}
+	if d, ok := refused(r, plain); !ok || d.Allowed || d.RetryAt.IsZero() {
+		t.Fatalf("a request of the rejected cost: %+v, %v; want the rejection", d, ok)
+	}
+	cheaper := plain
+	cheaper.Cost = 1
+	if d, ok := refused(r, cheaper); ok {
+		t.Fatalf("a cheaper request than the one rejected: refused with %+v, want a take to decide", d)
+	}
+	if after := scriptCalls(t, s); after != before {
+		t.Fatalf("%d script calls telling refusals, want 0", after-before)
+	}
+	leasing := newRedisStore(t, &Store{Lease: true}, s.URL())
+	redisTake(t, leasing, time.Time{}, plain)
+	redisTake(t, leasing, time.Time{}, plain)
+	if d, ok := refused(leasing, plain); ok {
+		t.Fatalf("lease on, a request that could take from a lease: refused with %+v, want Take to decide", d)
+	}
+	failRedis(t, leasing, loginRequest("l"))
+	failRedis(t, leasing, loginRequest("l"))
+	failRedis(t, leasing, loginRequest("l"))
+	if _, ok := refused(leasing, loginRequest("l")); !ok {
+		t.Fatalf("lease on, a banned key: not refused, want the ban (a zone that bans takes no lease)")
+	}
+}

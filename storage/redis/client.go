@@ -246,22 +246,8 @@ func (c *denyCache) lookup(keys []string, reqs []storage.Request, decisions []al
 	}
 	hit := false
 	for i, k := range keys {
-		s := c.shard(k)
-		s.mu.Lock()
-		e, ok := s.entries[k]
-		if ok && !now.Before(e.decision.RetryAt) {
-			delete(s.entries, k)
-			c.size.Add(-1)
-			ok = false
-		}
-		s.mu.Unlock()
 		q := reqs[i]
-		if ok && e.holds(q) {
-			d := e.decision
-			// The window may have ended since: report the current one's end.
-			if w := q.Rate.Window; !now.Before(d.Reset) {
-				d.Reset = d.Reset.Add(w * (now.Sub(d.Reset)/w + 1))
-			}
+		if d, ok := c.find(k, q, now); ok {
 			decisions[i] = d
 			hit = true
 			continue
@@ -274,6 +260,32 @@ func (c *denyCache) lookup(keys []string, reqs []storage.Request, decisions []al
 		}
 	}
 	return hit
+}
+
+// find returns the rejection the cache remembers for q, whose counter is
+// key, if it stands for q at now.
+func (c *denyCache) find(key string, q storage.Request, now time.Time) (algorithms.Decision, bool) {
+	if c.size.Load() == 0 {
+		return algorithms.Decision{}, false
+	}
+	s := c.shard(key)
+	s.mu.Lock()
+	e, ok := s.entries[key]
+	if ok && !now.Before(e.decision.RetryAt) {
+		delete(s.entries, key)
+		c.size.Add(-1)
+		ok = false
+	}
+	s.mu.Unlock()
+	if !ok || !e.holds(q) {
+		return algorithms.Decision{}, false
+	}
+	d := e.decision
+	// The window may have ended since: report the current one's end.
+	if w := q.Rate.Window; !now.Before(d.Reset) {
+		d.Reset = d.Reset.Add(w * (now.Sub(d.Reset)/w + 1))
+	}
+	return d, true
 }
 
 // store remembers the rejections among decisions.

@@ -605,6 +605,7 @@ func (r *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // Interface guards
 var (
 	_ storage.Store           = (*Store)(nil)
+	_ storage.Refuser         = (*Store)(nil)
 	_ storage.LocalFallback   = (*Store)(nil)
 	_ storage.Fleet           = (*Store)(nil)
 	_ storage.MetricsDisabler = (*Store)(nil)

@@ -114,6 +114,30 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	return nil
 }
 
+// Refused implements storage.Refuser: a rejection the deny cache
+// remembers, a ban's or another's, stands for q as it would in Take,
+// where the cache answers before Redis is asked. Where Take asks the
+// lease table first, a request that could take from a lease is not
+// answered here, nor is any while the take script runs on a test's
+// clock, when Take keeps no cache.
+func (r *Store) Refused(q storage.Request) (algorithms.Decision, bool) {
+	if r.scriptClock != nil || r.Lease && q.Algorithm != algorithms.Concurrency && q.Ban == 0 && !q.KeepsInFlight() {
+		return algorithms.Decision{}, false
+	}
+	names := r.watcher().names.Load()
+	if names == nil {
+		// The fleet's secret is not known yet, so no rejection was
+		// remembered under the key's name.
+		return algorithms.Decision{}, false
+	}
+	c, own, err := r.acquire()
+	if err != nil {
+		return algorithms.Decision{}, false
+	}
+	defer r.end(own)
+	return c.denies.find(names.counter(q.Zone, q.Key), q, r.now())
+}
+
 // leaseAnswer is what a call that wants leases (wants, one per zone; 0
 // for none) brings back for them: each zone's units leased and, for a
 // gcra zone, the whole ms of the TAT its request left, before the lease,

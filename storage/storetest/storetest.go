@@ -26,7 +26,9 @@ type NewStore func(t *testing.T, now func() time.Time) storage.Store
 // Run plays the suite's subtests, each on a store of its own from
 // newStore. The subtests about the admin side (key state, resets,
 // overrides, and the releases they read back) skip a store that is not
-// a storage.Admin.
+// a storage.Admin, and the one about refusals told without a take
+// (storage.Refuser) one that is not a Refuser, or that does not tell a
+// ban from what it holds.
 //
 // A subtest's clock starts at the real clock's next minute, unless it
 // plays the shared vectors (algorithms/vectors), which bring their own
@@ -53,6 +55,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"true_up", testTrueUp},
 		{"reserved_in_flight", testReservedInFlight},
 		{"ban", testBan},
+		{"refused", testRefused},
 		{"reset", testReset},
 		{"override", testOverride},
 	} {
@@ -623,6 +626,59 @@ func testBan(t *testing.T, s *suite) {
 	s.clock.add(time.Hour)
 	if d := s.fail(t, req); !d.Allowed {
 		t.Fatalf("after the ban: %+v, want allowed", d)
+	}
+}
+
+// testRefused: a store that tells refusals without a take tells only
+// those a take would answer: a banned key's, with its ban's end, to
+// requests that carry a ban, whatever they cost; not to a key never
+// refused, nor to a request without a ban, nor once a reset lifted the
+// ban. Asking takes nothing.
+func testRefused(t *testing.T, s *suite) {
+	r, ok := s.Store.(storage.Refuser)
+	if !ok {
+		t.Skip("the store is not a storage.Refuser")
+	}
+	refused := func(q storage.Request) (algorithms.Decision, bool) {
+		q.Key = storage.BoundKey(q.Key)
+		return r.Refused(q)
+	}
+	req := loginRequest("k")
+	if d, ok := refused(req); ok {
+		t.Fatalf("a key never seen: refused with %+v", d)
+	}
+	s.fail(t, req)
+	s.fail(t, req)
+	ban := s.fail(t, req)
+	if ban.Allowed || ban.BanEnds.IsZero() {
+		t.Fatalf("third attempt: %+v, want a ban", ban)
+	}
+	d, ok := refused(req)
+	if !ok {
+		t.Skip("the store does not tell a ban from what it holds")
+	}
+	if d.Allowed || !d.BanEnds.Equal(ban.BanEnds) || !d.RetryAt.Equal(ban.BanEnds) || d.Remaining != 0 || d.Limit != req.Rate.Units {
+		t.Fatalf("refused: %+v, want the ban until %s against the limit %d", d, ban.BanEnds, req.Rate.Units)
+	}
+	free := req
+	free.Cost = 0
+	if d, ok := refused(free); !ok || !d.BanEnds.Equal(ban.BanEnds) {
+		t.Fatalf("a request of cost 0: %+v, %v; want the same ban", d, ok)
+	}
+	unbanned := req
+	unbanned.Ban = 0
+	if d, ok := refused(unbanned); ok {
+		t.Fatalf("a request without a ban (the zone's ban removed): refused with %+v", d)
+	}
+	if d, ok := refused(loginRequest("other")); ok {
+		t.Fatalf("another key: refused with %+v", d)
+	}
+	if d := s.take(t, loginRequest("other"))[0]; !d.Allowed || d.Used != 1 {
+		t.Fatalf("the other key's first take after it was asked about: %+v, want allowed, using 1", d)
+	}
+	s.resetKey(t, "login", "k")
+	if d, ok := refused(req); ok {
+		t.Fatalf("after a reset: refused with %+v", d)
 	}
 }
 
