@@ -104,6 +104,17 @@ func (l Rate) BurstFor(limit int64) int64 {
 	return limit
 }
 
+// Capacity is the most cost a request of the algorithm may have and
+// ever be allowed under limit: a gcra zone's burst, else the limit. A
+// request costing more can never pass, however long it waits, so its
+// refusal bans nobody.
+func Capacity(alg Algorithm, l Rate, limit int64) int64 {
+	if alg == GCRA {
+		return l.BurstFor(limit)
+	}
+	return limit
+}
+
 func decideGCRA(c Counts, now time.Time, l Rate, cost int64) (Decision, Counts) {
 	limit, w := l.Units, l.Window.Milliseconds()
 	burst := l.BurstFor(limit)

@@ -804,6 +804,7 @@ func TestCostThatCanNeverPassAnswers413(t *testing.T) {
 			algorithm fixed_window
 			cost_from header X-Cost
 			reserve max_tokens 1
+			ban 1h
 		}
 	}
 	reverse_proxy ` + u.url + `
@@ -832,6 +833,11 @@ func TestCostThatCanNeverPassAnswers413(t *testing.T) {
 		if used := keyState(t, adminURL, zone, "a").Used; used != 0 {
 			t.Errorf("zone %s: the key uses %d after requests that can never pass, want 0", zone, used)
 		}
+	}
+	// A cost that can never pass says nothing of the key's other
+	// requests: it bans nobody.
+	if ends := keyState(t, adminURL, "tokens_limit", "a").BanEnds; !ends.IsZero() {
+		t.Errorf("zone tokens_limit: the key is banned until %s after a request that can never pass, want no ban", ends)
 	}
 	resp, _ := request(t, client, http.MethodPost, siteURL+"/v1/chat/completions", `{"max_tokens":3}`, "X-Client: a")
 	status(t, resp, http.StatusOK)

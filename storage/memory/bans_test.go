@@ -103,7 +103,8 @@ func TestMemoryBansBounded(t *testing.T) {
 	for i := range 2000 {
 		clock.Add(time.Millisecond)
 		req := loginRequest(strconv.Itoa(i))
-		req.Rate.Units, req.Cost = 1, 2 // never allowed: banned at once
+		req.Rate.Units, req.Releasable = 1, false // the second request is refused, and bans
+		take1(c, req)
 		if d := take1(c, req); !d.BanStarted {
 			t.Fatalf("key %d not banned: %+v", i, d)
 		}

@@ -560,9 +560,11 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 	bound := int(c.maxPerShard.Load())
 	if !allowed {
 		// The first rejection by a zone with a ban bans the key, unless
-		// only costs in flight filled its limit.
+		// only costs in flight filled its limit, or its cost could never
+		// pass.
 		for i, r := range reqs {
-			if d := decisions[i]; r.Ban > 0 && !d.Allowed && d.BanEnds.IsZero() && !d.InFlight {
+			if d := decisions[i]; r.Ban > 0 && !d.Allowed && d.BanEnds.IsZero() && !d.InFlight &&
+				r.Cost <= algorithms.Capacity(r.Algorithm, r.Rate, d.Limit) {
 				ends := nowMs + r.Ban.Milliseconds()
 				c.shards[shardOf(hashes[i])].bans.set(hashes[i], ends, bound)
 				decisions[i] = d.Ban(time.UnixMilli(ends), true)

@@ -350,6 +350,8 @@ func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys
 		d.Allowed = v[outAllows] == 1
 		switch {
 		case d.Allowed || q.Ban == 0 || !d.BanEnds.IsZero():
+		case q.Cost > algorithms.Capacity(q.Algorithm, q.Rate, d.Limit):
+			// A cost that could never pass bans nobody.
 		case v[outInFlight] == 1:
 			// Refused only for costs in flight: no ban.
 			d = d.RefusedInFlight(time.UnixMilli(serverNow))

@@ -55,6 +55,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"true_up", testTrueUp},
 		{"reserved_in_flight", testReservedInFlight},
 		{"ban", testBan},
+		{"ban_never_passes", testBanNeverPasses},
 		{"refused", testRefused},
 		{"reset", testReset},
 		{"override", testOverride},
@@ -581,6 +582,26 @@ func (s *suite) fail(t *testing.T, q storage.Request) algorithms.Decision {
 		s.release(t, []storage.Request{kept}, []algorithms.Decision{d})
 	}
 	return d
+}
+
+// testBanNeverPasses: a request whose cost is more than its zone ever
+// lets pass (above the limit, or above a gcra zone's burst) is refused
+// without a ban: it says nothing of the key's other requests, which the
+// handler answers as too large rather than as over the limit.
+func testBanNeverPasses(t *testing.T, s *suite) {
+	windowed := loginRequest("large")
+	windowed.Cost = 3
+	gcra := storage.Request{Zone: "burst", Key: "large", Algorithm: algorithms.GCRA,
+		Rate: algorithms.Rate{Units: 10, Window: time.Minute, Burst: 2}, Cost: 3, Ban: time.Hour, Releasable: true}
+	for _, q := range []storage.Request{windowed, gcra} {
+		if d := s.take(t, q)[0]; d.Allowed || d.BanStarted || !d.BanEnds.IsZero() {
+			t.Fatalf("%s: a cost of %d: %+v, want refused without a ban", q.Zone, q.Cost, d)
+		}
+		q.Cost = 1
+		if d := s.take(t, q)[0]; !d.Allowed {
+			t.Fatalf("%s: then a cost of 1: %+v, want allowed: no ban", q.Zone, d)
+		}
+	}
 }
 
 // testBan: the first rejection on the settled count bans the key for the

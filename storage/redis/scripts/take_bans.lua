@@ -92,15 +92,27 @@ local function settledAllows(zone)
   return ok
 end
 
+-- capacityOf returns the most a request of the zone may cost and ever
+-- pass: a gcra zone's burst (its extra argument, 0 for the limit), else
+-- the limit, as algorithms.Capacity.
+local function capacityOf(zone)
+  local burst = tonumber(zone.extra)
+  if zone.alg == 'g' and burst and burst > 0 then
+    return burst
+  end
+  return zone.limit
+end
+
 -- banRejecting applies the ban rule to the n zones of an entry whose
 -- request was rejected: each zone with a ban that rejected it bans its
--- key, unless the key is banned already, or the zone keeps its costs in
--- flight and the settled count alone has room for the request.
+-- key, unless the key is banned already, the request's cost could never
+-- pass, or the zone keeps its costs in flight and the settled count
+-- alone has room for the request.
 local function banRejecting(zones, n)
   for z = 1, n do
     local zone = zones[z]
     local j = zone.j
-    if zone.ban > 0 and out[zone.base + OUT_ALLOWS] == 0 and s[j + BAN] <= now then
+    if zone.ban > 0 and out[zone.base + OUT_ALLOWS] == 0 and s[j + BAN] <= now and zone.cost <= capacityOf(zone) then
       if zone.inflight and settledAllows(zone) then
         out[zone.base + OUT_INFLIGHT] = 1
       else
