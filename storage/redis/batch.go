@@ -401,9 +401,11 @@ func replay(parts []*callPart, allowed int64, entry []int64, now int64) {
 				continue
 			}
 			zv[outAllows], zv[outInFlight] = ze[outAllows], ze[outInFlight]
-			if int64(i) > allowed && q.Ban > 0 && zv[outAllows] == 0 && zv[outBan] <= now && zv[outInFlight] == 0 {
+			if int64(i) > allowed && q.Ban > 0 && zv[outAllows] == 0 && zv[outBan] <= now && zv[outInFlight] == 0 &&
+				q.Cost <= algorithms.Capacity(q.Algorithm, q.Rate, zv[outLimit]) {
 				// The first rejected request banned the key, as the script
-				// did: the ones after it find it banned.
+				// did (unless its cost could never pass): the ones after
+				// it find it banned.
 				zv[outBan] = now + q.Ban.Milliseconds()
 			}
 		}
