@@ -144,7 +144,11 @@ func TestCostFromHandsTheBodyOn(t *testing.T) {
 			t.Errorf("length %d: a body of MaxBody+1 bytes answered %d, want 413", length, status)
 		}
 	}
-	if n := used(t, h, "unit_body", "big"); n != 0 {
+	client := compileKeyTemplate("{http.request.header.X-Client}")
+	if n := used(t, h, "unit_body", client.storedKey("a")); n == 0 {
+		t.Errorf("the bodies of client a took nothing, want their reservations")
+	}
+	if n := used(t, h, "unit_body", client.storedKey("big")); n != 0 {
 		t.Errorf("bodies refused took %d", n)
 	}
 	if status, got, _, _, unread := send("/plain", "p", big, int64(len(big))); status != http.StatusOK || got != big || !unread {
@@ -154,7 +158,7 @@ func TestCostFromHandsTheBodyOn(t *testing.T) {
 	if status, got, _, _, _ := send("/tokens", "twice", `{"max_tokens":5,"MAX_TOKENS":9000,"messages":[]}`, -1); status != http.StatusBadRequest || got != "" {
 		t.Errorf("a field twice: status %d, next read %q; want 400, the next handler not called", status, got)
 	}
-	if n := used(t, h, "unit_body", "twice"); n != 0 {
+	if n := used(t, h, "unit_body", client.storedKey("twice")); n != 0 {
 		t.Errorf("a body refused took %d", n)
 	}
 }
