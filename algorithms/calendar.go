@@ -65,13 +65,13 @@ type Calendar struct {
 	near atomic.Pointer[nearPeriods]
 }
 
-// nearPeriods are five consecutive periods' starts, from period first:
-// the current one, first+1, the one before it and the two after. They
-// tell the periods first to first+3, each with its end, which is the
+// nearPeriods are six consecutive periods' starts, from period first:
+// the current one, first+1, the one before it and the four after. They
+// tell the periods first to first+4, each with its end, which is the
 // next one's start.
 type nearPeriods struct {
 	first  int64
-	starts [5]int64
+	starts [6]int64
 }
 
 // calendars holds one Calendar per period and time zone name; there are
@@ -103,11 +103,11 @@ func (c *Calendar) Location() *time.Location { return c.loc }
 // At returns the period that holds the instant ms.
 func (c *Calendar) At(ms int64) Span {
 	n := c.near.Load()
-	if n == nil || ms < n.starts[0] || ms >= n.starts[4] {
+	if n == nil || ms < n.starts[0] || ms >= n.starts[5] {
 		n = c.around(ms)
 		c.near.Store(n)
 	}
-	k := 3
+	k := 4
 	for k > 0 && n.starts[k] > ms {
 		k--
 	}
@@ -116,7 +116,7 @@ func (c *Calendar) At(ms int64) Span {
 
 // Of returns period idx.
 func (c *Calendar) Of(idx int64) Span {
-	if n := c.near.Load(); n != nil && idx >= n.first && idx <= n.first+3 {
+	if n := c.near.Load(); n != nil && idx >= n.first && idx <= n.first+4 {
 		k := idx - n.first
 		return Span{Index: idx, Start: n.starts[k], End: n.starts[k+1]}
 	}
@@ -124,11 +124,12 @@ func (c *Calendar) Of(idx int64) Span {
 }
 
 // Around returns the index of the period before the one that holds the
-// instant ms, and the starts of that period and the four after it: the
-// periods a clock up to a period away from ms may be in, each with its
-// end and the next one's end. A Redis script, which knows no time
-// zones, picks among them the period its own clock is in.
-func (c *Calendar) Around(ms int64) (first int64, starts [5]int64) {
+// instant ms, and the starts of that period and the five after it: the
+// periods a clock less than a period away from ms may be in, each with
+// its end, the next one's end, and the one after that (a count written
+// by a clock that ran a period ahead). A Redis script, which knows no
+// time zones, picks among them the period its own clock is in.
+func (c *Calendar) Around(ms int64) (first int64, starts [6]int64) {
 	n := c.near.Load()
 	if n == nil || ms < n.starts[1] || ms >= n.starts[2] {
 		n = c.around(ms)
@@ -150,7 +151,7 @@ func (c *Calendar) around(ms int64) *nearPeriods {
 	for n.starts[2] <= ms {
 		copy(n.starts[:], n.starts[1:])
 		n.first++
-		n.starts[4] = c.start(n.first + 4)
+		n.starts[5] = c.start(n.first + 5)
 	}
 	return n
 }

@@ -207,14 +207,15 @@ func TestCalendarLookupsDoNotAllocate(t *testing.T) {
 }
 
 // TestCalendarAround: the periods a Redis script chooses from are the
-// one holding the instant, the one before and the two after, with the
+// one holding the instant, the one before and the three after, with the
 // start of the one after those, so that a script whose clock is a
-// period off still finds its period and the next one's end.
+// period off still finds its period, the next one's end and the one
+// after.
 func TestCalendarAround(t *testing.T) {
 	cal := algorithms.CalendarOf(algorithms.Day, mustZone(t, "America/Santiago"))
 	at := utc("2024-09-08T12:00:00Z").UnixMilli()
 	first, starts := cal.Around(at)
-	want := []string{"2024-09-07T04:00:00Z", "2024-09-08T04:00:00Z", "2024-09-09T03:00:00Z", "2024-09-10T03:00:00Z", "2024-09-11T03:00:00Z"}
+	want := []string{"2024-09-07T04:00:00Z", "2024-09-08T04:00:00Z", "2024-09-09T03:00:00Z", "2024-09-10T03:00:00Z", "2024-09-11T03:00:00Z", "2024-09-12T03:00:00Z"}
 	if first != cal.At(at).Index-1 {
 		t.Fatalf("first period %d, want %d", first, cal.At(at).Index-1)
 	}
