@@ -12,6 +12,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
@@ -199,5 +200,46 @@ func TestRedisLeaseCalendarPeriod(t *testing.T) {
 	redisTake(t, r, time.Time{}, req)
 	if calls := scriptCalls(t, s); calls == 0 {
 		t.Fatal("a request after the period's end was taken from the period's lease")
+	}
+}
+
+// TestRedisDenyCacheCalendarPeriod: a sliding tail full for the day is
+// refused from the local cache until its retry instant, a millisecond
+// into the next day; asked at the day's end, the cached refusal reports
+// the next day's end as its reset, with no Redis command. The day is the
+// one of three zones with the most of it left, so that Redis's clock
+// stays in it; the store's clock is the test's.
+func TestRedisDenyCacheCalendarPeriod(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Store), s.URL())
+	clock := clocktest.New(time.Now())
+	r.now = clock.Now
+	var rate algorithms.Rate
+	var day algorithms.Span
+	for _, zone := range []string{"UTC", "Asia/Tokyo", "America/New_York"} {
+		l := algorithms.Rate{Units: 2, Calendar: algorithms.CalendarOf(algorithms.Day, loadZone(t, zone))}
+		if p := l.WindowAt(clock.Now().UnixMilli()); p.End > day.End {
+			rate, day = l, p
+		}
+	}
+	req := storage.Request{Zone: "daily", Key: "k", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1}
+	redisTake(t, r, time.Time{}, req)
+	redisTake(t, r, time.Time{}, req)
+	first := redisTake(t, r, time.Time{}, req)[0]
+	end := time.UnixMilli(day.End)
+	if first.Allowed || first.RetryAt.Sub(end).Abs() > time.Second || first.Reset.Sub(end).Abs() > time.Second {
+		t.Fatalf("third request: %+v, want rejected until the day's end, %s", first, end)
+	}
+	if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(first.Reset)
+	d := redisTake(t, r, time.Time{}, req)[0]
+	next := rate.WindowOf(day.Index + 1)
+	if d.Allowed || !d.RetryAt.Equal(first.RetryAt) || !d.Reset.Equal(first.Reset.Add(time.Duration(next.Length())*time.Millisecond)) {
+		t.Fatalf("at the day's end, cached: %+v, want the refusal until %s, reset a day of %s later", d, first.RetryAt, time.Duration(next.Length())*time.Millisecond)
+	}
+	if n := scriptCalls(t, s); n != 0 {
+		t.Fatalf("cached refusal ran %d scripts", n)
 	}
 }
