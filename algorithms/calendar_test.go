@@ -1,6 +1,7 @@
 package algorithms_test
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -246,4 +247,27 @@ func BenchmarkCalendarAt(b *testing.B) {
 			cal.At(now + int64(i%2)*(later-now))
 		}
 	})
+}
+
+// TestCalendarConcurrentLookups: goroutines asking one calendar about
+// instants in different periods at once, moving the periods it keeps
+// back and forth, each get the period that holds their instant.
+func TestCalendarConcurrentLookups(t *testing.T) {
+	cal := algorithms.CalendarOf(algorithms.Week, mustZone(t, "Europe/Berlin"))
+	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 500 {
+				at := start.Add(time.Duration((g*500+i)%200) * 37 * time.Hour).UnixMilli()
+				p := cal.At(at)
+				first, starts := cal.Around(at)
+				if p.Start > at || at >= p.End || first != p.Index-1 || starts[1] != p.Start || starts[2] != p.End {
+					t.Errorf("at %d: period %+v, around %d %v", at, p, first, starts)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
