@@ -68,12 +68,11 @@
 -- the hold; for a calendar period, the periods around the caller's
 -- clock: take_period.lua); the cost; one more: gcra's burst (0: the
 -- limit), a sliding window's buckets, concurrency's holder, "" otherwise;
--- the lease wanted:
--- how many units beyond the cost the instance would like to take later
--- on its own (0 for none); the ban (ms; 0 for none); and "1" if the zone
--- keeps its costs in flight (it bans, and releases costs: count_status;
--- or the cost is a reservation, cost_from), "0" if not. The store's Go code mirrors these offsets
--- (arg*).
+-- the lease wanted: how many units beyond the cost the instance would
+-- like to take later on its own (0 for none); the ban (ms; 0 for none);
+-- and "1" if the zone keeps its costs in flight (it bans, and releases
+-- costs: count_status; or the cost is a reservation, cost_from), "0" if
+-- not. The store's Go code mirrors these offsets (arg*).
 local ARG_ALG, ARG_LIMIT, ARG_WINDOW, ARG_COST, ARG_EXTRA, ARG_LEASE, ARG_BAN, ARG_INFLIGHT = 0, 1, 2, 3, 4, 5, 6, 7
 local ZONE_ARGS = 8
 
