@@ -24,7 +24,11 @@ func (z *Zone) Info() admin.ZoneInfo {
 	if z.Algorithm == algorithms.Concurrency {
 		info.Hold = z.hold().String()
 	} else {
-		info.Window = time.Duration(z.Window).String()
+		info.Window = z.Window.String()
+	}
+	if z.calendar != nil {
+		info.Timezone = z.calendar.Location().String()
+		info.PeriodEnds = time.UnixMilli(z.calendar.At(time.Now().UnixMilli()).End)
 	}
 	return info
 }
@@ -104,7 +108,7 @@ func (z *Zone) Admin() storage.Admin {
 // KeyInfo reads the state of a stored key from the zone's store, which
 // has an admin side, and tells what counts against the limit now.
 func (z *Zone) KeyInfo(ctx context.Context, stored string) (admin.KeyInfo, error) {
-	st, err := z.admin.KeyState(ctx, z.Name, stored, z.period)
+	st, err := z.admin.KeyState(ctx, z.Name, stored, z.rate(maxLimit))
 	if err != nil {
 		return admin.KeyInfo{}, err
 	}
@@ -114,14 +118,13 @@ func (z *Zone) KeyInfo(ctx context.Context, stored string) (admin.KeyInfo, error
 	// against the limit the key last took with, kept with its
 	// TAT: Used is then the units its bucket lacks, Reset when it is
 	// full. A concurrency key's Used is the units in flight.
-	rate := algorithms.Rate{Units: maxLimit, Window: z.period}
+	rate := z.rate(maxLimit)
 	if z.Algorithm == algorithms.GCRA {
 		rate = algorithms.Rate{Units: max(st.Counts.TATLimit(), 1), Window: z.period, Burst: z.Burst}
 	}
 	if z.Algorithm == algorithms.SlidingWindow {
 		// Used is the sum of the ring's sub-windows; Current the
 		// current sub-window's count, Previous the other n's.
-		rate.Buckets = z.Buckets
 		d, ring := algorithms.DecideRing(st.Ring, time.Now(), rate, 0)
 		current := ring.Counts[d.Window%int64(ring.Buckets+1)]
 		info := admin.KeyInfo{Zone: z.Name, Key: key, From: from, Hash: z.hash(stored), Used: d.Used, Current: current, Previous: d.Used - current,

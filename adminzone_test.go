@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -83,6 +84,46 @@ func TestZoneInAdminView(t *testing.T) {
 	}
 	if code := statusJSON(t, "/zones/view_hidden/top", nil); code != http.StatusNotFound {
 		t.Fatalf("top of a cleaned-up zone: %d, want 404", code)
+	}
+}
+
+// TestCalendarZoneInAdminView: a zone whose window is a calendar period
+// shows it as written, with its time zone and when the current period
+// ends; a key's reset is that end, as its headers say.
+func TestCalendarZoneInAdminView(t *testing.T) {
+	h := provisionHandler(t, `{"zones":[{"name":"view_month","limit":[5],"window":"month","timezone":"America/New_York","algorithm":"fixed_window"}]}`)
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The end of the month in New York that holds now, read around the
+	// look, which may straddle midnight on the 1st.
+	ends := func() (before, after time.Time) {
+		month := func() time.Time {
+			now := time.Now().In(ny)
+			return time.Date(now.Year(), now.Month()+1, 1, 0, 0, 0, 0, ny)
+		}
+		return month(), month()
+	}
+	ok := func(http.ResponseWriter, *http.Request) error { return nil }
+	const ip = "192.0.2.44"
+	if _, err := serveWith(h, context.Background(), ip, ok); err != nil {
+		t.Fatal(err)
+	}
+	var zones []admin.ZoneInfo
+	first, _ := ends()
+	statusJSON(t, "/zones", &zones)
+	_, last := ends()
+	i := slices.IndexFunc(zones, func(z admin.ZoneInfo) bool { return z.Name == "view_month" })
+	if i < 0 || zones[i].Window != "month" || zones[i].Timezone != "America/New_York" ||
+		!zones[i].PeriodEnds.Equal(first) && !zones[i].PeriodEnds.Equal(last) {
+		t.Fatalf("zones %+v, want view_month: window month in America/New_York, ending %s", zones, last)
+	}
+	first, _ = ends()
+	info, err := h.Zones[0].KeyInfo(context.Background(), ip)
+	_, last = ends()
+	if err != nil || info.Used != 1 || !info.Reset.Equal(first) && !info.Reset.Equal(last) {
+		t.Fatalf("key %+v (%v), want used 1 until %s", info, err, last)
 	}
 }
 

@@ -103,7 +103,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 //			match { <matchers> }                # repeatable
 //			key <template> [<template>...]
 //			limit <template|n> [<template|n>...] # required; or: events
-//			window <duration>                    # required; not with concurrency
+//			window <duration>|day|week|month|year # required; not with concurrency
+//			timezone <IANA name>                 # calendar periods only; default: UTC
 //			algorithm sliding_tail|fixed_window|sliding_window|gcra|concurrency
 //			buckets <n>                          # sliding_window only
 //			burst <n>                            # gcra only
@@ -337,14 +338,23 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 
 		case "window":
-			dur, err := parseDuration(d)
-			if err == nil {
-				err = checkWindow(dur)
+			var s string
+			if !d.AllArgs(&s) {
+				return nil, d.ArgErr()
 			}
+			w, err := parseWindow(s)
 			if err != nil {
 				return nil, fail(err)
 			}
-			z.Window = caddy.Duration(dur)
+			z.Window = w
+
+		case "timezone":
+			if !d.AllArgs(&z.Timezone) {
+				return nil, d.ArgErr()
+			}
+			if _, err := checkTimezone(z.Timezone); err != nil {
+				return nil, fail(err)
+			}
 
 		case "hold", "lease":
 			// lease is hold's old name: it stays the zone's lease, so
@@ -542,7 +552,7 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 			}
 
 		default:
-			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, algorithm, buckets, burst, hold, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix, status, count_status, ban, cost_from, reserve or usage_in_stream)", z.Name, dir)
+			return nil, d.Errf("zone %q: unknown subdirective %q (want match, key, limit, window, timezone, algorithm, buckets, burst, hold, cost, max_delay, max_waiting, dry_run, ipv4_prefix, ipv6_prefix, status, count_status, ban, cost_from, reserve or usage_in_stream)", z.Name, dir)
 		}
 	}
 	// What no line could check: the fields that are missing.

@@ -63,6 +63,15 @@ func (e *exceededKeys) first(key string, window int64) bool {
 	}
 }
 
+// windowIndex is the index of the zone's window that holds now: its
+// calendar period's, or now cut in windows of its period.
+func (z *Zone) windowIndex(now time.Time) int64 {
+	if z.calendar != nil {
+		return z.calendar.At(now.UnixMilli()).Index
+	}
+	return now.UnixNano() / int64(max(z.period, time.Millisecond))
+}
+
 // emitExceeded emits rate_limit_exceeded for the rejection c of r at now,
 // if anything listens and it is the key's first in the zone's current
 // window. The event carries the zone, the key (as its hash unless
@@ -73,7 +82,7 @@ func (h *Handler) emitExceeded(r *http.Request, c *zoneCheck, retryAfter int64, 
 	if h.events == nil || !h.events.ShouldEmit(exceededEvent) {
 		return
 	}
-	if !c.zone.events.first(c.req.Key, now.UnixNano()/int64(max(c.zone.period, time.Millisecond))) {
+	if !c.zone.events.first(c.req.Key, c.zone.windowIndex(now)) {
 		return
 	}
 	_, from := keyFrom(c.req.Key)

@@ -129,7 +129,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			Zone:        z.Name,
 			Key:         z.resolveKey(values),
 			Algorithm:   z.Algorithm,
-			Rate:        algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst, Buckets: z.Buckets},
+			Rate:        z.rate(limit),
 			Cost:        cost,
 			Releasable:  z.countsStatus || z.meter.on,
 			Reservation: z.meter.on,

@@ -32,6 +32,9 @@ func BenchmarkHandler(b *testing.B) {
 		{"no_match", `{"zones":[{"name":"bench_no_match","match":[{"path":["/elsewhere"]}],"limit":[1],"window":"1m"}]}`, false},
 		{"allowed", `{"zones":[{"name":"bench_allowed","limit":[2000000000],"window":"1m"}]}`, false},
 		{"rejected", `{"zones":[{"name":"bench_rejected","limit":[1],"window":"1h"}]}`, false},
+		// allowed in a calendar month in New York, answering every
+		// header, the period's length among them.
+		{"allowed_month_all_headers", `{"headers":"both","zones":[{"name":"bench_month","limit":[2000000000],"window":"month","timezone":"America/New_York"}]}`, false},
 		// allowed, answering every header: X-RateLimit-* and the IETF
 		// RateLimit and RateLimit-Policy, which carry the zone's name.
 		{"allowed_all_headers", `{"headers":"both","zones":[{"name":"bench_all_headers","limit":[2000000000],"window":"1m"}]}`, false},

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 	"github.com/d61b427a/caddy-rate-limit/storage/memory"
@@ -316,7 +317,7 @@ func TestConcurrencyReleasedOnEveryWayOut(t *testing.T) {
 	admin := h.store.(storage.Admin)
 	held := func() int64 {
 		t.Helper()
-		st, err := admin.KeyState(context.Background(), "conc_ways", "192.0.2.7", time.Minute)
+		st, err := admin.KeyState(context.Background(), "conc_ways", "192.0.2.7", algorithms.Rate{Window: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -89,7 +89,7 @@ func (h *Handler) report(w http.ResponseWriter, values requestValues, c *zoneChe
 		hdr["X-Ratelimit-Used"] = p.header(usedValue)
 	}
 	if h.ietfHeaders {
-		p.values[policyValue] = fmt.Sprintf("%s;q=%d;w=%d", c.zone.sfName, d.Limit, c.zone.policySeconds)
+		p.values[policyValue] = fmt.Sprintf("%s;q=%d;w=%d", c.zone.sfName, d.Limit, c.zone.policyWindow(h.now()))
 		p.values[rateLimitValue] = fmt.Sprintf("%s;r=%d;t=%d", c.zone.sfName, d.Remaining, retryAfterSeconds(d.Reset, h.now()))
 		hdr["Ratelimit-Policy"] = p.header(policyValue)
 		hdr["Ratelimit"] = p.header(rateLimitValue)
@@ -183,6 +183,18 @@ func (p *placeholders) get(name string) (any, bool) {
 
 // String keeps the state's contents out of {http.vars.*} output.
 func (p *placeholders) String() string { return "rate_limit placeholders" }
+
+// policyWindow is the zone's window at now in whole seconds, rounded up,
+// for the RateLimit-Policy header: a calendar period's is the length of
+// the current period, which the limit is a quota for (2678400 for a month
+// of 31 days, 2674800 for March in New York, which loses an hour), so
+// that RateLimit's t never exceeds it.
+func (z *Zone) policyWindow(now time.Time) int64 {
+	if z.calendar == nil {
+		return z.policySeconds
+	}
+	return (z.calendar.At(now.UnixMilli()).Length() + 999) / 1000
+}
 
 // ceilUnix is t in Unix seconds, rounded up, so that a client waiting until
 // then never comes back before the window has ended.

@@ -4,6 +4,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -203,8 +204,18 @@ type Zone struct {
 	// window. A request for which none does is not limited by this zone.
 	LimitAlternatives Alternatives `json:"limit"`
 
-	// The window length; at least 1ms.
-	Window caddy.Duration `json:"window"`
+	// The window: a length of at least 1ms ("1m", "24h"), cut on the
+	// Unix epoch, or a calendar period, "day", "week", "month" or "year",
+	// which starts at local midnight in Timezone (a week on Monday, a
+	// month on the 1st, a year on January 1st) and lasts as long as the
+	// calendar makes it. Calendar periods are for fixed_window and
+	// sliding_tail only.
+	Window Window `json:"window"`
+
+	// The IANA time zone a calendar window's periods start at midnight
+	// in, such as "America/New_York". Only with a calendar window.
+	// Default: "UTC".
+	Timezone string `json:"timezone,omitempty"`
 
 	// "sliding_tail" (default), "fixed_window", "sliding_window", "gcra"
 	// or "concurrency". A concurrency zone limits the requests in flight,
@@ -331,11 +342,13 @@ type Zone struct {
 	limits       []template
 	costs        [methodCount]int64
 	waiting      atomic.Int64
-	// period is the Window of the zone's rates: the window, or for a
-	// concurrency zone the hold.
-	period time.Duration
+	// period is the Window of the zone's rates: the window's length, or
+	// for a concurrency zone the hold; 0 with a calendar, which cuts the
+	// zone's windows instead.
+	period   time.Duration
+	calendar *algorithms.Calendar
 	// policySeconds is the window in whole seconds, rounded up, for the
-	// RateLimit-Policy header.
+	// RateLimit-Policy header; 0 with a calendar, whose periods differ.
 	policySeconds int64
 	// exceeded is the error a rejection in this zone returns to
 	// handle_errors, made once.
@@ -479,9 +492,19 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	if z.Status == 0 {
 		z.Status = http.StatusTooManyRequests
 	}
-	z.period = time.Duration(z.Window)
+	z.period = z.Window.Length
 	if z.Algorithm == algorithms.Concurrency {
 		z.period = z.hold()
+	}
+	if z.Window.Calendar != "" {
+		// Checked here as well as in Validate, which Caddy runs only
+		// after provisioning.
+		zone := cmp.Or(z.Timezone, "UTC")
+		loc, err := checkTimezone(zone)
+		if err != nil {
+			return fmt.Errorf("timezone: %w", err)
+		}
+		z.calendar = algorithms.CalendarOf(z.Window.Calendar, loc)
 	}
 	keys := z.KeyAlternatives
 	if len(keys) == 0 {
@@ -493,7 +516,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	z.countsStatus = len(z.CountStatus) > 0
 	z.keys = compileKeyTemplates(keys)
 	z.limits = compileTemplates(z.LimitAlternatives)
-	z.policySeconds = int64((time.Duration(z.Window) + time.Second - 1) / time.Second)
+	z.policySeconds = int64((z.Window.Length + time.Second - 1) / time.Second)
 	literal := false
 	for _, l := range z.limits {
 		literal = literal || !l.dynamic
@@ -518,6 +541,11 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	z.meter = newMeter(z, metricsOff)
 	z.bodyTemplates = z.templatesReadBody()
 	return nil
+}
+
+// rate is the zone's rate for a request whose limit is limit.
+func (z *Zone) rate(limit int64) algorithms.Rate {
+	return algorithms.Rate{Units: limit, Window: z.period, Calendar: z.calendar, Burst: z.Burst, Buckets: z.Buckets}
 }
 
 // description names the handler by its zones (or its shedder), for
@@ -727,8 +755,8 @@ func (z *Zone) validateAlgorithmOptions() error {
 		if z.Ban != 0 {
 			return errors.New("ban: not for algorithm concurrency, which limits requests in flight, not a rate to exceed (want a windowed or gcra zone)")
 		}
-		if z.Window != 0 {
-			return fmt.Errorf("window: not used by algorithm concurrency, which limits requests in flight (want no window; hold bounds how long a dead instance's units stay held), got %s", time.Duration(z.Window))
+		if z.Window != (Window{}) {
+			return fmt.Errorf("window: not used by algorithm concurrency, which limits requests in flight (want no window; hold bounds how long a dead instance's units stay held), got %s", z.Window)
 		}
 		if z.Hold != 0 && z.Lease != 0 {
 			return errors.New("lease: the old name of hold (want hold only, not both)")
@@ -740,10 +768,15 @@ func (z *Zone) validateAlgorithmOptions() error {
 			return fmt.Errorf("lease: %w", err)
 		}
 	} else {
-		if z.Window == 0 {
-			return errors.New("window: missing (want a duration of at least 1ms)")
+		if z.Window == (Window{}) {
+			return errors.New("window: missing (want a duration of at least 1ms, or a calendar period: day, week, month or year)")
 		}
-		if err := checkWindow(time.Duration(z.Window)); err != nil {
+		if z.Window.Calendar == "" {
+			if err := checkWindow(z.Window.Length); err != nil {
+				return fmt.Errorf("window: %w", err)
+			}
+		}
+		if err := checkCalendarWindow(z.Window, alg); err != nil {
 			return fmt.Errorf("window: %w", err)
 		}
 		if z.Hold != 0 {
@@ -753,6 +786,18 @@ func (z *Zone) validateAlgorithmOptions() error {
 			return fmt.Errorf("lease: only for algorithm concurrency (want no lease, the old name of hold, with algorithm %s), got %s", alg, time.Duration(z.Lease))
 		}
 	}
+	if z.Timezone != "" {
+		if z.Window.Calendar == "" {
+			with := "with window " + z.Window.String()
+			if z.Window == (Window{}) {
+				with = "without a window"
+			}
+			return fmt.Errorf("timezone: %w (want no timezone, or window day, week, month or year), got %s %s", errTimezoneWithoutCalendar, z.Timezone, with)
+		}
+		if _, err := checkTimezone(z.Timezone); err != nil {
+			return fmt.Errorf("timezone: %w", err)
+		}
+	}
 	if z.Buckets != 0 {
 		if alg != algorithms.SlidingWindow {
 			return fmt.Errorf("buckets: only for algorithm sliding_window (want no buckets with algorithm %s), got %d", alg, z.Buckets)
@@ -760,12 +805,12 @@ func (z *Zone) validateAlgorithmOptions() error {
 		if err := checkBuckets(z.Buckets); err != nil {
 			return fmt.Errorf("buckets: %w", err)
 		}
-		if ms := time.Duration(z.Window).Milliseconds(); ms < int64(z.Buckets) {
-			return fmt.Errorf("buckets: want at most one bucket per millisecond of the window (%s), got %d", time.Duration(z.Window), z.Buckets)
+		if ms := z.Window.Length.Milliseconds(); ms < int64(z.Buckets) {
+			return fmt.Errorf("buckets: want at most one bucket per millisecond of the window (%s), got %d", z.Window, z.Buckets)
 		}
 	}
-	if alg == algorithms.SlidingWindow && z.Buckets == 0 && time.Duration(z.Window) < algorithms.DefaultBuckets*time.Millisecond {
-		return fmt.Errorf("window: want at least %dms for the default %d buckets of sliding_window, got %s", algorithms.DefaultBuckets, algorithms.DefaultBuckets, time.Duration(z.Window))
+	if alg == algorithms.SlidingWindow && z.Buckets == 0 && z.Window.Length < algorithms.DefaultBuckets*time.Millisecond {
+		return fmt.Errorf("window: want at least %dms for the default %d buckets of sliding_window, got %s", algorithms.DefaultBuckets, algorithms.DefaultBuckets, z.Window)
 	}
 	if z.Burst != 0 {
 		if alg != algorithms.GCRA {
@@ -775,8 +820,8 @@ func (z *Zone) validateAlgorithmOptions() error {
 			return fmt.Errorf("burst: %w", err)
 		}
 		// With a limit of 1 the bucket is deepest: burst windows.
-		if err := (algorithms.Rate{Units: 1, Window: time.Duration(z.Window), Burst: z.Burst}).Validate(); err != nil {
-			return fmt.Errorf("burst: want burst × window at most 2^50 ms, got %d × %s", z.Burst, time.Duration(z.Window))
+		if err := (algorithms.Rate{Units: 1, Window: z.Window.Length, Burst: z.Burst}).Validate(); err != nil {
+			return fmt.Errorf("burst: want burst × window at most 2^50 ms, got %d × %s", z.Burst, z.Window)
 		}
 	}
 	return nil

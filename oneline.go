@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 
@@ -257,7 +256,7 @@ func (h *Handler) unmarshalOneLine(d *caddyfile.Dispenser, args []string, zone s
 		Name:              zone,
 		KeyAlternatives:   Alternatives{key},
 		LimitAlternatives: Alternatives{strconv.FormatInt(limit, 10)},
-		Window:            caddy.Duration(window),
+		Window:            Window{Length: window},
 		IPv4Prefix:        bits,
 	}
 	if len(args) > 2 {

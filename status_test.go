@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
@@ -33,7 +34,7 @@ func serveWith(h *Handler, ctx context.Context, ip string, next caddyhttp.Handle
 // would show it.
 func used(t *testing.T, h *Handler, zone, key string) int64 {
 	t.Helper()
-	st, err := h.store.(storage.Admin).KeyState(context.Background(), zone, key, time.Minute)
+	st, err := h.store.(storage.Admin).KeyState(context.Background(), zone, key, algorithms.Rate{Window: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +203,7 @@ func TestBan(t *testing.T) {
 	if w, code := login("right"); code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "900" {
 		t.Fatalf("45 minutes into the ban: %d, Retry-After %q; want 429, 900", code, w.Header().Get("Retry-After"))
 	}
-	st, err := h.store.(storage.Admin).KeyState(context.Background(), "ban_login", ip, time.Minute)
+	st, err := h.store.(storage.Admin).KeyState(context.Background(), "ban_login", ip, algorithms.Rate{Window: time.Minute})
 	if err != nil || !st.BanEnds.Equal(vectors.Start.Add(time.Hour)) {
 		t.Fatalf("key state %+v (%v), want a ban ending an hour after the sixth attempt", st, err)
 	}
@@ -233,7 +234,7 @@ func TestBanDryRun(t *testing.T) {
 			t.Fatalf("dry-run request %d: %v", i, err)
 		}
 	}
-	st, err := h.store.(storage.Admin).KeyState(context.Background(), "ban_dry", "192.0.2.77", time.Minute)
+	st, err := h.store.(storage.Admin).KeyState(context.Background(), "ban_dry", "192.0.2.77", algorithms.Rate{Window: time.Minute})
 	if err != nil || !st.BanEnds.IsZero() {
 		t.Fatalf("a dry-run zone banned: %+v (%v)", st, err)
 	}

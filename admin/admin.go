@@ -210,10 +210,17 @@ func runningZone(name string) Zone {
 type ZoneInfo struct {
 	Name      string               `json:"name"`
 	Algorithm algorithms.Algorithm `json:"algorithm"`
-	Window    string               `json:"window,omitempty"`
-	Burst     int64                `json:"burst,omitempty"`
-	Buckets   int                  `json:"buckets,omitempty"`
-	Hold      string               `json:"hold,omitempty"`
+	// Window is the zone's window as written: a length ("1h0m0s") or a
+	// calendar period ("month").
+	Window string `json:"window,omitempty"`
+	// Timezone is, for a calendar period, the time zone its periods
+	// start at midnight in; PeriodEnds when the current one ends, and
+	// with it the counts of a fixed window.
+	Timezone   string    `json:"timezone,omitempty"`
+	PeriodEnds time.Time `json:"period_ends,omitzero"`
+	Burst      int64     `json:"burst,omitempty"`
+	Buckets    int       `json:"buckets,omitempty"`
+	Hold       string    `json:"hold,omitempty"`
 	// Key is the alternatives of the zone's key, then the client's
 	// address it falls back to ({http.vars.client_ip}) unless it is
 	// one: each counts in a key space of its own, which the key routes'

@@ -75,7 +75,7 @@ func (z *testZone) Admin() storage.Admin {
 }
 
 func (z *testZone) KeyInfo(ctx context.Context, stored string) (KeyInfo, error) {
-	st, err := z.store.KeyState(ctx, z.info.Name, stored, time.Minute)
+	st, err := z.store.KeyState(ctx, z.info.Name, stored, algorithms.Rate{Window: time.Minute})
 	key, from := z.keyOf(stored)
 	return KeyInfo{Zone: z.info.Name, Key: key, From: from, Used: st.Counts.Windows().Current, Override: st.Override}, err
 }
@@ -113,7 +113,7 @@ func (s *testStore) change(format string, args ...any) {
 	s.changes = append(s.changes, fmt.Sprintf(format, args...))
 }
 
-func (s *testStore) KeyState(_ context.Context, zone, key string, _ time.Duration) (storage.KeyState, error) {
+func (s *testStore) KeyState(_ context.Context, zone, key string, _ algorithms.Rate) (storage.KeyState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := storage.KeyState{Counts: algorithms.WindowCounts{Current: s.used[zone+"/"+key]}.Counts()}

@@ -355,6 +355,9 @@ func showZones(w io.Writer, answer []byte) error {
 		if z.Hold != "" {
 			window = z.Hold + " hold"
 		}
+		if z.Timezone != "" {
+			window = periodText(z)
+		}
 		limit := printable(strings.Join(z.Limit, " or "))
 		if z.Units {
 			limit += " units"
@@ -474,6 +477,17 @@ func untilText(s string, expires time.Time) string {
 
 // timeText shows t to the second, in the zone the endpoint gave it in,
 // or "-" for the zero time.
+// periodText is a calendar period as the zones table shows it: its name,
+// its time zone, and when the current period ends, in that zone's own
+// time (midnight there), or in UTC if this machine does not know it.
+func periodText(z ZoneInfo) string {
+	ends := z.PeriodEnds
+	if loc, err := time.LoadLocation(z.Timezone); err == nil {
+		ends = ends.In(loc)
+	}
+	return printable(z.Window+" in "+z.Timezone) + ", ends " + timeText(ends)
+}
+
 func timeText(t time.Time) string {
 	if t.IsZero() {
 		return "-"

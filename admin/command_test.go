@@ -190,6 +190,21 @@ func TestRateLimitCommandEscapes(t *testing.T) {
 	}
 }
 
+// TestRateLimitCommandCalendarPeriod: a zone whose window is a calendar
+// period shows it with its time zone and when the current period ends,
+// in that zone's time: midnight on the 1st in New York.
+func TestRateLimitCommandCalendarPeriod(t *testing.T) {
+	s := newStandIn(t)
+	s.answer = `[{"name":"monthly","algorithm":"fixed_window","window":"month","timezone":"America/New_York","period_ends":"2026-02-01T05:00:00Z","limit":["10000"],"store":"redis"}]`
+	out, err := rateLimit("zones", "--address", s.address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "month in America/New_York, ends 2026-02-01T00:00:00-05:00") {
+		t.Errorf("zones printed\n%s\nwant the month in America/New_York, ending at midnight there", out)
+	}
+}
+
 // TestRateLimitCommandUnits: for a zone that limits what responses cost,
 // the zone list says its limit is in units, the top table counts units,
 // and a key shows its debt and the units its requests in flight hold

@@ -3,9 +3,10 @@
 // the same Counts and has Decide compute the answer, so the in-memory store and
 // the Redis script agree on every decision.
 //
-// Time is counted in whole milliseconds since the Unix epoch and windows are
-// aligned to the epoch, so every instance and every store cuts windows at the
-// same instants.
+// Time is counted in whole milliseconds since the Unix epoch. Windows of a
+// length are aligned to the epoch, and calendar periods (Calendar) start at
+// local midnight in their time zone, so every instance and every store cuts
+// windows at the same instants.
 package algorithms
 
 import (
@@ -53,10 +54,15 @@ func (a Algorithm) Windowed() bool { return a == FixedWindow || a == SlidingTail
 // into. For Concurrency, Units is how many may be held at once and Window is
 // the hold: how long a shared store keeps units whose holder never
 // released them (an instance that died).
+//
+// The windows of FixedWindow and SlidingTail are those of Calendar if it
+// is set (Window is then 0), and otherwise of length Window, aligned to
+// the epoch; WindowAt and WindowOf tell them either way.
 type Rate struct {
-	Units  int64
-	Window time.Duration
-	Burst  int64
+	Units    int64
+	Window   time.Duration
+	Calendar *Calendar
+	Burst    int64
 	// Buckets is how many sub-windows a sliding window cuts Window into
 	// (0: DefaultBuckets).
 	Buckets int
@@ -73,7 +79,7 @@ func (l Rate) Validate() error {
 	if l.Units <= 0 {
 		return fmt.Errorf("limit must be positive, got %d", l.Units)
 	}
-	if l.Window < time.Millisecond {
+	if l.Calendar == nil && l.Window < time.Millisecond {
 		return fmt.Errorf("window must be at least 1ms, got %s", l.Window)
 	}
 	if l.Burst < 0 {
@@ -88,6 +94,25 @@ func (l Rate) Validate() error {
 		}
 	}
 	return nil
+}
+
+// WindowAt returns the window of l that holds the instant ms.
+func (l Rate) WindowAt(ms int64) Span {
+	if l.Calendar != nil {
+		return l.Calendar.At(ms)
+	}
+	w := l.Window.Milliseconds()
+	idx := WindowIndex(ms, w)
+	return Span{Index: idx, Start: idx * w, End: (idx + 1) * w}
+}
+
+// WindowOf returns the window of l with index idx.
+func (l Rate) WindowOf(idx int64) Span {
+	if l.Calendar != nil {
+		return l.Calendar.Of(idx)
+	}
+	w := l.Window.Milliseconds()
+	return Span{Index: idx, Start: idx * w, End: (idx + 1) * w}
 }
 
 // Counts is what a store keeps for one key: three numbers, which the
@@ -109,8 +134,8 @@ type Counts struct {
 
 // WindowCounts are a windowed key's counts, and a key's costs in flight
 // (see TakeInFlight): Current is the cost taken in the window with index
-// Window (floor(now/window)), Previous the cost taken in the window
-// before it.
+// Window (Rate.WindowAt: floor(now/window), or a calendar period's),
+// Previous the cost taken in the window before it.
 type WindowCounts struct {
 	Window   int64
 	Current  int64
@@ -208,36 +233,38 @@ func Decide(alg Algorithm, counts Counts, now time.Time, l Rate, cost int64) (De
 		return decideConcurrency(counts, now, l, cost)
 	}
 	c := counts.Windows()
-	w := l.Window.Milliseconds()
 	nowMs := now.UnixMilli()
-	idx := WindowIndex(nowMs, w)
+	win := l.WindowAt(nowMs)
 	switch {
-	case c.Window > idx+1:
+	case c.Window > win.Index+1:
 		// Counted more than a window ahead of the clock: the zone's window
 		// grew in a reload, and c.Window counts windows of the old, shorter
 		// length. Deciding as of that window would reset centuries from
 		// now; the counts start afresh, as they do when the window shrinks
 		// (the old index is then far behind).
 		c = WindowCounts{}
-	case c.Window > idx:
+	case c.Window > win.Index:
 		// The counts were written in the next window: a clock stepped
 		// back, or another request read the time after this one but
 		// took first. Decide as of the start of their window rather
 		// than forget what it counted.
-		idx, nowMs = c.Window, c.Window*w
+		win = l.WindowOf(c.Window)
+		nowMs = win.Start
 	}
+	idx := win.Index
 	rolled, finished := c.Window != 0 && c.Window < idx, c.Current
 	c = Roll(c, idx)
-	elapsed := nowMs - idx*w
-	end := (idx + 1) * w
 
 	used := c.Current
 	if alg == SlidingTail {
-		share, _ := mulDivMod(c.Previous, w-elapsed, w) // at most Previous: w-elapsed <= w
+		// The previous window weighs by the share of this one still to
+		// run: (end-now)/length, the windows' lengths being the
+		// calendar's (a month after a longer one, a day of 23 hours).
+		share, _ := mulDivMod(c.Previous, win.End-nowMs, win.Length()) // at most Previous
 		used += share
 	}
 
-	d := Decision{Limit: l.Units, Reset: time.UnixMilli(end), Rolled: rolled, Window: idx}
+	d := Decision{Limit: l.Units, Reset: time.UnixMilli(win.End), Rolled: rolled, Window: idx}
 	if rolled {
 		d.Finished = finished
 	}
@@ -246,7 +273,7 @@ func Decide(alg Algorithm, counts Counts, now time.Time, l Rate, cost int64) (De
 		used += cost
 		c.Current += cost
 	} else {
-		d.RetryAt = time.UnixMilli(retryAt(alg, c, idx, w, l.Units, cost))
+		d.RetryAt = time.UnixMilli(retryAt(alg, c, l, win, cost))
 	}
 	d.Used = used
 	d.Remaining = max(l.Units-used, 0)
@@ -298,23 +325,23 @@ func Roll(c WindowCounts, idx int64) WindowCounts {
 }
 
 // retryAt returns the first millisecond at which a request of the given cost
-// would be allowed, given counts c for window idx and nothing else counted.
-func retryAt(alg Algorithm, c WindowCounts, idx, w, limit, cost int64) int64 {
-	start, next := idx*w, (idx+1)*w
-	if cost > limit {
-		return next
-	}
-	if alg == FixedWindow {
-		return next
+// would be allowed, given counts c for window win of l and nothing else
+// counted.
+func retryAt(alg Algorithm, c WindowCounts, l Rate, win Span, cost int64) int64 {
+	limit := l.Units
+	if cost > limit || alg == FixedWindow {
+		return win.End
 	}
 	if c.Current+cost <= limit {
 		// Allowed later in this window, once the previous window's share
 		// has decayed far enough.
-		return start + decayedAt(c.Previous, limit-cost-c.Current, w)
+		return win.Start + decayedAt(c.Previous, limit-cost-c.Current, win.Length())
 	}
 	// The current window alone is too full: wait until its count, carried
-	// into the next window as the previous one, has decayed.
-	return next + decayedAt(c.Current, limit-cost, w)
+	// into the next window as the previous one, has decayed, over the
+	// next window's own length.
+	next := l.WindowOf(win.Index + 1)
+	return next.Start + decayedAt(c.Current, limit-cost, next.Length())
 }
 
 // decayedAt returns the smallest elapsed time e (ms into a window of length

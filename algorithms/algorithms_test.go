@@ -168,17 +168,27 @@ func TestLimitValidate(t *testing.T) {
 	}
 }
 
+// BenchmarkDecide decides in epoch windows of a minute and in calendar
+// months in New York, whose boundaries the calendar computes once a
+// period: the two should cost about the same.
 func BenchmarkDecide(b *testing.B) {
-	l := algorithms.Rate{Units: 1 << 30, Window: time.Minute}
 	now := vectors.Start.Add(30 * time.Second)
-	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
-		b.Run(string(alg), func(b *testing.B) {
-			b.ReportAllocs()
-			c := algorithms.WindowCounts{Window: now.UnixMilli()/60000 - 1, Current: 1000}.Counts()
-			for b.Loop() {
-				_, c = algorithms.Decide(alg, c, now, l, 1)
-			}
-		})
+	for _, rate := range []struct {
+		name string
+		l    algorithms.Rate
+	}{
+		{"1m", algorithms.Rate{Units: 1 << 30, Window: time.Minute}},
+		{"month", algorithms.Rate{Units: 1 << 30, Calendar: algorithms.CalendarOf(algorithms.Month, mustZone(b, "America/New_York"))}},
+	} {
+		for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
+			b.Run(string(alg)+"/"+rate.name, func(b *testing.B) {
+				b.ReportAllocs()
+				c := algorithms.WindowCounts{Window: rate.l.WindowAt(now.UnixMilli()).Index - 1, Current: 1000}.Counts()
+				for b.Loop() {
+					_, c = algorithms.Decide(alg, c, now, rate.l, 1)
+				}
+			})
+		}
 	}
 }
 

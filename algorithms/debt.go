@@ -75,8 +75,7 @@ func Debt(alg Algorithm, counts Counts, now time.Time, l Rate, units int64) Coun
 		return gcraCounts(tat, limit)
 	}
 	c := counts.Windows()
-	w := l.Window.Milliseconds()
-	idx := WindowIndex(now.UnixMilli(), w)
+	idx := l.WindowAt(now.UnixMilli()).Index
 	switch {
 	case c.Window > idx+1:
 		c = WindowCounts{} // kept for a shorter window, as Decide finds it

@@ -108,7 +108,7 @@ func SettledRing(r Ring, p WindowCounts, now time.Time, l Rate) Ring {
 // now, for the rate's window: those taken in now's window or the one
 // before.
 func InFlightUnits(p WindowCounts, now time.Time, l Rate) int64 {
-	if idx := WindowIndex(now.UnixMilli(), l.Window.Milliseconds()); p.Window < idx {
+	if idx := l.WindowAt(now.UnixMilli()).Index; p.Window < idx {
 		p = Roll(p, idx)
 	}
 	return p.Current + p.Previous

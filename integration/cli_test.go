@@ -35,6 +35,8 @@ func TestCLIRefusesBadConfig(t *testing.T) {
 		{"bad max_delay", `zone z { limit 1; window 1s; max_delay forever }`, "max_delay", "forever", false},
 		{"unknown store", `store etcd; zone z { limit 1; window 1s }`, "store", "etcd", false},
 		{"mholt distributed", `distributed; zone z { limit 1; window 1s }`, "distributed", "store redis { address ... }", false},
+		{"calendar period with gcra", `zone z { limit 1; window month; algorithm gcra }`, "window", "fixed_window or sliding_tail", false},
+		{"unknown time zone", `zone z { limit 1; window month; timezone Mars/Olympus_Mons }`, "timezone", "Mars/Olympus_Mons", false},
 		{"unreadable public key", `jwt { public_key ` + missing + ` }; zone z { key u:{jwt.sub}; limit 1; window 1s }`, "public_key", missing, true},
 	}
 	for _, c := range cases {

@@ -23,6 +23,8 @@ import (
 // load shedder; a zone that limits what responses cost in tokens/units,
 // its keys' counts the units they were charged; a key that is HTML shows
 // as text, not markup; and the page fetched again (it refreshes itself).
+// A zone whose window is a calendar month shows it with its time zone and
+// when the month ends.
 func TestStatusPageInBrowser(t *testing.T) {
 	integration(t)
 	browser := chromium(t)
@@ -55,6 +57,13 @@ func TestStatusPageInBrowser(t *testing.T) {
 			cost_from header X-Cost
 			reserve 3
 		}
+		zone monthly {
+			key {header.X-Client}
+			limit 1000
+			window month
+			timezone America/New_York
+			algorithm fixed_window
+		}
 	}
 	respond "ok"
 }
@@ -86,7 +95,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 		}
 	}
 	// The zone's key and the alternative each key came from.
-	for _, want := range []string{">per_client<", ">backend<", ">40<", ">35<", ">{http.request.header.X-Client} or {http.vars.client_ip}<", ">from {http.request.header.X-Client}<"} {
+	for _, want := range []string{">per_client<", ">backend<", ">40<", ">35<", ">{http.request.header.X-Client} or {http.vars.client_ip}<", ">from {http.request.header.X-Client}<",
+		"<dd>month in America/New_York</dd>", "<dt>period ends</dt>"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the rendered page lacks %q", want)
 		}

@@ -78,9 +78,11 @@ func (d ZoneDial) Active(now time.Time) bool {
 // override.
 type Admin interface {
 	// KeyState returns what the store holds for key in zone, whose
-	// window is window: the memory store needs it to read a sliding
-	// window's ring back (it keeps the ring's index in 32 bits).
-	KeyState(ctx context.Context, zone, key string, window time.Duration) (KeyState, error)
+	// windows are rate's (its Window or Calendar, and Buckets; its Units
+	// are not read): the memory store needs them to read a window's index
+	// and a sliding window's ring back (it keeps indexes in 32 bits), and
+	// both stores to tell which costs in flight still count.
+	KeyState(ctx context.Context, zone, key string, rate algorithms.Rate) (KeyState, error)
 	// ResetKey forgets key's counts in zone and lifts its ban.
 	ResetKey(ctx context.Context, zone, key string) error
 	// SetOverride sets a per-key limit; DeleteOverride removes it.

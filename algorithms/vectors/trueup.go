@@ -67,6 +67,19 @@ var TrueUpCases = []TrueUpCase{
 		},
 	},
 	{
+		// Reserved on the last evening of January in New York, trued
+		// up after midnight: the debt lands in February.
+		Name:      "fixed_window/debt_lands_in_the_month_of_the_true_up",
+		Algorithm: algorithms.FixedWindow,
+		Rate:      algorithms.Rate{Units: 10, Calendar: algorithms.CalendarOf(algorithms.Month, zone("America/New_York"))},
+		Steps: []TrueUpStep{
+			{At: at("2026-02-01T04:00:00Z"), Cost: 5, Allowed: true, Remaining: 5},
+			{At: at("2026-02-01T05:30:00Z"), Ends: 1, Actual: 12},
+			{At: at("2026-02-01T06:00:00Z"), Cost: 4, Allowed: false, Remaining: 3, RetryAfter: 28*24*time.Hour - time.Hour},
+			{At: at("2026-02-01T06:00:00Z"), Cost: 3, Allowed: true, Remaining: 0},
+		},
+	},
+	{
 		Name:      "sliding_tail/debt_carries_into_the_next_window",
 		Algorithm: algorithms.SlidingTail,
 		Rate:      algorithms.Rate{Units: 4, Window: 10 * time.Second},

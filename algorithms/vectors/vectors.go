@@ -39,6 +39,24 @@ type Case struct {
 // is aligned to every window used below.
 var Start = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 
+// at returns the offset from Start of an instant written in RFC 3339.
+func at(instant string) time.Duration {
+	t, err := time.Parse(time.RFC3339Nano, instant)
+	if err != nil {
+		panic(err)
+	}
+	return t.Sub(Start)
+}
+
+// zone returns the time zone of an IANA name.
+func zone(name string) *time.Location {
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		panic(err)
+	}
+	return loc
+}
+
 // Cases is the shared table.
 var Cases = []Case{
 	{
@@ -368,6 +386,90 @@ var Cases = []Case{
 				Rate: &algorithms.Rate{Units: 2, Window: time.Minute}},
 			// sub-window 0 of 6 s leaves at 66 s
 			{At: time.Second, Key: "g", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 65 * time.Second},
+		},
+	},
+	// Calendar periods. January 2026 in New York runs from 05:00 UTC on
+	// the 1st to 05:00 UTC on February 1st; February has 28 days.
+	{
+		Name:      "fixed_window/month_in_new_york",
+		Algorithm: algorithms.FixedWindow,
+		Rate:      algorithms.Rate{Units: 3, Calendar: algorithms.CalendarOf(algorithms.Month, zone("America/New_York"))},
+		Steps: []Step{
+			{At: 0, Key: "m", Cost: 1, Allowed: true, Remaining: 2, ResetAfter: 31*24*time.Hour - 7*time.Hour},
+			{At: at("2026-02-01T04:00:00Z"), Key: "m", Cost: 2, Allowed: true, Remaining: 0, ResetAfter: time.Hour},
+			// February in UTC, still January in New York
+			{At: at("2026-02-01T04:59:59.999Z"), Key: "m", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: time.Millisecond},
+			{At: at("2026-02-01T05:00:00Z"), Key: "m", Cost: 1, Allowed: true, Remaining: 2, ResetAfter: 28 * 24 * time.Hour},
+		},
+	},
+	{
+		// The 10 of January weigh in February by the share of
+		// February's 28 days still to run: 14 days, half, at 00:00 on
+		// the 15th. Rejected with 6 in February, the key waits until
+		// floor(10*(end-t)/28d) is 3: 0.6 of February gone.
+		Name:      "sliding_tail/month_in_new_york",
+		Algorithm: algorithms.SlidingTail,
+		Rate:      algorithms.Rate{Units: 10, Calendar: algorithms.CalendarOf(algorithms.Month, zone("America/New_York"))},
+		Steps: []Step{
+			{At: at("2026-01-10T00:00:00Z"), Key: "t", Cost: 10, Allowed: true, Remaining: 0},
+			{At: at("2026-02-15T05:00:00Z"), Key: "t", Cost: 5, Allowed: true, Remaining: 0, ResetAfter: 14 * 24 * time.Hour},
+			// floor(10*(14d-1ms)/28d) = 4, +5 +1
+			{At: at("2026-02-15T05:00:00.001Z"), Key: "t", Cost: 1, Allowed: true, Remaining: 0},
+			{At: at("2026-02-15T05:00:00.001Z"), Key: "t", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 241920 * time.Second},
+			{At: at("2026-02-18T00:12:00.001Z"), Key: "t", Cost: 1, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		// New York's 2026-03-08 lasts 23 hours. A key full on the 7th
+		// waits into the 8th until floor(3*(end-t)/23h) is 0: 2/3 of
+		// the 8th's 23 hours, not of 24.
+		Name:      "sliding_tail/day_of_23_hours",
+		Algorithm: algorithms.SlidingTail,
+		Rate:      algorithms.Rate{Units: 3, Calendar: algorithms.CalendarOf(algorithms.Day, zone("America/New_York"))},
+		Steps: []Step{
+			{At: at("2026-03-07T15:00:00Z"), Key: "d", Cost: 3, Allowed: true, Remaining: 0, ResetAfter: 14 * time.Hour},
+			{At: at("2026-03-08T01:00:00Z"), Key: "d", Cost: 3, Allowed: false, Remaining: 0, RetryAfter: 4*time.Hour + 55200001*time.Millisecond},
+			{At: at("2026-03-08T20:20:00Z"), Key: "d", Cost: 3, Allowed: false, Remaining: 2, RetryAfter: time.Millisecond},
+			{At: at("2026-03-08T20:20:00.001Z"), Key: "d", Cost: 3, Allowed: true, Remaining: 0, ResetAfter: 27599999 * time.Millisecond},
+		},
+	},
+	{
+		// Santiago's 2026-09-06 has no midnight: its clock goes from
+		// 23:59:59 on the 5th to 01:00 on the 6th, which starts the day,
+		// 23 hours long.
+		Name:      "fixed_window/day_without_midnight",
+		Algorithm: algorithms.FixedWindow,
+		Rate:      algorithms.Rate{Units: 2, Calendar: algorithms.CalendarOf(algorithms.Day, zone("America/Santiago"))},
+		Steps: []Step{
+			{At: at("2026-09-06T02:00:00Z"), Key: "s", Cost: 2, Allowed: true, Remaining: 0, ResetAfter: 2 * time.Hour},
+			{At: at("2026-09-06T03:59:59.999Z"), Key: "s", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: time.Millisecond},
+			{At: at("2026-09-06T04:00:00Z"), Key: "s", Cost: 1, Allowed: true, Remaining: 1, ResetAfter: 23 * time.Hour},
+		},
+	},
+	{
+		// window 24h is cut on the epoch, at midnight UTC: the same
+		// windows as a day in UTC, so a reload from one to the other
+		// keeps the counts.
+		Name:      "fixed_window/24h_is_a_day_in_utc",
+		Algorithm: algorithms.FixedWindow,
+		Rate:      algorithms.Rate{Units: 3, Window: 24 * time.Hour},
+		Steps: []Step{
+			{At: 0, Key: "u", Cost: 3, Allowed: true, Remaining: 0, ResetAfter: 12 * time.Hour},
+			{At: time.Hour, Key: "u", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 11 * time.Hour,
+				Rate: &algorithms.Rate{Units: 3, Calendar: algorithms.CalendarOf(algorithms.Day, time.UTC)}},
+			{At: 12 * time.Hour, Key: "u", Cost: 3, Allowed: true, Remaining: 0, ResetAfter: 24 * time.Hour},
+		},
+	},
+	{
+		// A day's index (20454) is far ahead of a month's (672): the
+		// counts start afresh, as when a window grows.
+		Name:      "fixed_window/day_becomes_month",
+		Algorithm: algorithms.FixedWindow,
+		Rate:      algorithms.Rate{Units: 3, Calendar: algorithms.CalendarOf(algorithms.Day, time.UTC)},
+		Steps: []Step{
+			{At: 0, Key: "g", Cost: 3, Allowed: true, Remaining: 0},
+			{At: time.Second, Key: "g", Cost: 1, Allowed: true, Remaining: 2, ResetAfter: 31*24*time.Hour - 12*time.Hour - time.Second,
+				Rate: &algorithms.Rate{Units: 3, Calendar: algorithms.CalendarOf(algorithms.Month, time.UTC)}},
 		},
 	},
 	{

@@ -39,12 +39,12 @@ func (c *counters) override(zone, key string, now time.Time) (storage.Override, 
 }
 
 // KeyState implements storage.Admin.
-func (m *Store) KeyState(_ context.Context, zone, key string, window time.Duration) (storage.KeyState, error) {
+func (m *Store) KeyState(_ context.Context, zone, key string, rate algorithms.Rate) (storage.KeyState, error) {
 	now := m.counters.now()
 	var st storage.KeyState
 	var ok bool
-	if st.Counts, ok = m.counters.inspect(zone, key, window.Milliseconds()); !ok {
-		st.Ring, _ = m.counters.inspectRing(zone, key, window.Milliseconds())
+	if st.Counts, ok = m.counters.inspect(zone, key, rate); !ok {
+		st.Ring, _ = m.counters.inspectRing(zone, key, rate)
 	}
 	if o, ok := m.counters.override(zone, key, now); ok {
 		st.Override = &o
@@ -53,7 +53,7 @@ func (m *Store) KeyState(_ context.Context, zone, key string, window time.Durati
 		st.BanEnds = time.UnixMilli(ends)
 	}
 	if p, ok := m.counters.inFlight(zone, key); ok {
-		st.InFlight = algorithms.InFlightUnits(p, now, algorithms.Rate{Window: window})
+		st.InFlight = algorithms.InFlightUnits(p, now, rate)
 	}
 	return st, nil
 }

@@ -43,7 +43,7 @@ func TestMemoryOverrideSwept(t *testing.T) {
 	if n, counted := c.entries().overrides, c.admin.overrides.Load(); n != 1 || counted != 1 {
 		t.Fatalf("after the sweep: %d overrides kept, %d counted, want the one without a ttl", n, counted)
 	}
-	if st, _ := m.KeyState(ctx, "z", "short", time.Minute); st.Override != nil {
+	if st, _ := m.KeyState(ctx, "z", "short", algorithms.Rate{Window: time.Minute}); st.Override != nil {
 		t.Fatalf("key state shows %+v, want no override", st.Override)
 	}
 	if err := m.DeleteOverride(ctx, "z", "forever"); err != nil {

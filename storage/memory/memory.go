@@ -276,22 +276,26 @@ func (e *slot) set(c algorithms.Counts, alg algorithms.Algorithm, expires uint32
 		expires: expires, ref: ref, kind: slotKind(alg)}
 }
 
-// counts returns the slot's counts, for a window of w ms. The expiry
+// counts returns the slot's counts, for the windows of rate l. The expiry
 // that expiry derived from the whole Counts.W places it within a second:
 // a GCRA key's TAT lies in the second before it, and for windowed counts,
 // the end of the window after theirs does, so their index is at most
-// 1000/w + 1 below the expiry's. Of the numbers with the slot's low 32
-// bits, the one nearest that is W. (Counts read for another window than
-// they were kept for, after a reload changed it, come out with an index
-// far from the clock's, all but surely, and Decide starts them afresh. A
-// concurrency key's W is always 0.)
-func (e *slot) counts(w int64) algorithms.Counts {
+// 1000/w + 1 below the expiry's, for windows of w ms. Of the numbers
+// with the slot's low 32 bits, the one nearest that is W. A calendar
+// period's index, periods since 1970, fits in the 32 bits whole.
+// (Counts read for another window than they were kept for, after a
+// reload changed it, come out with an index far from the clock's, all
+// but surely, and Decide starts them afresh. A concurrency key's W is
+// always 0.)
+func (e *slot) counts(l algorithms.Rate) algorithms.Counts {
 	c := algorithms.Counts{C: int64(e.c), P: int64(e.p)}
-	switch e.kind {
-	case slotGCRA:
+	switch {
+	case e.kind == slotGCRA:
 		c.W = nearest(e.w, int64(e.expires)*1000-1000)
-	case slotWindowed:
-		c.W = nearest(e.w, algorithms.WindowIndex(int64(e.expires)*1000, w)-2)
+	case e.kind == slotWindowed && l.Calendar != nil:
+		c.W = nearest(e.w, 0)
+	case e.kind == slotWindowed:
+		c.W = nearest(e.w, algorithms.WindowIndex(int64(e.expires)*1000, l.Window.Milliseconds())-2)
 	}
 	return c
 }
@@ -537,7 +541,7 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 				// refused must not be the one evicted, or its counts would
 				// be lost.
 				s.counts.slots[j].ref = true
-				counts = s.counts.slots[j].counts(rate.Window.Milliseconds())
+				counts = s.counts.slots[j].counts(rate)
 			}
 			d, n = algorithms.Decide(r.Algorithm, counts, now, rate, r.Cost)
 			if !d.Allowed && r.TracksInFlight() {
@@ -622,7 +626,8 @@ type pendingRing struct {
 }
 
 // expiry is when counts stop mattering, in Unix seconds rounded up.
-// Windowed counts matter until the end of the next window: a sliding tail
+// Windowed counts matter until the end of the next window (a calendar
+// period's own end): a sliding tail
 // weighs the current window as its previous one, and the first take in
 // the next window reports what the current one came to (the period usage
 // metric), as the Redis store does. A GCRA key matters until its TAT,
@@ -636,8 +641,7 @@ func expiry(r storage.Request, c algorithms.Counts) uint32 {
 	case algorithms.Concurrency:
 		return pinned
 	}
-	w := r.Rate.Window.Milliseconds()
-	return unixSeconds((c.Windows().Window+2)*w + 999)
+	return unixSeconds(r.Rate.WindowOf(c.Windows().Window+1).End + 999)
 }
 
 // pinned is the expiry of a slot that neither the sweep nor eviction may
@@ -706,7 +710,7 @@ func (s *shard) release(h uint64, r storage.Request, d algorithms.Decision, cost
 		s.rings.release(h, r.Rate.Window.Milliseconds(), d, cost)
 	} else if j, ok := s.counts.lookup(h); ok {
 		e := &s.counts.slots[j]
-		n := algorithms.Release(r.Algorithm, e.counts(r.Rate.Window.Milliseconds()), d, r.Rate, cost)
+		n := algorithms.Release(r.Algorithm, e.counts(r.Rate), d, r.Rate, cost)
 		switch {
 		case r.Algorithm == algorithms.Concurrency && n.Held() == 0:
 			s.counts.remove(j)
@@ -741,7 +745,7 @@ func (s *shard) debt(h uint64, r storage.Request, d algorithms.Decision, units i
 	}
 	var counts algorithms.Counts
 	if j, ok := s.counts.lookup(h); ok {
-		counts = s.counts.slots[j].counts(w)
+		counts = s.counts.slots[j].counts(rate)
 	}
 	n := algorithms.Debt(r.Algorithm, counts, now, rate, units)
 	s.store(h, n, r.Algorithm, expiry(r, n), bound, nowSec)
@@ -749,25 +753,25 @@ func (s *shard) debt(h uint64, r storage.Request, d algorithms.Decision, units i
 
 // inspect returns the counts kept for zone and key as stored, not rolled
 // forward to now (algorithms.Roll does that), and whether any are kept;
-// inspectRing returns a sliding_window key's ring. Both read them for a
-// window of w ms. Looking does not count as use for eviction.
-func (c *counters) inspect(zone, key string, w int64) (algorithms.Counts, bool) {
+// inspectRing returns a sliding_window key's ring. Both read them for the
+// windows of rate l. Looking does not count as use for eviction.
+func (c *counters) inspect(zone, key string, l algorithms.Rate) (algorithms.Counts, bool) {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if i, ok := s.counts.lookup(h); ok {
-		return s.counts.slots[i].counts(w), true
+		return s.counts.slots[i].counts(l), true
 	}
 	return algorithms.Counts{}, false
 }
 
-func (c *counters) inspectRing(zone, key string, w int64) (algorithms.Ring, bool) {
+func (c *counters) inspectRing(zone, key string, l algorithms.Rate) (algorithms.Ring, bool) {
 	h := c.keyHash(zone, key)
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.rings.inspect(h, w)
+	return s.rings.inspect(h, l.Window.Milliseconds())
 }
 
 // inFlight returns the costs in flight kept for zone and key, as

@@ -68,11 +68,11 @@ func TestMemoryReleasedKeyForgotten(t *testing.T) {
 	c, _ := newTestCounters(t, DefaultMaxKeys)
 	req := storage.Request{Zone: "conc", Key: "k", Algorithm: algorithms.Concurrency, Rate: algorithms.Rate{Units: 3, Window: time.Minute}, Cost: 2, Holder: 1}
 	d := take1(c, req)
-	if got, ok := c.inspect("conc", "k", time.Minute.Milliseconds()); !ok || got.Held() != 2 {
+	if got, ok := c.inspect("conc", "k", algorithms.Rate{Window: time.Minute}); !ok || got.Held() != 2 {
 		t.Fatalf("held %+v (%v), want 2", got, ok)
 	}
 	c.release([]storage.Request{req}, []algorithms.Decision{d})
-	if _, ok := c.inspect("conc", "k", time.Minute.Milliseconds()); ok {
+	if _, ok := c.inspect("conc", "k", algorithms.Rate{Window: time.Minute}); ok {
 		t.Fatal("a key with nothing held is still kept")
 	}
 }
@@ -143,7 +143,7 @@ func TestMemoryClockKeepsUsedKeys(t *testing.T) {
 		}
 	}
 	for _, k := range hot {
-		if got, ok := c.inspect("z", k, l.Window.Milliseconds()); !ok || got.Windows().Current != int64(uses) {
+		if got, ok := c.inspect("z", k, l); !ok || got.Windows().Current != int64(uses) {
 			t.Fatalf("hot key %s: %+v %v, want %d uses counted", k, got, ok, uses)
 		}
 	}
@@ -156,7 +156,7 @@ func TestMemoryInspectAndReset(t *testing.T) {
 	c, clock := newTestCounters(t, DefaultMaxKeys)
 	l := algorithms.Rate{Units: 3, Window: time.Minute}
 	r := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 2}
-	if _, ok := c.inspect("z", "k", l.Window.Milliseconds()); ok {
+	if _, ok := c.inspect("z", "k", l); ok {
 		t.Fatal("inspect found a key never taken")
 	}
 	if c.reset("z", "k") {
@@ -167,16 +167,16 @@ func TestMemoryInspectAndReset(t *testing.T) {
 	take1(c, storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 1})
 	idx := algorithms.WindowIndex(vectors.Start.Add(time.Minute).UnixMilli(), time.Minute.Milliseconds())
 	want := algorithms.WindowCounts{Window: idx, Current: 1, Previous: 2}.Counts()
-	if got, ok := c.inspect("z", "k", l.Window.Milliseconds()); !ok || got != want {
+	if got, ok := c.inspect("z", "k", l); !ok || got != want {
 		t.Fatalf("inspect: %+v %v, want %+v", got, ok, want)
 	}
-	if _, ok := c.inspect("other", "k", l.Window.Milliseconds()); ok {
+	if _, ok := c.inspect("other", "k", l); ok {
 		t.Fatal("inspect found k in a zone never used")
 	}
 	if !c.reset("z", "k") {
 		t.Fatal("reset did not find the key")
 	}
-	if _, ok := c.inspect("z", "k", l.Window.Milliseconds()); ok || c.len() != 0 {
+	if _, ok := c.inspect("z", "k", l); ok || c.len() != 0 {
 		t.Fatalf("key still held after reset (%d keys)", c.len())
 	}
 	if d := take1(c, storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: l, Cost: 3}); !d.Allowed {
@@ -289,6 +289,32 @@ func TestMemorySweepRemovesExpired(t *testing.T) {
 	}
 }
 
+// TestMemorySweepRemovesExpiredPeriods: a key counted in a calendar
+// period is kept until the next period ends, however long the periods
+// (March 2026 in New York ends at 04:00 UTC on April 1st, April a month
+// later), and swept then.
+func TestMemorySweepRemovesExpiredPeriods(t *testing.T) {
+	c, clock := newTestCounters(t, DefaultMaxKeys)
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate := algorithms.Rate{Units: 5, Calendar: algorithms.CalendarOf(algorithms.Month, ny)}
+	clock.Set(time.Date(2026, 3, 31, 23, 0, 0, 0, ny))
+	take1(c, storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: rate, Cost: 1})
+	endOfApril := time.Date(2026, 5, 1, 0, 0, 0, 0, ny)
+	clock.Set(endOfApril.Add(-time.Second))
+	c.sweep()
+	if got, ok := c.inspect("z", "k", rate); !ok || got.Windows().Current != 1 {
+		t.Fatalf("a second before April ends: %+v (kept %v), want March's count kept", got, ok)
+	}
+	clock.Set(endOfApril)
+	c.sweep()
+	if n := c.len(); n != 0 {
+		t.Fatalf("once April ends: %d keys, want none", n)
+	}
+}
+
 // TestMemorySweepShrinks: a table emptied by the sweep gives its memory
 // back.
 func TestMemorySweepShrinks(t *testing.T) {
@@ -310,7 +336,7 @@ func TestMemorySweepShrinks(t *testing.T) {
 		}
 	}
 	for i := range 2 * shardCount {
-		if _, ok := c.inspect("z", fmt.Sprint("long-", i), time.Hour.Milliseconds()); !ok {
+		if _, ok := c.inspect("z", fmt.Sprint("long-", i), algorithms.Rate{Window: time.Hour}); !ok {
 			t.Fatalf("long-%d lost when its shard shrank", i)
 		}
 	}
@@ -363,13 +389,12 @@ func TestMemoryTakeRange(t *testing.T) {
 		if err := m.Release(context.Background(), []storage.Request{r}, d); err != nil {
 			t.Fatal(err)
 		}
-		w := rate.Window.Milliseconds()
 		used := func() int64 {
 			if alg == algorithms.SlidingWindow {
-				ring, _ := m.counters.inspectRing("debt", r.Key, w)
+				ring, _ := m.counters.inspectRing("debt", r.Key, rate)
 				return ring.Used()
 			}
-			c, _ := m.counters.inspect("debt", r.Key, w)
+			c, _ := m.counters.inspect("debt", r.Key, rate)
 			return c.Windows().Current
 		}()
 		if used != 2*maxCount {
@@ -655,8 +680,25 @@ var roundTripInstants = []time.Time{
 // the rest from its expiry: window indexes for windows of 1 ms to 30
 // days, and GCRA TATs up to 30 days ahead, at instants from 1970 to 2100,
 // read back whole; so does a GCRA TAT moved back by a release of a
-// month.
+// month. A calendar period's index is read back whole too.
 func TestMemorySlotRoundTrip(t *testing.T) {
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []algorithms.CalendarPeriod{algorithms.Day, algorithms.Week, algorithms.Month, algorithms.Year} {
+		for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
+			for _, at := range roundTripInstants {
+				r := storage.Request{Algorithm: alg, Rate: algorithms.Rate{Units: 3, Calendar: algorithms.CalendarOf(p, tokyo)}, Cost: 3}
+				_, want := algorithms.Decide(alg, algorithms.Counts{}, at, r.Rate, r.Cost)
+				var e slot
+				e.set(want, alg, expiry(r, want), false)
+				if got := e.counts(r.Rate); got != want {
+					t.Fatalf("%s, %s in Tokyo, at %s: read back %+v, want %+v", alg, p, at, got, want)
+				}
+			}
+		}
+	}
 	month := 30 * 24 * time.Hour
 	for _, w := range []time.Duration{time.Millisecond, 7 * time.Millisecond, time.Second, time.Minute, 24 * time.Hour, month} {
 		for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.GCRA} {
@@ -665,7 +707,7 @@ func TestMemorySlotRoundTrip(t *testing.T) {
 				d, want := algorithms.Decide(alg, algorithms.Counts{}, at, r.Rate, r.Cost)
 				var e slot
 				e.set(want, alg, expiry(r, want), false)
-				if got := e.counts(w.Milliseconds()); got != want {
+				if got := e.counts(algorithms.Rate{Window: w}); got != want {
 					t.Fatalf("%s, window %s, at %s: read back %+v, want %+v", alg, w, at, got, want)
 				}
 				if alg == algorithms.GCRA {
@@ -676,7 +718,7 @@ func TestMemorySlotRoundTrip(t *testing.T) {
 					r.Zone, r.Key = "g", "k"
 					c.release([]storage.Request{r}, []algorithms.Decision{take1(c, r)})
 					back := algorithms.Release(alg, want, d, r.Rate, r.Cost)
-					if got, _ := c.inspect("g", "k", w.Milliseconds()); got != back {
+					if got, _ := c.inspect("g", "k", algorithms.Rate{Window: w}); got != back {
 						t.Fatalf("gcra, window %s, at %s, released: read back %+v, want %+v", w, at, got, back)
 					}
 				}
@@ -692,9 +734,20 @@ func TestMemoryTakeAllocatesNothing(t *testing.T) {
 	if race.Enabled {
 		t.Skip("allocation counts are not asserted under the race detector")
 	}
-	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.GCRA, algorithms.Concurrency, algorithms.SlidingWindow} {
+	hour := algorithms.Rate{Units: 1 << 30, Window: time.Hour}
+	month := algorithms.Rate{Units: 1 << 30, Calendar: algorithms.CalendarOf(algorithms.Month, time.UTC)}
+	for _, z := range []struct {
+		name string
+		alg  algorithms.Algorithm
+		rate algorithms.Rate
+	}{
+		{"fixed_window", algorithms.FixedWindow, hour}, {"sliding_tail", algorithms.SlidingTail, hour},
+		{"gcra", algorithms.GCRA, hour}, {"concurrency", algorithms.Concurrency, hour},
+		{"sliding_window", algorithms.SlidingWindow, hour}, {"sliding_tail by the month", algorithms.SlidingTail, month},
+	} {
+		alg := z.name
 		c, _ := newTestCounters(t, DefaultMaxKeys)
-		req := storage.Request{Zone: "a", Algorithm: alg, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1}
+		req := storage.Request{Zone: "a", Algorithm: z.alg, Rate: z.rate, Cost: 1}
 		reqs := []storage.Request{req}
 		d := make([]algorithms.Decision, 1)
 		const runs = 1000

@@ -39,7 +39,7 @@ func (r *Store) adminCtx(ctx context.Context) (context.Context, context.CancelFu
 }
 
 // KeyState implements storage.Admin.
-func (r *Store) KeyState(ctx context.Context, zone, key string, window time.Duration) (storage.KeyState, error) {
+func (r *Store) KeyState(ctx context.Context, zone, key string, rate algorithms.Rate) (storage.KeyState, error) {
 	ctx, cancel := r.adminCtx(ctx)
 	defer cancel()
 	names, err := r.keyNames(ctx, r.client)
@@ -65,7 +65,7 @@ func (r *Store) KeyState(ctx context.Context, zone, key string, window time.Dura
 	// Counted at the server's now, in whose clock the costs in flight
 	// were taken.
 	if inFlight := (algorithms.WindowCounts{Window: vals[7], Current: vals[8], Previous: vals[9]}); inFlight.Current+inFlight.Previous > 0 {
-		st.InFlight = algorithms.InFlightUnits(inFlight, time.UnixMilli(vals[0]), algorithms.Rate{Window: window})
+		st.InFlight = algorithms.InFlightUnits(inFlight, time.UnixMilli(vals[0]), rate)
 	}
 	if ring := vals[10:]; len(ring) > 0 {
 		st.Ring = algorithms.Ring{Index: vals[1], Buckets: len(ring) - 1}

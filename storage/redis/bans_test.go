@@ -88,7 +88,7 @@ func TestRedisBan(t *testing.T) {
 	if err := a.DeleteOverride(context.Background(), "login", "k"); err != nil {
 		t.Fatal(err)
 	}
-	st, err := b.KeyState(context.Background(), "login", "k", time.Minute)
+	st, err := b.KeyState(context.Background(), "login", "k", algorithms.Rate{Window: time.Minute})
 	if err != nil || st.BanEnds.Sub(d.BanEnds).Abs() > time.Second {
 		t.Fatalf("key state %+v (%v), want the ban until %s", st, err, d.BanEnds)
 	}

@@ -47,6 +47,10 @@ type callPart struct {
 	// deadline bounds the request's decision: the store's timeout from
 	// when it was taken.
 	deadline time.Time
+	// local is the store's clock when the request was taken: a calendar
+	// period's windows are given to the script around it (see
+	// scriptWindow), and the script picks the one its own clock is in.
+	local time.Time
 
 	// state goes from partWaiting to partSent when a call picks the
 	// request up, or to partAbandoned when its context ends first.
@@ -286,7 +290,7 @@ func (c *client) call(ctx context.Context, clock int64, parts []*callPart) {
 			if t.wants != nil {
 				want = t.wants[z]
 			}
-			zone := scriptZone(q, want)
+			zone := scriptZone(q, want, t.local)
 			args = append(args, zone[:]...)
 		}
 	}
@@ -433,18 +437,39 @@ func evalInts(ctx context.Context, rdb goredis.UniversalClient, src string, args
 }
 
 // scriptZone is the take script's arguments for the zone of q, which
-// wants a lease of want units (0 for none).
-func scriptZone(q storage.Request, want int64) [zoneArgs]any {
+// wants a lease of want units (0 for none), taken at local, the store's
+// clock.
+func scriptZone(q storage.Request, want int64, local time.Time) [zoneArgs]any {
 	var a [zoneArgs]any
 	a[argAlgorithm] = scriptAlgorithm(q.Algorithm)
 	a[argLimit] = q.Rate.Units
-	a[argWindow] = q.Rate.Window.Milliseconds()
+	a[argWindow] = scriptWindow(q.Rate, local)
 	a[argCost] = q.Cost
 	a[argExtra] = scriptExtra(q)
 	a[argLease] = want
 	a[argBan] = q.Ban.Milliseconds()
 	a[argInFlight] = scriptFlag(q.KeepsInFlight())
 	return a
+}
+
+// scriptWindow is a rate's windows as the scripts take them
+// (scripts/take_period.lua): the window's length in ms, or for a
+// calendar period the periods around the local clock, from the one
+// before the clock's, as "first,s1,s2,s3,s4,s5,s6": the index of the
+// first and the starts of the six, in ms. Lua in Redis knows no time
+// zones; the script picks the period Redis's clock is in.
+func scriptWindow(rate algorithms.Rate, local time.Time) any {
+	if rate.Calendar == nil {
+		return rate.Window.Milliseconds()
+	}
+	first, starts := rate.Calendar.Around(local.UnixMilli())
+	b := make([]byte, 0, 20*(1+len(starts)))
+	b = strconv.AppendInt(b, first, 10)
+	for _, start := range starts {
+		b = append(b, ',')
+		b = strconv.AppendInt(b, start, 10)
+	}
+	return string(b)
 }
 
 // scriptAlgorithm names an algorithm as the scripts do, as a script

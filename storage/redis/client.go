@@ -252,11 +252,15 @@ func (c *denyCache) lookup(keys []string, reqs []storage.Request, decisions []al
 			hit = true
 			continue
 		}
+		reset := now.Add(q.Rate.Window)
+		if q.Rate.Calendar != nil {
+			reset = time.UnixMilli(q.Rate.WindowAt(now.UnixMilli()).End)
+		}
 		decisions[i] = algorithms.Decision{
 			Allowed:   true,
 			Limit:     q.Rate.Units,
 			Remaining: q.Rate.Units,
-			Reset:     now.Add(q.Rate.Window),
+			Reset:     reset,
 		}
 	}
 	return hit
@@ -282,10 +286,24 @@ func (c *denyCache) find(key string, q storage.Request, now time.Time) (algorith
 	}
 	d := e.decision
 	// The window may have ended since: report the current one's end.
-	if w := q.Rate.Window; !now.Before(d.Reset) {
-		d.Reset = d.Reset.Add(w * (now.Sub(d.Reset)/w + 1))
+	if !now.Before(d.Reset) {
+		d.Reset = currentReset(q.Rate, d, now)
 	}
 	return d, true
+}
+
+// currentReset returns the end of the window of rate that holds now, for
+// a rejection d whose window, d.Reset, has ended: d's windows moved on,
+// in the local clock d is in. A calendar period's end is that of the
+// period after d's that holds now, kept as far from Redis's clock as
+// d.Reset was.
+func currentReset(rate algorithms.Rate, d algorithms.Decision, now time.Time) time.Time {
+	if rate.Calendar == nil {
+		w := rate.Window
+		return d.Reset.Add(w * (now.Sub(d.Reset)/w + 1))
+	}
+	shift := d.Reset.Sub(time.UnixMilli(rate.WindowOf(d.Window).End))
+	return time.UnixMilli(rate.WindowAt(now.Add(-shift).UnixMilli()).End).Add(shift)
 }
 
 // store remembers the rejections among decisions.

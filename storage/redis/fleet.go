@@ -217,7 +217,7 @@ func (c *client) chargeOwed(owed []owedKey) {
 		parts, groups := c.slotParts(keys[:n], func(dst []any, i int) []any {
 			// No release, a debt against q's own limit, in no window of
 			// a decision: only the debt's arguments are read.
-			return appendReleaseArgs(dst, chunk[i].q, algorithms.Decision{}, 0, chunk[i].units, 0)
+			return appendReleaseArgs(dst, chunk[i].q, algorithms.Decision{}, 0, chunk[i].units, 0, now)
 		})
 		for k, p := range parts {
 			// A Redis just back may still hand out connections that
@@ -363,7 +363,7 @@ func (o owedKey) counting(now time.Time) int64 {
 	w := o.q.Rate.Window.Milliseconds()
 	switch {
 	case o.q.Algorithm.Windowed():
-		if algorithms.WindowIndex(now.UnixMilli(), w) != o.window {
+		if o.q.Rate.WindowAt(now.UnixMilli()).Index != o.window {
 			return 0
 		}
 		return o.units

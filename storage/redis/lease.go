@@ -645,7 +645,7 @@ func (c *client) releaseLeases(held []heldUnits, timeout time.Duration) {
 	}
 	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
 		h := held[i]
-		return appendReleaseArgs(dst, storage.Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window}, h.units, 0, 0)
+		return appendReleaseArgs(dst, storage.Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window}, h.units, 0, 0, time.Time{})
 	})
 	for k, p := range parts {
 		if err := c.release(p, timeout); err != nil {

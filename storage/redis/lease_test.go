@@ -335,7 +335,7 @@ func TestRedisLocalFallback(t *testing.T) {
 		t.Fatalf("Redis's first answer: %+v, want allowed, used 1", d)
 	}
 	waitUntil(t, "Redis counts the 10 admitted locally", func() bool {
-		st, err := r.KeyState(context.Background(), "z", "k", time.Hour)
+		st, err := r.KeyState(context.Background(), "z", "k", algorithms.Rate{Window: time.Hour})
 		return err == nil && st.Counts.C == 11
 	})
 	if d := takeLocal(req); d.Allowed {
@@ -350,7 +350,7 @@ func TestRedisLocalFallback(t *testing.T) {
 	}
 	r.watcher().refresh()
 	waitUntil(t, "Redis counts the 3 admitted locally, charged by the refresh", func() bool {
-		st, err := r.KeyState(context.Background(), "z", "quiet", time.Hour)
+		st, err := r.KeyState(context.Background(), "z", "quiet", algorithms.Rate{Window: time.Hour})
 		return err == nil && st.Counts.C == 3
 	})
 }

@@ -206,6 +206,49 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 		}
 	})
 
+	t.Run("calendar", func(t *testing.T) {
+		// Random calendar periods from 2024 to 2030, at instants near
+		// their ends, where the next period's length decides a retry,
+		// with the store's clock up to a day off the script's.
+		defer func(now func() time.Time) { r.now = now }(r.now)
+		zones := []string{"UTC", "America/New_York", "America/Santiago", "America/Havana", "Australia/Lord_Howe"}
+		periods := []algorithms.CalendarPeriod{algorithms.Day, algorithms.Week, algorithms.Month, algorithms.Year}
+		from, to := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli(), time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+		boundaries := 0
+		for range 1500 {
+			loc, err := time.LoadLocation(zones[rng.IntN(len(zones))])
+			if err != nil {
+				t.Fatal(err)
+			}
+			alg := []algorithms.Algorithm{algorithms.SlidingTail, algorithms.FixedWindow}[rng.IntN(2)]
+			l := algorithms.Rate{Units: logUniform(1, math.MaxInt32), Calendar: algorithms.CalendarOf(periods[rng.IntN(len(periods))], loc)}
+			p := l.WindowAt(from + rng.Int64N(to-from))
+			now := time.UnixMilli(p.End - 1 - logUniform(1, p.Length()))
+			skew := time.Duration(rng.Int64N(2*24*3600*1000)-24*3600*1000) * time.Millisecond
+			if l.Calendar.Period() == algorithms.Day {
+				skew /= 2 // less than a period
+			}
+			r.now = func() time.Time { return now.Add(skew) }
+			stored := algorithms.WindowCounts{
+				Window:   p.Index + 1 - rng.Int64N(4),
+				Current:  rng.Int64N(2*l.Units + 1),
+				Previous: rng.Int64N(2*l.Units + 1),
+			}.Counts()
+			cost := rng.Int64N(l.Units/2 + 2)
+			d := check(t, alg, l, stored, now, cost)
+			if !d.Allowed && d.RetryAt.Sub(now) > time.Millisecond {
+				for _, at := range []time.Time{d.RetryAt.Add(-time.Millisecond), d.RetryAt} {
+					r.now = func() time.Time { return at.Add(skew) }
+					check(t, alg, l, stored, at, cost)
+				}
+				boundaries++
+			}
+		}
+		if boundaries < 100 {
+			t.Fatalf("only %d boundary cases", boundaries)
+		}
+	})
+
 	t.Run("gcra", func(t *testing.T) {
 		// Random TATs around now, kept for this limit or another one,
 		// with limits and windows where cost·window and burst·window pass

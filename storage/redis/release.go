@@ -45,8 +45,9 @@ const (
 // decided in, in the script's clock, or take debt units past the limit
 // in the window of the script's clock (clock, in ms; 0 for the server's),
 // and end its time in flight if its zone keeps costs in flight. With
-// neither, only that.
-func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision, release, debt, clock int64) []any {
+// neither, only that. A debt in a calendar period is given the periods
+// around local, the store's clock (see scriptWindow).
+func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision, release, debt, clock int64, local time.Time) []any {
 	a := [releaseArgs]any{
 		relAlgorithm: scriptAlgorithm(q.Algorithm), relAt: 0, relUnits: 0, relHolder: "", relLimit: 0,
 		relInFlightWindow: "", relInFlightCost: 0, relDebt: 0, relWindow: 0, relExtra: "", relNow: "",
@@ -68,7 +69,7 @@ func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision, rele
 		if d.Limit > 0 {
 			rate.Units = d.Limit
 		}
-		a[relDebt], a[relLimit], a[relWindow] = min(debt, algorithms.MostDebt(q.Algorithm, rate)), rate.Units, rate.Window.Milliseconds()
+		a[relDebt], a[relLimit], a[relWindow] = min(debt, algorithms.MostDebt(q.Algorithm, rate)), rate.Units, scriptWindow(rate, local)
 		switch q.Algorithm {
 		case algorithms.GCRA:
 			a[relExtra] = rate.BurstFor(rate.Units)

@@ -254,7 +254,7 @@ func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *clien
 		if !rejected {
 			args := make([]any, 0, releaseArgs*len(gReqs))
 			for j, q := range gReqs {
-				args = appendReleaseArgs(args, q, gDec[j], q.Cost, 0, 0)
+				args = appendReleaseArgs(args, q, gDec[j], q.Cost, 0, 0, time.Time{})
 			}
 			releases = append(releases, &releasePart{keys: gKeys, args: args})
 		}
@@ -316,7 +316,7 @@ const (
 // (shared with concurrent requests; see batch.go) by deadline, and
 // fills decisions, and leases with the units leased.
 func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, take bool, leases *leaseAnswer) error {
-	t := &callPart{keys: keys, reqs: reqs, take: take, deadline: deadline}
+	t := &callPart{keys: keys, reqs: reqs, take: take, deadline: deadline, local: r.now()}
 	if leases != nil {
 		t.wants = leases.wants
 	}
@@ -489,7 +489,7 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 	// release.go). A slot that fails does not keep the others'.
 	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
 		h := &held[i]
-		return appendReleaseArgs(dst, h.q, h.d, h.release, h.debt, clock)
+		return appendReleaseArgs(dst, h.q, h.d, h.release, h.debt, clock, now)
 	})
 	var failed error
 	for k, p := range parts {
@@ -526,10 +526,12 @@ var (
 	releaseScript = goredis.NewScript(releaseSource)
 )
 
-// releaseOrder lists the pieces of the release script: the arithmetic and
-// the ring roll it shares with the take script, then its own (see scripts/release.lua).
+// releaseOrder lists the pieces of the release script: the arithmetic, the
+// periods and the ring roll it shares with the take script, then its own
+// (see scripts/release.lua).
 var releaseOrder = []string{
 	"scripts/take_arith.lua",
+	"scripts/take_period.lua",
 	"scripts/take_ring.lua",
 	"scripts/release.lua",
 }
@@ -540,6 +542,7 @@ var releaseOrder = []string{
 var takeOrder = []string{
 	"scripts/take.lua",
 	"scripts/take_arith.lua",
+	"scripts/take_period.lua",
 	"scripts/take_ring.lua",
 	"scripts/take_bans.lua",
 	"scripts/take_fixed_window.lua",

@@ -222,7 +222,7 @@ func TestRedisLeaseReservations(t *testing.T) {
 		t.Fatalf("%d units leased for reservations, want none", n)
 	}
 	for _, r := range []*Store{a, b} {
-		st, err := r.KeyState(context.Background(), "lres", "k", time.Hour)
+		st, err := r.KeyState(context.Background(), "lres", "k", algorithms.Rate{Window: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -242,7 +242,7 @@ func TestRedisLeaseReservations(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st, err := a.KeyState(context.Background(), "lres", "k", time.Hour)
+	st, err := a.KeyState(context.Background(), "lres", "k", algorithms.Rate{Window: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

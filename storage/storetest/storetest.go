@@ -42,6 +42,7 @@ func Run(t *testing.T, newStore NewStore) {
 		run  func(t *testing.T, s *suite)
 	}{
 		{"vectors", testVectors},
+		{"calendar_periods", testCalendarPeriods},
 		{"ban_vectors", testBanVectors},
 		{"never_over", testNeverOver},
 		{"refuses_bad_requests", testRefuses},
@@ -129,10 +130,15 @@ func (s *suite) admin(t *testing.T) storage.Admin {
 }
 
 // keyState reads what the store holds for key in zone, whose window is
-// window.
+// window; keyStateIn, for a zone whose windows are rate's.
 func (s *suite) keyState(t *testing.T, zone, key string, window time.Duration) storage.KeyState {
 	t.Helper()
-	st, err := s.admin(t).KeyState(context.Background(), zone, storage.BoundKey(key), window)
+	return s.keyStateIn(t, zone, key, algorithms.Rate{Window: window})
+}
+
+func (s *suite) keyStateIn(t *testing.T, zone, key string, rate algorithms.Rate) storage.KeyState {
+	t.Helper()
+	st, err := s.admin(t).KeyState(context.Background(), zone, storage.BoundKey(key), rate)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +158,50 @@ func testVectors(t *testing.T, s *suite) {
 		s.clock.set(now)
 		return s.take(t, storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost})[0]
 	})
+}
+
+// testCalendarPeriods: a zone whose window is a day in New York counts
+// until local midnight, which here ends a day of 23 hours (DST began at
+// 02:00), and keeps the day's index, days since 1970 in New York's
+// calendar, beside its counts. At midnight a fixed window starts afresh;
+// a sliding tail weighs the day before by the share of the new day still
+// to run, all of it at first.
+func testCalendarPeriods(t *testing.T, s *suite) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate := algorithms.Rate{Units: 2, Calendar: algorithms.CalendarOf(algorithms.Day, ny)}
+	midnight := time.Date(2026, 3, 9, 0, 0, 0, 0, ny)
+	day := rate.WindowAt(midnight.UnixMilli() - 1)
+	if day.Length() != 23*time.Hour.Milliseconds() || day.End != midnight.UnixMilli() {
+		t.Fatalf("2026-03-08 in New York is %+v, want 23 hours to midnight", day)
+	}
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
+		zone := "calendar_" + string(alg)
+		req := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: rate, Cost: 1}
+		s.clock.set(midnight.Add(-time.Millisecond))
+		for i := range 2 {
+			if d := s.take(t, req)[0]; !d.Allowed || !d.Reset.Equal(midnight) || d.Window != day.Index {
+				t.Fatalf("%s: request %d before midnight: %+v, want allowed in day %d, reset at %s", alg, i+1, d, day.Index, midnight)
+			}
+		}
+		d := s.take(t, req)[0]
+		if d.Allowed || alg == algorithms.FixedWindow && !d.RetryAt.Equal(midnight) || !d.RetryAt.After(midnight.Add(-time.Millisecond)) {
+			t.Fatalf("%s: third request before midnight: %+v, want rejected until midnight or later", alg, d)
+		}
+		if c := s.keyStateIn(t, zone, "k", rate).Counts.Windows(); c.Window != day.Index || c.Current != 2 {
+			t.Fatalf("%s: the store keeps %+v, want 2 in day %d", alg, c, day.Index)
+		}
+		s.clock.set(midnight)
+		d = s.take(t, req)[0]
+		switch {
+		case alg == algorithms.FixedWindow && (!d.Allowed || d.Remaining != 1 || d.Window != day.Index+1):
+			t.Fatalf("%s: at midnight %+v, want allowed with 1 remaining in day %d", alg, d, day.Index+1)
+		case alg == algorithms.SlidingTail && (d.Allowed || !d.Reset.Equal(midnight.AddDate(0, 0, 1))):
+			t.Fatalf("%s: at midnight %+v, want rejected, the day before weighing whole until %s", alg, d, midnight.AddDate(0, 0, 1))
+		}
+	}
 }
 
 // testBanVectors plays the shared cases of zones that ban and give costs

@@ -8,8 +8,9 @@
 -- settles.
 --
 -- The release script is take_arith.lua (exact integer arithmetic),
--- take_ring.lua (the roll of a sliding window's ring) and
--- this file after it, joined by the store (releaseOrder) into one script.
+-- take_period.lua (which window of a zone holds an instant), take_ring.lua
+-- (the roll of a sliding window's ring) and this file after them, joined
+-- by the store (releaseOrder) into one script.
 --
 -- KEYS     the counters of each zone and key (see take.lua), a
 --          concurrency zone's followed by its holders' set.
@@ -48,8 +49,10 @@
 -- (concurrency); the limit the cost was decided against (gcra, and a
 -- debt); the window (of the zone's window) the cost was taken in and the
 -- cost, for a zone that keeps its costs in flight ("" and 0 for others);
--- the units to take past the limit (0 for none); the zone's window (ms);
--- gcra's burst or a sliding window's buckets ("" for others); and "" to
+-- the units to take past the limit (0 for none); the zone's window (ms;
+-- for a calendar period, the periods around the caller's clock, as
+-- take.lua's ARG_WINDOW: take_period.lua); gcra's burst or a sliding
+-- window's buckets ("" for others); and "" to
 -- use the server clock (TIME), or a time in ms since the epoch (tests
 -- drive the shared vectors with it). The store's Go code mirrors these
 -- offsets (rel*).
@@ -107,9 +110,11 @@ local function keepUntil(key, expires, now)
 end
 
 -- debt takes units past the limit at now in key's counts, for the
--- algorithm alg, the limit, the zone's window w (ms) and extra: gcra's
--- burst, a sliding window's buckets.
-local function debt(key, alg, units, limit, w, extra, now)
+-- algorithm alg, the limit, the zone's windows period (take_period.lua;
+-- for gcra and a sliding window, the window's length w in ms) and extra:
+-- gcra's burst, a sliding window's buckets.
+local function debt(key, alg, units, limit, period, extra, now)
+  local w = period
   local expires
   if alg == 'g' then
     local sw, sc, sp = unpack(redis.call('HMGET', key, 'w', 'c', 'p'))
@@ -158,12 +163,13 @@ local function debt(key, alg, units, limit, w, extra, now)
   else
     local sw, sc, sp = unpack(redis.call('HMGET', key, 'w', 'c', 'p'))
     sw = tonumber(sw)
-    local idx = floordiv(now, w)
+    local idx, _, _, after = periodAt(period, now)
     -- Rolled as take_fixed_window.lua's windowAt rolls them.
     if sw and sw > idx + 1 then
       sw = nil
     elseif sw and sw > idx then
       idx = sw
+      _, _, after = periodOf(period, idx)
     end
     local cur, prev = 0, 0
     if sw == idx then
@@ -173,7 +179,7 @@ local function debt(key, alg, units, limit, w, extra, now)
     end
     cur = cur + math.min(units, math.max(2 * limit - cur, 0))
     redis.call('HSET', key, 'w', idx, 'c', cur, 'p', prev)
-    expires = (idx + 2) * w -- the end of the next window, as a take's
+    expires = after -- the end of the next window, as a take's
   end
   keepUntil(key, expires, now)
 end
@@ -201,7 +207,7 @@ for a = 1, #ARGV, RELEASE_ARGS do
       end
     end
   elseif units > 0 then
-    debt(key, alg, units, tonumber(ARGV[a + ARG_LIMIT]), tonumber(ARGV[a + ARG_WINDOW]), ARGV[a + ARG_EXTRA], clockOf(ARGV[a + ARG_NOW]))
+    debt(key, alg, units, tonumber(ARGV[a + ARG_LIMIT]), readPeriod(ARGV[a + ARG_WINDOW]), ARGV[a + ARG_EXTRA], clockOf(ARGV[a + ARG_NOW]))
   elseif alg == 'w' then
     local v = redis.call('HMGET', key, 'w', 'r')
     if v[1] and v[2] then

@@ -11,6 +11,7 @@
 --   take.lua                the arguments, the answer, the clock and the
 --                           counters of the keys the call touches
 --   take_arith.lua          exact integer arithmetic on doubles
+--   take_period.lua         which window of a zone holds an instant
 --   take_ring.lua           how a sliding window's ring rolls forward
 --   take_bans.lua           bans, overrides and costs in flight
 --   take_fixed_window.lua   the algorithms, one piece each, each adding
@@ -64,13 +65,14 @@
 -- A zone's arguments, at ARGV[a + ARG_*] from its first argument ARGV[a]:
 -- the algorithm ("f" fixed window, "s" sliding tail, "w" sliding window,
 -- "g" gcra, "c" concurrency); the limit; the window (ms; for concurrency
--- the hold); the cost; one more: gcra's burst (0: the limit), a sliding
--- window's buckets, concurrency's holder, "" otherwise; the lease wanted:
--- how many units beyond the cost the instance would like to take later
--- on its own (0 for none); the ban (ms; 0 for none); and "1" if the zone
--- keeps its costs in flight (it bans, and releases costs: count_status;
--- or the cost is a reservation, cost_from), "0" if not. The store's Go code mirrors these offsets
--- (arg*).
+-- the hold; for a calendar period, the periods around the caller's
+-- clock: take_period.lua); the cost; one more: gcra's burst (0: the
+-- limit), a sliding window's buckets, concurrency's holder, "" otherwise;
+-- the lease wanted: how many units beyond the cost the instance would
+-- like to take later on its own (0 for none); the ban (ms; 0 for none);
+-- and "1" if the zone keeps its costs in flight (it bans, and releases
+-- costs: count_status; or the cost is a reservation, cost_from), "0" if
+-- not. The store's Go code mirrors these offsets (arg*).
 local ARG_ALG, ARG_LIMIT, ARG_WINDOW, ARG_COST, ARG_EXTRA, ARG_LEASE, ARG_BAN, ARG_INFLIGHT = 0, 1, 2, 3, 4, 5, 6, 7
 local ZONE_ARGS = 8
 

@@ -1,26 +1,28 @@
 -- take_fixed_window.lua: the fixed window (ALGS.f), and the window
 -- arithmetic it shares with the sliding tail (take_sliding_tail.lua).
 -- Reads and writes the key state s at W, C and P: w is the index of the
--- window (of the zone's window, aligned to the epoch) the counts are in,
--- c the cost counted in window w, p that counted in window w-1; IW, IC
--- and IP only to take costs in flight off them (take_bans.lua).
+-- window (of the zone's period: take_period.lua) the counts are in, c the
+-- cost counted in window w, p that counted in window w-1; IW, IC and IP
+-- only to take costs in flight off them (take_bans.lua).
 
--- windowAt rolls the counters at s[j] forward to the window the clock is
--- in, for windows of w ms, and returns that window's index, the ms
--- elapsed in it, and the counts of that window and of the one before.
+-- windowAt rolls the counters at s[j] forward to the window of the zone's
+-- period the clock is in, and returns that window's index, the ms
+-- elapsed in it, its length, when the window after it ends, and the
+-- counts of that window and of the one before.
 --
 -- Counts written more than a window ahead of the clock were kept for a
 -- shorter window (the zone's window grew in a reload): they start
 -- afresh. Counts written in the next window (the clock stepped back):
 -- decide as of the start of their window rather than forget them.
-local function windowAt(j, w)
+local function windowAt(j, zone)
   local sw = s[j + W]
-  local idx = floordiv(now, w)
-  local elapsed = now - idx * w
+  local idx, start, stop, after = periodAt(zone.period, now)
+  local elapsed = now - start
   if sw and sw > idx + 1 then
     sw = nil
   elseif sw and sw > idx then
     idx = sw
+    start, stop, after = periodOf(zone.period, idx)
     elapsed = 0
   end
   local cur, prev = 0, 0
@@ -29,25 +31,25 @@ local function windowAt(j, w)
   elseif sw == idx - 1 then
     prev = s[j + C]
   end
-  return idx, elapsed, cur, prev
+  return idx, elapsed, stop - start, after, cur, prev
 end
 
 -- windowDecision returns the decision on the zone's cost in window idx,
--- whose counts were cur and prev, elapsed ms into it.
+-- whose counts were cur and prev, and which the window ending at after
+-- follows.
 --
 -- The counters matter until the next window ends: a sliding tail weighs
 -- them as its previous window, and for either algorithm the first take
 -- in the next window reports what they came to (the period usage
 -- metric). Both stores keep them that long.
-local function windowDecision(allowed, zone, idx, elapsed, cur, prev)
-  local w = zone.window
-  return {allowed = allowed, w = idx, c = cur + zone.cost, p = prev, expires = now + (w - elapsed + w)}
+local function windowDecision(allowed, zone, idx, after, cur, prev)
+  return {allowed = allowed, w = idx, c = cur + zone.cost, p = prev, expires = after}
 end
 
 ALGS.f = {
   decide = function(j, zone)
-    local idx, elapsed, cur, prev = windowAt(j, zone.window)
-    return windowDecision(zone.limit - zone.cost - cur >= 0, zone, idx, elapsed, cur, prev)
+    local idx, _, _, after, cur, prev = windowAt(j, zone)
+    return windowDecision(zone.limit - zone.cost - cur >= 0, zone, idx, after, cur, prev)
   end,
 
   -- What the window has left, after the request just taken.

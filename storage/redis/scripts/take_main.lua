@@ -7,8 +7,10 @@
 --
 -- A zone of the entry is a table: j, where its key's counters are; alg,
 -- limit (the override's, if one is in force), window, cost, extra, lease
--- and ban, its arguments; inflight, whether it keeps its costs in flight;
--- and base, where its answer starts (out[base + OUT_*]).
+-- and ban, its arguments; period, its windows (take_period.lua: the
+-- window, or a calendar period, whose zone has no window); inflight,
+-- whether it keeps its costs in flight; and base, where its answer starts
+-- (out[base + OUT_*]).
 
 -- load reads key's hash into the key state, at a new j, and returns j:
 -- its counts, override, ban and costs in flight, and what its algorithm
@@ -86,6 +88,7 @@ while a <= #ARGV do
     zone.alg = alg
     zone.limit = s[j + OVER] or tonumber(ARGV[a + ARG_LIMIT])
     zone.window = w
+    zone.period = w or readPeriod(ARGV[a + ARG_WINDOW])
     zone.cost = tonumber(ARGV[a + ARG_COST])
     zone.extra = ARGV[a + ARG_EXTRA]
     zone.lease = tonumber(ARGV[a + ARG_LEASE])

@@ -1,8 +1,9 @@
 -- take_sliding_tail.lua: the sliding tail (ALGS.s), a fixed window that
--- also weighs the previous window's count by the part of it still inside
--- the last window's length. Keeps the fixed window's state (w, c, p at W,
--- C, P; take_fixed_window.lua), whose functions it shares but decide and
--- room.
+-- also weighs the previous window's count by the share of the current
+-- window still to run, (w-elapsed)/w for a window of w ms (a calendar
+-- period's own length: take_period.lua). Keeps the fixed window's state
+-- (w, c, p at W, C, P; take_fixed_window.lua), whose functions it shares
+-- but decide and room.
 
 -- tailFits reports whether floor(prev*(w-elapsed)/w) <= room, the part
 -- of the previous window's count prev still counting leaving room for
@@ -18,24 +19,25 @@ end
 
 ALGS.s = {
   decide = function(j, zone)
-    local idx, elapsed, cur, prev = windowAt(j, zone.window)
+    local idx, elapsed, w, after, cur, prev = windowAt(j, zone)
     local room = zone.limit - zone.cost - cur
     local ok
     if room < 0 then
       ok = false
     elseif prev > 0 then
-      ok = tailFits(prev, elapsed, room, zone.window)
+      ok = tailFits(prev, elapsed, room, w)
     else
       ok = true
     end
-    return windowDecision(ok, zone, idx, elapsed, cur, prev)
+    return windowDecision(ok, zone, idx, after, cur, prev)
   end,
 
   -- What the window has left, after the request just taken, the
   -- previous window weighed as decide weighs it.
   room = function(j, zone)
-    local w = zone.window
-    local elapsed = math.max(now - s[j + W] * w, 0)
+    local start, stop = periodOf(zone.period, s[j + W])
+    local w = stop - start
+    local elapsed = math.max(now - start, 0)
     local used = s[j + C]
     if s[j + P] > 0 then
       used = used + muldiv(s[j + P], w - elapsed, w)
