@@ -79,6 +79,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	s := scratchPool.Get().(*scratch)
 	defer s.recycle()
+	var p *placeholders
 	for _, z := range h.Zones {
 		match, err := z.matchers.AnyMatchWithError(r)
 		if err != nil {
@@ -86,6 +87,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		if !match {
 			continue
+		}
+		if p == nil {
+			// Before the zone's key and limit are resolved, which may
+			// ask for {body.*}, themselves or through a map.
+			p = requestPlaceholders(values)
 		}
 		dryRun := z.DryRun
 		var dial storage.ZoneDial
@@ -102,29 +108,49 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		case storage.ModeEnforce:
 			dryRun = false
 		}
+		// A body is read before anything is taken, so that a body
+		// refused takes nothing; and only for a zone that needs it, its
+		// fields or its bound.
 		limit, ok := dial.Limit, dial.Limit > 0
 		if !ok {
-			if limit, ok = z.resolveLimit(values); !ok {
+			p.bodyWanted = false
+			limit, ok = z.resolveLimit(values)
+			if p.bodyWanted {
+				if err := s.readFields(r, p); err != nil {
+					return bodyRefused(w, r, err)
+				}
+				limit, ok = z.resolveLimit(values)
+			}
+			if !ok {
 				continue
 			}
 		}
 		cost := z.costs[methodIndex(r.Method)]
 		if z.meter.on {
-			// Read before anything is taken, so that a body refused
-			// takes nothing.
-			if z.meter.readsBody() && !s.bodyRead {
-				if err := s.readBody(r); err != nil {
-					return bodyRefused(w, r, err)
+			if z.meter.readsBody() && !s.requestRead {
+				if !s.bodyRead {
+					if err := s.readBody(r); err != nil {
+						return bodyRefused(w, r, err)
+					}
 				}
 				if err := s.request.Read(s.body); err != nil {
 					return fieldRefused(w, r, err)
 				}
+				s.requestRead = true
 			}
 			cost = z.meter.reservation(&s.request, limit)
 		}
+		p.bodyWanted = false
+		key := z.resolveKey(values)
+		if p.bodyWanted {
+			if err := s.readFields(r, p); err != nil {
+				return bodyRefused(w, r, err)
+			}
+			key = z.resolveKey(values)
+		}
 		req := storage.Request{
 			Zone:        z.Name,
-			Key:         z.resolveKey(values),
+			Key:         key,
 			Algorithm:   z.Algorithm,
 			Rate:        algorithms.Rate{Units: limit, Window: z.period, Burst: z.Burst, Buckets: z.Buckets},
 			Cost:        cost,
@@ -138,6 +164,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			req.Holder = holders.Add(1)
 		}
 		s.checks = append(s.checks, zoneCheck{zone: z, dryRun: dryRun, req: req})
+	}
+	if p != nil {
+		if p.body != nil && p.body.err != nil {
+			return fieldRefused(w, r, p.body.err)
+		}
+		if s.bodyRead && p.body == nil {
+			// Read for a reservation: later handlers see its fields.
+			p.setBody(s.body)
+		}
 	}
 	if len(s.checks) == 0 {
 		return h.serveNext(w, r, next)
@@ -177,7 +212,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case rejectedByZone:
 		rejected.zone.results[resultRejected].Inc()
 		h.banned(s.checks)
-		return h.reject(w, r, values, rejected)
+		return h.reject(w, r, p, rejected)
 	}
 	for _, c := range s.checks {
 		switch {
@@ -197,7 +232,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			c.zone.usage.Observe(float64(c.decision.Finished) / float64(c.decision.Limit))
 		}
 	}
-	p := h.report(w, values, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
+	h.report(w, p, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
 	countsStatus, meters := anyCountsStatus(s.checks), anyMeters(s.checks)
 	if !countsStatus && !meters && !anyHoldsUnits(s.checks) {
 		return h.serveNext(w, r, next)
@@ -359,12 +394,14 @@ type scratch struct {
 	// some statuses.
 	recorder statusRecorder
 	// body is the request's body, once bodyRead, for the zones that
-	// reserve by it (cost_from), and request what they read of it;
+	// reserve by it (cost_from) or read its fields ({body.*}), and
+	// request what the reserving zones read of it, once requestRead;
 	// writers read the response's costs.
-	body     []byte
-	bodyRead bool
-	request  costfrom.Request
-	writers  []costWriter
+	body        []byte
+	bodyRead    bool
+	request     costfrom.Request
+	requestRead bool
+	writers     []costWriter
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -381,7 +418,7 @@ func (s *scratch) recycle() {
 	s.checks, s.reqs, s.decisions, s.waited, s.store = s.checks[:0], s.reqs[:0], s.decisions[:0], false, nil
 	s.recorder = statusRecorder{}
 	if s.bodyRead {
-		s.request = costfrom.Request{}
+		s.request, s.requestRead = costfrom.Request{}, false
 	}
 	s.body, s.bodyRead = nil, false
 	s.recycleWriters()
@@ -391,10 +428,10 @@ func (s *scratch) recycle() {
 // reject answers a request that the check c rejected: the zone's status
 // (429 by default), with the limit headers and Retry-After, and emits
 // the key's rate_limit_exceeded event if it is its first in the window.
-func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *zoneCheck) error {
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, p *placeholders, c *zoneCheck) error {
 	now := h.now()
 	retryAfter := h.retryAfter(c.decision.RetryAt, now)
-	p := h.report(w, values, c, true, retryAfter)
+	h.report(w, p, c, true, retryAfter)
 	h.emitExceeded(r, c, retryAfter, now)
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))

@@ -39,13 +39,11 @@ func leastRemaining(checks []zoneCheck) *zoneCheck {
 	return best
 }
 
-// report sets the response headers and placeholders for check c, and
-// returns the request's placeholder state. A rejected request's
-// Retry-After, in seconds, is formatted along with the other numbers
-// (retryAfter 0 for an allowed request) and left in the state's values for
-// refuse to set.
-func (h *Handler) report(w http.ResponseWriter, values requestValues, c *zoneCheck, exceeded bool, retryAfter int64) *placeholders {
-	p := requestPlaceholders(values)
+// report sets the response headers, and the request's placeholders p,
+// for check c. A rejected request's Retry-After, in seconds, is
+// formatted along with the other numbers (retryAfter 0 for an allowed
+// request) and left in p's values for refuse to set.
+func (h *Handler) report(w http.ResponseWriter, p *placeholders, c *zoneCheck, exceeded bool, retryAfter int64) {
 	d := c.decision
 	p.zone, p.key, p.limit, p.remaining, p.exceeded = c.zone.Name, keyValue(c.req.Key), d.Limit, d.Remaining, exceeded
 	p.cost = c.req.Cost
@@ -75,7 +73,7 @@ func (h *Handler) report(w http.ResponseWriter, values requestValues, c *zoneChe
 		p.values[retryAfterValue] = all[u:]
 	}
 	if !window {
-		return p
+		return
 	}
 	// The header names are written in canonical form (X-Ratelimit-Limit
 	// is how Go spells X-RateLimit-Limit) so the map is set directly,
@@ -94,21 +92,26 @@ func (h *Handler) report(w http.ResponseWriter, values requestValues, c *zoneChe
 		hdr["Ratelimit-Policy"] = p.header(policyValue)
 		hdr["Ratelimit"] = p.header(rateLimitValue)
 	}
-	return p
 }
 
-// placeholders answers the {http.rate_limit.*} placeholders of one
-// request, computing their values only when a later handler or a log asks
-// for one. Its one provider is registered with the replacer once per
-// request; a later rate_limit handler on the same request finds it in the
-// request's variables and updates it, so that, as for the headers, the
-// last handler's report is what later handlers see.
+// placeholders answers the {http.rate_limit.*} and {body.*}
+// placeholders of one request, computing their values only when a later
+// handler or a log asks for one. Its one provider is registered with the
+// replacer once per request, when a zone first matches it (before its
+// key and limit are resolved, which may read {body.*}); a later
+// rate_limit handler on the same request finds it in the request's
+// variables and updates it, so that, as for the headers, the last
+// handler's report is what later handlers see. The {http.rate_limit.*}
+// placeholders are unknown until a handler reports.
 type placeholders struct {
 	zone      string
 	key       string
 	limit     int64
 	remaining int64
 	exceeded  bool
+	// bodyWanted tells that a {body.*} was asked for before a zone read
+	// the body: the handler then reads it, and resolves again.
+	bodyWanted bool
 	// cost is the request's cost in the zone reported (a reservation, in
 	// a cost_from zone) until, once the response is done, the first
 	// cost_from zone that admitted it sets what the request cost there.
@@ -116,6 +119,8 @@ type placeholders struct {
 	// values back the response header values, so that setting a header
 	// allocates no slice of its own.
 	values [valueCount]string
+	// body answers {body.*} once a zone read the request's body.
+	body *bodyFields
 }
 
 // Indexes into placeholders.values.
@@ -154,8 +159,11 @@ func (p *placeholders) header(i int) []string {
 }
 
 func (p *placeholders) get(name string) (any, bool) {
+	if path, ok := strings.CutPrefix(name, bodyPrefix); ok {
+		return p.bodyField(path)
+	}
 	field, ok := strings.CutPrefix(name, "http.rate_limit.")
-	if !ok {
+	if !ok || p.zone == "" {
 		return nil, false
 	}
 	switch field {

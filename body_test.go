@@ -1,0 +1,214 @@
+package ratelimit
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+	"github.com/d61b427a/caddy-rate-limit/costfrom"
+)
+
+// bodyServed is what one request with a body through the handler gave.
+type bodyServed struct {
+	served
+	// body is what the next handler read of the body, and unread tells
+	// that it got the body as the client sent it, not read by then.
+	body   string
+	unread bool
+	// model is {body.model} as the next handler saw it.
+	model string
+	// err is the handler's error, which names why a request was
+	// refused outside a Caddy server (see hasErrorRoutes).
+	err error
+}
+
+// serveBody sends a POST with body (of unknown length, as a chunked
+// upload is) through h, with the headers given, and providers registered
+// on its replacer before the handler runs, as a map handler before
+// rate_limit registers one.
+func serveBody(t *testing.T, h *Handler, body string, providers func(*caddy.Replacer), headers ...string) bodyServed {
+	t.Helper()
+	r, repl := testRequest(t.Context(), http.MethodPost, "192.0.2.1", headers...)
+	r.Body, r.ContentLength = io.NopCloser(strings.NewReader(body)), -1
+	if providers != nil {
+		providers(repl)
+	}
+	original := r.Body
+	var out bodyServed
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		out.reached = true
+		out.unread = r.Body == original
+		b, _ := io.ReadAll(r.Body)
+		out.body = string(b)
+		out.model, _ = repl.GetString("body.model")
+		return nil
+	})
+	w := httptest.NewRecorder()
+	err := h.ServeHTTP(w, r, next)
+	out.status, out.header, out.repl, out.err = w.Code, w.Header(), repl, err
+	var he caddyhttp.HandlerError
+	switch {
+	case errors.As(err, &he):
+		out.status = he.StatusCode
+	case err != nil:
+		t.Fatalf("ServeHTTP: %v", err)
+	}
+	return out
+}
+
+// TestBodyFieldKeys: {body.<field>} in a key is the field's decoded
+// value, a number in its shortest decimal form, so that a field's
+// spellings are one key; a body that does not give it, or is not JSON,
+// falls through to the next alternative; the body is handed on as it
+// came, and later handlers see the field.
+func TestBodyFieldKeys(t *testing.T) {
+	h := provisionHandler(t, `{"zones":[{"name":"unit_body_keys",
+		"key":["{http.request.header.X-User}:{body.model}","{body.metadata.user_id}"],"limit":100,"window":"1h"}]}`)
+	withClock(t, h, vectors.Start)
+	for _, c := range []struct {
+		body, user, key, model string
+	}{
+		{`{"model":"gpt-4o","messages":[]}`, "ann", "ann:gpt-4o", "gpt-4o"},
+		{`{"MODEL":"gpt-4o"}`, "ann", "ann:gpt-4o", "gpt-4o"},
+		{`{"mod\u0065l":"gpt-4o"}`, "ann", "ann:gpt-4o", "gpt-4o"},
+		{`{"model":1000}`, "ann", "ann:1000", "1000"},
+		{`{"model":1e3}`, "ann", "ann:1000", "1000"},
+		{`{"model":"\u0031000"}`, "ann", "ann:1000", "1000"},
+		{`{"model":true}`, "ann", "ann:true", "true"},
+		// Not a value, not given, not JSON: the next alternative.
+		{`{"model":null,"metadata":{"user_id":"u-7"}}`, "ann", "u-7", ""},
+		{`{"model":{"id":"x"},"metadata":{"User_Id":42}}`, "ann", "42", ""},
+		{`{"metadata":{"user_id":"u-7"}}`, "ann", "u-7", ""},
+		{`{"model":"gpt-4o","metadata":{"user_id":"u-7"}}`, "", "u-7", "gpt-4o"},
+		{`model=gpt-4o`, "ann", "192.0.2.1", ""},
+		{``, "ann", "192.0.2.1", ""},
+	} {
+		got := serveBody(t, h, c.body, nil, "X-User: "+c.user)
+		if got.status != http.StatusOK || got.body != c.body {
+			t.Errorf("%s: status %d, next read %q; want 200 and the body as sent", c.body, got.status, got.body)
+			continue
+		}
+		if key := placeholder(got.repl, "key"); key != c.key || got.model != c.model {
+			t.Errorf("%s, X-User %q: key %q, {body.model} %q after it; want %q, %q", c.body, c.user, key, got.model, c.key, c.model)
+		}
+	}
+	// Two models of one user count apart; 1000, 1e3 and "\u0031000" are
+	// one key.
+	userModel := "{http.request.header.X-User}:{body.model}"
+	for key, want := range map[string]int64{
+		spaceTag(userModel) + "ann:1000":            3,
+		spaceTag(userModel) + "ann:gpt-4o":          3,
+		spaceTag(userModel) + "ann:true":            1,
+		spaceTag("{body.metadata.user_id}") + "u-7": 3,
+		"192.0.2.1": 2,
+	} {
+		if n := used(t, h, "unit_body_keys", key); n != want {
+			t.Errorf("%s used %d, want %d", key, n, want)
+		}
+	}
+}
+
+// TestBodyFieldRefused: a body that gives a field a zone reads twice,
+// under any spelling, is answered 400 naming it, and one larger than
+// MaxBody 413; neither reaches the next handler or takes anything.
+func TestBodyFieldRefused(t *testing.T) {
+	h := provisionHandler(t, `{"zones":[{"name":"unit_body_refused",
+		"key":["{body.metadata.user_id}"],"limit":100,"window":"1h"}]}`)
+	withClock(t, h, vectors.Start)
+	for _, c := range []struct {
+		body, field string
+	}{
+		{`{"metadata":{"user_id":"a","USER_ID":"b"}}`, "metadata.user_id"},
+		{`{"metadata":{"user_id":"a"},"Metadata":{"user_id":"b"}}`, "metadata"},
+		{`{"metadata":{"user_id":"a","user_\u0069d":"b"}}`, "metadata.user_id"},
+	} {
+		got := serveBody(t, h, c.body, nil)
+		var dup *costfrom.DuplicateError
+		if got.status != http.StatusBadRequest || got.reached || !errors.As(got.err, &dup) || dup.Field != c.field {
+			t.Errorf("%s: status %d (next ran: %v), %v; want 400 naming %s", c.body, got.status, got.reached, got.err, c.field)
+		}
+	}
+	big := `{"metadata":{"user_id":"big"},"pad":"` + strings.Repeat("a", MaxBody) + `"}`
+	if got := serveBody(t, h, big, nil); got.status != http.StatusRequestEntityTooLarge || got.reached {
+		t.Errorf("a body over MaxBody: status %d (next ran: %v), want 413", got.status, got.reached)
+	}
+	user := spaceTag("{body.metadata.user_id}")
+	for _, key := range []string{user + "a", user + "b", user + "big", "192.0.2.1"} {
+		if n := used(t, h, "unit_body_refused", key); n != 0 {
+			t.Errorf("%s used %d after refusals", key, n)
+		}
+	}
+}
+
+// TestBodyFieldThroughAMap: a limit whose placeholder a handler before
+// rate_limit answers from {body.model}, as Caddy's map does, resolves
+// from the body, and its fallback applies to a model it does not map.
+func TestBodyFieldThroughAMap(t *testing.T) {
+	h := provisionHandler(t, `{"zones":[{"name":"unit_body_map",
+		"key":["{http.request.header.X-User}"],"limit":["{model_tpm}",5],"window":"1h"}]}`)
+	withClock(t, h, vectors.Start)
+	tpm := func(repl *caddy.Replacer) {
+		repl.Map(func(key string) (any, bool) {
+			if key != "model_tpm" {
+				return nil, false
+			}
+			switch repl.ReplaceAll("{body.model}", "") {
+			case "gpt-4o":
+				return "30000", true
+			case "gpt-4o-mini":
+				return "200000", true
+			}
+			return nil, true
+		})
+	}
+	for body, want := range map[string]string{
+		`{"model":"gpt-4o"}`:      "30000",
+		`{"model":"gpt-4o-mini"}`: "200000",
+		`{"model":"other"}`:       "5",
+		`not json`:                "5",
+	} {
+		got := serveBody(t, h, body, tpm, "X-User: u"+body)
+		if limit := got.header.Get("X-RateLimit-Limit"); got.status != http.StatusOK || limit != want || got.body != body {
+			t.Errorf("%s: status %d, limit %s, next read %q; want 200, limit %s, the body as sent", body, got.status, limit, got.body, want)
+		}
+	}
+}
+
+// TestBodyReadOnlyWhenNeeded: a zone that asks for no field of the body
+// (nor reserves by it) hands it on unread, whatever later handlers ask
+// for, and they find {body.*} empty; a zone that reserves by it lets
+// them see its fields.
+func TestBodyReadOnlyWhenNeeded(t *testing.T) {
+	for _, c := range []struct {
+		name, zone string
+		read       bool
+	}{
+		{"plain", `"key":["{http.request.header.X-User}"],"limit":[100],"window":"1h"`, false},
+		{"reserve units", `"key":["{http.request.header.X-User}"],"limit":[100],"window":"1h","cost_from":{"header":"X-Cost"},"reserve":{"units":5}`, false},
+		{"alternative not reached", `"key":["{http.request.header.X-User}","{body.model}"],"limit":[100],"window":"1h"`, false},
+		{"reserve max_tokens", `"key":["{http.request.header.X-User}"],"limit":[100000],"window":"1h","cost_from":{"usage":"total"},"reserve":{"max_tokens":5}`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := provisionHandler(t, `{"zones":[{"name":"unit_body_needed_`+strings.ReplaceAll(c.name, " ", "_")+`",`+c.zone+`}]}`)
+			withClock(t, h, vectors.Start)
+			body := `{"model":"gpt-4o"}`
+			got := serveBody(t, h, body, nil, "X-User: ann")
+			if got.status != http.StatusOK || got.body != body {
+				t.Fatalf("status %d, next read %q; want 200 and the body", got.status, got.body)
+			}
+			if got.unread == c.read {
+				t.Errorf("the next handler got the body unread: %v, want %v", got.unread, !c.read)
+			}
+			if want := map[bool]string{true: "gpt-4o"}[c.read]; got.model != want {
+				t.Errorf("{body.model} in the next handler %q, want %q", got.model, want)
+			}
+		})
+	}
+}
