@@ -212,3 +212,59 @@ func TestBodyReadOnlyWhenNeeded(t *testing.T) {
 		})
 	}
 }
+
+// TestCostPlaceholders: {http.rate_limit.cost} is what the request took
+// in the zone the headers describe, and {http.rate_limit.cost.<zone>} in
+// each cost_from zone: their reservations at admission, what the
+// response showed once it is done, and 0 for a refused request.
+func TestCostPlaceholders(t *testing.T) {
+	h := provisionHandler(t, `{"zones":[
+		{"name":"unit_cost_a","key":["{http.request.header.X-User}"],"limit":100,"window":"1h","algorithm":"fixed_window","cost_from":{"header":"X-Cost"},"reserve":{"units":30}},
+		{"name":"unit_cost_b","key":["{http.request.header.X-User}"],"limit":1000,"window":"1h","algorithm":"fixed_window","cost_from":{"header":"X-Cost-B"},"reserve":{"units":10}}]}`)
+	withClock(t, h, vectors.Start)
+	send := func(costA, costB string) (status int, during, after map[string]string) {
+		t.Helper()
+		r, repl := testRequest(t.Context(), http.MethodGet, "192.0.2.1", "X-User: ann")
+		read := func() map[string]string {
+			out := map[string]string{}
+			for _, name := range []string{"zone", "cost", "cost.unit_cost_a", "cost.unit_cost_b", "cost.elsewhere"} {
+				v, ok := repl.GetString("http.rate_limit." + name)
+				if !ok {
+					v = "unknown"
+				}
+				out[name] = v
+			}
+			return out
+		}
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			during = read()
+			w.Header().Set("X-Cost", costA)
+			w.Header().Set("X-Cost-B", costB)
+			w.WriteHeader(http.StatusOK)
+			return nil
+		})
+		w := httptest.NewRecorder()
+		err := h.ServeHTTP(w, r, next)
+		status = w.Code
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) {
+			status = he.StatusCode
+		}
+		return status, during, read()
+	}
+	status, during, after := send("20", "7")
+	if status != http.StatusOK ||
+		during["zone"] != "unit_cost_a" || during["cost"] != "30" || during["cost.unit_cost_a"] != "30" || during["cost.unit_cost_b"] != "10" ||
+		after["cost"] != "20" || after["cost.unit_cost_a"] != "20" || after["cost.unit_cost_b"] != "7" || after["cost.elsewhere"] != "unknown" {
+		t.Errorf("admitted: status %d, during the response %v, after it %v", status, during, after)
+	}
+	// 20 + 70 leaves 10 in unit_cost_a, less than its reservation.
+	if status, _, _ := send("70", "1"); status != http.StatusOK {
+		t.Fatalf("second request: %d", status)
+	}
+	status, during, after = send("1", "1")
+	if status != http.StatusTooManyRequests || during != nil ||
+		after["zone"] != "unit_cost_a" || after["cost"] != "0" || after["cost.unit_cost_a"] != "0" || after["cost.unit_cost_b"] != "0" {
+		t.Errorf("refused: status %d, after it %v; want 429 and costs of 0", status, after)
+	}
+}

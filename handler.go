@@ -54,6 +54,16 @@ func (c *zoneCheck) holds() bool {
 	return c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded
 }
 
+// taken is what the allowed check c took at admission: its cost (a
+// reservation, in a cost_from zone), or nothing if its zone is a dry run
+// that would have refused the request.
+func (c *zoneCheck) taken() int64 {
+	if c.dryRunExceeded {
+		return 0
+	}
+	return c.req.Cost
+}
+
 // releases reports whether the allowed check c releases its cost once
 // the response is done with status: its zone counts only some statuses
 // (count_status), not this one. A dry-run zone that would have rejected
@@ -212,6 +222,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case rejectedByZone:
 		rejected.zone.results[resultRejected].Inc()
 		h.banned(s.checks)
+		// A request refused takes nothing, in any zone.
+		for i := range s.checks {
+			if c := &s.checks[i]; c.zone.meter.on {
+				p.setCost(c.zone.Name, 0)
+			}
+		}
+		p.logCosts(r.Context())
 		return h.reject(w, r, p, rejected)
 	}
 	for _, c := range s.checks {
@@ -223,8 +240,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		default:
 			c.zone.results[resultAllowed].Inc()
 		}
-		if c.zone.meter.on && !c.dryRunExceeded {
-			c.zone.meter.units[costReserved].Add(float64(c.req.Cost))
+		if c.zone.meter.on {
+			c.zone.meter.units[costReserved].Add(float64(c.taken()))
+			p.setCost(c.zone.Name, c.taken())
 		}
 		if c.decision.Rolled && !c.dryRunExceeded {
 			// This check took for the key and moved it into a new window: report what
@@ -235,6 +253,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.report(w, p, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
 	countsStatus, meters := anyCountsStatus(s.checks), anyMeters(s.checks)
 	if !countsStatus && !meters && !anyHoldsUnits(s.checks) {
+		// What the request took is final.
+		p.logCosts(r.Context())
 		return h.serveNext(w, r, next)
 	}
 	var rec *statusRecorder
@@ -327,12 +347,11 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 // The client may be gone, so the request's context may be done: stores
 // release regardless (Store). A release that fails is a store error; a
 // shared store then keeps what it counted until its hold or window ends.
-// The cost placeholder p gets what the request cost, and a cost_from
-// zone's top keys count it.
+// The placeholders p, and the access log, get what the request finally
+// took (see placeholders.cost), and a cost_from zone's top keys count it.
 func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, p *placeholders) {
 	q := &s.take
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
-	costSet := false
 	for i := range s.checks {
 		c := &s.checks[i]
 		req := c.req
@@ -342,9 +361,9 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 			// Units, or a cost, to release.
 			if m.on {
 				m.units[costReleased].Add(float64(req.Cost))
-				if !costSet {
-					p.cost, costSet = 0, true
-				}
+			}
+			if !c.holds() {
+				p.took(c, 0)
 			}
 		case m.on && !c.dryRunExceeded:
 			kept := req.Cost
@@ -360,9 +379,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 			if kept > 0 {
 				c.zone.top.add(req.Key, kept, false)
 			}
-			if !costSet {
-				p.cost, costSet = kept, true
-			}
+			p.took(c, kept)
 			if !req.TrueUp && !req.Counted {
 				// The reservation stands.
 				continue
@@ -376,6 +393,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 		q.reqs = append(q.reqs, req)
 		q.decisions = append(q.decisions, c.decision)
 	}
+	p.logCosts(ctx)
 	if len(q.reqs) == 0 {
 		return
 	}
@@ -432,6 +450,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, p *placeholders
 	now := h.now()
 	retryAfter := h.retryAfter(c.decision.RetryAt, now)
 	h.report(w, p, c, true, retryAfter)
+	p.cost = 0
 	h.emitExceeded(r, c, retryAfter, now)
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))

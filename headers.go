@@ -1,13 +1,17 @@
 package ratelimit
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dunglas/httpsfv"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
@@ -46,7 +50,7 @@ func leastRemaining(checks []zoneCheck) *zoneCheck {
 func (h *Handler) report(w http.ResponseWriter, p *placeholders, c *zoneCheck, exceeded bool, retryAfter int64) {
 	d := c.decision
 	p.zone, p.key, p.limit, p.remaining, p.exceeded = c.zone.Name, keyValue(c.req.Key), d.Limit, d.Remaining, exceeded
-	p.cost = c.req.Cost
+	p.cost = c.taken()
 
 	// Units in flight have no window, reset or policy to describe.
 	window := c.req.Algorithm != algorithms.Concurrency
@@ -112,15 +116,78 @@ type placeholders struct {
 	// bodyWanted tells that a {body.*} was asked for before a zone read
 	// the body: the handler then reads it, and resolves again.
 	bodyWanted bool
-	// cost is the request's cost in the zone reported (a reservation, in
-	// a cost_from zone) until, once the response is done, the first
-	// cost_from zone that admitted it sets what the request cost there.
+	// cost is what the request took in the zone reported: its cost, or
+	// reservation, at admission; 0 if it was refused, or took nothing
+	// there (a dry run that would have refused it); and, once the
+	// response is done, what it finally took, if count_status released
+	// it or the zone reads its cost from the response (cost_from).
 	cost int64
+	// costs are what the request took in each cost_from zone that
+	// counted it, as cost says.
+	costs []zoneCost
 	// values back the response header values, so that setting a header
 	// allocates no slice of its own.
 	values [valueCount]string
 	// body answers {body.*} once a zone read the request's body.
 	body *bodyFields
+}
+
+// zoneCost is what a request took in a cost_from zone.
+type zoneCost struct {
+	zone string
+	cost int64
+}
+
+// setCost records that the request took cost in the cost_from zone.
+func (p *placeholders) setCost(zone string, cost int64) {
+	for i := range p.costs {
+		if p.costs[i].zone == zone {
+			p.costs[i].cost = cost
+			return
+		}
+	}
+	p.costs = append(p.costs, zoneCost{zone: zone, cost: cost})
+}
+
+// took records that the request finally took cost in the zone of check
+// c, once its response is done.
+func (p *placeholders) took(c *zoneCheck, cost int64) {
+	if c.zone.meter.on {
+		p.setCost(c.zone.Name, cost)
+	}
+	if p.zone == c.zone.Name {
+		p.cost = cost
+	}
+}
+
+// costLogField names the access log field in which a request through
+// cost_from zones shows what it took in each (see logCosts).
+const costLogField = "rate_limit_cost"
+
+// logCosts puts what the request took in each cost_from zone in the
+// request's access log line, as an object of zone names and their
+// units, if any cost_from zone counted it. It is called once those are
+// final, on every way out of the handler: a response that Caddy aborts
+// (a stream cut off, a client gone) never returns through the handlers
+// before this one, so the fields log_append would add after them are
+// missing from its line, while this one is there.
+func (p *placeholders) logCosts(ctx context.Context) {
+	if len(p.costs) == 0 {
+		return
+	}
+	if extra, ok := ctx.Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+		extra.Set(zap.Object(costLogField, loggedCosts(p.costs)))
+	}
+}
+
+// loggedCosts are a request's costs as logCosts logs them.
+type loggedCosts []zoneCost
+
+func (l loggedCosts) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	for _, c := range l {
+		enc.AddInt64(c.zone, c.cost)
+	}
+	return nil
 }
 
 // Indexes into placeholders.values.
@@ -164,6 +231,14 @@ func (p *placeholders) get(name string) (any, bool) {
 	}
 	field, ok := strings.CutPrefix(name, "http.rate_limit.")
 	if !ok || p.zone == "" {
+		return nil, false
+	}
+	if zone, ok := strings.CutPrefix(field, "cost."); ok {
+		for _, c := range p.costs {
+			if c.zone == zone {
+				return c.cost, true
+			}
+		}
 		return nil, false
 	}
 	switch field {
