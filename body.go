@@ -37,19 +37,21 @@ type bodyFields struct {
 	// err is the first *costfrom.DuplicateError of a field read, which
 	// refuses the request if a zone read the field.
 	err error
-	// values are the fields read so far, at most maxCachedFields.
-	values []bodyValue
+	// values are the first fields read, n of them: a config names a
+	// few, and any more are read again each time they are asked for.
+	values [4]bodyValue
+	n      int
+	// read is where a field is read into.
+	read [1]costfrom.Value
 }
 
-// bodyValue is a field as bodyFields found it.
+// bodyValue is a field as bodyFields found it. Its text is kept as the
+// replacer hands it on, so that a field asked for again (a key's second
+// alternative, a map, a log) costs no allocation.
 type bodyValue struct {
-	path, text string
+	path string
+	text any
 }
-
-// maxCachedFields bounds the fields a request keeps once read: a
-// config names a few, and any more are read again each time they are
-// asked for.
-const maxCachedFields = 8
 
 // setBody makes body, which a zone read, what the request's {body.*}
 // read.
@@ -75,7 +77,7 @@ func (p *placeholders) bodyField(path string) (any, bool) {
 
 // get answers a field of the body for bodyField.
 func (b *bodyFields) get(path string) (any, bool) {
-	for _, v := range b.values {
+	for _, v := range b.values[:b.n] {
 		if v.path == path {
 			return v.text, true
 		}
@@ -84,17 +86,18 @@ func (b *bodyFields) get(path string) (any, bool) {
 	if f == nil {
 		return nil, false
 	}
-	var value [1]costfrom.Value
-	text := ""
-	if err := f.Read(b.text, value[:]); err != nil {
+	var text any = ""
+	if err := f.Read(b.text, b.read[:]); err != nil {
 		if b.err == nil {
 			b.err = err
 		}
-	} else {
-		text, _ = value[0].Scalar()
+	} else if s, ok := b.read[0].Scalar(); ok {
+		text = s
 	}
-	if len(b.values) < maxCachedFields {
-		b.values = append(b.values, bodyValue{path: path, text: text})
+	b.read[0] = costfrom.Value{}
+	if b.n < len(b.values) {
+		b.values[b.n] = bodyValue{path: path, text: text}
+		b.n++
 	}
 	return text, true
 }

@@ -3,6 +3,7 @@ package costfrom
 import (
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Text returns a JSON request body as the UTF-8 text Fields.Read reads,
@@ -36,6 +37,9 @@ func (v Value) Scalar() (string, bool) {
 	}
 	switch c := v.raw[0]; {
 	case c == '"':
+		if len(v.raw) >= 2 && plainText(v.raw[1:len(v.raw)-1]) {
+			return string(v.raw[1 : len(v.raw)-1]), true
+		}
 		return v.Text()
 	case c == 't' || c == 'f':
 		if s := string(v.raw); s == "true" || s == "false" {
@@ -45,6 +49,18 @@ func (v Value) Scalar() (string, bool) {
 		return decimal(v.raw)
 	}
 	return "", false
+}
+
+// plainText reports whether b, the inside of a JSON string, is its own
+// text: valid UTF-8 with no escape or control character, which is most
+// often so (a model's name), and is read without decoding it.
+func plainText(b []byte) bool {
+	for _, c := range b {
+		if c == '\\' || c < ' ' || c == '"' {
+			return false
+		}
+	}
+	return utf8.Valid(b)
 }
 
 // decimal returns the JSON number b in the shortest decimal form (see
