@@ -268,3 +268,41 @@ func TestCostPlaceholders(t *testing.T) {
 		t.Errorf("refused: status %d, after it %v; want 429 and costs of 0", status, after)
 	}
 }
+
+// TestCostPlaceholderTakesNothing: {http.rate_limit.cost} is 0 for a
+// request whose cost count_status released once its response was done,
+// and for one a dry-run zone would have refused, which took nothing
+// there, as {http.rate_limit.cost.<zone>} says for a cost_from zone.
+func TestCostPlaceholderTakesNothing(t *testing.T) {
+	h := provisionHandler(t, `{"zones":[
+		{"name":"unit_cost_released","key":["{http.request.header.X-User}"],"limit":100,"window":"1h","cost":{"*":5},"count_status":["401"],"match":[{"path":["/released"]}]},
+		{"name":"unit_cost_dry","key":["{http.request.header.X-User}"],"limit":10,"window":"1h","dry_run":true,"cost_from":{"header":"X-Cost"},"reserve":{"units":8},"match":[{"path":["/dry"]}]}]}`)
+	withClock(t, h, vectors.Start)
+	send := func(path string) (during, after string, zoneCost string) {
+		t.Helper()
+		r, repl := testRequest(t.Context(), http.MethodGet, "192.0.2.1", "X-User: ann")
+		r.URL.Path = path
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			during, _ = repl.GetString("http.rate_limit.cost")
+			w.Header().Set("X-Cost", "3")
+			w.WriteHeader(http.StatusOK)
+			return nil
+		})
+		if err := h.ServeHTTP(httptest.NewRecorder(), r, next); err != nil {
+			t.Fatal(err)
+		}
+		after, _ = repl.GetString("http.rate_limit.cost")
+		zoneCost, _ = repl.GetString("http.rate_limit.cost.unit_cost_dry")
+		return during, after, zoneCost
+	}
+	if during, after, _ := send("/released"); during != "5" || after != "0" {
+		t.Errorf("count_status released: cost %s while the response ran, %s after it; want 5, then 0", during, after)
+	}
+	if during, after, dry := send("/dry"); during != "8" || after != "3" || dry != "3" {
+		t.Errorf("dry run, room left: cost %s, then %s (zone %s); want 8, then 3 (3)", during, after, dry)
+	}
+	// 3 used, and 8 more would be over 10.
+	if during, after, dry := send("/dry"); during != "0" || after != "0" || dry != "0" {
+		t.Errorf("dry run that would refuse: cost %s, then %s (zone %s); want 0 throughout", during, after, dry)
+	}
+}
