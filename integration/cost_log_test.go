@@ -78,7 +78,10 @@ func testCostBill(t *testing.T, store, zone string) {
 	}{{"/usage?n=30", 30}, {"/usage?n=250", 250}, {"/cut", 100}, {"/hang", 100}, {"/usage?n=400", 400}, {"/usage?n=50", 50}, {"/usage?n=1", 0}, {"/usage?n=1", 0}}
 	for i, s := range steps {
 		ctx, cancel := context.WithCancel(context.Background())
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, siteURL+s.path, strings.NewReader(`{"model":"m"}`))
+		// Without a body: Caddy's access log reads a count of the body's
+		// bytes that its proxy, aborting a response, may still be
+		// updating (a data race in Caddy that the race detector finds).
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, siteURL+s.path, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
