@@ -192,6 +192,8 @@ func TestOneLineForm(t *testing.T) {
 			`{"handler":"rate_limit","store":{"backend":"memory","max_keys":100},"zones":[{"ipv4_prefix":16,"key":["{http.request.remote.host}"],"limit":["30"],"name":"default@:9080","window":60000000000}]}`},
 		{`rate_limit {query.id} 2r/m`,
 			`{"handler":"rate_limit","zones":[{"key":["{http.request.uri.query.id}"],"limit":["2"],"name":"default@:9080","window":60000000000}]}`},
+		{`rate_limit {body.metadata.user_id} 10r/m`,
+			`{"handler":"rate_limit","zones":[{"key":["{body.metadata.user_id}"],"limit":["10"],"name":"default@:9080","window":60000000000}]}`},
 		{`rate_limit {remote.ip}:{remote.port} 2r/s`,
 			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}:{http.request.remote.port}"],"limit":["2"],"name":"default@:9080","window":1000000000}]}`},
 	} {
@@ -337,7 +339,7 @@ func TestOneLineRefused(t *testing.T) {
 		{`rate_limit {remote.ip} -5r/s`, []string{`rate: want a positive number of requests`, `"-5r/s"`}},
 		{`rate_limit {remote.ip} 10r/w`, []string{`"10r/w"`, "<n>r/d"}},
 		{`rate_limit {remote.ip} 3000000000r/s`, []string{`"3000000000r/s"`}},
-		{`rate_limit {body.user} 10r/s`, []string{"{body.user}", "not supported", "{header.X-Api-Key}", "{query.id}", "{cookie.session}"}},
+		{`rate_limit {body.items.#.id} 10r/s`, []string{"{body.items.#.id}", `"#"`, "{body.metadata.user_id}"}},
 		{`rate_limit {remote.mac} 10r/s`, []string{"{remote.mac}", "{remote.ip}"}},
 		{`rate_limit {remote.ip_prefix.40} 10r/s`, []string{"{remote.ip_prefix.40}", "1 to 32 bits"}},
 		{`rate_limit {remote.ip} 10r/s lots`, []string{"zone_size", `"lots"`}},

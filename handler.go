@@ -57,6 +57,16 @@ func (c *zoneCheck) holds() bool {
 	return c.req.Algorithm == algorithms.Concurrency && !c.dryRunExceeded
 }
 
+// taken is what the allowed check c took at admission: its cost (a
+// reservation, in a cost_from zone), or nothing if its zone is a dry run
+// that would have refused the request.
+func (c *zoneCheck) taken() int64 {
+	if c.dryRunExceeded {
+		return 0
+	}
+	return c.req.Cost
+}
+
 // releases reports whether the allowed check c releases its cost once
 // the response is done with status: its zone counts only some statuses
 // (count_status), not this one. A dry-run zone that would have rejected
@@ -82,6 +92,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	s := scratchPool.Get().(*scratch)
 	defer s.recycle()
+	var p *placeholders
 	needsBody := false
 	for _, z := range h.Zones {
 		match, err := z.matchers.AnyMatchWithError(r)
@@ -90,6 +101,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		if !match {
 			continue
+		}
+		if p == nil {
+			// Before the zone's key and limit are resolved, which may
+			// ask for {body.*}, themselves or through a map.
+			p = requestPlaceholders(values)
 		}
 		dryRun := z.DryRun
 		var dial storage.ZoneDial
@@ -113,9 +129,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				return bodyRefused(w, r, err)
 			}
 		}
+		// A body is read before anything is taken, so that a body
+		// refused takes nothing; and only for a zone that needs it, its
+		// fields or its bound.
 		limit, ok := dial.Limit, dial.Limit > 0
 		if !ok {
-			if limit, ok = z.resolveLimit(values); !ok {
+			p.bodyWanted = false
+			limit, ok = z.resolveLimit(values)
+			if p.bodyWanted {
+				if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
+					return bodyRefused(w, r, err)
+				}
+				limit, ok = z.resolveLimit(values)
+			}
+			if !ok {
 				continue
 			}
 		}
@@ -125,9 +152,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			cost = z.meter.leastReservation()
 			needsBody = needsBody || z.meter.readsBody()
 		}
+		p.bodyWanted = false
+		key := z.resolveKey(values)
+		if p.bodyWanted {
+			if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
+				return bodyRefused(w, r, err)
+			}
+			key = z.resolveKey(values)
+		}
 		req := storage.Request{
 			Zone:        z.Name,
-			Key:         z.resolveKey(values),
+			Key:         key,
 			Algorithm:   z.Algorithm,
 			Rate:        z.rate(limit),
 			Cost:        cost,
@@ -142,6 +177,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		s.checks = append(s.checks, zoneCheck{zone: z, dryRun: dryRun, req: req})
 	}
+	if p != nil && p.body != nil && p.body.err != nil {
+		return fieldRefused(w, r, p.body.err)
+	}
 	if len(s.checks) == 0 {
 		return h.serveNext(w, r, next)
 	}
@@ -153,7 +191,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if c := h.refusedNow(s.checks); c != nil {
 				countTop(s.checks, rejectedByZone, c)
 				c.zone.results[resultRejected].Inc()
-				return h.reject(w, r, values, c)
+				p.refused(r.Context(), s.checks)
+				return h.reject(w, r, p, c)
 			}
 			if err := s.readBody(w, r, h.bodyLimits); err != nil {
 				return bodyRefused(w, r, err)
@@ -162,6 +201,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if err := s.request.Read(s.body); err != nil {
 			return fieldRefused(w, r, err)
 		}
+		s.requestRead = true
+	}
+	if s.bodyRead && p.body == nil {
+		// Read for a reservation: later handlers see its fields.
+		p.setBody(s.body)
 	}
 	for i := range s.checks {
 		c := &s.checks[i]
@@ -188,10 +232,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case rejectedByZone:
 		rejected.zone.results[resultRejected].Inc()
 		h.banned(s.checks)
+		p.refused(r.Context(), s.checks)
 		if c := neverPasses(s.checks); c != nil {
-			return h.refuseCost(w, r, values, c)
+			return h.refuseCost(w, r, p, c)
 		}
-		return h.reject(w, r, values, rejected)
+		return h.reject(w, r, p, rejected)
 	}
 	for _, c := range s.checks {
 		switch {
@@ -202,8 +247,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		default:
 			c.zone.results[resultAllowed].Inc()
 		}
-		if c.zone.meter.on && !c.dryRunExceeded {
-			c.zone.meter.units[costReserved].Add(float64(c.req.Cost))
+		if c.zone.meter.on {
+			c.zone.meter.units[costReserved].Add(float64(c.taken()))
+			p.setCost(c.zone.Name, c.taken())
 		}
 		if c.decision.Rolled && !c.dryRunExceeded {
 			// This check took for the key and moved it into a new window: report what
@@ -211,9 +257,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			c.zone.usage.Observe(float64(c.decision.Finished) / float64(c.decision.Limit))
 		}
 	}
-	p := h.report(w, values, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
+	h.report(w, p, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
 	countsStatus, meters := anyCountsStatus(s.checks), anyMeters(s.checks)
 	if !countsStatus && !meters && !anyHoldsUnits(s.checks) {
+		// What the request took is final.
+		p.logCosts(r.Context())
 		return h.serveNext(w, r, next)
 	}
 	var rec *statusRecorder
@@ -328,12 +376,11 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 // The client may be gone, so the request's context may be done: stores
 // release regardless (Store). A release that fails is a store error; a
 // shared store then keeps what it counted until its hold or window ends.
-// The cost placeholder p gets what the request cost, and a cost_from
-// zone's top keys count it.
+// The placeholders p, and the access log, get what the request finally
+// took (see placeholders.cost), and a cost_from zone's top keys count it.
 func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, p *placeholders) {
 	q := &s.take
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
-	costSet := false
 	for i := range s.checks {
 		c := &s.checks[i]
 		req := c.req
@@ -343,9 +390,9 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 			// Units, or a cost, to release.
 			if m.on {
 				m.units[costReleased].Add(float64(req.Cost))
-				if !costSet {
-					p.cost, costSet = 0, true
-				}
+			}
+			if !c.holds() {
+				p.took(c, 0)
 			}
 		case m.on && !c.dryRunExceeded:
 			kept := req.Cost
@@ -361,9 +408,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 			if kept > 0 {
 				c.zone.top.add(req.Key, kept, false)
 			}
-			if !costSet {
-				p.cost, costSet = kept, true
-			}
+			p.took(c, kept)
 			if !req.TrueUp && !req.Counted {
 				// The reservation stands.
 				continue
@@ -377,6 +422,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 		q.reqs = append(q.reqs, req)
 		q.decisions = append(q.decisions, c.decision)
 	}
+	p.logCosts(ctx)
 	if len(q.reqs) == 0 {
 		return
 	}
@@ -395,12 +441,14 @@ type scratch struct {
 	// some statuses.
 	recorder statusRecorder
 	// body is the request's body, once bodyRead, for the zones that
-	// reserve by it (cost_from), and request what they read of it;
+	// reserve by it (cost_from) or read its fields ({body.*}), and
+	// request what the reserving zones read of it, once requestRead;
 	// writers read the response's costs.
-	body     []byte
-	bodyRead bool
-	request  costfrom.Request
-	writers  []costWriter
+	body        []byte
+	bodyRead    bool
+	request     costfrom.Request
+	requestRead bool
+	writers     []costWriter
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -417,7 +465,7 @@ func (s *scratch) recycle() {
 	s.checks, s.reqs, s.decisions, s.waited, s.store = s.checks[:0], s.reqs[:0], s.decisions[:0], false, nil
 	s.recorder = statusRecorder{}
 	if s.bodyRead {
-		s.request = costfrom.Request{}
+		s.request, s.requestRead = costfrom.Request{}, false
 	}
 	bodyread.Release(int64(len(s.body)))
 	s.body, s.bodyRead = nil, false
@@ -428,10 +476,11 @@ func (s *scratch) recycle() {
 // reject answers a request that the check c rejected: the zone's status
 // (429 by default), with the limit headers and Retry-After, and emits
 // the key's rate_limit_exceeded event if it is its first in the window.
-func (h *Handler) reject(w http.ResponseWriter, r *http.Request, values requestValues, c *zoneCheck) error {
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, p *placeholders, c *zoneCheck) error {
 	now := h.now()
 	retryAfter := h.retryAfter(c.decision.RetryAt, now)
-	p := h.report(w, values, c, true, retryAfter)
+	h.report(w, p, c, true, retryAfter)
+	p.cost = 0
 	h.emitExceeded(r, c, retryAfter, now)
 	if ce := h.logger.Check(zap.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(zap.String("zone", c.zone.Name), h.keyField(c.req.Key))
@@ -470,8 +519,9 @@ func (c *zoneCheck) capacity() int64 {
 // headers describe the zone as for any rejection. The body is JSON
 // naming the zone, the cost and the limit (and a gcra zone's burst).
 // Nothing was taken.
-func (h *Handler) refuseCost(w http.ResponseWriter, r *http.Request, values requestValues, c *zoneCheck) error {
-	h.report(w, values, c, true, 0)
+func (h *Handler) refuseCost(w http.ResponseWriter, r *http.Request, p *placeholders, c *zoneCheck) error {
+	h.report(w, p, c, true, 0)
+	p.cost = 0
 	answer := costAnswer{Error: "request cost exceeds the zone's limit", Zone: c.zone.Name, Cost: c.req.Cost, Limit: c.decision.Limit}
 	if most := c.capacity(); most != answer.Limit {
 		answer.Error, answer.Burst = "request cost exceeds the zone's burst", most

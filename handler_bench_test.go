@@ -1,11 +1,14 @@
 package ratelimit
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -105,6 +108,81 @@ func benchmarkRequests(b *testing.B, rotate bool, serve func(*http.Request, http
 	fill()
 	w := httptest.NewRecorder()
 	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if i == batch {
+			b.StopTimer()
+			fill()
+			b.StartTimer()
+			i = 0
+		}
+		serve(reqs[i], w)
+		i++
+	}
+}
+
+// BenchmarkHandlerBody measures one request with a 2 KiB Chat Completions
+// body through a zone that reads it: to reserve by its bound (reserve
+// max_tokens, the read a token zone makes), to key on its model
+// ({body.model}), or both, on the allowed path with the memory store.
+func BenchmarkHandlerBody(b *testing.B) {
+	body := chatRequest2K()
+	for _, c := range []struct{ name, zone string }{
+		{"reserve_max_tokens", `"key":["{http.request.header.X-Api-Key}"],"cost_from":{"usage":"total"},"reserve":{"max_tokens":512}`},
+		{"key_body_model", `"key":["{http.request.header.X-Api-Key}:{body.model}"]`},
+		{"key_body_model_reserve_max_tokens", `"key":["{http.request.header.X-Api-Key}:{body.model}"],"cost_from":{"usage":"total"},"reserve":{"max_tokens":512}`},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			h := provisionHandler(b, `{"zones":[{"name":"bench_body_`+c.name+`","limit":[2000000000],"window":"1m",`+c.zone+`}]}`)
+			benchmarkBodies(b, body, func(req *http.Request, w http.ResponseWriter) {
+				_ = h.ServeHTTP(w, req, nextOK)
+			})
+		})
+	}
+}
+
+// chatRequest2K is a Chat Completions request of 2 KiB.
+func chatRequest2K() []byte {
+	head := `{"model":"gpt-4o-mini","max_tokens":512,"stream":false,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"`
+	tail := `"}],"temperature":0.7,"metadata":{"user_id":"user-1234"}}`
+	content := strings.Repeat("Why is the sky blue at noon and red at sunset? Explain it to a child, then to a physicist. ", 30)
+	return []byte(head + content[:2048-len(head)-len(tail)] + tail)
+}
+
+// benchmarkBodies is benchmarkRequests for POST requests with body, each
+// with a reader of its own.
+func benchmarkBodies(b *testing.B, body []byte, serve func(*http.Request, http.ResponseWriter)) {
+	const batch = 64
+	reqs := make([]*http.Request, batch)
+	target := &url.URL{Path: "/v1/chat/completions"}
+	apiKey := []string{"k-123"}
+	length := []string{strconv.Itoa(len(body))}
+	fill := func() {
+		for i := range reqs {
+			req := &http.Request{
+				Method:        http.MethodPost,
+				URL:           target,
+				Proto:         "HTTP/1.1",
+				ProtoMajor:    1,
+				ProtoMinor:    1,
+				Header:        http.Header{"X-Api-Key": apiKey, "Content-Length": length},
+				Body:          io.NopCloser(bytes.NewReader(body)),
+				ContentLength: int64(len(body)),
+				Host:          "example.com",
+				RemoteAddr:    "203.0.113.9:1234",
+			}
+			vars := map[string]any{caddyhttp.ClientIPVarKey: "203.0.113.9"}
+			ctx := context.WithValue(context.Background(), caddyhttp.VarsCtxKey, vars)
+			ctx = context.WithValue(ctx, caddyhttp.ServerCtxKey, new(caddyhttp.Server))
+			req = req.WithContext(ctx)
+			caddyhttp.NewTestReplacer(req)
+			reqs[i] = req
+		}
+	}
+	fill()
+	w := httptest.NewRecorder()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
 	i := 0
 	for b.Loop() {
 		if i == batch {

@@ -1,13 +1,17 @@
 package ratelimit
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dunglas/httpsfv"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 )
@@ -39,16 +43,14 @@ func leastRemaining(checks []zoneCheck) *zoneCheck {
 	return best
 }
 
-// report sets the response headers and placeholders for check c, and
-// returns the request's placeholder state. A rejected request's
-// Retry-After, in seconds, is formatted along with the other numbers
-// (retryAfter 0 for an allowed request) and left in the state's values for
-// refuse to set.
-func (h *Handler) report(w http.ResponseWriter, values requestValues, c *zoneCheck, exceeded bool, retryAfter int64) *placeholders {
-	p := requestPlaceholders(values)
+// report sets the response headers, and the request's placeholders p,
+// for check c. A rejected request's Retry-After, in seconds, is
+// formatted along with the other numbers (retryAfter 0 for an allowed
+// request) and left in p's values for refuse to set.
+func (h *Handler) report(w http.ResponseWriter, p *placeholders, c *zoneCheck, exceeded bool, retryAfter int64) {
 	d := c.decision
 	p.zone, p.key, p.limit, p.remaining, p.exceeded = c.zone.Name, keyValue(c.req.Key), d.Limit, d.Remaining, exceeded
-	p.cost = c.req.Cost
+	p.cost = c.taken()
 
 	// Units in flight have no window, reset or policy to describe.
 	window := c.req.Algorithm != algorithms.Concurrency
@@ -75,7 +77,7 @@ func (h *Handler) report(w http.ResponseWriter, values requestValues, c *zoneChe
 		p.values[retryAfterValue] = all[u:]
 	}
 	if !window {
-		return p
+		return
 	}
 	// The header names are written in canonical form (X-Ratelimit-Limit
 	// is how Go spells X-RateLimit-Limit) so the map is set directly,
@@ -94,28 +96,109 @@ func (h *Handler) report(w http.ResponseWriter, values requestValues, c *zoneChe
 		hdr["Ratelimit-Policy"] = p.header(policyValue)
 		hdr["Ratelimit"] = p.header(rateLimitValue)
 	}
-	return p
 }
 
-// placeholders answers the {http.rate_limit.*} placeholders of one
-// request, computing their values only when a later handler or a log asks
-// for one. Its one provider is registered with the replacer once per
-// request; a later rate_limit handler on the same request finds it in the
-// request's variables and updates it, so that, as for the headers, the
-// last handler's report is what later handlers see.
+// placeholders answers the {http.rate_limit.*} and {body.*}
+// placeholders of one request, computing their values only when a later
+// handler or a log asks for one. Its one provider is registered with the
+// replacer once per request, when a zone first matches it (before its
+// key and limit are resolved, which may read {body.*}); a later
+// rate_limit handler on the same request finds it in the request's
+// variables and updates it, so that, as for the headers, the last
+// handler's report is what later handlers see. The {http.rate_limit.*}
+// placeholders are unknown until a handler reports.
 type placeholders struct {
 	zone      string
 	key       string
 	limit     int64
 	remaining int64
 	exceeded  bool
-	// cost is the request's cost in the zone reported (a reservation, in
-	// a cost_from zone) until, once the response is done, the first
-	// cost_from zone that admitted it sets what the request cost there.
+	// bodyWanted tells that a {body.*} was asked for before a zone read
+	// the body: the handler then reads it, and resolves again.
+	bodyWanted bool
+	// cost is what the request took in the zone reported: its cost, or
+	// reservation, at admission; 0 if it was refused, or took nothing
+	// there (a dry run that would have refused it); and, once the
+	// response is done, what it finally took, if count_status released
+	// it or the zone reads its cost from the response (cost_from).
 	cost int64
+	// costs are what the request took in each cost_from zone that
+	// counted it, as cost says.
+	costs []zoneCost
 	// values back the response header values, so that setting a header
 	// allocates no slice of its own.
 	values [valueCount]string
+	// body answers {body.*} once a zone read the request's body.
+	body *bodyFields
+}
+
+// zoneCost is what a request took in a cost_from zone.
+type zoneCost struct {
+	zone string
+	cost int64
+}
+
+// setCost records that the request took cost in the cost_from zone.
+func (p *placeholders) setCost(zone string, cost int64) {
+	for i := range p.costs {
+		if p.costs[i].zone == zone {
+			p.costs[i].cost = cost
+			return
+		}
+	}
+	p.costs = append(p.costs, zoneCost{zone: zone, cost: cost})
+}
+
+// took records that the request finally took cost in the zone of check
+// c, once its response is done.
+func (p *placeholders) took(c *zoneCheck, cost int64) {
+	if c.zone.meter.on {
+		p.setCost(c.zone.Name, cost)
+	}
+	if p.zone == c.zone.Name {
+		p.cost = cost
+	}
+}
+
+// refused records that a refused request took nothing in any of its
+// checks' cost_from zones, and logs it: what it took is final.
+func (p *placeholders) refused(ctx context.Context, checks []zoneCheck) {
+	for i := range checks {
+		if c := &checks[i]; c.zone.meter.on {
+			p.setCost(c.zone.Name, 0)
+		}
+	}
+	p.logCosts(ctx)
+}
+
+// costLogField names the access log field in which a request through
+// cost_from zones shows what it took in each (see logCosts).
+const costLogField = "rate_limit_cost"
+
+// logCosts puts what the request took in each cost_from zone in the
+// request's access log line, as an object of zone names and their
+// units, if any cost_from zone counted it. It is called once those are
+// final, on every way out of the handler: a response that Caddy aborts
+// (a stream cut off, a client gone) never returns through the handlers
+// before this one, so the fields log_append would add after them are
+// missing from its line, while this one is there.
+func (p *placeholders) logCosts(ctx context.Context) {
+	if len(p.costs) == 0 {
+		return
+	}
+	if extra, ok := ctx.Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+		extra.Set(zap.Object(costLogField, loggedCosts(p.costs)))
+	}
+}
+
+// loggedCosts are a request's costs as logCosts logs them.
+type loggedCosts []zoneCost
+
+func (l loggedCosts) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	for _, c := range l {
+		enc.AddInt64(c.zone, c.cost)
+	}
+	return nil
 }
 
 // Indexes into placeholders.values.
@@ -154,8 +237,19 @@ func (p *placeholders) header(i int) []string {
 }
 
 func (p *placeholders) get(name string) (any, bool) {
+	if path, ok := strings.CutPrefix(name, bodyPrefix); ok {
+		return p.bodyField(path)
+	}
 	field, ok := strings.CutPrefix(name, "http.rate_limit.")
-	if !ok {
+	if !ok || p.zone == "" {
+		return nil, false
+	}
+	if zone, ok := strings.CutPrefix(field, "cost."); ok {
+		for _, c := range p.costs {
+			if c.zone == zone {
+				return c.cost, true
+			}
+		}
 		return nil, false
 	}
 	switch field {

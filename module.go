@@ -880,7 +880,7 @@ func dotSegment(name string) bool {
 // positive integer.
 func checkLimit(l string) error {
 	if strings.Contains(l, "{") {
-		return nil
+		return checkBodyPlaceholders(l)
 	}
 	n, err := strconv.ParseInt(l, 10, 64)
 	if err != nil || n <= 0 || n > maxLimit {
@@ -893,7 +893,7 @@ func checkKey(k string) error {
 	if strings.TrimSpace(k) == "" {
 		return errors.New("want a template, got an empty one")
 	}
-	return nil
+	return checkBodyPlaceholders(k)
 }
 
 func checkWindow(d time.Duration) error {

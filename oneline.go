@@ -166,7 +166,9 @@ func parseRate(s string) (int64, time.Duration, error) {
 // plugin took the first X-Forwarded-For entry of any client, which every
 // client can forge to get a fresh counter. (Caddy's Caddyfile adapter has
 // already turned {query.x}, {header.X}, {cookie.x} and {path.x} into its
-// own placeholders before the directive is read.)
+// own placeholders before the directive is read, and {body.x}, which
+// caddy-ext read through its requestbodyvar extension, is this module's
+// own: a field of the JSON body, by a dotted path of object keys.)
 var keyShorthands = map[string]string{
 	"remote.ip":   "{http.vars.client_ip}",
 	"remote.host": "{http.request.remote.host}",
@@ -183,7 +185,9 @@ var keyPrefixShorthands = map[string]string{
 var placeholderPattern = regexp.MustCompile(`\{[^{}]*\}`)
 
 // oneLineKey turns a one-line key into a key template and the IPv4 prefix
-// it asks for (0 for none), refusing a shorthand that has no equivalent.
+// it asks for (0 for none), refusing a shorthand that has no equivalent:
+// an unknown {remote.*}, or a {body.*} path that names array elements or
+// patterns (GJSON's syntax, which requestbodyvar read).
 func oneLineKey(key string) (string, int, error) {
 	var bits int
 	var err error
@@ -206,12 +210,7 @@ func oneLineKey(key string) (string, int, error) {
 			bits = n
 			return full
 		}
-		switch {
-		case strings.HasPrefix(name, "body."):
-			err = fmt.Errorf("%s: not supported: the request body is the application's to read, after rate_limit has decided; "+
-				"want a header ({header.X-Api-Key}), a query parameter ({query.id}), a cookie ({cookie.session}), "+
-				"or a verified JWT claim ({jwt.sub}, with the block form's jwt block)", p)
-		case strings.HasPrefix(name, "remote."):
+		if strings.HasPrefix(name, "remote.") {
 			err = fmt.Errorf("%s: unknown (want {remote.ip}, {remote.host}, {remote.port}, {remote.ip_prefix.<bits>} or {remote.host_prefix.<bits>})", p)
 		}
 		return p

@@ -45,7 +45,9 @@ func compileTemplates(alts Alternatives) []template {
 
 func compileTemplate(a string) template {
 	t := template{text: a, dynamic: strings.Contains(a, "{")}
-	if !t.dynamic {
+	if t.dynamic {
+		compileBodyPaths(a)
+	} else {
 		t.number, _ = strconv.ParseInt(a, 10, 64)
 	}
 	if len(a) > 2 && a[0] == '{' && a[len(a)-1] == '}' && strings.Count(a, "{") == 1 && strings.Count(a, "}") == 1 && !strings.Contains(a, `\`) {

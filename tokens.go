@@ -288,7 +288,7 @@ func (s *scratch) meterResponse(w http.ResponseWriter, r *http.Request) http.Res
 	// Anthropic's Messages API refuses stream_options, and its
 	// requests, which look like a Chat Completion's by their body, all
 	// carry anthropic-version: they are handed on as sent.
-	if hide && s.bodyRead && r.Header.Get("anthropic-version") == "" {
+	if hide && s.requestRead && r.Header.Get("anthropic-version") == "" {
 		if b, ok := s.request.StreamUsage(); ok {
 			setBody(r, b)
 			// A client that asked for the usage, in a spelling some
