@@ -40,17 +40,263 @@ func TestBadCaddyfileRefusedAtAdapt(t *testing.T) {
 	}
 }
 
+// caddyfileForms are rate_limit directives in every form the parser
+// takes, each valid: they seed FuzzCaddyfile, which then starts from
+// every subdirective and option, not only from refusals.
+var caddyfileForms = []string{
+	`rate_limit {
+	zone z {
+		key {client_ip}
+		limit 5
+		window 1s
+	}
+}`,
+	`rate_limit {
+	zone z {
+		match {
+			path /a
+		}
+		key a {header.X} {cookie.session}
+		limit {header.Q} 5
+		window 1m
+		algorithm fixed_window
+		cost POST 2
+		cost * 1
+		max_delay 1s
+		max_waiting 10
+		dry_run
+		status 503
+		ipv4_prefix 24
+		ipv6_prefix 64
+	}
+}`,
+	// mholt/caddy-ratelimit's zones.
+	`rate_limit {
+	zone z {
+		match {
+			method POST
+		}
+		key {remote_host}
+		window 1m
+		events 10
+	}
+	log_key
+	jitter 0.2
+	sweep_interval 1m
+	disable_metrics
+}`,
+	`rate_limit {
+	zone g {
+		limit 10
+		window 1s
+		algorithm gcra
+		burst 3
+	}
+	zone s {
+		limit 10
+		window 1m
+		algorithm sliding_window
+		buckets 12
+	}
+	zone t {
+		limit 10
+		window 1m
+		algorithm sliding_tail
+	}
+	zone c {
+		limit 4
+		algorithm concurrency
+		hold 30s
+	}
+	zone l {
+		limit 4
+		algorithm concurrency
+		lease 30s
+	}
+}`,
+	`rate_limit {
+	zone login {
+		match {
+			path /login*
+		}
+		key {client_ip}
+		limit 5
+		window 15m
+		count_status 401 403 4xx
+		ban 1h
+	}
+}`,
+	`rate_limit {
+	body_memory 64MiB
+	body_timeout 30s
+	zone tokens {
+		key {jwt.sub} {header.Authorization}
+		limit 200000
+		window 1h
+		cost_from usage total
+		reserve max_tokens 4096
+		usage_in_stream on
+	}
+	zone output {
+		limit 1000
+		window 1m
+		cost_from usage output
+		reserve 100
+		usage_in_stream off
+	}
+	zone input {
+		limit 1000
+		window 1m
+		algorithm gcra
+		burst 500
+		cost_from usage input
+		reserve max_tokens 100
+	}
+	zone counted {
+		limit 1000
+		window 1m
+		cost_from header X-Token-Count
+		reserve 10
+		count_status 2xx
+	}
+}`,
+	`rate_limit {
+	store memory {
+		max_keys 10
+	}
+	headers both
+	on_store_error deny
+	log_keys on
+	admin_changes off
+	zone a {
+		limit 1
+		window 1s
+	}
+}`,
+	`rate_limit {
+	store redis {
+		address rediss://user:pass@127.0.0.1:6380/0
+		timeout 50ms
+		key_prefix rl:
+		pool_size 4
+		lease on
+	}
+	on_store_error local
+	headers ietf
+	zone a {
+		limit 10
+		window 1m
+	}
+}`,
+	`rate_limit {
+	store redis {
+		addresses redis://127.0.0.1:7000 redis://127.0.0.1:7001
+		cluster
+		lease off
+	}
+	zone a {
+		limit 10
+		window 1m
+	}
+}`,
+	`rate_limit {
+	store redis {
+		address redis://127.0.0.1:26379
+		sentinel mymaster
+	}
+	headers off
+	on_store_error allow
+	zone a {
+		limit 10
+		window 1m
+	}
+}`,
+	`rate_limit {
+	jwt {
+		from header Authorization
+		secret {env.JWT_SECRET}
+		public_key /etc/keys/issuer.pem
+		algorithms RS256 ES256 HS256
+		issuer https://id.example.com
+		audience api other
+		leeway 30s
+	}
+	zone users {
+		key user:{jwt.sub} ip:{client_ip}
+		limit {jwt.quota} 600
+		window 1m
+	}
+}`,
+	`rate_limit {
+	jwt {
+		from cookie session
+		secret s
+	}
+	zone a {
+		key {jwt.org.id}
+		limit 10
+		window 1m
+	}
+}`,
+	`rate_limit {
+	jwt {
+		from query access_token
+		secret s
+	}
+	shed backend {
+		priority {header.X-Priority}
+		classes critical normal low
+		capacity 64
+		good 0.5
+		bad 0.9
+		after 1s
+		full 4s
+		status 503
+		dry_run
+	}
+	zone a {
+		limit 10
+		window 1m
+	}
+}`,
+	`rate_limit {
+	shed {
+		classes critical low
+		capacity 4
+	}
+}`,
+	"rate_limit {remote.ip} 10r/s",
+	"rate_limit {remote.ip_prefix.24} 5r/m 100 503",
+	"rate_limit {remote.host_prefix.16} 1r/h",
+	"rate_limit {header.X-Api-Key} 100r/d 1000",
+}
+
+// TestCaddyfileForms: each of caddyfileForms parses and validates, so
+// that the fuzz target's seeds reach past the parser's refusals.
+func TestCaddyfileForms(t *testing.T) {
+	for _, form := range caddyfileForms {
+		var h Handler
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(form)); err != nil {
+			t.Errorf("%s\n%v", form, err)
+			continue
+		}
+		if err := h.Validate(); err != nil {
+			t.Errorf("%s\nvalidate: %v", form, err)
+		}
+	}
+}
+
 // FuzzCaddyfile feeds arbitrary text to the rate_limit parser; it must
-// return an error or a handler, never panic. Run it with
-// `go test -run XXX -fuzz FuzzCaddyfile -fuzztime 60s .`
+// return an error or a handler, never panic. Its seeds are every form
+// the parser takes (caddyfileForms), each Caddyfile Caddy must refuse
+// (badconfig) and a refused one-liner. .ci/run runs it for a short
+// while; run it longer with
+// `go test -run '^$' -fuzz '^FuzzCaddyfile$' -fuzztime 60s .`
 func FuzzCaddyfile(f *testing.F) {
-	f.Add(`rate_limit { zone z { key {client_ip} limit 5 window 1s } }`)
-	f.Add("rate_limit {\nzone z {\nmatch {\npath /a\n}\nkey a {header.X}\nlimit {header.Q} 5\nwindow 1m\nalgorithm fixed_window\ncost POST 2\ncost * 1\nmax_delay 1s\ndry_run\nipv4_prefix 24\nipv6_prefix 64\n}\n}")
-	f.Add("rate_limit {\nstore memory {\nmax_keys 10\n}\nheaders both\non_store_error deny\nzone a {\nevents 1\nwindow 1s\n}\n}")
-	f.Add("rate_limit {remote.ip} 10r/s")
-	f.Add("rate_limit {remote.ip_prefix.24} 5r/m 100 503")
+	for _, form := range caddyfileForms {
+		f.Add(form)
+	}
 	f.Add("rate_limit {body.x} 1r/d")
-	f.Add("rate_limit {\nshed s {\npriority {header.X}\nclasses a b\ncapacity 4\ngood 0.5\nbad 0.9\nafter 1s\nfull 2s\nstatus 503\ndry_run\n}\nzone z {\nlimit 1\nwindow 1s\nstatus 503\n}\n}")
 	for _, c := range badconfig.Caddyfiles {
 		f.Add("rate_limit {\n" + badconfig.Expand(c.Block) + "\n}")
 	}

@@ -2,8 +2,11 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +56,80 @@ func assertSFString(t *testing.T, name string) {
 	if got, ok := item.Value.(string); !ok || got != name {
 		t.Fatalf("%s reads as %#v, want %q", field, item.Value, name)
 	}
+}
+
+// TestRateLimitHeadersCarryTheNameAsAString: a zone's name is sent in
+// RateLimit-Policy and RateLimit as an RFC 8941 String, whatever
+// printable characters it holds: an RFC 8941 parser reads each header as
+// one Item, the name as it is, with the zone's own parameters and no
+// other, though the name holds quotes, backslashes, or the ; , and =
+// that would open parameters or list members of their own outside a
+// String. On allowed and on rejected answers.
+func TestRateLimitHeadersCarryTheNameAsAString(t *testing.T) {
+	for i, name := range []string{
+		`unit_sf_semicolon;q=1000000;w=1`,
+		`unit_sf_comma, "other";q=1000000`,
+		`unit_sf_quote";q=1000000;w="1`,
+		`unit_sf_backslash\";q=1000000`,
+		`unit_sf_equals=x q=y`,
+		`unit_sf_all !"#$%&'()*+,-./:;<=>?@[\]^_{|}~`,
+	} {
+		config, err := json.Marshal(map[string]any{"headers": "ietf", "zones": []any{map[string]any{"name": name, "limit": 1, "window": "1m"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := provisionHandler(t, string(config))
+		ip := fmt.Sprintf("192.0.2.%d", i+1)
+		for _, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+			got := serve(t, h, context.Background(), http.MethodGet, ip)
+			if got.status != want {
+				t.Fatalf("%s: status %d, want %d", name, got.status, want)
+			}
+			assertSFItem(t, got.header.Values("RateLimit-Policy"), name, "q", "w")
+			assertSFItem(t, got.header.Values("RateLimit"), name, "r", "t")
+			if q := sfParam(t, got.header.Values("RateLimit-Policy"), "q"); q != 1 {
+				t.Errorf("%s: RateLimit-Policy %q: q=%d, want the zone's limit 1", name, got.header.Values("RateLimit-Policy"), q)
+			}
+		}
+	}
+}
+
+// assertSFItem checks that values parse as an RFC 8941 List of one Item,
+// the String name, whose parameters are params, each an integer.
+func assertSFItem(t *testing.T, values []string, name string, params ...string) {
+	t.Helper()
+	list, err := httpsfv.UnmarshalList(values)
+	if err != nil {
+		t.Fatalf("%q: not an RFC 8941 List: %v", values, err)
+	}
+	item, ok := list[0].(httpsfv.Item)
+	if len(list) != 1 || !ok {
+		t.Fatalf("%q: %d members, want one Item", values, len(list))
+	}
+	if got, ok := item.Value.(string); !ok || got != name {
+		t.Fatalf("%q: value %#v, want the String %q", values, item.Value, name)
+	}
+	if got := item.Params.Names(); !slices.Equal(got, params) {
+		t.Fatalf("%q: parameters %q, want %q", values, got, params)
+	}
+	for _, p := range params {
+		sfParam(t, values, p)
+	}
+}
+
+// sfParam returns the integer parameter p of the one Item values hold.
+func sfParam(t *testing.T, values []string, p string) int64 {
+	t.Helper()
+	list, err := httpsfv.UnmarshalList(values)
+	if err != nil || len(list) == 0 {
+		t.Fatalf("%q: not an RFC 8941 List: %v", values, err)
+	}
+	v, ok := list[0].(httpsfv.Item).Params.Get(p)
+	n, isInt := v.(int64)
+	if !ok || !isInt {
+		t.Fatalf("%q: parameter %s is %#v, want an integer", values, p, v)
+	}
+	return n
 }
 
 // TestJitterKeepsTheTrueInstant: with the largest jitter drawn, Retry-After

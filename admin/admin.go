@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/url"
@@ -650,12 +651,19 @@ func (a *adminAPI) changed(r *http.Request, what string, z target, fields ...zap
 	a.logger.Info("rate limit admin: "+what, fields...)
 }
 
-// decodeBody reads a JSON body into v, refusing unknown fields.
+// decodeBody reads a JSON body into v, refusing unknown fields and
+// anything after the object: of `{"mode": "off"} {"mode": "enforce"}`,
+// or an object cut short and followed by garbage, the first object alone
+// is not what was sent, and acting on it would set a change nobody sent
+// whole.
 func decodeBody(r *http.Request, v any) error {
 	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 64<<10))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return apiError(http.StatusBadRequest, fmt.Errorf("body: want a JSON object: %w", err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return apiError(http.StatusBadRequest, errors.New("body: want one JSON object, got more after it"))
 	}
 	return nil
 }

@@ -319,3 +319,65 @@ func TestAdminChanges(t *testing.T) {
 		t.Fatalf("a store without an admin side: %d %s, want 501 saying so", code, msg)
 	}
 }
+
+// TestAdminGarbage: every route answers garbage with 400, 404 or 405 and
+// an error, and no change reaches the store: methods a route does not
+// take, unknown zones and routes, ?n= and ?from= of garbage, and bodies
+// that are not one JSON object of the route's fields with values in
+// range, among them an object followed by more (the first object alone
+// would set an override or a dial nobody sent whole).
+func TestAdminGarbage(t *testing.T) {
+	z := runZone(t, "garbage", false)
+	const key = "/rate_limit/zones/garbage/keys/k"
+	type garbage struct {
+		method, path, body string
+		status             int
+	}
+	var cases []garbage
+	for _, r := range []struct {
+		path  string
+		takes []string
+	}{
+		{"/rate_limit/", []string{http.MethodGet, http.MethodHead}},
+		{"/rate_limit/zones", []string{http.MethodGet, http.MethodHead}},
+		{"/rate_limit/shed", []string{http.MethodGet, http.MethodHead}},
+		{"/rate_limit/zones/garbage/top", []string{http.MethodGet, http.MethodHead}},
+		{key, []string{http.MethodGet, http.MethodDelete}},
+		{key + "/limit", []string{http.MethodPut, http.MethodDelete}},
+		{"/rate_limit/zones/garbage/dial", []string{http.MethodPut, http.MethodDelete}},
+	} {
+		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions, http.MethodTrace, "BREW"} {
+			if !slices.Contains(r.takes, m) {
+				cases = append(cases, garbage{m, r.path, `{"limit": 5, "mode": "off"}`, http.StatusMethodNotAllowed})
+			}
+		}
+	}
+	for _, path := range []string{"/rate_limit/zones/nosuch/keys/k/limit", "/rate_limit/zones/nosuch/dial", "/rate_limit/nosuch", "/rate_limit/zones/garbage/keys/k/limit/more"} {
+		cases = append(cases, garbage{http.MethodPut, path, `{"limit": 5}`, http.StatusNotFound})
+	}
+	for _, n := range []string{"garbage", "0", "-1", "129", "1e3", "99999999999999999999"} {
+		cases = append(cases, garbage{http.MethodGet, "/rate_limit/zones/garbage/top?n=" + n, "", http.StatusBadRequest})
+	}
+	cases = append(cases, garbage{http.MethodPut, key + "/limit?from=%7Bheader.X%7D", `{"limit": 5}`, http.StatusBadRequest})
+	bodies := []string{
+		"", "{", "not json", "[]", `"off"`, "null", "{}", strings.Repeat("[", 100_000),
+		`{"limit": 5, "extra": 1}`, `{"limit": "5"}`, `{"limit": 5.5}`, `{"limit": 1e30}`, `{"limit": 2147483648}`, `{"limit": -1}`,
+		`{"limit": 5, "ttl": "-1h"}`, `{"limit": 5, "ttl": "forever"}`, `{"limit": 5, "ttl": 1e400}`,
+		`{"limit": 5} garbage`, `{"limit": 5}{"limit": 1000000}`, `{"limit": 5}}`, `{"limit": 5}` + strings.Repeat(" ", 70<<10) + "x",
+	}
+	for _, b := range bodies {
+		cases = append(cases, garbage{http.MethodPut, key + "/limit", b, http.StatusBadRequest})
+	}
+	for _, b := range append(bodies, `{"mode": "loud"}`, `{"mode": "off"} garbage`, `{"mode": "off"}{"mode": "enforce"}`) {
+		cases = append(cases, garbage{http.MethodPut, "/rate_limit/zones/garbage/dial", b, http.StatusBadRequest})
+	}
+
+	for _, c := range cases {
+		if code, msg := call(t, zap.NewNop(), c.method, c.path, c.body); code != c.status || msg == "" {
+			t.Errorf("%s %s %.40q: %d %.200s, want %d with an error", c.method, c.path, c.body, code, msg, c.status)
+		}
+	}
+	if len(z.store.changes) > 0 {
+		t.Errorf("garbage changed the store: %q", z.store.changes)
+	}
+}

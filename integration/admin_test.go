@@ -1,13 +1,17 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -178,6 +182,141 @@ func testAdminAPI(t *testing.T, base, zone, store string, send func(client strin
 			}
 		}
 	})
+
+	t.Run("garbage", func(t *testing.T) { testAdminGarbage(t, base, zone) })
+}
+
+// testAdminGarbage sends garbage to every admin route of zone through the
+// admin endpoint at base: methods a route does not take, unknown zones,
+// bad escapes, keys empty or of 10 KB, ?n= and ?from= of garbage, and
+// bodies that are not JSON, not objects, of unknown fields, of numbers
+// too large, of negative or unreadable TTLs, or followed by more. Each is
+// answered with the status the route gives it (400, 404, 405; a key of
+// 10 KB is a key, and a path with an empty segment is cleaned by Caddy's
+// admin endpoint), with a JSON error, never a 5xx, and none changes
+// anything: the zone has no dial after them, the key no override.
+func testAdminGarbage(t *testing.T, base, zone string) {
+	zonePath := "/rate_limit/zones/" + zone
+	key := zonePath + "/keys/k"
+	long := strings.Repeat("k", 10<<10)
+	type garbage struct {
+		method, path, body string
+		status             int
+	}
+	var cases []garbage
+	// Each route, with the methods it takes; every other is refused.
+	routes := []struct {
+		path  string
+		takes []string
+	}{
+		{"/rate_limit/", []string{http.MethodGet, http.MethodHead}},
+		{"/rate_limit/zones", []string{http.MethodGet, http.MethodHead}},
+		{"/rate_limit/shed", []string{http.MethodGet, http.MethodHead}},
+		{zonePath + "/top", []string{http.MethodGet, http.MethodHead}},
+		{key, []string{http.MethodGet, http.MethodDelete}},
+		{key + "/limit", []string{http.MethodPut, http.MethodDelete}},
+		{zonePath + "/dial", []string{http.MethodPut, http.MethodDelete}},
+	}
+	for _, r := range routes {
+		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions, http.MethodTrace, "BREW"} {
+			if !slices.Contains(r.takes, m) {
+				cases = append(cases, garbage{m, r.path, `{"limit": 5, "mode": "off"}`, http.StatusMethodNotAllowed})
+			}
+		}
+	}
+	for _, c := range []struct{ method, path string }{
+		{http.MethodGet, "/top"}, {http.MethodGet, "/keys/k"}, {http.MethodDelete, "/keys/k"},
+		{http.MethodPut, "/keys/k/limit"}, {http.MethodDelete, "/keys/k/limit"},
+		{http.MethodPut, "/dial"}, {http.MethodDelete, "/dial"},
+	} {
+		for _, name := range []string{"nosuch", url.PathEscape(zone + "\r\nX-Injected: 1"), strings.Repeat("z", 10<<10), "..%2F" + zone} {
+			cases = append(cases, garbage{c.method, "/rate_limit/zones/" + name + c.path, `{"limit": 5}`, http.StatusNotFound})
+		}
+	}
+	for _, q := range []string{"garbage", "0", "-1", "129", "1e3", "99999999999999999999", "garbage&n=1"} {
+		cases = append(cases, garbage{http.MethodGet, zonePath + "/top?n=" + q, "", http.StatusBadRequest})
+	}
+	for _, c := range []struct{ method, path, body string }{
+		{http.MethodGet, key, ""}, {http.MethodDelete, key, ""},
+		{http.MethodPut, key + "/limit", `{"limit": 5}`}, {http.MethodDelete, key + "/limit", ""},
+	} {
+		cases = append(cases, garbage{c.method, c.path + "?from=%7Bheader.X-Other%7D", c.body, http.StatusBadRequest})
+	}
+	bodies := []string{
+		"", "{", "not json", "[]", `"off"`, "null", "{}", strings.Repeat("[", 100_000),
+		`{"limit": 5, "extra": 1}`, `{"limit": "5"}`, `{"limit": 5.5}`, `{"limit": 1e30}`, `{"limit": 99999999999999999999}`,
+		`{"limit": 2147483648}`, `{"limit": -1}`, `{"limit": 0}`,
+		`{"limit": 5, "ttl": "-1h"}`, `{"limit": 5, "ttl": -1}`, `{"limit": 5, "ttl": "forever"}`, `{"limit": 5, "ttl": "9999999999h"}`, `{"limit": 5, "ttl": 1e400}`,
+		`{"limit": 5} garbage`, `{"limit": 5}{"limit": 1000000}`, `{"limit": 5}` + strings.Repeat(" ", 70<<10) + "x",
+		`{"limit": 5, "pad": "` + strings.Repeat("x", 70<<10) + `"}`,
+	}
+	for _, b := range bodies {
+		cases = append(cases, garbage{http.MethodPut, key + "/limit", b, http.StatusBadRequest})
+	}
+	for _, b := range append(bodies, `{"mode": "loud"}`, `{"mode": 5}`, `{"mode": "off"} garbage`, `{"mode": "off"}{"mode": "enforce"}`) {
+		cases = append(cases, garbage{http.MethodPut, zonePath + "/dial", b, http.StatusBadRequest})
+	}
+	// A key of 10 KB is a key, as a client may send one: the store keeps
+	// it bounded, as a hash.
+	cases = append(cases,
+		garbage{http.MethodPut, zonePath + "/keys/" + long + "/limit", `{"limit": 5}`, http.StatusOK},
+		garbage{http.MethodDelete, zonePath + "/keys/" + long + "/limit", "", http.StatusNoContent},
+		garbage{http.MethodDelete, zonePath + "/keys/" + long, "", http.StatusNoContent},
+	)
+	if k := keyState(t, base, zone, long); !regexp.MustCompile(`^#[0-9a-f]{32}$`).MatchString(k.Key) || k.Used != 0 {
+		t.Errorf("a key of 10 KB: %+v, want it unseen, shown bounded as # and 32 hex digits", k)
+	}
+
+	for _, c := range cases {
+		code, body := adminJSON(t, base, c.method, c.path, c.body)
+		var e struct{ Error string }
+		switch {
+		case code != c.status:
+			t.Errorf("%s %.120s %.60q: %d %.200s, want %d", c.method, c.path, c.body, code, body, c.status)
+		case code >= 400 && c.method != http.MethodHead && (json.Unmarshal([]byte(body), &e) != nil || e.Error == ""):
+			t.Errorf("%s %.120s %.60q: %d %.200s, want a JSON error", c.method, c.path, c.body, code, body)
+		}
+	}
+	// Bad escapes, which no client library sends.
+	for _, path := range []string{zonePath + "/keys/%zz/limit", "/rate_limit/zones/%zz/dial", zonePath + "/keys/%/limit"} {
+		if resp := rawRequest(t, base, "PUT "+path+" HTTP/1.1", `{"limit": 5}`); resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("PUT %s: %d, want 400", path, resp.StatusCode)
+		}
+	}
+	// An empty key: Caddy's admin endpoint sends a path with an empty
+	// segment on to the path without it, which names no key here.
+	if resp := rawRequest(t, base, "PUT "+zonePath+"/keys//limit HTTP/1.1", `{"limit": 5}`); resp.StatusCode != http.StatusTemporaryRedirect || resp.Header.Get("Location") != zonePath+"/keys/limit" {
+		t.Errorf("PUT with an empty key: %d to %q, want 307 to %s/keys/limit", resp.StatusCode, resp.Header.Get("Location"), zonePath)
+	}
+	if code, body := adminJSON(t, base, http.MethodPut, zonePath+"/keys/limit", `{"limit": 5}`); code != http.StatusMethodNotAllowed {
+		t.Errorf("PUT %s/keys/limit: %d %s, want 405", zonePath, code, body)
+	}
+	if z, ok := zoneState(t, base, zone); !ok || z.Dial != nil {
+		t.Errorf("zone %s after garbage: %+v, want it with no dial", zone, z)
+	}
+	if k := keyState(t, base, zone, "k"); k.Override != nil || k.Used != 0 {
+		t.Errorf("key k after garbage: %+v, want no override and no use", k)
+	}
+}
+
+// rawRequest sends a request with requestLine as given (one no client
+// library would send) and body to the admin endpoint at base, and
+// returns the answer.
+func rawRequest(t *testing.T, base, requestLine, body string) *http.Response {
+	t.Helper()
+	host := strings.TrimPrefix(base, "http://")
+	conn, err := net.Dial("tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "%s\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", requestLine, host, len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("%s: %v", requestLine, err)
+	}
+	resp.Body.Close()
+	return resp
 }
 
 // docCurls returns the lines of the given Markdown files that are curl

@@ -563,19 +563,25 @@ func TestMholtZoneRunsUnchanged(t *testing.T) {
 }
 
 // sfNames are zone names that Go's %q would have written as invalid
-// RFC 8941 strings, or that test its escapes, and the longest allowed.
+// RFC 8941 strings, or that test its escapes, names that would add
+// parameters or list members of their own were they not in a String,
+// and the longest allowed.
 var sfNames = []string{
 	"with space",
 	`quo"te`,
 	`back\slash`,
 	`"\ both \"`,
+	`semi;q=1000000;w=1`,
+	`comma, "other";q=1000000`,
+	`quote";q=1000000;w="1`,
 	strings.Repeat(`a"\ `, names.MaxLen/4),
 }
 
 // TestRateLimitHeadersAreStructuredFields: RateLimit and RateLimit-Policy
 // parse as RFC 8941 Lists of one Item, the zone's name as a String with
-// its parameters, for names with spaces, quotes, backslashes and the
-// longest allowed, on allowed and rejected responses.
+// its parameters, for names with spaces, quotes, backslashes, the ; , and
+// = of parameters and list members, and the longest allowed, on allowed
+// and rejected responses.
 func TestRateLimitHeadersAreStructuredFields(t *testing.T) {
 	if len(sfNames[len(sfNames)-1]) != names.MaxLen {
 		t.Fatalf("the longest name is %d long, want %d", len(sfNames[len(sfNames)-1]), names.MaxLen)
@@ -615,7 +621,7 @@ func TestRateLimitHeadersAreStructuredFields(t *testing.T) {
 `+siteAddr+` {
 	rate_limit {
 		headers ietf
-		zone "with \"space\" and \ " {
+		zone "with \"space\"; q=9, and \ " {
 			limit 5
 			window 1m
 		}
@@ -625,8 +631,8 @@ func TestRateLimitHeadersAreStructuredFields(t *testing.T) {
 `)
 	resp, _ := do(t, http.MethodGet, siteURL+"/")
 	status(t, resp, http.StatusOK)
-	assertSFItem(t, resp.Header.Values("RateLimit-Policy"), `with "space" and \ `, map[string]int64{"q": 5, "w": 60})
-	assertSFItem(t, resp.Header.Values("RateLimit"), `with "space" and \ `, map[string]int64{"r": 4, "t": -1})
+	assertSFItem(t, resp.Header.Values("RateLimit-Policy"), `with "space"; q=9, and \ `, map[string]int64{"q": 5, "w": 60})
+	assertSFItem(t, resp.Header.Values("RateLimit"), `with "space"; q=9, and \ `, map[string]int64{"r": 4, "t": -1})
 }
 
 // assertSFItem parses values as an RFC 8941 List and checks that it holds

@@ -139,9 +139,10 @@ func TestJWTUserBeforeIP(t *testing.T) {
 	}
 }
 
-// TestJWTRejectedTokensFallBackToIP sends every kind of bad token and shows
-// that each is counted in the client IP's bucket (its counter goes up by
-// one each time), not in a fresh bucket of the claimed user.
+// TestJWTRejectedTokensFallBackToIP sends every kind of bad token, the
+// forgeries of jwttest.Forgeries among them, and shows that each is
+// counted in the client IP's bucket (its counter goes up by one each
+// time), not in a fresh bucket of the claimed user.
 func TestJWTRejectedTokensFallBackToIP(t *testing.T) {
 	k := jwtKeys()
 	t.Setenv(jwtSecretEnv, jwtSecret)
@@ -169,6 +170,9 @@ func TestJWTRejectedTokensFallBackToIP(t *testing.T) {
 		{"wrong audience", bearer(jwtHS256(t, jwt.MapClaims{"sub": "mallory", "aud": "admin"}))},
 		{"claims swapped under a valid signature", bearer(parts[0] + "." + bobPayload + "." + parts[2])},
 		{"oversized", bearer(jwtHS256(t, jwt.MapClaims{"sub": "mallory", "pad": strings.Repeat("x", 9000)}))},
+	}
+	for _, f := range jwttest.Forgeries(t, k, []byte(jwtSecret), jwtClaims(mallory)) {
+		bad = append(bad, struct{ name, header string }{f.Name, bearer(f.Token)})
 	}
 	base := jwtGet(t, siteURL+"/")
 	if !strings.HasPrefix(base.key, "ip:") {

@@ -446,11 +446,21 @@ func (d *devTools) screenshot(t *testing.T, file string, width int) {
 // named plainly: the page escapes each name into one segment of the
 // address it fetches, and the admin API unescapes it, as it does for
 // each zone's other routes. (The names . and .., which no escape keeps
-// in a URL's path, are refused at load: see badconfig.)
+// in a URL's path, are refused at load: see badconfig.) A zone named
+// with HTML, and keys that are HTML, short and long, show as text: the
+// markup neither renders nor runs. Both the site and the admin endpoint
+// send the page with its Content-Security-Policy.
 func TestStatusPageZoneNamesInBrowser(t *testing.T) {
 	integration(t)
 	browser := chromium(t)
-	names := []string{"api", "/", "?", "#", "%"}
+	// Were the page to insert them as markup, each would run its
+	// onerror (the policy lets no image load), marking the page's body.
+	const (
+		htmlZone     = "<img src=x onerror=document.body.dataset.zone=1>"
+		htmlKey      = "<img src=x onerror=document.body.dataset.key=1>"
+		shortHTMLKey = "<svg onload=f()>"
+	)
+	names := []string{"api", "/", "?", "#", "%", htmlZone}
 	var zones strings.Builder
 	for _, name := range names {
 		fmt.Fprintf(&zones, "\t\t\tzone %q {\n\t\t\t\tkey {header.X-Client}\n\t\t\t\tlimit 5\n\t\t\t\twindow 1h\n\t\t\t}\n", name)
@@ -472,6 +482,20 @@ func TestStatusPageZoneNamesInBrowser(t *testing.T) {
 	if codes := burst([]string{siteURL + "/"}, 7, "X-Client: seen"); codes[http.StatusOK] != 5 || codes[http.StatusTooManyRequests] != 2 {
 		t.Fatalf("7 requests: %v, want 5 allowed and 2 rejected", codes)
 	}
+	for _, key := range []string{htmlKey, shortHTMLKey} {
+		if codes := burst([]string{siteURL + "/"}, 1, "X-Client: "+key); codes[http.StatusOK] != 1 {
+			t.Fatalf("%s's request: %v, want it allowed", key, codes)
+		}
+	}
+	for _, page := range []string{siteURL + "/limits/", "http://" + admin + "/rate_limit/"} {
+		resp, _ := do(t, http.MethodGet, page)
+		csp := resp.Header.Get("Content-Security-Policy")
+		for _, d := range []string{"default-src 'none'", "script-src 'unsafe-inline'", "connect-src 'self'", "frame-ancestors 'none'"} {
+			if resp.StatusCode != http.StatusOK || !strings.Contains(csp, d) {
+				t.Errorf("GET %s: %d, Content-Security-Policy %q, want 200 with %s", page, resp.StatusCode, csp, d)
+			}
+		}
+	}
 
 	for _, name := range names {
 		path := "/rate_limit/zones/" + url.PathEscape(name)
@@ -490,18 +514,37 @@ func TestStatusPageZoneNamesInBrowser(t *testing.T) {
 		if status, _, _ = strings.Cut(status, "</p>"); !strings.Contains(status, "Updated") {
 			t.Fatalf("%s: the page's status line: %s, want Updated\n%s", page, status, dom)
 		}
+		// Cards by their names, as the page shows them: as text, which
+		// the browser writes out escaped.
 		cards := map[string]string{}
 		for _, card := range strings.Split(dom, `<section class="card">`)[1:] {
 			name, rest, _ := strings.Cut(strings.TrimPrefix(card, "<h3>"), "</h3>")
 			cards[name] = rest
 		}
 		for _, name := range names {
-			if card, ok := cards[name]; !ok || !strings.Contains(card, `class="key">seen<`) {
+			if card, ok := cards[asText(name)]; !ok || !strings.Contains(card, `class="key">seen<`) {
 				t.Errorf("%s: zone %q's card: %q, want its key seen among its top keys", page, name, card)
 			}
+		}
+		card := cards[asText(htmlZone)]
+		if !strings.Contains(card, `class="key">`+asText(shortHTMLKey)+`<`) {
+			t.Errorf("%s: the key %s is not shown as text in %q", page, shortHTMLKey, card)
+		}
+		// A long key is cut in two, its head and its tail.
+		head, tail := htmlKey[:len(htmlKey)-8], htmlKey[len(htmlKey)-8:]
+		if !strings.Contains(card, `<span class="head">`+asText(head)+`</span><span class="tail">`+asText(tail)+`</span>`) {
+			t.Errorf("%s: the key %s is not shown as text in %q", page, htmlKey, card)
+		}
+		if strings.Contains(dom, "data-zone=") || strings.Contains(dom, "data-key=") {
+			t.Errorf("%s: markup of a zone's name or a key ran", page)
 		}
 		if t.Failed() {
 			t.Fatalf("rendered page:\n%s", dom)
 		}
 	}
+}
+
+// asText is text as a browser writes it out in a page's HTML.
+func asText(text string) string {
+	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace(text)
 }

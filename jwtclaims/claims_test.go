@@ -22,7 +22,8 @@ var epoch = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 
 // TestVerify shows which tokens yield claims: only those whose signature
 // verifies with a configured key under an allowed algorithm and whose
-// time, issuer and audience checks pass.
+// time, issuer and audience checks pass; none of the forgeries
+// (jwttest.Forgeries) does.
 func TestVerify(t *testing.T) {
 	k := keys()
 	clk := clocktest.New(epoch)
@@ -97,6 +98,13 @@ func TestVerify(t *testing.T) {
 			}
 			if tt.ok && Lookup(claims, "sub") != "alice" {
 				t.Fatalf("sub = %q", Lookup(claims, "sub"))
+			}
+		})
+	}
+	for _, f := range jwttest.Forgeries(t, k, []byte(testSecret), good(nil)) {
+		t.Run(f.Name, func(t *testing.T) {
+			if claims := cfg.verify(f.Token); claims != nil {
+				t.Fatalf("a forged token yielded claims: %v", claims)
 			}
 		})
 	}

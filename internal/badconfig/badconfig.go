@@ -35,6 +35,15 @@ var Caddyfiles = []struct {
 	{"log_key and log_keys", `log_keys off; log_key; zone z { limit 1; window 1s }`, "log_key", "log_keys"},
 	{"zone name not ASCII", `zone "zöne" { limit 1; window 1s }`, "name", "0xc3"},
 	{"zone name with a tab", "zone \"a\tb\" { limit 1; window 1s }", "name", "0x09"},
+	// A name is written into headers and log lines: a line break or
+	// another control byte in it could forge one.
+	{"zone name with CR LF", "zone \"a\r\nX-Injected: 1\" { limit 1; window 1s }", "name", `zone "a\r\nX-Injected: 1"`},
+	{"zone name with LF", "zone \"a\nb\" { limit 1; window 1s }", "name", `zone "a\nb"`},
+	{"zone name with CR", "zone \"a\rb\" { limit 1; window 1s }", "name", `zone "a\rb"`},
+	{"zone name with NUL", "zone \"a\x00b\" { limit 1; window 1s }", "name", `zone "a\x00b"`},
+	{"zone name with ESC", "zone \"a\x1b[31mb\" { limit 1; window 1s }", "name", `zone "a\x1b[31mb"`},
+	{"zone name with DEL", "zone \"a\x7fb\" { limit 1; window 1s }", "name", `zone "a\x7fb"`},
+	{"shedder name with CR LF", "shed \"a\r\nb\" { classes c; capacity 4 }", "shed", `"a\r\nb"`},
 	{"zone named .", `zone . { limit 1; window 1s }`, "name", `"."`},
 	{"zone named ..", `zone .. { limit 1; window 1s }`, "name", `".."`},
 	{"zone name too long", `zone ` + strings.Repeat("n", names.MaxLen+1) + ` { limit 1; window 1s }`, "name", "129"},

@@ -342,17 +342,28 @@ func TestRedisKeys(t *testing.T) {
 	}
 }
 
-// TestRedisExpiry checks that every written key expires when the next
-// window ends, for either algorithm (see take.lua). The script sets the
-// TTL relative to its own clock, and the TTL then counts down in real time
-// until PTTL reads it: so PTTL may be short of the full TTL by the time
-// between the take and the read, measured around both, and by no more.
-// Every key in Redis then has a TTL, but one: the fleet's secret, which
-// key names derive from (keys.go).
+// TestRedisExpiry checks that every key a request writes expires. A
+// take's counters expire when the next window ends (see take.lua): the
+// script sets the TTL relative to its own clock, and the TTL then counts
+// down in real time until PTTL reads it, so PTTL may be short of the
+// full TTL by the time between the take and the read, measured around
+// both, and by no more. Then every kind of key a request writes has a
+// TTL: the counters of a take of each algorithm, with a ban, costs in
+// flight (a count_status zone's, a reservation's) and a lease; what
+// releases and a true-up's debt write, also to a hash that had expired; a
+// concurrency key's holders, also
+// when a take, its release and another take fall in one millisecond
+// (which leaves the second holder in a set the first take's expiry no
+// longer covers); and the instances' announcements. Every key in Redis
+// has a TTL but the fleet's secret, which key names derive from
+// (keys.go); after overrides and a dial with a TTL, and a reset, only the
+// admin epoch, which counts the operators' changes, joins it.
 func TestRedisExpiry(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, new(Store), s.URL())
+	ctx := context.Background()
 	at := vectors.Start.Add(15 * time.Second) // 15 s into a minute
+	minute := algorithms.Rate{Units: 5, Window: time.Minute}
 	for _, c := range []struct {
 		alg  algorithms.Algorithm
 		want time.Duration
@@ -361,7 +372,7 @@ func TestRedisExpiry(t *testing.T) {
 		{algorithms.SlidingTail, 105 * time.Second},
 	} {
 		sent := time.Now()
-		redisTake(t, r, at, storage.Request{Zone: string(c.alg), Key: "k", Algorithm: c.alg, Rate: algorithms.Rate{Units: 5, Window: time.Minute}, Cost: 1})
+		redisTake(t, r, at, storage.Request{Zone: string(c.alg), Key: "k", Algorithm: c.alg, Rate: minute, Cost: 1})
 		ttl, err := s.Do("PTTL", r.counterKey(string(c.alg), "k"))
 		if err != nil {
 			t.Fatal(err)
@@ -373,18 +384,118 @@ func TestRedisExpiry(t *testing.T) {
 			t.Errorf("%s: PTTL %s, want %s less at most the %s between the take and the read", c.alg, got, c.want, between)
 		}
 	}
-	keys, err := s.Do("KEYS", "*")
-	if err != nil {
+
+	// The other algorithms; a concurrency key taken, released and taken
+	// again in one millisecond.
+	redisTake(t, r, at, storage.Request{Zone: "sliding_window", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 5, Window: time.Minute, Buckets: 6}, Cost: 1})
+	redisTake(t, r, at, storage.Request{Zone: "gcra", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: 5, Window: time.Minute, Burst: 3}, Cost: 1})
+	held := storage.Request{Zone: "concurrency", Key: "k", Algorithm: algorithms.Concurrency, Rate: minute, Cost: 1, Holder: 1}
+	redisTake(t, r, at, held)
+	if err := release(r, held); err != nil {
 		t.Fatal(err)
 	}
-	var forever []string
-	for _, key := range strings.Split(keys, "\n") {
-		if ttl, err := s.Do("PTTL", key); err != nil || mustInt(t, ttl) < 0 {
-			forever = append(forever, key)
+	held.Holder = 2
+	redisTake(t, r, at, held)
+	// A ban, which begins at the third failed attempt.
+	login := loginRequest("k")
+	for range 3 {
+		failRedis(t, r, login)
+	}
+	if st, err := r.KeyState(ctx, login.Zone, login.Key, time.Minute); err != nil || st.BanEnds.IsZero() {
+		t.Fatalf("key state after 3 attempts: %+v (%v), want a ban", st, err)
+	}
+	// Costs in flight: a count_status zone's, then kept; a reservation,
+	// then trued up to more than it, a debt.
+	failRedis(t, r, storage.Request{Zone: "failures", Key: "k", Algorithm: algorithms.FixedWindow, Rate: minute, Cost: 1, Ban: time.Hour, Releasable: true})
+	reserved := storage.Request{Zone: "tokens", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 100, Window: time.Minute}, Cost: 10, Releasable: true, Reservation: true}
+	d := redisTake(t, r, time.Time{}, reserved)
+	if st, err := r.KeyState(ctx, reserved.Zone, reserved.Key, time.Minute); err != nil || st.InFlight != 10 {
+		t.Fatalf("key state of a reservation: %+v (%v), want 10 in flight", st, err)
+	}
+	reserved.TrueUp, reserved.Actual = true, 500
+	if err := r.Release(ctx, []storage.Request{reserved}, d); err != nil {
+		t.Fatal(err)
+	}
+	// A debt on a key whose hash is gone (its request outlived the
+	// window after its own, and the hash expired) makes it again.
+	outlived := reserved
+	outlived.Zone, outlived.TrueUp = "outlived", false
+	d = redisTake(t, r, time.Time{}, outlived)
+	if _, err := s.Do("DEL", r.counterKey(outlived.Zone, outlived.Key)); err != nil {
+		t.Fatal(err)
+	}
+	outlived.TrueUp = true
+	if err := r.Release(ctx, []storage.Request{outlived}, d); err != nil {
+		t.Fatal(err)
+	}
+	// A lease, taken by a key's requests after its first, and released
+	// untaken once the key goes unused.
+	leased := leaseStore(t, s, "leased:", 1)
+	const requests = 20
+	calls := scriptCalls(t, s)
+	for range requests {
+		redisTake(t, leased, time.Time{}, storage.Request{Zone: "leased", Key: "hot", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 20, Window: time.Hour}, Cost: 1})
+	}
+	if n := scriptCalls(t, s) - calls; n >= requests {
+		t.Fatalf("%d script calls for %d requests of one key, want fewer: leases", n, requests)
+	}
+	waitUntil(t, "the lease's untaken units to be released", func() bool { return counted(t, s, leased, "leased", "hot") == requests })
+	// The instances announce themselves.
+	r.watcher().refresh()
+	leased.watcher().refresh()
+
+	written := []string{r.instancesKey(), leased.instancesKey(), r.holderKey("concurrency", "k"), leased.counterKey("leased", "hot")}
+	for _, zone := range []string{"fixed_window", "sliding_tail", "sliding_window", "gcra", "concurrency", "login", "failures", "tokens", "outlived"} {
+		written = append(written, r.counterKey(zone, "k"))
+	}
+	for _, key := range written {
+		if n, err := s.Do("EXISTS", key); err != nil || n != "1" {
+			t.Fatalf("%s is not in Redis (%s, %v): nothing checks its TTL", key, n, err)
 		}
 	}
-	if want := []string{r.tagSecretKey()}; !slices.Equal(forever, want) {
-		t.Fatalf("keys without a TTL: %q, want only the secret %q; all keys:\n%s", forever, want, keys)
+	forever := func() []string {
+		t.Helper()
+		keys, err := s.Do("KEYS", "*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, key := range strings.Split(keys, "\n") {
+			if ttl, err := s.Do("PTTL", key); err != nil || mustInt(t, ttl) < 0 {
+				out = append(out, key)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	want := []string{leased.tagSecretKey(), r.tagSecretKey()}
+	slices.Sort(want)
+	if got := forever(); !slices.Equal(got, want) {
+		t.Fatalf("keys without a TTL: %q, want only the secrets %q", got, want)
+	}
+
+	// An operator's changes with a TTL: overrides of a key with counts
+	// and of one without, a dial, and a reset of the banned key.
+	for _, key := range []string{"k", "new"} {
+		if err := r.SetOverride(ctx, "fixed_window", key, storage.Override{Limit: 9, Expires: time.Now().Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.SetZoneDial(ctx, "fixed_window", storage.ZoneDial{Mode: storage.ModeDryRun, Expires: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ResetKey(ctx, login.Zone, login.Key); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{r.counterKey("fixed_window", "new"), r.dialKey("fixed_window")} {
+		if n, err := s.Do("EXISTS", key); err != nil || n != "1" {
+			t.Fatalf("%s is not in Redis (%s, %v): nothing checks its TTL", key, n, err)
+		}
+	}
+	want = append(want, r.epochKey())
+	slices.Sort(want)
+	if got := forever(); !slices.Equal(got, want) {
+		t.Fatalf("keys without a TTL after changes with one: %q, want only %q", got, want)
 	}
 }
 

@@ -1,8 +1,9 @@
 -- take_write_back.lua: writes each key the call touched back to Redis,
 -- once, with the counts the requests left, as s[j + WRITE] says: nothing,
--- the counts, or the counts and a later expiry (t, and the key's and its
--- holders' set's PEXPIRE); and the ban, the costs in flight and a sliding
--- window's ring if they changed. Then answers out.
+-- the counts (and a concurrency key's holders' set's expiry, t), or the
+-- counts and a later expiry (t, and the key's and its holders' set's
+-- PEXPIRE); and the ban, the costs in flight and a sliding window's ring
+-- if they changed. Then answers out.
 
 for j = 1, ns, KEY_SLOTS do
   local key, write = s[j + KEY], s[j + WRITE]
@@ -36,6 +37,13 @@ for j = 1, ns, KEY_SLOTS do
     end
   elseif write ~= WRITE_NONE then
     redis.call('HSET', key, 'w', w, 'c', s[j + C], 'p', s[j + P])
+    if s[j + HOLDERS] then
+      -- The holders' set may be new though t is not: when the release of
+      -- its last holder emptied it (Redis removes an empty set) in the
+      -- millisecond of the take that set t, a take in that millisecond
+      -- makes it again, without the expiry that take gave it.
+      redis.call('PEXPIRE', s[j + HOLDERS], s[j + T] - now)
+    end
     if banned[j] and s[j + OVER] then
       -- Under an override the admin call sets the expiry; a ban that
       -- ends later moves it, and t with it, so that removing the
