@@ -401,7 +401,7 @@ func TestRedisExpiry(t *testing.T) {
 	for range 3 {
 		failRedis(t, r, login)
 	}
-	if st, err := r.KeyState(ctx, login.Zone, login.Key, time.Minute); err != nil || st.BanEnds.IsZero() {
+	if st, err := r.KeyState(ctx, login.Zone, login.Key, algorithms.Rate{Window: time.Minute}); err != nil || st.BanEnds.IsZero() {
 		t.Fatalf("key state after 3 attempts: %+v (%v), want a ban", st, err)
 	}
 	// Costs in flight: a count_status zone's, then kept; a reservation,
@@ -409,7 +409,7 @@ func TestRedisExpiry(t *testing.T) {
 	failRedis(t, r, storage.Request{Zone: "failures", Key: "k", Algorithm: algorithms.FixedWindow, Rate: minute, Cost: 1, Ban: time.Hour, Releasable: true})
 	reserved := storage.Request{Zone: "tokens", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 100, Window: time.Minute}, Cost: 10, Releasable: true, Reservation: true}
 	d := redisTake(t, r, time.Time{}, reserved)
-	if st, err := r.KeyState(ctx, reserved.Zone, reserved.Key, time.Minute); err != nil || st.InFlight != 10 {
+	if st, err := r.KeyState(ctx, reserved.Zone, reserved.Key, algorithms.Rate{Window: time.Minute}); err != nil || st.InFlight != 10 {
 		t.Fatalf("key state of a reservation: %+v (%v), want 10 in flight", st, err)
 	}
 	reserved.TrueUp, reserved.Actual = true, 500
