@@ -111,5 +111,5 @@ func InFlightUnits(p WindowCounts, now time.Time, l Rate) int64 {
 	if idx := WindowIndex(now.UnixMilli(), l.Window.Milliseconds()); p.Window < idx {
 		p = Roll(p, idx)
 	}
-	return p.Current + p.Previous
+	return addCapped(p.Current, p.Previous)
 }
