@@ -146,7 +146,7 @@ func (s *suite) resetKey(t *testing.T, zone, key string) {
 func testVectors(t *testing.T, s *suite) {
 	vectors.Run(t, func(t *testing.T, now time.Time, vc vectors.Case, key string, cost int64) algorithms.Decision {
 		s.clock.set(now)
-		return s.take(t, storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost})[0]
+		return s.take(t, storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Wide: vc.Wide})[0]
 	})
 }
 
@@ -393,7 +393,7 @@ func testRingRelease(t *testing.T, s *suite) {
 // taking it past the limit.
 func testTrueUpVectors(t *testing.T, s *suite) {
 	req := func(vc vectors.TrueUpCase, key string, cost int64) storage.Request {
-		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Releasable: true}
+		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Releasable: true, Wide: vc.Wide}
 	}
 	vectors.RunTrueUps(t, func(t *testing.T, now time.Time, vc vectors.TrueUpCase, key string, cost int64) algorithms.Decision {
 		s.clock.set(now)
