@@ -434,7 +434,7 @@ func evalInts(ctx context.Context, rdb goredis.UniversalClient, src string, args
 // wants a lease of want units (0 for none).
 func scriptZone(q storage.Request, want int64) [zoneArgs]any {
 	var a [zoneArgs]any
-	a[argAlgorithm] = scriptAlgorithm(q.Algorithm)
+	a[argAlgorithm] = scriptAlgorithmOf(q)
 	a[argLimit] = q.Rate.Units
 	a[argWindow] = q.Rate.Window.Milliseconds()
 	a[argCost] = q.Cost
@@ -459,6 +459,18 @@ func scriptAlgorithm(a algorithms.Algorithm) any {
 		return "w"
 	}
 	return "s"
+}
+
+// scriptAlgorithmOf names q's algorithm as the scripts do: a wide
+// zone's fixed window and sliding tail are "F" and "S" (take_wide.lua).
+func scriptAlgorithmOf(q storage.Request) any {
+	if !q.Wide {
+		return scriptAlgorithm(q.Algorithm)
+	}
+	if q.Algorithm == algorithms.FixedWindow {
+		return "F"
+	}
+	return "S"
 }
 
 // scriptFlag is a script's "1" or "0", as an argument that allocates
