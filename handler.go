@@ -45,6 +45,9 @@ type zoneCheck struct {
 	dryRun bool
 	// dryRunExceeded marks a dry-run zone that would have rejected.
 	dryRunExceeded bool
+	// price is, in a zone priced in money, the price of the request's
+	// model, which its reservation was taken at.
+	price *costfrom.Price
 }
 
 // holds reports whether the allowed check c holds concurrency units,
@@ -109,6 +112,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 		cost := z.costs[methodIndex(r.Method)]
+		var price *costfrom.Price
 		if z.meter.on {
 			// Read before anything is taken, so that a body refused
 			// takes nothing.
@@ -120,7 +124,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 					return fieldRefused(w, r, err)
 				}
 			}
-			cost = z.meter.reservation(&s.request, limit)
+			if z.meter.prices != nil {
+				var err *unpricedError
+				if price, err = z.meter.findPrice(z.Name, &s.request); err != nil {
+					if dryRun {
+						// A dry run never refuses: it counts nothing
+						// it cannot price.
+						continue
+					}
+					return unpriced(w, r, err)
+				}
+			}
+			cost = z.meter.reservation(&s.request, limit, price)
 		}
 		req := storage.Request{
 			Zone:        z.Name,
@@ -130,6 +145,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			Cost:        cost,
 			Releasable:  z.countsStatus || z.meter.on,
 			Reservation: z.meter.on,
+			Wide:        z.meter.prices != nil,
 		}
 		if !dryRun {
 			req.Ban = time.Duration(z.Ban)
@@ -137,7 +153,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if z.Algorithm == algorithms.Concurrency {
 			req.Holder = holders.Add(1)
 		}
-		s.checks = append(s.checks, zoneCheck{zone: z, dryRun: dryRun, req: req})
+		s.checks = append(s.checks, zoneCheck{zone: z, dryRun: dryRun, req: req, price: price})
 	}
 	if len(s.checks) == 0 {
 		return h.serveNext(w, r, next)
@@ -313,7 +329,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 			}
 		case m.on && !c.dryRunExceeded:
 			kept := req.Cost
-			if actual, ok := s.cost(m); ok {
+			if actual, ok := s.cost(m, c.price); ok {
 				req.TrueUp, req.Actual, kept = true, actual, actual
 				release, debt := req.Settle()
 				m.units[costReleased].Add(float64(release))

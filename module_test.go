@@ -69,6 +69,11 @@ func TestBadJSONRefused(t *testing.T) {
 		{"usage_in_stream", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{"usage":"output"},"reserve":{"units":10},"usage_in_stream":"yes"}]}`, "usage_in_stream", "yes"},
 		{"usage_in_stream without cost_from", `{"zones":[{"name":"z","limit":[100],"window":"1m","usage_in_stream":"on"}]}`, "usage_in_stream", "cost_from usage"},
 		{"zone name", `{"zones":[{"name":"z\u00f6ne","limit":[1],"window":"1s"}]}`, "name", "0xc3"},
+		{"price without usage price", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{"usage":"total","price":[{"model":"*","input":"1","output":"1"}]},"reserve":{"max_tokens":10}}]}`, "price", "total"},
+		{"usage price without lines", `{"zones":[{"name":"z","limit":["$1"],"window":"1m","cost_from":{"usage":"price"},"reserve":{"max_tokens":10}}]}`, "price", "none"},
+		{"price model", `{"zones":[{"name":"z","limit":["$1"],"window":"1m","cost_from":{"usage":"price","price":[{"model":"a b","input":"1","output":"1"}]},"reserve":{"max_tokens":10}}]}`, "price", "a b"},
+		{"price as a number", `{"zones":[{"name":"z","limit":["$1"],"window":"1m","cost_from":{"usage":"price","price":[{"model":"m","input":1e-9,"output":"1"}]},"reserve":{"max_tokens":10}}]}`, "input", "1e-9"},
+		{"money limit as a number", `{"zones":[{"name":"z","limit":[50],"window":"1m","cost_from":{"usage":"price","price":[{"model":"*","input":"1","output":"1"}]},"reserve":{"max_tokens":10}}]}`, "limit", "50"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
