@@ -16,6 +16,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
 	"github.com/d61b427a/caddy-rate-limit/costfrom"
+	"github.com/d61b427a/caddy-rate-limit/internal/money"
 )
 
 // TestMoneyCaddyfile: cost_from usage price and its lines are the zone's
@@ -118,6 +119,9 @@ func TestMoneyZone(t *testing.T) {
 	answer := `{"model":"claude-sonnet-4-5-20250929","usage":{"input_tokens":20,"cache_creation_input_tokens":30,"cache_read_input_tokens":40,` +
 		`"cache_creation":{"ephemeral_1h_input_tokens":10},"output_tokens":50}}`
 	cost := int64(20*3_000_000 + 20*3_750_000 + 10*6_000_000 + 40*300_000 + 50*15_000_000)
+	if unit := h.Zones[0].Info().Unit; unit != money.Unit {
+		t.Errorf("the admin API's zone has unit %q, want %s", unit, money.Unit)
+	}
 	status, w, reached := moneyRequest(t, h, "alice", body, answer)
 	if status != http.StatusOK || !reached {
 		t.Fatalf("status %d, reached %v", status, reached)
