@@ -422,6 +422,35 @@ func TestUsageByKind(t *testing.T) {
 	}
 }
 
+// TestFixturesUsage: each fixture's usage, priced by kind, and the
+// model it names, as its API documents them.
+func TestFixturesUsage(t *testing.T) {
+	want := map[string]struct {
+		u     Usage
+		model string
+	}{
+		"openai_chat.json":              {Usage{Input: 1117 - 1024, Output: 46, CacheRead: 1024}, "gpt-4o-2024-08-06"},
+		"openai_chat_stream.txt":        {Usage{Input: 1, Output: 12, CacheRead: 8}, "gpt-4o-mini"},
+		"openai_completions.json":       {Usage{Input: 5, Output: 7}, "gpt-3.5-turbo-instruct"},
+		"openai_completions_stream.txt": {Usage{Input: 5, Output: 4}, "gpt-3.5-turbo-instruct"},
+		"openai_responses.json":         {Usage{Input: 328 - 128, Output: 52, CacheRead: 128}, "gpt-4o-2024-08-06"},
+		"openai_responses_stream.txt":   {Usage{Input: 37 - 32, Output: 11, CacheRead: 32}, "gpt-4.1-2025-04-14"},
+		"anthropic_messages.json":       {Usage{Input: 2095, Output: 503, CacheRead: 1000, CacheWrite: 40, CacheWrite1h: 60}, "claude-sonnet-4-5-20250929"},
+		"anthropic_stream.txt":          {Usage{Input: 25, Output: 15, CacheRead: 10}, "claude-sonnet-4-5-20250929"},
+		"ollama_chat.json":              {Usage{Input: 26, Output: 298}, "llama3.2"},
+		"ollama_chat_stream.ndjson":     {Usage{Input: 26, Output: 282}, "llama3.2"},
+		"ollama_generate.json":          {Usage{Input: 26, Output: 290}, "llama3.2"},
+		"ollama_generate_stream.ndjson": {Usage{Input: 26, Output: 259}, "llama3.2"},
+	}
+	for _, f := range fixtures {
+		cw, _ := serve(t, f.contentType, Source{Count: Total}, false, f.body(t))
+		u, ok := cw.Usage()
+		if w := want[f.file]; !ok || u != w.u || string(cw.Model()) != w.model {
+			t.Errorf("%s: Usage() = %+v, %v, Model() = %q; want %+v, %q", f.file, u, ok, cw.Model(), w.u, w.model)
+		}
+	}
+}
+
 // TestUsageWithoutInputOrOutput: a usage that gives its total alone, or
 // one of input and output, cannot be priced.
 func TestUsageWithoutInputOrOutput(t *testing.T) {
