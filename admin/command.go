@@ -339,8 +339,9 @@ func dialRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 		return adminRequest{}, err
 	}
 	var limit any
-	if fl.Changed("limit") {
-		if limit, err = limitArg(fl.String("limit")); err != nil {
+	// --limit 0 sets no limit, as leaving it out does.
+	if v := fl.String("limit"); v != "" && v != "0" {
+		if limit, err = limitArg(v); err != nil {
 			return adminRequest{}, fmt.Errorf("--limit: %w", err)
 		}
 	}
