@@ -175,7 +175,7 @@ func (l *PriceLine) price() (costfrom.Price, error) {
 		return p, fmt.Errorf("cache_read: want at most the input price, %s (a token read from the cache costs no more than one read anew), got %s", l.Input, l.CacheRead)
 	}
 	if p.CacheWrite1h < p.CacheWrite {
-		return p, fmt.Errorf("cache_write_1h: want at least the cache_write price, %s, got %s", money.Format(p.CacheWrite*1_000_000), l.CacheWrite1h)
+		return p, fmt.Errorf("cache_write_1h: want at least the cache_write price, %s, got %s", money.FormatPrice(p.CacheWrite), l.CacheWrite1h)
 	}
 	return p, nil
 }

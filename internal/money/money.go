@@ -99,6 +99,18 @@ func pow10(n int) uint64 {
 	return p
 }
 
+// FormatPrice writes a price in picodollars a token as dollars per
+// million tokens, as a price line writes it: "3.75", "0.000001".
+func FormatPrice(perToken int64) string {
+	whole, frac := perToken/1_000_000, perToken%1_000_000
+	s := strconv.FormatInt(whole, 10)
+	if frac == 0 {
+		return s
+	}
+	f := strconv.FormatInt(frac, 10)
+	return s + "." + strings.TrimRight(strings.Repeat("0", priceDecimals-len(f))+f, "0")
+}
+
 // Format writes picodollars as dollars, with as many decimals as the
 // amount needs to be exact and at least two: "$50.00", "$12.50",
 // "$12.345678", "$0.000000000001".

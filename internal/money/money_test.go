@@ -56,6 +56,17 @@ func TestParsePrice(t *testing.T) {
 	}
 }
 
+func TestFormatPrice(t *testing.T) {
+	for in, want := range map[int64]string{3_750_000: "3.75", 1: "0.000001", 0: "0", 15_000_000: "15", 75_000: "0.075"} {
+		if got := FormatPrice(in); got != want {
+			t.Errorf("FormatPrice(%d) = %q, want %q", in, got, want)
+		}
+		if back, err := ParsePrice(FormatPrice(in)); err != nil || back != in {
+			t.Errorf("ParsePrice(FormatPrice(%d)) = %d, %v", in, back, err)
+		}
+	}
+}
+
 func TestFormat(t *testing.T) {
 	for _, c := range []struct {
 		in   int64
