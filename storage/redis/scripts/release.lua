@@ -44,10 +44,11 @@
 -- holds, counted exactly in limbs (take_arith.lua's plus and minus).
 
 -- A zone's arguments, at ARGV[a + ARG_*] from its first argument ARGV[a]:
--- the algorithm ("f", "s", "w", "g", "c", "F", "S"; "k", or "K" in a wide
--- zone, for a cost that stays whole: only its time in flight ends); where the cost was taken, and the units
--- released (0 for none): for the windowed algorithms the window index
--- (a sliding window's: the sub-window's) and the units, for gcra
+-- the algorithm ("f", "s", "w", "g", "c", "F", "S"; "k", or "K" in a
+-- wide zone, for a cost that stays whole: only its time in flight ends);
+-- where the cost was taken, and the units released (0 for none): for
+-- the windowed algorithms the window index (a sliding window's: the
+-- sub-window's) and the units, for gcra
 -- units*window/limit as a whole ms and a fraction in 1/limit ms (computed
 -- exactly by the caller), for concurrency the units alone; the holder
 -- (concurrency); the limit the cost was decided against (gcra, and a
