@@ -8,6 +8,7 @@ package storetest
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -55,6 +56,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"true_up_vectors", testTrueUpVectors},
 		{"true_up", testTrueUp},
 		{"reserved_in_flight", testReservedInFlight},
+		{"wide", testWide},
 		{"ban", testBan},
 		{"ban_never_passes", testBanNeverPasses},
 		{"refused", testRefused},
@@ -156,7 +158,7 @@ func (s *suite) resetKey(t *testing.T, zone, key string) {
 func testVectors(t *testing.T, s *suite) {
 	vectors.Run(t, func(t *testing.T, now time.Time, vc vectors.Case, key string, cost int64) algorithms.Decision {
 		s.clock.set(now)
-		return s.take(t, storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost})[0]
+		return s.take(t, storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Wide: vc.Wide})[0]
 	})
 }
 
@@ -447,7 +449,7 @@ func testRingRelease(t *testing.T, s *suite) {
 // taking it past the limit.
 func testTrueUpVectors(t *testing.T, s *suite) {
 	req := func(vc vectors.TrueUpCase, key string, cost int64) storage.Request {
-		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Releasable: true}
+		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Releasable: true, Wide: vc.Wide}
 	}
 	vectors.RunTrueUps(t, func(t *testing.T, now time.Time, vc vectors.TrueUpCase, key string, cost int64) algorithms.Decision {
 		s.clock.set(now)
@@ -608,6 +610,56 @@ func testReservedInFlight(t *testing.T, s *suite) {
 			s.release(t, []storage.Request{b}, []algorithms.Decision{db})
 			if got := inFlight(); got != 0 {
 				t.Fatalf("%d in flight once both are done, want 0", got)
+			}
+		})
+	}
+}
+
+// testWide: a wide key (a zone priced in money) keeps its counts, its
+// reservations in flight and a per-key override exactly past 2^53, to
+// the unit, as the admin side reads them: reserved, trued up, and taken
+// up to the override.
+func testWide(t *testing.T, s *suite) {
+	window := time.Hour
+	s.clock.set(s.clock.now().Truncate(window))
+	const (
+		reserved = 1<<62 + 3
+		actual   = 1<<53 + 1
+		override = 1<<62 + 5
+	)
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
+		t.Run(string(alg), func(t *testing.T) {
+			zone := "wide_" + string(alg)
+			q := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: algorithms.Rate{Units: math.MaxInt64, Window: window},
+				Cost: reserved, Releasable: true, Reservation: true, Wide: true}
+			d := s.take(t, q)[0]
+			if !d.Allowed || d.Remaining != math.MaxInt64-reserved {
+				t.Fatalf("a reservation of 2^62+3: %+v, want allowed, 2^63-1 less it remaining", d)
+			}
+			if st := s.keyState(t, zone, "k", window); st.Counts.Windows().Current != reserved || st.InFlight != reserved {
+				t.Fatalf("key state %+v, want 2^62+3 counted and in flight", st)
+			}
+			q.TrueUp, q.Actual = true, actual
+			s.release(t, []storage.Request{q}, []algorithms.Decision{d})
+			if st := s.keyState(t, zone, "k", window); st.Counts.Windows().Current != actual || st.InFlight != 0 {
+				t.Fatalf("key state %+v, want 2^53+1 counted, nothing in flight", st)
+			}
+			if err := s.admin(t).SetOverride(context.Background(), zone, "k", storage.Override{Limit: override}); err != nil {
+				t.Fatal(err)
+			}
+			if st := s.keyState(t, zone, "k", window); st.Override == nil || st.Override.Limit != override {
+				t.Fatalf("override %+v, want 2^62+5", st.Override)
+			}
+			next := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: algorithms.Rate{Units: math.MaxInt64, Window: window}, Cost: override - actual + 1, Wide: true}
+			if d := s.take(t, next)[0]; d.Allowed || d.Limit != override || d.Remaining != override-actual {
+				t.Fatalf("one unit past the override: %+v, want refused against 2^62+5, 2^62+5-(2^53+1) remaining", d)
+			}
+			next.Cost--
+			if d := s.take(t, next)[0]; !d.Allowed || d.Remaining != 0 {
+				t.Fatalf("up to the override: %+v, want allowed, nothing remaining", d)
+			}
+			if st := s.keyState(t, zone, "k", window); st.Counts.Windows().Current != override {
+				t.Fatalf("key state %+v, want the override's 2^62+5 counted", st)
 			}
 		})
 	}

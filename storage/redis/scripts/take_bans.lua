@@ -72,9 +72,9 @@ local function takeInflight(j, win, cost)
     end
     s[j + IW], s[j + IC], s[j + IP] = win, cost, prev
   elseif iw == win then
-    s[j + IC] = s[j + IC] + cost
+    s[j + IC] = plus(s[j + IC], cost)
   elseif iw == win + 1 then
-    s[j + IP] = s[j + IP] + cost
+    s[j + IP] = plus(s[j + IP], cost)
   end
   flying[j] = true
 end
