@@ -59,6 +59,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"wide", testWide},
 		{"ban", testBan},
 		{"ban_never_passes", testBanNeverPasses},
+		{"wide_ban", testWideBan},
 		{"refused", testRefused},
 		{"reset", testReset},
 		{"override", testOverride},
@@ -687,15 +688,21 @@ func (s *suite) fail(t *testing.T, q storage.Request) algorithms.Decision {
 }
 
 // testBanNeverPasses: a request whose cost is more than its zone ever
-// lets pass (above the limit, or above a gcra zone's burst) is refused
-// without a ban: it says nothing of the key's other requests, which the
-// handler answers as too large rather than as over the limit.
+// lets pass (above the limit, a wide zone's too, or above a gcra zone's
+// burst) is refused without a ban: it says nothing of the key's other
+// requests, which the handler answers as too large rather than as over
+// the limit.
 func testBanNeverPasses(t *testing.T, s *suite) {
 	windowed := loginRequest("large")
 	windowed.Cost = 3
 	gcra := storage.Request{Zone: "burst", Key: "large", Algorithm: algorithms.GCRA,
 		Rate: algorithms.Rate{Units: 10, Window: time.Minute, Burst: 2}, Cost: 3, Ban: time.Hour, Releasable: true}
-	for _, q := range []storage.Request{windowed, gcra} {
+	// $10 against $2 in picodollars: a cost whose digits, read as text,
+	// would come before the limit's.
+	wide := storage.Request{Zone: "wide_ban", Key: "large", Algorithm: algorithms.FixedWindow,
+		Rate: algorithms.Rate{Units: 2_000_000_000_000, Window: time.Minute}, Cost: 10_000_000_000_000, Ban: time.Hour,
+		Releasable: true, Reservation: true, Wide: true}
+	for _, q := range []storage.Request{windowed, gcra, wide} {
 		if d := s.take(t, q)[0]; d.Allowed || d.BanStarted || !d.BanEnds.IsZero() {
 			t.Fatalf("%s: a cost of %d: %+v, want refused without a ban", q.Zone, q.Cost, d)
 		}
@@ -703,6 +710,25 @@ func testBanNeverPasses(t *testing.T, s *suite) {
 		if d := s.take(t, q)[0]; !d.Allowed {
 			t.Fatalf("%s: then a cost of 1: %+v, want allowed: no ban", q.Zone, d)
 		}
+	}
+}
+
+// testWideBan: a wide zone's refusal of a cost that could pass later
+// bans the key, whatever the cost's and the limit's digits say read as
+// text: $0.90 beside $0.50 taken of $1, in picodollars.
+func testWideBan(t *testing.T, s *suite) {
+	q := storage.Request{Zone: "wide_ban", Key: "k", Algorithm: algorithms.FixedWindow,
+		Rate: algorithms.Rate{Units: 1_000_000_000_000, Window: time.Minute}, Cost: 500_000_000_000, Ban: time.Hour, Wide: true}
+	if d := s.take(t, q)[0]; !d.Allowed {
+		t.Fatalf("$0.50 of $1: %+v, want allowed", d)
+	}
+	q.Cost = 900_000_000_000
+	if d := s.take(t, q)[0]; d.Allowed || !d.BanStarted {
+		t.Fatalf("$0.90 beside $0.50 taken of $1: %+v, want refused, and a ban begun", d)
+	}
+	q.Cost = 100_000_000_000
+	if d := s.take(t, q)[0]; d.Allowed || d.BanEnds.IsZero() {
+		t.Fatalf("then $0.10, which the window has room for: %+v, want refused by the ban", d)
 	}
 }
 
