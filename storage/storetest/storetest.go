@@ -57,6 +57,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"true_up", testTrueUp},
 		{"reserved_in_flight", testReservedInFlight},
 		{"wide", testWide},
+		{"wide_calendar", testWideCalendar},
 		{"ban", testBan},
 		{"ban_never_passes", testBanNeverPasses},
 		{"wide_ban", testWideBan},
@@ -663,6 +664,69 @@ func testWide(t *testing.T, s *suite) {
 				t.Fatalf("key state %+v, want the override's 2^62+5 counted", st)
 			}
 		})
+	}
+}
+
+// testWideCalendar: a wide key in a calendar month (a budget in money
+// "a month") counts exactly past 2^53 in the month, a true-up's debt
+// included, until the month ends at local midnight on the 1st. Then a
+// fixed window starts afresh, and a sliding tail weighs the month before
+// by the share of the new month still to run, a month of 31 days less
+// the hour DST took: as Decide weighs it, to the unit.
+func testWideCalendar(t *testing.T, s *suite) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate := algorithms.Rate{Units: 1<<62 + 5, Calendar: algorithms.CalendarOf(algorithms.Month, ny)}
+	end := time.Date(2026, 3, 1, 0, 0, 0, 0, ny)
+	month := rate.WindowAt(end.UnixMilli() - 1)
+	if next := rate.WindowOf(month.Index + 1); month.End != end.UnixMilli() || next.Length() != (31*24-1)*time.Hour.Milliseconds() {
+		t.Fatalf("February 2026 in New York is %+v, March %+v, want March 31 days less an hour from midnight on the 1st", month, next)
+	}
+	const reserved, actual = 1<<62 + 3, 1<<62 + 1<<53 + 1
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
+		zone := "wide_calendar_" + string(alg)
+		s.clock.set(end.Add(-time.Minute))
+		q := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: rate, Cost: reserved, Releasable: true, Reservation: true, Wide: true}
+		d := s.take(t, q)[0]
+		if !d.Allowed || d.Remaining != 2 || !d.Reset.Equal(end) || d.Window != month.Index {
+			t.Fatalf("%s: a reservation of 2^62+3 of 2^62+5: %+v, want allowed, 2 remaining, in month %d until %s", alg, d, month.Index, end)
+		}
+		q.TrueUp, q.Actual = true, actual
+		s.release(t, []storage.Request{q}, []algorithms.Decision{d})
+		if st := s.keyStateIn(t, zone, "k", rate); st.Counts.Windows().Window != month.Index || st.Counts.Windows().Current != actual || st.InFlight != 0 {
+			t.Fatalf("%s: after a true-up to 2^62+2^53+1 the store keeps %+v, want it counted in month %d, nothing in flight", alg, st, month.Index)
+		}
+		one := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: rate, Cost: 1, Wide: true}
+		d = s.take(t, one)[0]
+		if d.Allowed || d.Remaining != 0 || alg == algorithms.FixedWindow && !d.RetryAt.Equal(end) || !d.RetryAt.After(end.Add(-time.Millisecond)) {
+			t.Fatalf("%s: one unit past the debt: %+v, want refused until the month's end or later", alg, d)
+		}
+		s.clock.set(end)
+		whole := one
+		whole.Cost = rate.Units
+		d = s.take(t, whole)[0]
+		if alg == algorithms.FixedWindow {
+			if !d.Allowed || d.Remaining != 0 || d.Window != month.Index+1 {
+				t.Fatalf("%s: the whole limit at midnight on the 1st: %+v, want allowed in month %d", alg, d, month.Index+1)
+			}
+			continue
+		}
+		if d.Allowed {
+			t.Fatalf("%s: the whole limit at midnight on the 1st: %+v, want refused, February weighing whole", alg, d)
+		}
+		at := end.AddDate(0, 0, 10)
+		s.clock.set(at)
+		room, _ := algorithms.Decide(alg, algorithms.WindowCounts{Window: month.Index, Current: actual}.Counts(), at, rate, 0)
+		one.Cost = room.Remaining + 1
+		if d := s.take(t, one)[0]; d.Allowed {
+			t.Fatalf("%s: 10 days into March, one unit more than the %d February leaves: %+v, want refused", alg, room.Remaining, d)
+		}
+		one.Cost--
+		if d := s.take(t, one)[0]; !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("%s: 10 days into March, the %d February leaves: %+v, want allowed, nothing remaining", alg, room.Remaining, d)
+		}
 	}
 }
 
