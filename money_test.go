@@ -222,3 +222,39 @@ func TestMoneyReservation(t *testing.T) {
 		}
 	}
 }
+
+// TestMoneyLeastReservation: the least reservation of a zone priced in
+// money, which a key the store already refuses is asked for before its
+// body is read, is no more than any request reserves: one token at the
+// lowest output price, 0 where a line prices a free model.
+func TestMoneyLeastReservation(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		lines costfrom.Prices
+		least int64
+	}{
+		{"paid", costfrom.Prices{{Model: "gpt-4o*", Price: costfrom.Price{Input: 2_500_000, Output: 10_000_000}},
+			{Model: "*", Price: costfrom.Price{Input: 150_000, Output: 600_000}}}, 600_000},
+		{"a free model", costfrom.Prices{{Model: "local-*", Price: costfrom.Price{}},
+			{Model: "*", Price: costfrom.Price{Input: 150_000, Output: 600_000}}}, 0},
+	} {
+		m := meter{on: true, def: 100, prices: c.lines}
+		least := m.leastReservation()
+		if least != c.least {
+			t.Errorf("%s: least reservation %d, want %d", c.name, least, c.least)
+		}
+		for _, body := range []string{`{"model":"gpt-4o","max_tokens":1}`, `{"model":"local-llama","max_tokens":1}`, `{"max_tokens":1}`, ``} {
+			var req costfrom.Request
+			if err := req.Read([]byte(body)); err != nil {
+				t.Fatal(err)
+			}
+			price, unpriced := m.findPrice("z", &req)
+			if unpriced != nil {
+				t.Fatalf("%s: %s: %v", c.name, body, unpriced)
+			}
+			if r := m.reservation(&req, 5000, price); r < least {
+				t.Errorf("%s: %s reserves %d, less than the least reservation %d", c.name, body, r, least)
+			}
+		}
+	}
+}
