@@ -5,12 +5,18 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/d61b427a/caddy-rate-limit/admin"
+	"github.com/d61b427a/caddy-rate-limit/internal/docs"
+	"github.com/d61b427a/caddy-rate-limit/internal/jwttest"
 	"github.com/d61b427a/caddy-rate-limit/internal/money"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
@@ -286,5 +292,126 @@ func TestMoneyNeverOverspends(t *testing.T) {
 			admitted := drainTokens(t, fleet, key)
 			check(t, u, admitted, fleet[0].admin, "fleet", key)
 		})
+	}
+}
+
+// TestMoneyAndModelTokensRecipe runs docs/llm-tokens.md's recipe "$50 a
+// month per user, with token rates by model" as written, but for its
+// address, its issuer's key and its upstream: each model's tokens a
+// minute come from the map of {body.model} (gpt-4o's 30,000, gpt-4o-mini's
+// 200,000, 20,000 for a model it does not name), each user and model
+// counted apart, while one budget in dollars, counted to the month's end
+// in New York, holds a user's spending on every model: once it is
+// spent, every model is refused, where the models' tokens have room, and
+// another user is not.
+func TestMoneyAndModelTokensRecipe(t *testing.T) {
+	integration(t)
+	var recipe string
+	for _, block := range docs.FencedBlocks(docs.Read(t, "../docs/llm-tokens.md"), "caddyfile") {
+		if strings.Contains(block, "limit $50") && strings.Contains(block, "{model_tpm}") {
+			recipe = block
+		}
+	}
+	if !strings.Contains(recipe, "zone spend {") || !strings.Contains(recipe, "zone model_tokens {") || !strings.Contains(recipe, "window month") {
+		t.Fatalf("docs/llm-tokens.md has no recipe of a month's budget in dollars beside token rates by model:\n%s", recipe)
+	}
+	// The upstream answers the model asked for, 10 prompt tokens and as
+	// many generated as the request's bound.
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Model     string `json:"model"`
+			MaxTokens int64  `json:"max_tokens"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"chatcmpl-1","object":"chat.completion","model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":%d,"total_tokens":%d}}`,
+			body.Model, body.MaxTokens, body.MaxTokens+10)
+	}))
+	t.Cleanup(upstream.Close)
+	replace := map[string]string{
+		"llm.example.com":       siteAddr,
+		"/etc/caddy/issuer.pem": jwttest.WriteFile(t, "issuer.pem", jwtKeys().RSAPublicPEM),
+		"127.0.0.1:8000":        strings.TrimPrefix(upstream.URL, "http://"),
+	}
+	site := recipe
+	for from, to := range replace {
+		if !strings.Contains(site, from) {
+			t.Fatalf("the recipe has no %s to replace:\n%s", from, recipe)
+		}
+		site = strings.ReplaceAll(site, from, to)
+	}
+	startCaddy(t, "\n"+site+"\n")
+
+	token := func(sub string) string {
+		return bearer(jwttest.Sign(t, jwt.SigningMethodRS256, jwtKeys().RSA,
+			jwt.MapClaims{"iss": "https://id.example.com", "aud": "llm", "sub": sub, "exp": time.Now().Add(time.Hour).Unix()}))
+	}
+	alice, bob := token("alice"), token("bob")
+	chat := func(auth, model string, maxTokens int64) (*http.Response, string) {
+		t.Helper()
+		body := fmt.Sprintf(`{"model":%q,"max_tokens":%d,"messages":[{"role":"user","content":"Hi"}]}`, model, maxTokens)
+		return request(t, client, http.MethodPost, siteURL+"/v1/chat/completions", body, auth, "Content-Type: application/json")
+	}
+	// Picodollars a token, as the recipe prices them.
+	prices := map[string]price{"gpt-4o": {in: 2_500_000, out: 10_000_000}, "gpt-4o-mini": {in: 150_000, out: 600_000}, "o3": {in: 1_000_000, out: 4_000_000}}
+	costOf := func(model string, maxTokens int64) int64 { p := prices[model]; return 10*p.in + maxTokens*p.out }
+
+	// Each model's rate from the map (the headers describe the zone with
+	// the fewest units left: the tokens'), its tokens counted apart, all
+	// in one minute of model_tokens.
+	roomInWindow(time.Minute, 30*time.Second)
+	var spent int64
+	for model, limit := range map[string]string{"gpt-4o": "30000", "gpt-4o-mini": "200000", "o3": "20000"} {
+		resp, answer := chat(alice, model, 100)
+		status(t, resp, http.StatusOK)
+		if got := resp.Header.Get("X-Ratelimit-Limit"); got != limit {
+			t.Errorf("%s: X-RateLimit-Limit %s, want the map's %s tokens a minute (%s)", model, got, limit, answer)
+		}
+		waitUsed(t, adminURL, "model_tokens", "alice:"+model, 110)
+		spent += costOf(model, 100)
+	}
+	waitUsed(t, adminURL, "spend", "alice", spent)
+
+	// gpt-4o's minute is all but used: its next request is refused,
+	// while gpt-4o-mini's rate has room for the same.
+	resp, _ := chat(alice, "gpt-4o", 20000)
+	status(t, resp, http.StatusOK)
+	spent += costOf("gpt-4o", 20000)
+	waitUsed(t, adminURL, "model_tokens", "alice:gpt-4o", 110+20010)
+	if resp, answer := chat(alice, "gpt-4o", 10000); resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("X-Ratelimit-Limit") != "30000" {
+		t.Errorf("gpt-4o past its 30,000 tokens: %d, X-RateLimit-Limit %s (%s), want 429 from its rate", resp.StatusCode, resp.Header.Get("X-Ratelimit-Limit"), answer)
+	}
+	resp, _ = chat(alice, "gpt-4o-mini", 10000)
+	status(t, resp, http.StatusOK)
+	spent += costOf("gpt-4o-mini", 10000)
+	waitUsed(t, adminURL, "spend", "alice", spent)
+
+	// One budget, in dollars, to the end of the month in New York.
+	month := calendarPeriod{"month", "America/New_York"}
+	var k admin.KeyInfo
+	_, end, _, _ := month.during(t, func() { k = keyState(t, adminURL, "spend", "alice") })
+	if !k.Reset.Equal(end) || k.Dollars["used"] != money.Format(spent) {
+		t.Errorf("spend's key alice: reset %s, used %s, want the month's end in New York, %s, and %s", k.Reset, k.Dollars["used"], end, money.Format(spent))
+	}
+
+	// Alice's budget, made a tenth of a cent more than she spent, is
+	// spent by gpt-4o-mini's bound of 2000 tokens and gpt-4o's of 100
+	// alike, which their rates have room for; Bob's is whole.
+	budget := spent + money.PerDollar/1000
+	if code, answer := adminJSON(t, adminURL, http.MethodPut, "/rate_limit/zones/spend/keys/alice/limit", fmt.Sprintf(`{"limit": %q}`, money.Format(budget))); code != http.StatusOK {
+		t.Fatalf("PUT alice's budget: %d %s", code, answer)
+	}
+	for model, maxTokens := range map[string]int64{"gpt-4o-mini": 2000, "gpt-4o": 100} {
+		if resp, answer := chat(alice, model, maxTokens); resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("X-Ratelimit-Limit") != strconv.FormatInt(budget, 10) {
+			t.Errorf("alice, %s, past her budget: %d, X-RateLimit-Limit %s (%s), want 429 from the budget of %d picodollars", model, resp.StatusCode, resp.Header.Get("X-Ratelimit-Limit"), answer, budget)
+		}
+	}
+	resp, _ = chat(bob, "gpt-4o", 100)
+	status(t, resp, http.StatusOK)
+	if used := keyState(t, adminURL, "spend", "alice").Used; used != spent {
+		t.Errorf("alice used %d after her refusals, want %d", used, spent)
 	}
 }
