@@ -10,6 +10,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/admin"
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/money"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -21,6 +22,9 @@ import (
 func (z *Zone) Info() admin.ZoneInfo {
 	info := admin.ZoneInfo{Name: z.Name, Algorithm: z.Algorithm, Burst: z.Burst, Buckets: z.Buckets,
 		Key: z.keySpaces(), Limit: z.LimitAlternatives, Store: z.storeName, DryRun: z.DryRun, Units: z.meter.on}
+	if z.meter.prices != nil {
+		info.Unit = money.Unit
+	}
 	if z.Algorithm == algorithms.Concurrency {
 		info.Hold = z.hold().String()
 	} else {

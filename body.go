@@ -157,10 +157,19 @@ func (z *Zone) templatesReadBody() bool {
 
 // leastReservation is the least a request can reserve in the meter's
 // zone, whatever its body: reserve <n>, or, by max_tokens, one unit (a
-// bound is a positive integer, and the default is at least 1).
+// bound is a positive integer, and the default is at least 1); in a zone
+// priced in money, one token at the lowest output price of its table,
+// which a free model's line makes 0.
 func (m *meter) leastReservation() int64 {
 	if m.fixed > 0 {
 		return m.fixed
+	}
+	if m.prices != nil {
+		least := m.prices[0].Output // a table has a line at least
+		for i := range m.prices {
+			least = min(least, m.prices[i].Output)
+		}
+		return least
 	}
 	return 1
 }

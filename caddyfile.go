@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -102,7 +103,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 //		zone <name> {                           # one block per name
 //			match { <matchers> }                # repeatable
 //			key <template> [<template>...]
-//			limit <template|n> [<template|n>...] # required; or: events
+//			limit <template|n|$amount> [...]     # required; or: events; $amount (dollars): cost_from usage price
 //			window <duration>|day|week|month|year # required; not with concurrency
 //			timezone <IANA name>                 # calendar periods only; default: UTC
 //			algorithm sliding_tail|fixed_window|sliding_window|gcra|concurrency
@@ -118,7 +119,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 //			status <code>                        # 400 to 599
 //			count_status <code|class> [<code|class>...] # not with concurrency
 //			ban <duration>                       # not with concurrency
-//			cost_from usage input|output|total   # or: cost_from header <name>; not with concurrency or cost
+//			cost_from usage input|output|total|price # price takes a block (below); or: cost_from header <name>; not with concurrency or cost
+//				<model|pattern*> input <$> output <$> [cache_read <$>] [cache_write <$>] [cache_write_1h <$>]
+//				                                 # price's lines: dollars per million tokens; the first match prices
 //			reserve <n>                          # or: reserve max_tokens <default>; required by cost_from
 //			usage_in_stream on|off               # cost_from usage only; default: off
 //		}
@@ -486,6 +489,13 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 					return nil, fail(fmt.Errorf("usage: %w", err))
 				}
 				z.CostFrom = &CostFrom{Usage: args[1]}
+				if args[1] == usagePrice {
+					lines, err := unmarshalPriceLines(d)
+					if err != nil {
+						return nil, fail(fmt.Errorf("price: %w", err))
+					}
+					z.CostFrom.Price = lines
+				}
 			case "header":
 				if err := checkCostHeader(args[1]); err != nil {
 					return nil, fail(fmt.Errorf("header: %w", err))
@@ -560,6 +570,38 @@ func unmarshalZone(d *caddyfile.Dispenser) (*Zone, error) {
 		return nil, d.Errf("zone %q: %v", z.Name, err)
 	}
 	return z, nil
+}
+
+// unmarshalPriceLines reads the block of cost_from usage price, a line per
+// model or pattern of models:
+//
+//	<model> input <$> output <$> [cache_read <$>] [cache_write <$>] [cache_write_1h <$>]
+//
+// in dollars per million tokens, and checks the table as Validate does.
+func unmarshalPriceLines(d *caddyfile.Dispenser) ([]PriceLine, error) {
+	var lines []PriceLine
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		l := PriceLine{Model: d.Val()}
+		args := d.RemainingArgs()
+		if len(args)%2 != 0 {
+			return nil, fmt.Errorf("%s: want a price of each kind, such as input 2.50 output 10.00, got %q", l.Model, strings.Join(args, " "))
+		}
+		for i := 0; i < len(args); i += 2 {
+			kind, v := args[i], args[i+1]
+			if !slices.Contains(priceKinds, kind) {
+				return nil, fmt.Errorf("%s: want input, output, cache_read, cache_write or cache_write_1h, got %q", l.Model, kind)
+			}
+			if *l.field(kind) != "" {
+				return nil, fmt.Errorf("%s: %s: repeated (want one price of each kind a line)", l.Model, kind)
+			}
+			*l.field(kind) = Dollars(v)
+		}
+		lines = append(lines, l)
+	}
+	if _, err := compilePrices(lines); err != nil {
+		return nil, err
+	}
+	return lines, nil
 }
 
 // parseDuration reads the one argument of a duration directive.

@@ -48,6 +48,9 @@ type zoneCheck struct {
 	dryRun bool
 	// dryRunExceeded marks a dry-run zone that would have rejected.
 	dryRunExceeded bool
+	// price is, in a zone priced in money, the price of the request's
+	// model, which its reservation was taken at.
+	price *costfrom.Price
 }
 
 // holds reports whether the allowed check c holds concurrency units,
@@ -168,6 +171,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			Cost:        cost,
 			Releasable:  z.countsStatus || z.meter.on,
 			Reservation: z.meter.on,
+			Wide:        z.meter.prices != nil,
 		}
 		if !dryRun {
 			req.Ban = time.Duration(z.Ban)
@@ -207,11 +211,32 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// Read for a reservation: later handlers see its fields.
 		p.setBody(s.body)
 	}
-	for i := range s.checks {
+	// The reservations, now that the body is read. A zone priced in
+	// money first prices the request by its model: one it has no price
+	// for is refused before anything is taken.
+	for i := 0; i < len(s.checks); {
 		c := &s.checks[i]
-		if m := &c.zone.meter; m.on {
-			c.req.Cost = m.reservation(&s.request, c.req.Rate.Units)
+		m := &c.zone.meter
+		if m.prices != nil {
+			price, err := m.findPrice(c.zone.Name, &s.request)
+			if err != nil {
+				if !c.dryRun {
+					return unpriced(w, r, err)
+				}
+				// A dry run never refuses: it counts nothing it
+				// cannot price.
+				s.checks = slices.Delete(s.checks, i, i+1)
+				continue
+			}
+			c.price = price
 		}
+		if m.on {
+			c.req.Cost = m.reservation(&s.request, c.req.Rate.Units, c.price)
+		}
+		i++
+	}
+	if len(s.checks) == 0 {
+		return h.serveNext(w, r, next)
 	}
 
 	s.take.store = h.store
@@ -396,7 +421,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 			}
 		case m.on && !c.dryRunExceeded:
 			kept := req.Cost
-			if actual, ok := s.cost(m); ok {
+			if actual, ok := s.cost(m, c.price); ok {
 				req.TrueUp, req.Actual, kept = true, actual, actual
 				release, debt := req.Settle()
 				m.units[costReleased].Add(float64(release))

@@ -91,7 +91,7 @@ func (h *Handler) report(w http.ResponseWriter, p *placeholders, c *zoneCheck, e
 		hdr["X-Ratelimit-Used"] = p.header(usedValue)
 	}
 	if h.ietfHeaders {
-		p.values[policyValue] = fmt.Sprintf("%s;q=%d;w=%d", c.zone.sfName, d.Limit, c.zone.policyWindow(h.now()))
+		p.values[policyValue] = fmt.Sprintf("%s;q=%d%s;w=%d", c.zone.sfName, d.Limit, c.zone.quotaUnit, c.zone.policyWindow(h.now()))
 		p.values[rateLimitValue] = fmt.Sprintf("%s;r=%d;t=%d", c.zone.sfName, d.Remaining, retryAfterSeconds(d.Reset, h.now()))
 		hdr["Ratelimit-Policy"] = p.header(policyValue)
 		hdr["Ratelimit"] = p.header(rateLimitValue)

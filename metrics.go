@@ -60,8 +60,9 @@ var registerMetrics = promreg.Once(func() []prometheus.Collector {
 	metrics.costUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "cost_units_total",
 		Help: "Cost units of the requests of zones that read costs from responses (cost_from), by kind: reserved at admission, then, once the responses were done, " +
-			"taken (what they cost, or their reservation if it could not be read), released (reserved beyond that) and debt (taken beyond the reservation).",
-	}, []string{"zone", "kind"})
+			"taken (what they cost, or their reservation if it could not be read), released (reserved beyond that) and debt (taken beyond the reservation); " +
+			"unit is what a unit is: tokens (cost_from usage), picodollars (cost_from usage price) or units (cost_from header).",
+	}, []string{"zone", "kind", "unit"})
 	return []prometheus.Collector{metrics.requests, metrics.storeErrors, metrics.storeDuration, metrics.periodUsage, metrics.bans, metrics.costUnits}
 })
 
@@ -90,13 +91,14 @@ func zoneSeries(zone string, metricsOff, bans bool) (results [resultCount]promet
 }
 
 // costSeries returns a cost_from zone's caddy_http_rate_limit_cost_units_total
-// counters by kind; with metricsOff they are collected by no registry.
-func costSeries(zone string, metricsOff bool) (units [costKinds]prometheus.Counter) {
+// counters by kind, whose units are unit (one per zone, so the label adds
+// no series); with metricsOff they are collected by no registry.
+func costSeries(zone, unit string, metricsOff bool) (units [costKinds]prometheus.Counter) {
 	for i := range units {
 		if metricsOff {
 			units[i] = unregisteredCounter()
 		} else {
-			units[i] = metrics.costUnits.WithLabelValues(zone, costKindNames[i])
+			units[i] = metrics.costUnits.WithLabelValues(zone, costKindNames[i], unit)
 		}
 	}
 	return units

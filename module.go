@@ -26,6 +26,7 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/admin"
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/internal/logevery"
+	"github.com/d61b427a/caddy-rate-limit/internal/money"
 	"github.com/d61b427a/caddy-rate-limit/internal/names"
 	"github.com/d61b427a/caddy-rate-limit/jwtclaims"
 	"github.com/d61b427a/caddy-rate-limit/shed"
@@ -202,6 +203,10 @@ type Zone struct {
 	// Limit alternatives: integers or templates. The first that resolves
 	// to a positive integer up to 2^31-1 is the limit, in cost units per
 	// window. A request for which none does is not limited by this zone.
+	// In a zone priced in money (cost_from usage price) they are dollar
+	// amounts instead, "$50" or "$0.25" (at most 12 decimals, up to
+	// $9223372.036854775807), and a template's value is read as dollars
+	// with or without its $ ("50" is $50): the zone counts picodollars.
 	LimitAlternatives Alternatives `json:"limit"`
 
 	// The window: a length of at least 1ms ("1m", "24h"), cut on the
@@ -348,8 +353,11 @@ type Zone struct {
 	period   time.Duration
 	calendar *algorithms.Calendar
 	// policySeconds is the window in whole seconds, rounded up, for the
-	// RateLimit-Policy header; 0 with a calendar, whose periods differ.
+	// RateLimit-Policy header (0 with a calendar, whose periods differ),
+	// and quotaUnit its qu parameter (with its ;), for a zone priced in
+	// money, whose quota is in picodollars.
 	policySeconds int64
+	quotaUnit     string
 	// exceeded is the error a rejection in this zone returns to
 	// handle_errors, made once.
 	exceeded error
@@ -379,7 +387,8 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 const DefaultMaxWaiting = 1000
 
 // maxLimit is the largest limit a template may resolve to; anything above it
-// is taken for a mistake or an attack and ignored.
+// is taken for a mistake or an attack and ignored. A zone priced in money
+// counts picodollars, to 2^63-1 ($9223372.036854775807, money.MaxDollars).
 const maxLimit = math.MaxInt32
 
 // Provision loads the store and the zones' matchers and compiles templates.
@@ -540,6 +549,9 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, metricsOff bool)
 	}
 	z.meter = newMeter(z, metricsOff)
 	z.bodyTemplates = z.templatesReadBody()
+	if z.meter.prices != nil {
+		z.quotaUnit = `;qu="` + money.Unit + `"`
+	}
 	return nil
 }
 
@@ -876,11 +888,18 @@ func dotSegment(name string) bool {
 	return name == "." || name == ".."
 }
 
-// checkLimit accepts a template, which is resolved per request, or a
-// positive integer.
+// checkLimit accepts a template, which is resolved per request, a
+// positive integer, or a positive dollar amount, "$50", for a zone priced
+// in money (which checkLimitMoney holds the zone to).
 func checkLimit(l string) error {
 	if strings.Contains(l, "{") {
 		return checkBodyPlaceholders(l)
+	}
+	if strings.HasPrefix(l, "$") {
+		if n, err := money.Parse(l); err != nil || n == 0 {
+			return fmt.Errorf("want a positive dollar amount such as $50 or $0.25, with at most 12 decimals, up to %s, got %q", money.MaxDollars, l)
+		}
+		return nil
 	}
 	n, err := strconv.ParseInt(l, 10, 64)
 	if err != nil || n <= 0 || n > maxLimit {

@@ -80,6 +80,11 @@ func TestBadJSONRefused(t *testing.T) {
 		{"body_timeout", `{"body_timeout":"500ms","zones":[{"name":"z","limit":[1],"window":"1s"}]}`, "body_timeout", "500ms"},
 		{"cost above the limit", `{"zones":[{"name":"z","limit":[10],"window":"1s","cost":{"*":11}}]}`, "cost", "11"},
 		{"reserve above the burst", `{"zones":[{"name":"z","limit":[100],"window":"1s","algorithm":"gcra","burst":5,"cost_from":{"header":"X-Cost"},"reserve":{"units":6}}]}`, "reserve", "6"},
+		{"price without usage price", `{"zones":[{"name":"z","limit":[100],"window":"1m","cost_from":{"usage":"total","price":[{"model":"*","input":"1","output":"1"}]},"reserve":{"max_tokens":10}}]}`, "price", "total"},
+		{"usage price without lines", `{"zones":[{"name":"z","limit":["$1"],"window":"1m","cost_from":{"usage":"price"},"reserve":{"max_tokens":10}}]}`, "price", "none"},
+		{"price model", `{"zones":[{"name":"z","limit":["$1"],"window":"1m","cost_from":{"usage":"price","price":[{"model":"a b","input":"1","output":"1"}]},"reserve":{"max_tokens":10}}]}`, "price", "a b"},
+		{"price as a number", `{"zones":[{"name":"z","limit":["$1"],"window":"1m","cost_from":{"usage":"price","price":[{"model":"m","input":1e-9,"output":"1"}]},"reserve":{"max_tokens":10}}]}`, "input", "1e-9"},
+		{"money limit as a number", `{"zones":[{"name":"z","limit":[50],"window":"1m","cost_from":{"usage":"price","price":[{"model":"*","input":"1","output":"1"}]},"reserve":{"max_tokens":10}}]}`, "limit", "50"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

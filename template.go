@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/d61b427a/caddy-rate-limit/internal/money"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -49,6 +50,9 @@ func compileTemplate(a string) template {
 		compileBodyPaths(a)
 	} else {
 		t.number, _ = strconv.ParseInt(a, 10, 64)
+		if strings.HasPrefix(a, "$") {
+			t.number, _ = money.Parse(a)
+		}
 	}
 	if len(a) > 2 && a[0] == '{' && a[len(a)-1] == '}' && strings.Count(a, "{") == 1 && strings.Count(a, "}") == 1 && !strings.Contains(a, `\`) {
 		t.placeholder = a[1 : len(a)-1]
@@ -128,8 +132,9 @@ func (z *Zone) resolveStored(v requestValues, t *template) (string, bool) {
 	return t.storedKey(value), true
 }
 
-// resolveLimit returns the first alternative that resolves to an integer in
-// 1..maxLimit.
+// resolveLimit returns the first alternative that resolves to a limit: an
+// integer in 1..maxLimit, or dollars in a zone priced in money (see
+// limitValue).
 func (z *Zone) resolveLimit(v requestValues) (int64, bool) {
 	for i := range z.limits {
 		t := &z.limits[i]
@@ -140,8 +145,7 @@ func (z *Zone) resolveLimit(v requestValues) (int64, bool) {
 		if !ok {
 			continue
 		}
-		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-		if err == nil && n > 0 && n <= maxLimit {
+		if n, ok := z.limitValue(s); ok {
 			return n, true
 		}
 	}

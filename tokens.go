@@ -14,6 +14,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/costfrom"
+	"github.com/d61b427a/caddy-rate-limit/internal/money"
 )
 
 // This file holds what a zone that limits what responses cost (an LLM
@@ -28,8 +29,17 @@ import (
 type CostFrom struct {
 	// The token count of the usage the response's body reports: "input"
 	// (the prompt's tokens), "output" (the tokens generated) or "total"
-	// (both). See the costfrom package for the formats read.
+	// (both). See the costfrom package for the formats read. Or "price":
+	// what those tokens cost in money, each kind at its price in Price,
+	// by the request's model; the zone's limit is then in dollars, and
+	// its counts in picodollars.
 	Usage string `json:"usage,omitempty"`
+
+	// The price table of usage "price", one line per model or pattern
+	// of models: a request's model is priced by the first line whose
+	// pattern matches it (a request that names none, by the line "*").
+	// A request whose model no line prices is refused with 400.
+	Price []PriceLine `json:"price,omitempty"`
 
 	// The response header, or trailer, whose value is the cost: a
 	// non-negative decimal integer.
@@ -53,10 +63,10 @@ type Reserve struct {
 	MaxTokens int64 `json:"max_tokens,omitempty"`
 }
 
-// checkUsage accepts the counts cost_from usage reads.
+// checkUsage accepts the counts cost_from usage reads, and price.
 func checkUsage(v string) error {
-	if _, ok := usageCounts[v]; !ok {
-		return fmt.Errorf("want input, output or total, got %q", v)
+	if _, ok := usageCounts[v]; !ok && v != usagePrice {
+		return fmt.Errorf("want input, output, total or price, got %q", v)
 	}
 	return nil
 }
@@ -87,6 +97,9 @@ func checkReserveUnits(n int64) error {
 func (z *Zone) validateCostFrom() error {
 	if err := checkOnOff(z.UsageInStream); err != nil {
 		return fmt.Errorf("usage_in_stream: %w", err)
+	}
+	if err := z.checkLimitMoney(); err != nil {
+		return err
 	}
 	if z.CostFrom == nil {
 		switch {
@@ -121,6 +134,9 @@ func (z *Zone) validateCostFrom() error {
 	if z.UsageInStream != "" && cf.Usage == "" {
 		return errors.New("usage_in_stream: only with cost_from usage, which reads the usage of a stream (want no usage_in_stream with cost_from header)")
 	}
+	if err := z.validatePrice(); err != nil {
+		return err
+	}
 	r := z.Reserve
 	switch {
 	case r == nil:
@@ -141,6 +157,28 @@ func (z *Zone) validateCostFrom() error {
 	return nil
 }
 
+// validatePrice checks what goes with cost_from usage price: a price
+// table, and the algorithms and reservation that count money.
+func (z *Zone) validatePrice() error {
+	cf := z.CostFrom
+	if !z.priced() {
+		if len(cf.Price) > 0 {
+			return fmt.Errorf("cost_from: a price table only with usage price (want cost_from usage price { ... }), got usage %q", cf.Usage)
+		}
+		return nil
+	}
+	if _, err := compilePrices(cf.Price); err != nil {
+		return fmt.Errorf("cost_from: price: %w", err)
+	}
+	if alg := z.Algorithm; alg != "" && alg != algorithms.FixedWindow && alg != algorithms.SlidingTail {
+		return fmt.Errorf("algorithm: want fixed_window or sliding_tail, which count money (cost_from usage price), got %s", alg)
+	}
+	if z.Reserve != nil && z.Reserve.Units != 0 {
+		return fmt.Errorf("reserve: a zone priced in money reserves the request's bound at its model's prices (want reserve max_tokens <default>), got reserve %d", z.Reserve.Units)
+	}
+	return nil
+}
+
 // meter is how a cost_from zone reserves a request's cost and reads its
 // response's.
 type meter struct {
@@ -153,6 +191,10 @@ type meter struct {
 	// count read includes the prompt, whose tokens its bytes bound.
 	prompt      bool
 	streamUsage bool
+	// prices is the price table of a zone priced in money (cost_from
+	// usage price), nil for any other: its reservations and costs are
+	// in picodollars.
+	prices costfrom.Prices
 	// units are the zone's caddy_http_rate_limit_cost_units_total
 	// series, by kind.
 	units [costKinds]prometheus.Counter
@@ -164,15 +206,25 @@ func newMeter(z *Zone, metricsOff bool) meter {
 		return meter{}
 	}
 	count := usageCounts[z.CostFrom.Usage]
-	return meter{
+	m := meter{
 		on:          true,
 		src:         costfrom.Source{Header: z.CostFrom.Header, Count: count},
 		fixed:       z.Reserve.Units,
 		def:         z.Reserve.MaxTokens,
 		prompt:      count == costfrom.Input || count == costfrom.Total,
 		streamUsage: z.UsageInStream == "on",
-		units:       costSeries(z.Name, metricsOff),
 	}
+	unit := "tokens"
+	switch {
+	case z.priced():
+		// Refused by Validate if it does not compile.
+		m.prices, _ = compilePrices(z.CostFrom.Price)
+		m.src.Count, unit = costfrom.Total, money.Unit
+	case z.CostFrom.Header != "":
+		unit = "units"
+	}
+	m.units = costSeries(z.Name, unit, metricsOff)
+	return m
 }
 
 // readsBody reports whether the zone reads a request's body: to reserve
@@ -186,11 +238,22 @@ func (m *meter) readsBody() bool {
 // request asking for more than any limit is refused whatever its count.
 // A request whose bound means none takes the whole limit (or more, if
 // another of its bounds asks for more), which its key must have free.
-func (m *meter) reservation(req *costfrom.Request, limit int64) int64 {
+// In a zone priced in money, price is the price of the request's model
+// (see findPrice), and the reservation its bound at the output price and
+// its body at the highest price of a prompt's token (at most 2^63-1
+// picodollars).
+func (m *meter) reservation(req *costfrom.Request, limit int64, price *costfrom.Price) int64 {
 	if m.fixed > 0 {
 		return m.fixed
 	}
 	n, unbounded := req.MaxTokens(m.def)
+	if price != nil {
+		r := price.Reservation(n, req.Size())
+		if unbounded {
+			r = max(r, limit)
+		}
+		return r
+	}
 	if unbounded {
 		return min(max(n, limit), maxLimit)
 	}
@@ -208,15 +271,23 @@ func (m *meter) reservation(req *costfrom.Request, limit int64) int64 {
 // has been taken. Where the server has error routes (handle_errors), they
 // answer it, with the error's message naming the field.
 func fieldRefused(w http.ResponseWriter, r *http.Request, err error) error {
+	var dup *costfrom.DuplicateError
+	errors.As(err, &dup)
+	return refusedRequest(w, r, "duplicate_field", dup.Field, err)
+}
+
+// refusedRequest answers a request refused for what its body asks, err,
+// before anything is taken: 400, with a JSON body in the shape of
+// OpenAI's and Anthropic's errors, with code and the field named in
+// param; or, where the server has error routes, the error for them.
+func refusedRequest(w http.ResponseWriter, r *http.Request, code, param string, err error) error {
 	if hasErrorRoutes(r) {
 		return caddyhttp.Error(http.StatusBadRequest, err)
 	}
-	var dup *costfrom.DuplicateError
-	errors.As(err, &dup)
 	var answer fieldError
 	answer.Type = "error"
-	answer.Error.Type, answer.Error.Code = "invalid_request_error", "duplicate_field"
-	answer.Error.Param, answer.Error.Message = dup.Field, err.Error()
+	answer.Error.Type, answer.Error.Code = "invalid_request_error", code
+	answer.Error.Param, answer.Error.Message = param, err.Error()
 	body, _ := json.Marshal(answer)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
@@ -312,16 +383,30 @@ func (s *scratch) costWriter(src costfrom.Source) *costfrom.Writer {
 }
 
 // cost returns the cost the response showed for the meter, and whether
-// it showed one.
-func (s *scratch) cost(m *meter) (int64, bool) {
+// it showed one. A zone priced in money prices the response's usage by
+// the model it names, if a line prices that one (a router's alias
+// resolved), else at price, the request's model's, as its reservation
+// was.
+func (s *scratch) cost(m *meter, price *costfrom.Price) (int64, bool) {
 	cw := s.costWriter(m.key())
-	if cw == nil {
+	switch {
+	case cw == nil:
+		return 0, false
+	case m.src.Header != "":
+		return cw.Cost()
+	case m.prices == nil:
+		return cw.Tokens(m.src.Count)
+	}
+	u, ok := cw.Usage()
+	if !ok {
 		return 0, false
 	}
-	if m.src.Header != "" {
-		return cw.Cost()
+	if model := cw.Model(); model != nil {
+		if p, found := m.prices.Find(model); found {
+			price = p
+		}
 	}
-	return cw.Tokens(m.src.Count)
+	return price.Cost(u), true
 }
 
 // recycleWriters returns the request's Writers to their pool, keeping no

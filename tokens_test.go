@@ -75,7 +75,7 @@ func TestReservation(t *testing.T) {
 		if err := req.Read(c.body); err != nil {
 			t.Fatal(err)
 		}
-		if got := m.reservation(&req, 5000); got != c.want {
+		if got := m.reservation(&req, 5000, nil); got != c.want {
 			t.Errorf("%+v %+v, body %q: reservation %d, want %d", c.from, c.reserve, c.body, got, c.want)
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
+	"github.com/d61b427a/caddy-rate-limit/internal/money"
 	"github.com/d61b427a/caddy-rate-limit/shed"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
@@ -233,9 +234,15 @@ type ZoneInfo struct {
 	DryRun bool     `json:"dry_run,omitempty"`
 	// Units tells that the zone limits what responses cost (cost_from):
 	// its limit, its keys' counts and its top keys are in cost units
-	// (an LLM API's tokens), not requests.
+	// (an LLM API's tokens), not requests. Unit is picodollars for a
+	// zone priced in money (cost_from usage price), whose limit is
+	// written in dollars.
 	Units bool              `json:"units,omitempty"`
+	Unit  string            `json:"unit,omitempty"`
 	Dial  *storage.ZoneDial `json:"dial,omitempty"`
+	// Dollars is, in a zone priced in money, its dial's limit in dollars
+	// (dial_limit).
+	Dollars Dollars `json:"dollars,omitempty"`
 	// Instances is N, the live instances sharing the zone's store, for a
 	// store shared by a fleet (Redis).
 	Instances int `json:"instances,omitempty"`
@@ -284,6 +291,11 @@ type KeyInfo struct {
 	// zone's previous window began is no longer counted, nor, by then,
 	// one whose instance died before its response ended.
 	Reserved *int64 `json:"reserved,omitempty"`
+	// Unit is picodollars in a zone priced in money, and Dollars its
+	// amounts above (used, current, previous, previous_weighted, and
+	// override, debt and reserved where set) in dollars.
+	Unit    string  `json:"unit,omitempty"`
+	Dollars Dollars `json:"dollars,omitempty"`
 }
 
 // serve routes one admin request:
@@ -427,6 +439,11 @@ func serveZones(w http.ResponseWriter, r *http.Request) error {
 		if f, ok := store.(storage.Fleet); ok {
 			info.Instances = f.Instances()
 		}
+		if info.Dial != nil {
+			if d := (target{info: info}).limitDollars(info.Dial.Limit); d != nil {
+				info.Dollars = Dollars{"dial_limit": d["limit"]}
+			}
+		}
 		out = append(out, info)
 	}
 	return writeJSON(w, out)
@@ -437,11 +454,15 @@ func serveZones(w http.ResponseWriter, r *http.Request) error {
 // count may be overstated. Units tells that the zone limits what
 // responses cost (cost_from): its keys are counted in Units, and Error
 // is in units too.
+// In a zone priced in money, Unit is picodollars, and Dollars the error
+// in dollars.
 type TopInfo struct {
-	Zone  string   `json:"zone"`
-	Units bool     `json:"units,omitempty"`
-	Keys  []TopKey `json:"keys"`
-	Error int64    `json:"error"`
+	Zone    string   `json:"zone"`
+	Units   bool     `json:"units,omitempty"`
+	Unit    string   `json:"unit,omitempty"`
+	Keys    []TopKey `json:"keys"`
+	Error   int64    `json:"error"`
+	Dollars Dollars  `json:"dollars,omitempty"`
 }
 
 // TopKey is a key as GET /rate_limit/zones/<zone>/top shows it: its
@@ -456,6 +477,8 @@ type TopKey struct {
 	Requests int64  `json:"requests,omitempty"`
 	Units    int64  `json:"units,omitempty"`
 	Rejected int64  `json:"rejected"`
+	// Dollars is, in a zone priced in money, Units in dollars.
+	Dollars string `json:"dollars,omitempty"`
 }
 
 // DefaultTopKeys is how many keys GET .../top shows without ?n, and
@@ -482,7 +505,14 @@ func serveTop(w http.ResponseWriter, r *http.Request, z target) error {
 	for i := range keys {
 		keys[i].Key = z.ShownKey(keys[i].Key)
 	}
-	return writeJSON(w, TopInfo{Zone: z.info.Name, Units: z.info.Units, Keys: keys, Error: bound})
+	top := TopInfo{Zone: z.info.Name, Units: z.info.Units, Keys: keys, Error: bound}
+	if z.priced() {
+		top.Unit, top.Dollars = money.Unit, Dollars{"error": money.Format(bound)}
+		for i := range keys {
+			keys[i].Dollars = money.Format(keys[i].Units)
+		}
+	}
+	return writeJSON(w, top)
 }
 
 // maxLimit is the largest limit an override or a dial may set: the
@@ -538,14 +568,18 @@ func (a *adminAPI) override(w http.ResponseWriter, r *http.Request, z target, ra
 	switch r.Method {
 	case http.MethodPut:
 		var body struct {
-			Limit int64          `json:"limit"`
-			TTL   caddy.Duration `json:"ttl"`
+			Limit json.RawMessage `json:"limit"`
+			TTL   caddy.Duration  `json:"ttl"`
 		}
 		if err := decodeBody(r, &body); err != nil {
 			return err
 		}
-		if body.Limit < 1 || body.Limit > maxLimit {
-			return apiError(http.StatusBadRequest, fmt.Errorf("limit: want an integer from 1 to %d, got %d", maxLimit, body.Limit))
+		if body.Limit == nil {
+			body.Limit = json.RawMessage("0")
+		}
+		limit, err := z.limitOf(body.Limit)
+		if err != nil {
+			return err
 		}
 		if body.TTL < 0 {
 			return apiError(http.StatusBadRequest, fmt.Errorf("ttl: want a positive duration, got %s", time.Duration(body.TTL)))
@@ -562,7 +596,7 @@ func (a *adminAPI) override(w http.ResponseWriter, r *http.Request, z target, ra
 			return apiError(http.StatusConflict, fmt.Errorf("zone %q: key %q holds nothing yet under any alternative of the zone's key (%s); name the one to give it a limit in with ?from=<alternative> (caddy rate-limit: --from <alternative>)",
 				z.info.Name, raw, strings.Join(z.info.Key, ", ")))
 		}
-		o := storage.Override{Limit: body.Limit}
+		o := storage.Override{Limit: limit}
 		if body.TTL > 0 {
 			o.Expires = time.Now().Add(time.Duration(body.TTL))
 		}
@@ -572,7 +606,7 @@ func (a *adminAPI) override(w http.ResponseWriter, r *http.Request, z target, ra
 			return apiError(http.StatusBadGateway, err)
 		}
 		a.changed(r, "key limit override set", z, append(k.fields(z), zap.Int64("limit", o.Limit), zap.Time("expires", o.Expires))...)
-		return writeJSON(w, o)
+		return writeJSON(w, OverrideInfo{Override: o, Dollars: z.limitDollars(o.Limit)})
 	default: // DELETE
 		keys, err := z.namedKeys(r.Context(), raw, from)
 		if err != nil {
@@ -605,9 +639,9 @@ func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z target) error 
 	switch r.Method {
 	case http.MethodPut:
 		var body struct {
-			Mode  string         `json:"mode"`
-			Limit int64          `json:"limit"`
-			TTL   caddy.Duration `json:"ttl"`
+			Mode  string          `json:"mode"`
+			Limit json.RawMessage `json:"limit"`
+			TTL   caddy.Duration  `json:"ttl"`
 		}
 		if err := decodeBody(r, &body); err != nil {
 			return err
@@ -617,16 +651,21 @@ func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z target) error 
 		default:
 			return apiError(http.StatusBadRequest, fmt.Errorf("mode: want enforce, dry_run or off, got %q", body.Mode))
 		}
-		if body.Limit < 0 || body.Limit > maxLimit {
-			return apiError(http.StatusBadRequest, fmt.Errorf("limit: want an integer from 1 to %d, got %d", maxLimit, body.Limit))
+		if string(body.Limit) == "0" {
+			// No limit, as when none is given.
+			body.Limit = nil
+		}
+		limit, err := z.limitOf(body.Limit)
+		if err != nil {
+			return err
 		}
 		if body.TTL < 0 {
 			return apiError(http.StatusBadRequest, fmt.Errorf("ttl: want a positive duration, got %s", time.Duration(body.TTL)))
 		}
-		if body.Mode == "" && body.Limit == 0 {
+		if body.Mode == "" && limit == 0 {
 			return apiError(http.StatusBadRequest, errors.New("want a mode, a limit or both"))
 		}
-		d := storage.ZoneDial{Mode: body.Mode, Limit: body.Limit}
+		d := storage.ZoneDial{Mode: body.Mode, Limit: limit}
 		if body.TTL > 0 {
 			d.Expires = time.Now().Add(time.Duration(body.TTL))
 		}
@@ -634,7 +673,7 @@ func (a *adminAPI) dial(w http.ResponseWriter, r *http.Request, z target) error 
 			return apiError(http.StatusBadGateway, err)
 		}
 		a.changed(r, "zone dial set", z, zap.String("mode", d.Mode), zap.Int64("limit", d.Limit), zap.Time("expires", d.Expires))
-		return writeJSON(w, d)
+		return writeJSON(w, DialInfo{ZoneDial: d, Dollars: z.limitDollars(d.Limit)})
 	default: // DELETE
 		if err := z.store.DeleteZoneDial(r.Context(), z.info.Name); err != nil {
 			return apiError(http.StatusBadGateway, err)

@@ -18,6 +18,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/d61b427a/caddy-rate-limit/internal/money"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -104,7 +105,7 @@ func rateLimitCommands(cmd *cobra.Command) {
 	cmd.AddCommand(reset)
 
 	override := &cobra.Command{
-		Use:   "override <zone> <key> (<limit> [--ttl <duration>] | --remove)",
+		Use:   "override <zone> <key> (<limit|$amount> [--ttl <duration>] | --remove)",
 		Short: "Gives a key a limit of its own, which wins over the zone's",
 		Args:  cobra.RangeArgs(2, 3),
 		RunE:  run(overrideRequest),
@@ -115,13 +116,13 @@ func rateLimitCommands(cmd *cobra.Command) {
 	cmd.AddCommand(override)
 
 	dial := &cobra.Command{
-		Use:   "dial <zone> ([--mode <mode>] [--limit <n>] [--ttl <duration>] | --remove)",
+		Use:   "dial <zone> ([--mode <mode>] [--limit <n|$amount>] [--ttl <duration>] | --remove)",
 		Short: "Sets the zone's mode or its limit for every key without an override",
 		Args:  cobra.ExactArgs(1),
 		RunE:  run(dialRequest),
 	}
 	dial.Flags().String("mode", "", "enforce, dry_run or off")
-	dial.Flags().Int64("limit", 0, "The limit of every key without an override")
+	dial.Flags().String("limit", "", "The limit of every key without an override (dollars, such as $100, for a zone priced in money)")
 	dial.Flags().String("ttl", "", "How long the dial lasts (default: until removed)")
 	dial.Flags().Bool("remove", false, "Return the zone to its config")
 	cmd.AddCommand(dial)
@@ -286,26 +287,39 @@ func overrideRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 	if len(args) != 3 {
 		return adminRequest{}, errors.New("override takes a zone, a key and a limit, or --remove")
 	}
-	limit, err := strconv.ParseInt(args[2], 10, 64)
+	limit, err := limitArg(args[2])
 	if err != nil {
-		return adminRequest{}, fmt.Errorf("limit: want an integer, got %q", args[2])
+		return adminRequest{}, fmt.Errorf("limit: %w", err)
 	}
 	ttl, err := ttlFlag(fl)
 	if err != nil {
 		return adminRequest{}, err
 	}
 	body := struct {
-		Limit int64  `json:"limit"`
+		Limit any    `json:"limit"`
 		TTL   string `json:"ttl,omitempty"`
 	}{limit, ttl}
 	return adminRequest{method: http.MethodPut, path: path, body: body, show: func(w io.Writer, answer []byte) error {
-		var o storage.Override
+		var o OverrideInfo
 		if err := json.Unmarshal(answer, &o); err != nil {
 			return err
 		}
-		_, err := fmt.Fprintf(w, "zone %q: %s: override %s\n", zone, keyText(fl, key), overrideText(&o))
+		_, err := fmt.Fprintf(w, "zone %q: %s: override %s\n", zone, keyText(fl, key), overrideText(&o.Override, o.Dollars["limit"]))
 		return err
 	}}, nil
+}
+
+// limitArg is a limit as written, as the admin API takes it: an integer
+// as a number, dollars ("$75", "0.25"; for a zone priced in money) as
+// the string written, which the endpoint reads as the zone counts.
+func limitArg(arg string) (any, error) {
+	if n, err := strconv.ParseInt(arg, 10, 64); err == nil && n > 0 {
+		return n, nil
+	}
+	if n, err := money.Parse(arg); err == nil && n > 0 {
+		return arg, nil
+	}
+	return nil, fmt.Errorf("want an integer, or dollars such as $75 for a zone priced in money, got %q", arg)
 }
 
 func dialRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
@@ -324,21 +338,24 @@ func dialRequest(fl caddycmd.Flags, args []string) (adminRequest, error) {
 	if err != nil {
 		return adminRequest{}, err
 	}
-	limit, err := fl.GetInt64("limit")
-	if err != nil {
-		return adminRequest{}, err
+	var limit any
+	// --limit 0 sets no limit, as leaving it out does.
+	if v := fl.String("limit"); v != "" && v != "0" {
+		if limit, err = limitArg(v); err != nil {
+			return adminRequest{}, fmt.Errorf("--limit: %w", err)
+		}
 	}
 	body := struct {
 		Mode  string `json:"mode,omitempty"`
-		Limit int64  `json:"limit,omitempty"`
+		Limit any    `json:"limit,omitempty"`
 		TTL   string `json:"ttl,omitempty"`
 	}{fl.String("mode"), limit, ttl}
 	return adminRequest{method: http.MethodPut, path: path, body: body, show: func(w io.Writer, answer []byte) error {
-		var d storage.ZoneDial
+		var d DialInfo
 		if err := json.Unmarshal(answer, &d); err != nil {
 			return err
 		}
-		_, err := fmt.Fprintf(w, "zone %q: dial %s\n", zone, dialText(&d))
+		_, err := fmt.Fprintf(w, "zone %q: dial %s\n", zone, dialText(&d.ZoneDial, d.Dollars["limit"]))
 		return err
 	}}, nil
 }
@@ -359,7 +376,7 @@ func showZones(w io.Writer, answer []byte) error {
 			window = periodText(z)
 		}
 		limit := printable(strings.Join(z.Limit, " or "))
-		if z.Units {
+		if z.Units && z.Unit != money.Unit {
 			limit += " units"
 		}
 		instances := "-"
@@ -367,7 +384,7 @@ func showZones(w io.Writer, answer []byte) error {
 			instances = strconv.Itoa(z.Instances)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			printable(z.Name), z.Algorithm, limit, window, z.Store, dialText(z.Dial), instances)
+			printable(z.Name), z.Algorithm, limit, window, z.Store, dialText(z.Dial, z.Dollars["dial_limit"]), instances)
 	}
 	return tw.Flush()
 }
@@ -377,16 +394,21 @@ func showTop(w io.Writer, answer []byte) error {
 	if err := json.Unmarshal(answer, &top); err != nil {
 		return err
 	}
-	// A cost_from zone counts the units its keys were charged.
-	counted, count := "Requests", func(k TopKey) int64 { return k.Requests }
-	if top.Units {
-		counted, count = "Units", func(k TopKey) int64 { return k.Units }
+	// A cost_from zone counts the units its keys were charged; one
+	// priced in money, shown in dollars.
+	counted, count := "Requests", func(k TopKey) string { return strconv.FormatInt(k.Requests, 10) }
+	bound := strconv.FormatInt(top.Error, 10)
+	switch {
+	case top.Unit == money.Unit:
+		counted, count, bound = "Dollars", func(k TopKey) string { return k.Dollars }, top.Dollars["error"]
+	case top.Units:
+		counted, count = "Units", func(k TopKey) string { return strconv.FormatInt(k.Units, 10) }
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	// FROM last, where a template with a space in it reads whole.
 	fmt.Fprintf(tw, "KEY\t%s\tREJECTED\tFROM\n", strings.ToUpper(counted))
 	for _, k := range top.Keys {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", printable(k.Key), count(k), k.Rejected, printable(k.From))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", printable(k.Key), count(k), k.Rejected, printable(k.From))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -395,7 +417,7 @@ func showTop(w io.Writer, answer []byte) error {
 	// counts are exact.
 	accuracy := "the counts are exact"
 	if top.Error > 0 {
-		accuracy = fmt.Sprintf("each count is at most %d over the truth", top.Error)
+		accuracy = fmt.Sprintf("each count is at most %s over the truth", bound)
 	}
 	_, err := fmt.Fprintf(w, "\n%s over about the last minute; %s.\n", counted, accuracy)
 	return err
@@ -415,18 +437,26 @@ func showKey(w io.Writer, answer []byte) error {
 	if k.Hash != "" {
 		fmt.Fprintf(tw, "hash\t%s\n", k.Hash)
 	}
-	fmt.Fprintf(tw, "used\t%d\n", k.Used)
-	fmt.Fprintf(tw, "current\t%d\n", k.Current)
-	fmt.Fprintf(tw, "previous\t%d\n", k.Previous)
-	fmt.Fprintf(tw, "previous_weighted\t%d\n", k.PreviousWeighted)
+	// An amount of a zone priced in money, in dollars, as the answer
+	// gives it.
+	amount := func(name string, n int64) string {
+		if d, ok := k.Dollars[name]; ok {
+			return d
+		}
+		return strconv.FormatInt(n, 10)
+	}
+	fmt.Fprintf(tw, "used\t%s\n", amount("used", k.Used))
+	fmt.Fprintf(tw, "current\t%s\n", amount("current", k.Current))
+	fmt.Fprintf(tw, "previous\t%s\n", amount("previous", k.Previous))
+	fmt.Fprintf(tw, "previous_weighted\t%s\n", amount("previous_weighted", k.PreviousWeighted))
 	fmt.Fprintf(tw, "reset\t%s\n", timeText(k.Reset))
-	fmt.Fprintf(tw, "override\t%s\n", overrideText(k.Override))
+	fmt.Fprintf(tw, "override\t%s\n", overrideText(k.Override, k.Dollars["override"]))
 	fmt.Fprintf(tw, "ban_ends\t%s\n", timeText(k.BanEnds))
 	if k.Debt != nil {
-		fmt.Fprintf(tw, "debt\t%d\n", *k.Debt)
+		fmt.Fprintf(tw, "debt\t%s\n", amount("debt", *k.Debt))
 	}
 	if k.Reserved != nil {
-		fmt.Fprintf(tw, "reserved\t%d\n", *k.Reserved)
+		fmt.Fprintf(tw, "reserved\t%s\n", amount("reserved", *k.Reserved))
 	}
 	return tw.Flush()
 }
@@ -444,17 +474,22 @@ func printable(s string) string {
 	return s
 }
 
-// overrideText shows an override as "5000 until <time>", or "-" for none.
-func overrideText(o *storage.Override) string {
+// overrideText shows an override as "5000 until <time>", or "-" for none;
+// its limit as dollars, if given ("$75.00": a zone priced in money).
+func overrideText(o *storage.Override, dollars string) string {
 	if o == nil {
 		return "-"
 	}
-	return untilText(strconv.FormatInt(o.Limit, 10), o.Expires)
+	limit := strconv.FormatInt(o.Limit, 10)
+	if dollars != "" {
+		limit = dollars
+	}
+	return untilText(limit, o.Expires)
 }
 
 // dialText shows a dial as "dry_run limit 200 until <time>", or "-" for
-// none.
-func dialText(d *storage.ZoneDial) string {
+// none; its limit as dollars, if given.
+func dialText(d *storage.ZoneDial, dollars string) string {
 	if d == nil {
 		return "-"
 	}
@@ -462,7 +497,10 @@ func dialText(d *storage.ZoneDial) string {
 	if d.Mode != "" {
 		parts = append(parts, d.Mode)
 	}
-	if d.Limit > 0 {
+	switch {
+	case dollars != "":
+		parts = append(parts, "limit "+dollars)
+	case d.Limit > 0:
 		parts = append(parts, "limit "+strconv.FormatInt(d.Limit, 10))
 	}
 	return untilText(strings.Join(parts, " "), d.Expires)

@@ -239,6 +239,60 @@ func TestRateLimitCommandUnits(t *testing.T) {
 	}
 }
 
+// TestRateLimitCommandMoney: the command sends a limit in dollars as
+// written, and shows a zone priced in money in dollars: its dial, its
+// top keys, a key's counts and override, the override and dial it set.
+func TestRateLimitCommandMoney(t *testing.T) {
+	s := newStandIn(t)
+	show := func(answer string, args ...string) string {
+		t.Helper()
+		s.answer = answer
+		out, err := rateLimit(append(args, "--address", s.address)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		args []string
+		body string
+	}{
+		{[]string{"override", "spend", "k", "$75"}, `{"limit":"$75"}`},
+		{[]string{"override", "spend", "k", "0.25"}, `{"limit":"0.25"}`},
+		{[]string{"dial", "spend", "--limit", "$100"}, `{"limit":"$100"}`},
+		{[]string{"dial", "spend", "--limit", "100"}, `{"limit":100}`},
+	} {
+		show(`{}`, c.args...)
+		if s.body != c.body {
+			t.Errorf("%q sent %s, want %s", c.args, s.body, c.body)
+		}
+	}
+	if out := show(`{"limit":75000000000000,"dollars":{"limit":"$75.00"}}`, "override", "spend", "k", "$75"); out != "zone \"spend\": key \"k\": override $75.00\n" {
+		t.Errorf("override printed %q, want it in dollars", out)
+	}
+	if out := show(`{"limit":100000000000000,"dollars":{"limit":"$100.00"}}`, "dial", "spend", "--limit", "$100"); out != "zone \"spend\": dial limit $100.00\n" {
+		t.Errorf("dial printed %q, want it in dollars", out)
+	}
+	zones := `[{"name":"spend","algorithm":"fixed_window","window":"720h0m0s","limit":["$50"],"store":"memory","units":true,"unit":"picodollars",` +
+		`"dial":{"limit":100000000000000},"dollars":{"dial_limit":"$100.00"}}]`
+	if out := show(zones, "zones"); !strings.Contains(out, "$50 ") || strings.Contains(out, "units") || !strings.Contains(out, "limit $100.00") {
+		t.Errorf("zones printed\n%s\nwant the limit $50 and the dial's $100.00, and no units", out)
+	}
+	out := show(`{"zone":"spend","units":true,"unit":"picodollars","keys":[{"key":"k","units":1500000000000,"rejected":2,"dollars":"$1.50"}],"error":3,"dollars":{"error":"$0.000000000003"}}`, "top", "spend")
+	if !strings.Contains(out, "DOLLARS") || !strings.Contains(out, "$1.50") || strings.Contains(out, "1500000000000") ||
+		!strings.HasSuffix(out, "\nDollars over about the last minute; each count is at most $0.000000000003 over the truth.\n") {
+		t.Errorf("top printed\n%s\nwant a DOLLARS column with $1.50 and a footer in dollars", out)
+	}
+	key := `{"zone":"spend","key":"k","used":12345678000000,"current":12345678000000,"reset":"2030-01-01T00:00:00Z","debt":0,"reserved":500000000000,` +
+		`"override":{"limit":75000000000000},"unit":"picodollars","dollars":{"used":"$12.345678","current":"$12.345678","previous":"$0.00","previous_weighted":"$0.00","debt":"$0.00","reserved":"$0.50","override":"$75.00"}}`
+	out = show(key, "key", "spend", "k")
+	for _, want := range []string{"\nused               $12.345678\n", "\nprevious           $0.00\n", "\noverride           $75.00\n", "\nreserved           $0.50\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("key printed\n%s\nwant %q", out, want)
+		}
+	}
+}
+
 // TestRateLimitCommandRefuses: arguments that make no request are
 // refused before one is sent, naming what is wrong.
 func TestRateLimitCommandRefuses(t *testing.T) {
@@ -253,7 +307,8 @@ func TestRateLimitCommandRefuses(t *testing.T) {
 		{[]string{"key", "api"}, "accepts 2 arg(s), received 1"},
 		{[]string{"reset", "api", "k", "more"}, "accepts 2 arg(s), received 3"},
 		{[]string{"override", "api", "k"}, "override takes a zone, a key and a limit, or --remove"},
-		{[]string{"override", "api", "k", "lots"}, `limit: want an integer, got "lots"`},
+		{[]string{"override", "api", "k", "lots"}, `limit: want an integer, or dollars such as $75 for a zone priced in money, got "lots"`},
+		{[]string{"dial", "api", "--limit", "-5"}, `--limit: want an integer, or dollars such as $75 for a zone priced in money, got "-5"`},
 		{[]string{"override", "api", "k", "5", "--ttl", "forever"}, `--ttl: want a positive duration such as 24h, got "forever"`},
 		{[]string{"override", "api", "k", "5", "--ttl=0s"}, `--ttl: want a positive duration such as 24h, got "0s"`},
 		{[]string{"override", "api", "k", "5", "--remove"}, "override --remove takes a zone and a key, and no limit or --ttl"},

@@ -119,6 +119,7 @@ func (z target) read(ctx context.Context, stored string) (namedKey, error) {
 	if err != nil {
 		return namedKey{}, apiError(http.StatusBadGateway, err)
 	}
+	z.inDollars(&info)
 	return namedKey{stored: stored, info: info}, nil
 }
 

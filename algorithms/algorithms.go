@@ -261,14 +261,14 @@ func Decide(alg Algorithm, counts Counts, now time.Time, l Rate, cost int64) (De
 		// run: (end-now)/length, the windows' lengths being the
 		// calendar's (a month after a longer one, a day of 23 hours).
 		share, _ := mulDivMod(c.Previous, win.End-nowMs, win.Length()) // at most Previous
-		used += share
+		used = addCapped(used, share)
 	}
 
 	d := Decision{Limit: l.Units, Reset: time.UnixMilli(win.End), Rolled: rolled, Window: idx}
 	if rolled {
 		d.Finished = finished
 	}
-	if used+cost <= l.Units {
+	if fits(used, cost, l.Units) {
 		d.Allowed = true
 		used += cost
 		c.Current += cost
@@ -332,7 +332,7 @@ func retryAt(alg Algorithm, c WindowCounts, l Rate, win Span, cost int64) int64 
 	if cost > limit || alg == FixedWindow {
 		return win.End
 	}
-	if c.Current+cost <= limit {
+	if fits(c.Current, cost, limit) {
 		// Allowed later in this window, once the previous window's share
 		// has decayed far enough.
 		return win.Start + decayedAt(c.Previous, limit-cost-c.Current, win.Length())
@@ -359,6 +359,22 @@ func decayedAt(prev, room, w int64) int64 {
 	lo--
 	q, _ := bits.Div64(hi, lo, uint64(prev)) // hi < prev because room+1 <= prev
 	return w - int64(q)
+}
+
+// fits reports whether used+cost <= limit, for counts of up to 2^63-1,
+// whose sum int64 may not hold.
+func fits(used, cost, limit int64) bool {
+	return used <= limit && cost <= limit-used
+}
+
+// addCapped returns a+b, for a, b >= 0, or math.MaxInt64 if the sum is
+// more: a count stops there (a zone priced in money counts up to 2^63-1
+// picodollars), and past it it is over any limit anyway.
+func addCapped(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // mulDivMod returns a·b/d and a·b mod d, for a, b >= 0 and d > 0, with

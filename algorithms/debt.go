@@ -34,8 +34,10 @@ import "time"
 // TAT at most two bucket depths ahead of now. A response that shows a
 // huge cost, misreported or made huge on purpose, so refuses its key for
 // about a window at most beyond what a full window would; the memory
-// store's counts stay in 32 bits; and every GCRA instant stays below
-// 2^53 ms, where the Redis script's doubles count exactly (MaxBucket).
+// store's counts of limits up to 2^31-1 stay in 32 bits, and wide counts
+// (limits up to 2^63-1, a zone priced in money) stop at 2^63-1; and
+// every GCRA instant stays below 2^53 ms, where the Redis script's
+// doubles count exactly (MaxBucket).
 //
 // A debt that is the first count of a key in a new window rolls the key
 // into it, as a take would, but no decision reports that roll: the next
@@ -43,13 +45,13 @@ import "time"
 // window before goes unreported (Decision.Rolled).
 
 // MostDebt returns the most units a debt on l can take: twice the limit
-// (gcra: twice the burst). More change nothing, so a store may send no
-// more than these.
+// (gcra: twice the burst), or 2^63-1 if that is less. More change
+// nothing, so a store may send no more than these.
 func MostDebt(alg Algorithm, l Rate) int64 {
 	if alg == GCRA {
-		return 2 * l.BurstFor(l.Units)
+		return addCapped(l.BurstFor(l.Units), l.BurstFor(l.Units))
 	}
-	return 2 * l.Units
+	return addCapped(l.Units, l.Units)
 }
 
 // Debt returns the counts of a key after units are taken past its limit

@@ -111,5 +111,5 @@ func InFlightUnits(p WindowCounts, now time.Time, l Rate) int64 {
 	if idx := l.WindowAt(now.UnixMilli()).Index; p.Window < idx {
 		p = Roll(p, idx)
 	}
-	return p.Current + p.Previous
+	return addCapped(p.Current, p.Previous)
 }

@@ -45,6 +45,16 @@
 // prompt_tokens and input_tokens include cached tokens). Total is the
 // total_tokens given, or input plus output.
 //
+// A zone priced in money prices each kind of token apart (Usage, Prices):
+// OpenAI's cached tokens (usage.prompt_tokens_details.cached_tokens, and
+// the Responses API's input_tokens_details.cached_tokens) are taken out
+// of its prompt's and priced as cache reads; Anthropic's cache reads and
+// writes are priced beside its input, and its 1-hour writes
+// (usage.cache_creation.ephemeral_1h_input_tokens) apart from the other
+// writes. The model a response names (its model, message.model in
+// Anthropic's stream, response.model in the Responses API's) is read too,
+// to price by it.
+//
 // A response has a cost only once a whole usage was read: a stream cut
 // before its usage, an error without usage, a body that is not JSON or is
 // compressed (Content-Encoding), have none, and the caller keeps its

@@ -349,6 +349,40 @@ type refUsage struct {
 	OutputTokens     any `json:"output_tokens"`
 	CacheCreation    any `json:"cache_creation_input_tokens"`
 	CacheRead        any `json:"cache_read_input_tokens"`
+	PromptDetails    struct {
+		Cached any `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+	InputDetails struct {
+		Cached any `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	CacheCreationDetails struct {
+		Write1h any `json:"ephemeral_1h_input_tokens"`
+	} `json:"cache_creation"`
+}
+
+// refCounts are the counts encoding/json reads of a response, to price:
+// the largest of each kind given where it reads one, in and out given or
+// not.
+type refCounts struct {
+	in, out, cacheCreate, cacheRead, cached, write1h int64
+	hasIn, hasOut                                    bool
+}
+
+// usage is what r costs as a Writer prices a usage (Writer.Usage):
+// cached tokens out of the prompt's, 1-hour writes out of the writes, a
+// part no larger than its whole.
+func (r refCounts) usage() Usage {
+	cached, write1h := min(r.cached, r.in), min(r.write1h, r.cacheCreate)
+	return Usage{Input: r.in - cached, Output: r.out, CacheRead: r.cacheRead + cached,
+		CacheWrite: r.cacheCreate - write1h, CacheWrite1h: write1h}
+}
+
+// fuzzPrices are prices of the shapes every price table has (a cached
+// read costs no more than input, a 1-hour write no less than a write),
+// at which a Writer's usage must cost at least what encoding/json's does.
+var fuzzPrices = []Price{
+	{Input: 3, Output: 15, CacheRead: 1, CacheWrite: 4, CacheWrite1h: 6},
+	{Input: 5, Output: 1, CacheRead: 5, CacheWrite: 5, CacheWrite1h: 5},
 }
 
 // count returns x as a count the Writer reads: a non-negative integer of
@@ -366,7 +400,7 @@ func count(x any) (int64, bool) {
 // counts encoding/json reads in its usage (or response.usage) and, for
 // Ollama's answer (withOllama), its counts once done; and false if
 // encoding/json does not read body as one JSON object.
-func wantAtLeast(body []byte, withOllama bool) (map[Count]int64, bool) {
+func wantAtLeast(body []byte, withOllama bool) (map[Count]int64, refCounts, bool) {
 	var v struct {
 		Usage    json.RawMessage `json:"usage"`
 		Response json.RawMessage `json:"response"`
@@ -377,12 +411,23 @@ func wantAtLeast(body []byte, withOllama bool) (map[Count]int64, bool) {
 	d := json.NewDecoder(bytes.NewReader(body))
 	d.UseNumber()
 	if d.Decode(&v) != nil || d.Decode(new(any)) != io.EOF {
-		return nil, false
+		return nil, refCounts{}, false
 	}
 	want := map[Count]int64{}
+	var ref refCounts
 	at := func(c Count, x any) {
 		if n, ok := count(x); ok {
 			want[c] = max(want[c], n)
+		}
+	}
+	largest := func(to *int64, has *bool, xs ...any) {
+		for _, x := range xs {
+			if n, ok := count(x); ok {
+				*to = max(*to, n)
+				if has != nil {
+					*has = true
+				}
+			}
 		}
 	}
 	usage := func(raw json.RawMessage) {
@@ -413,6 +458,16 @@ func wantAtLeast(body []byte, withOllama bool) (map[Count]int64, bool) {
 		at(Output, u.CompletionTokens)
 		at(Output, u.OutputTokens)
 		at(Total, u.TotalTokens)
+		largest(&ref.in, &ref.hasIn, u.PromptTokens, u.InputTokens)
+		largest(&ref.out, &ref.hasOut, u.CompletionTokens, u.OutputTokens)
+		largest(&ref.cacheCreate, nil, u.CacheCreation)
+		largest(&ref.cacheRead, nil, u.CacheRead)
+		largest(&ref.write1h, nil, u.CacheCreationDetails.Write1h)
+		// Where both say, a server reads either.
+		largest(&ref.cached, nil, u.PromptDetails.Cached)
+		if n, ok := count(u.InputDetails.Cached); ok && ref.cached == 0 {
+			ref.cached = n
+		}
 		if _, total := want[Total]; !total && hasIn {
 			if out, ok := want[Output]; ok {
 				want[Total] = in + out
@@ -431,13 +486,23 @@ func wantAtLeast(body []byte, withOllama bool) (map[Count]int64, bool) {
 	if withOllama && v.Done == true {
 		at(Input, v.Prompt)
 		at(Output, v.Eval)
+		largest(&ref.in, &ref.hasIn, v.Prompt)
+		largest(&ref.out, &ref.hasOut, v.Eval)
 	}
-	return want, true
+	return want, ref, true
+}
+
+// readCounts are what a Writer read of a response: its counts by Count
+// (-1 where it read none), and its usage to price.
+type readCounts struct {
+	tokens [3]int64
+	usage  Usage
+	priced bool
 }
 
 func FuzzResponseUsage(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, split int) {
-		read := func(contentType string, hide bool, pieces ...[]byte) [3]int64 {
+		read := func(contentType string, hide bool, pieces ...[]byte) readCounts {
 			rec := newRecorder()
 			cw := Wrap(rec, Source{Count: Total})
 			if hide {
@@ -448,24 +513,37 @@ func FuzzResponseUsage(f *testing.F) {
 			for _, p := range pieces {
 				cw.Write(p)
 			}
-			var got [3]int64
+			var got readCounts
 			for i, c := range []Count{Input, Output, Total} {
 				if n, ok := cw.Tokens(c); ok {
-					got[i] = n
+					got.tokens[i] = n
 				} else {
-					got[i] = -1
+					got.tokens[i] = -1
 				}
 			}
+			got.usage, got.priced = cw.Usage()
 			return got
 		}
 		at := 0
 		if len(body) > 0 {
 			at = (split%len(body) + len(body)) % len(body)
 		}
-		check := func(format string, want map[Count]int64, got [3]int64) {
+		check := func(format string, want map[Count]int64, ref refCounts, got readCounts) {
 			for i, c := range []Count{Input, Output, Total} {
-				if w, ok := want[c]; ok && got[i] < w {
-					t.Errorf("%s: Tokens(%d) = %d, and encoding/json reads %d", format, c, got[i], w)
+				if w, ok := want[c]; ok && got.tokens[i] < w {
+					t.Errorf("%s: Tokens(%d) = %d, and encoding/json reads %d", format, c, got.tokens[i], w)
+				}
+			}
+			if !ref.hasIn || !ref.hasOut {
+				return
+			}
+			if !got.priced {
+				t.Errorf("%s: no usage to price, and encoding/json reads %+v", format, ref)
+				return
+			}
+			for _, p := range fuzzPrices {
+				if cost, least := p.Cost(got.usage), p.Cost(ref.usage()); cost < least {
+					t.Errorf("%s: at %+v, Usage() %+v costs %d, and encoding/json's %+v costs %d", format, p, got.usage, cost, ref, least)
 				}
 			}
 		}
@@ -474,8 +552,8 @@ func FuzzResponseUsage(f *testing.F) {
 		if split := read("application/json", false, body[:at], body[at:]); split != whole {
 			t.Errorf("JSON: read whole %v, split at %d %v", whole, at, split)
 		}
-		if want, ok := wantAtLeast(body, true); ok {
-			check("JSON", want, whole)
+		if want, ref, ok := wantAtLeast(body, true); ok {
+			check("JSON", want, ref, whole)
 		}
 
 		if bytes.ContainsAny(body, "\r\n") {
@@ -488,8 +566,8 @@ func FuzzResponseUsage(f *testing.F) {
 				t.Errorf("event stream (hidden: %v): read whole %v, split at %d %v", hide, stream, at, split)
 			}
 		}
-		if want, ok := wantAtLeast(body, false); ok {
-			check("event stream", want, stream)
+		if want, ref, ok := wantAtLeast(body, false); ok {
+			check("event stream", want, ref, stream)
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package costfrom
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math"
 	"unicode/utf16"
@@ -130,7 +131,22 @@ func (r *Request) Stream() bool {
 
 // Model returns the request's model, and false if it names none.
 func (r *Request) Model() (string, bool) {
-	return r.values[fieldModel].Text()
+	b, ok := r.ModelName()
+	return string(b), ok
+}
+
+// ModelName is Model as bytes: a slice of the body where the name has
+// no escape, as most do, so that finding its price allocates nothing.
+func (r *Request) ModelName() ([]byte, bool) {
+	v := r.values[fieldModel]
+	if len(v.raw) < 2 || v.raw[0] != '"' {
+		return nil, false
+	}
+	if bytes.IndexByte(v.raw, '\\') < 0 {
+		return v.raw[1 : len(v.raw)-1], true
+	}
+	s, ok := v.Text()
+	return []byte(s), ok
 }
 
 // AsksStreamUsage reports whether the request asks for its stream's usage

@@ -396,7 +396,7 @@ func TestNewFields(t *testing.T) {
 }
 
 // TestReadAllocations: reading a body for every zone takes no
-// allocation, nor do its bound and stream.
+// allocation, nor do its bound, stream and model.
 func TestReadAllocations(t *testing.T) {
 	if race.Enabled {
 		t.Skip("the race detector allocates")
@@ -409,6 +409,9 @@ func TestReadAllocations(t *testing.T) {
 		}
 		if n, _ := r.MaxTokens(100); n != 1024 || !r.Stream() {
 			t.Fatal("read wrong")
+		}
+		if m, _ := r.ModelName(); string(m) != "gpt-4o-mini" {
+			t.Fatal("model read wrong")
 		}
 	})
 	if allocs != 0 {

@@ -1,6 +1,9 @@
 package costfrom
 
-import "encoding/binary"
+import (
+	"bytes"
+	"encoding/binary"
+)
 
 // scanner reads JSON pushed to it in pieces of any size, as a response's
 // body arrives, and keeps the few values this package reads in its record.
@@ -45,15 +48,27 @@ type scanner struct {
 	lit  string // the literal being read ("true", "false", "null") and how
 	litN int    // much of it was seen
 
+	// model holds the string being read where a model's name is (see
+	// modelAt), up to maxModel bytes; modelN is how many, or -1 once it
+	// is none read (too long, or with an escape).
+	model     [maxModel]byte
+	modelN    int
+	capturing bool
+
 	member     int  // where the current member of the top-level object began: its comma, or its key if first
 	firstKey   bool // the current member of the top-level object is its first
 	keyStart   int  // where the current key began
 	extendsCut bool // rec.cut ends at the next top-level key (a first member was cut)
 }
 
-// maxDepth is how deep the scanner follows objects: the deepest value read
-// is message.usage.input_tokens.
-const maxDepth = 3
+// maxDepth is how deep the scanner follows objects: the deepest values
+// read are response.usage.input_tokens_details.cached_tokens and
+// message.usage.cache_creation.ephemeral_1h_input_tokens.
+const maxDepth = 4
+
+// maxModel bounds the name of a model the scanner reads: a longer one is
+// not read.
+const maxModel = 256
 
 // maxDigits bounds the digits of the numbers read, so that sums of them
 // cannot overflow: a number of more digits is read as maxCount, the
@@ -114,6 +129,12 @@ const (
 	keyOutputTokens
 	keyCacheCreation
 	keyCacheRead
+	keyModel
+	keyPromptTokensDetails
+	keyInputTokensDetails
+	keyCachedTokens
+	keyCacheCreationDetails
+	keyEphemeral1h
 )
 
 // lookup returns the key whose folded form (see keyFolder) is b.
@@ -147,6 +168,18 @@ func lookup(b []byte) key {
 		return keyCacheCreation
 	case "cache_read_input_tokens":
 		return keyCacheRead
+	case "model":
+		return keyModel
+	case "prompt_tokens_details":
+		return keyPromptTokensDetails
+	case "input_tokens_details":
+		return keyInputTokensDetails
+	case "cached_tokens":
+		return keyCachedTokens
+	case "cache_creation":
+		return keyCacheCreationDetails
+	case "ephemeral_1h_input_tokens":
+		return keyEphemeral1h
 	}
 	return keyOther
 }
@@ -168,12 +201,25 @@ type record struct {
 	// cutA, cutB bound a top-level "usage": null member with the comma or
 	// space that separates it from its neighbour; cutA == cutB if none.
 	cutA, cutB int
+	// opened are the objects on the paths to the cached tokens the value
+	// opened (see containerBit); hasModel tells that the scanner's model
+	// holds the name of the model the value names last.
+	opened   uint8
+	hasModel bool
 }
 
 // counts are the token counts of a usage, with which of them were given.
+// cached are OpenAI's cached tokens, part of in; write1h Anthropic's
+// 1-hour cache writes, part of cacheCreate. A server that reads a cached
+// count one way and another server another way would price the prompt
+// differently, and a discount read too large undercharges: so a cached
+// count given twice, or in an object given twice (a server reads the
+// last), is ambiguous, and counts as none.
 type counts struct {
 	in, out, total, cacheCreate, cacheRead int64
+	cached, write1h                        int64
 	has                                    uint8
+	ambiguous                              bool
 }
 
 const (
@@ -182,6 +228,8 @@ const (
 	hasTotal
 	hasCacheCreate
 	hasCacheRead
+	hasCached
+	hasWrite1h
 )
 
 // set records the count n under the key k, unless a larger count is
@@ -205,6 +253,8 @@ func (c *counts) set(k key, n int64) {
 func (c *counts) union(o counts) {
 	c.in, c.out, c.total = max(c.in, o.in), max(c.out, o.out), max(c.total, o.total)
 	c.cacheCreate, c.cacheRead = max(c.cacheCreate, o.cacheCreate), max(c.cacheRead, o.cacheRead)
+	c.cached, c.write1h = max(c.cached, o.cached), max(c.write1h, o.write1h)
+	c.ambiguous = c.ambiguous || o.ambiguous || c.has&o.has&hasCached != 0
 	c.has |= o.has
 }
 
@@ -224,6 +274,12 @@ func (c *counts) merge(o counts) {
 	}
 	if o.has&hasCacheRead != 0 {
 		c.cacheRead = o.cacheRead
+	}
+	if o.has&hasCached != 0 {
+		c.cached, c.ambiguous = o.cached, o.ambiguous
+	}
+	if o.has&hasWrite1h != 0 {
+		c.write1h = o.write1h
 	}
 	c.has |= o.has
 }
@@ -259,6 +315,8 @@ func (s *scanner) feed(p []byte, base int) (int, bool) {
 			n := s.stringEnd(p[i:])
 			if s.isKey && s.skip == 0 {
 				s.keepKey(p[i:], n)
+			} else if s.capturing {
+				s.keepModel(p[i:], n)
 			}
 			if n < 0 {
 				return len(p), false
@@ -445,6 +503,12 @@ func (s *scanner) begin(c byte) {
 			s.skip, s.open, s.state = 1, c, stSkip
 			return
 		}
+		if bit := s.containerBit(); c == '{' && bit != 0 {
+			if s.rec.opened&bit != 0 {
+				s.rec.final.ambiguous, s.rec.partial.ambiguous = true, true
+			}
+			s.rec.opened |= bit
+		}
 		d++
 		s.depth, s.kinds[d], s.keys[d] = d, c, keyOther
 		s.state = stObjStart
@@ -453,6 +517,9 @@ func (s *scanner) begin(c byte) {
 		}
 	case '"':
 		s.isKey, s.state = false, stString
+		if s.capturing = s.modelAt(); s.capturing {
+			s.modelN = 0
+		}
 	case 't':
 		s.lit, s.litN, s.state = "true", 1, stLiteral
 	case 'f':
@@ -520,6 +587,8 @@ func (s *scanner) value(k kind, end int) {
 	switch s.depth {
 	case 1:
 		switch s.keys[1] {
+		case keyModel:
+			s.endModel(k)
 		case keyUsage:
 			r.usage = k
 			if k == kindNull {
@@ -540,20 +609,109 @@ func (s *scanner) value(k kind, end int) {
 			}
 		}
 	case 2:
-		if s.keys[1] == keyUsage && isCount {
+		switch {
+		case s.keys[1] == keyUsage && isCount:
 			r.final.set(s.keys[2], n)
+		case s.keys[2] == keyModel && (s.keys[1] == keyMessage || s.keys[1] == keyResponse):
+			s.endModel(k)
 		}
 	case 3:
-		if s.keys[2] != keyUsage || !isCount {
-			return
-		}
-		switch s.keys[1] {
-		case keyMessage:
+		switch {
+		case !isCount:
+		case s.keys[1] == keyUsage:
+			r.final.setDetail(s.keys[2], s.keys[3], n)
+		case s.keys[2] != keyUsage:
+		case s.keys[1] == keyMessage:
 			r.partial.set(s.keys[3], n)
-		case keyResponse:
+		case s.keys[1] == keyResponse:
 			r.final.set(s.keys[3], n)
 		}
+	case 4:
+		switch {
+		case !isCount || s.keys[2] != keyUsage:
+		case s.keys[1] == keyMessage:
+			r.partial.setDetail(s.keys[3], s.keys[4], n)
+		case s.keys[1] == keyResponse:
+			r.final.setDetail(s.keys[3], s.keys[4], n)
+		}
 	}
+}
+
+// setDetail records the count n under the key k of the object under the
+// key of a usage in: the cached tokens of OpenAI's prompt_tokens_details
+// (Chat Completions) and input_tokens_details (the Responses API), and
+// the 1-hour writes of Anthropic's cache_creation.
+func (c *counts) setDetail(in, k key, n int64) {
+	switch {
+	case k == keyCachedTokens && (in == keyPromptTokensDetails || in == keyInputTokensDetails):
+		c.ambiguous = c.ambiguous || c.has&hasCached != 0
+		c.cached, c.has = max(c.cached, n), c.has|hasCached
+	case k == keyEphemeral1h && in == keyCacheCreationDetails:
+		c.write1h, c.has = max(c.write1h, n), c.has|hasWrite1h
+	}
+}
+
+// containerBit returns the bit of rec.opened that stands for the object
+// the value about to open is, if it is on the path to a cached count
+// (usage, response, message, their usage, and the usage's
+// prompt_tokens_details and input_tokens_details), or 0.
+func (s *scanner) containerBit() uint8 {
+	d, k := s.depth, s.keys[1:s.depth+1]
+	usageAt := 1 // the depth of the usage on the path, if any
+	switch {
+	case d == 1 && (k[0] == keyUsage || k[0] == keyResponse || k[0] == keyMessage):
+		return 1 << k[0]
+	case d >= 2 && (k[0] == keyResponse || k[0] == keyMessage) && k[1] == keyUsage:
+		if d == 2 {
+			return 1 << (4 + k[0] - keyMessage)
+		}
+		usageAt = 2
+	case d < 2 || k[0] != keyUsage:
+		return 0
+	}
+	if d == usageAt+1 && (k[d-1] == keyPromptTokensDetails || k[d-1] == keyInputTokensDetails) {
+		return 1 << (6 + k[d-1] - keyPromptTokensDetails)
+	}
+	return 0
+}
+
+// modelAt reports whether the value about to be read is where a
+// response names its model: model, at the top, or in Anthropic's
+// message or the Responses API's response.
+func (s *scanner) modelAt() bool {
+	switch s.depth {
+	case 1:
+		return s.keys[1] == keyModel
+	case 2:
+		return s.keys[2] == keyModel && (s.keys[1] == keyMessage || s.keys[1] == keyResponse)
+	}
+	return false
+}
+
+// keepModel reads, into the model, the bytes of p before n-1 (the
+// closing quote), or all of p if n < 0. A model with an escape, or one
+// longer than maxModel, is none.
+func (s *scanner) keepModel(p []byte, n int) {
+	if n >= 0 {
+		p = p[:n-1]
+	}
+	if s.modelN < 0 {
+		return
+	}
+	if len(p) > maxModel-s.modelN || bytes.IndexByte(p, '\\') >= 0 {
+		s.modelN = -1
+		return
+	}
+	s.modelN += copy(s.model[s.modelN:], p)
+}
+
+// endModel ends a value, of kind k, where a model's name is: a string
+// read whole names the model, the last one given.
+func (s *scanner) endModel(k kind) {
+	if k == kindString {
+		s.rec.hasModel = s.modelN >= 0
+	}
+	s.capturing = false
 }
 
 // stringEnd returns how many bytes of p, which begins inside a string,

@@ -49,6 +49,10 @@ type Writer struct {
 	sc       scanner
 	usage    counts // the usage read so far
 	complete bool   // usage holds a whole usage
+	// model is the name of the model the response names, the last one
+	// read, modelN bytes long (0: none).
+	model  [maxModel]byte
+	modelN int
 
 	sse sse
 }
@@ -210,6 +214,9 @@ func (cw *Writer) took() {
 	if r.top != kindObject {
 		return
 	}
+	if r.hasModel {
+		cw.modelN = copy(cw.model[:], cw.sc.model[:cw.sc.modelN])
+	}
 	got := r.partial
 	if r.final.has != 0 {
 		got.union(r.final)
@@ -302,6 +309,43 @@ func (cw *Writer) Tokens(c Count) (int64, bool) {
 		return in + u.out, u.has&(hasIn|hasOut) == hasIn|hasOut
 	}
 	return 0, false
+}
+
+// Usage returns the usage the response reported, each kind of token
+// apart, as a price table prices them, and whether it reported a whole
+// usage with its input and its output. OpenAI's cached tokens, part of
+// its prompt's, are taken out of Input into CacheRead (none, where the
+// response gives them ambiguously: see counts); Anthropic's cache reads
+// and writes come beside its input, and its 1-hour writes are taken out
+// of CacheWrite into CacheWrite1h. A part larger than its whole is the
+// whole.
+func (cw *Writer) Usage() (Usage, bool) {
+	u := &cw.usage
+	if !cw.complete || u.has&(hasIn|hasOut) != hasIn|hasOut {
+		return Usage{}, false
+	}
+	cached := u.cached
+	if u.ambiguous {
+		cached = 0
+	}
+	cached = min(cached, u.in)
+	write1h := min(u.write1h, u.cacheCreate)
+	return Usage{
+		Input: u.in - cached, Output: u.out,
+		CacheRead: u.cacheRead + cached, CacheWrite: u.cacheCreate - write1h, CacheWrite1h: write1h,
+	}, true
+}
+
+// Model returns the name of the model the response names (its model, or
+// that of Anthropic's message or of the Responses API's response), the
+// last one given, or nil if it names none that was read: one with an
+// escape, or longer than 256 bytes, is not. The slice is the Writer's,
+// valid until its next Write or Reset.
+func (cw *Writer) Model() []byte {
+	if cw.modelN == 0 {
+		return nil
+	}
+	return cw.model[:cw.modelN]
 }
 
 // parseCount parses a non-negative decimal integer. One of more than

@@ -350,6 +350,125 @@ func TestCounts(t *testing.T) {
 	}
 }
 
+// TestUsageByKind reads each kind of token a price table prices apart,
+// and the model the response names, whole and a byte at a time.
+func TestUsageByKind(t *testing.T) {
+	const oneEach = `{"prompt_tokens":1,"completion_tokens":1}`
+	for _, tc := range []struct {
+		name, contentType, body string
+		want                    Usage
+		model                   string
+	}{
+		{"openai: cached tokens are part of the prompt's", "application/json",
+			`{"model":"gpt-4o-2024-08-06","usage":{"prompt_tokens":1117,"completion_tokens":46,"total_tokens":1163,"prompt_tokens_details":{"cached_tokens":1024,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":10}}}`,
+			Usage{Input: 93, Output: 46, CacheRead: 1024}, "gpt-4o-2024-08-06"},
+		{"openai stream: the last chunk's usage", "text/event-stream",
+			"data: {\"model\":\"gpt-4o-mini\",\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n" +
+				"data: {\"model\":\"gpt-4o-mini\",\"choices\":[],\"usage\":{\"prompt_tokens\":2000,\"completion_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":1920}}}\n\ndata: [DONE]\n\n",
+			Usage{Input: 80, Output: 5, CacheRead: 1920}, "gpt-4o-mini"},
+		{"responses", "application/json",
+			`{"model":"gpt-4.1","usage":{"input_tokens":328,"input_tokens_details":{"cached_tokens":128},"output_tokens":52,"total_tokens":380}}`,
+			Usage{Input: 200, Output: 52, CacheRead: 128}, "gpt-4.1"},
+		{"responses stream: response.usage, four levels down", "text/event-stream",
+			"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"model\":\"gpt-4.1\",\"usage\":null}}\n\n" +
+				"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"model\":\"gpt-4.1-2025-04-14\",\"usage\":{\"input_tokens\":37,\"input_tokens_details\":{\"cached_tokens\":30},\"output_tokens\":11}}}\n\n",
+			Usage{Input: 7, Output: 11, CacheRead: 30}, "gpt-4.1-2025-04-14"},
+		{"anthropic: cache reads and writes beside the input, 1-hour writes apart", "application/json",
+			`{"model":"claude-sonnet-4-5","usage":{"input_tokens":2095,"cache_creation_input_tokens":100,"cache_read_input_tokens":1000,"cache_creation":{"ephemeral_5m_input_tokens":40,"ephemeral_1h_input_tokens":60},"output_tokens":503}}`,
+			Usage{Input: 2095, Output: 503, CacheRead: 1000, CacheWrite: 40, CacheWrite1h: 60}, "claude-sonnet-4-5"},
+		{"anthropic stream", "text/event-stream",
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-opus-4-1\",\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":300,\"cache_read_input_tokens\":10,\"cache_creation\":{\"ephemeral_1h_input_tokens\":200},\"output_tokens\":1}}}\n\n" +
+				"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n",
+			Usage{Input: 25, Output: 15, CacheRead: 10, CacheWrite: 100, CacheWrite1h: 200}, "claude-opus-4-1"},
+		{"ollama", "application/json", `{"model":"llama3.2","done":true,"prompt_eval_count":26,"eval_count":298}`,
+			Usage{Input: 26, Output: 298}, "llama3.2"},
+		// A discount read one way by one server and another way by
+		// another is none: the prompt is priced whole.
+		{"cached tokens twice", "application/json",
+			`{"usage":{"prompt_tokens":100,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":90,"Cached_Tokens":10}}}`,
+			Usage{Input: 100, Output: 1}, ""},
+		{"their object twice", "application/json",
+			`{"usage":{"prompt_tokens":100,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":90},"prompt_tokens_details":{}}}`,
+			Usage{Input: 100, Output: 1}, ""},
+		{"usage twice", "application/json",
+			`{"usage":{"prompt_tokens":100,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":90}},"usage":{"prompt_tokens":100,"completion_tokens":1}}`,
+			Usage{Input: 100, Output: 1}, ""},
+		{"more cached than the prompt: the prompt, cached", "application/json",
+			`{"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":90}}}`,
+			Usage{Output: 1, CacheRead: 10}, ""},
+		{"more 1-hour writes than writes: the writes, 1-hour", "application/json",
+			`{"usage":{"input_tokens":1,"output_tokens":1,"cache_creation_input_tokens":5,"cache_creation":{"ephemeral_1h_input_tokens":9}}}`,
+			Usage{Input: 1, Output: 1, CacheWrite1h: 5}, ""},
+		{"the model given last counts", "application/json", `{"model":"a","role":"x","MODEL":"b","usage":` + oneEach + `}`, Usage{Input: 1, Output: 1}, "b"},
+		{"a model with an escape is not read", "application/json", `{"model":"gpt\u002d4o","usage":` + oneEach + `}`, Usage{Input: 1, Output: 1}, ""},
+		{"nor one too long", "application/json", `{"model":"` + strings.Repeat("x", maxModel+1) + `","usage":` + oneEach + `}`, Usage{Input: 1, Output: 1}, ""},
+		{"a model that is no string is not read", "application/json", `{"model":7,"usage":` + oneEach + `}`, Usage{Input: 1, Output: 1}, ""},
+		{"nor one deeper", "application/json", `{"choices":[{"model":"x"}],"metadata":{"model":"y"},"usage":` + oneEach + `}`, Usage{Input: 1, Output: 1}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := []byte(tc.body)
+			pieces := make([][]byte, len(body))
+			for i := range body {
+				pieces[i] = body[i : i+1]
+			}
+			for _, p := range [][][]byte{{body}, pieces} {
+				cw, _ := serve(t, tc.contentType, Source{Count: Total}, false, p...)
+				got, ok := cw.Usage()
+				if !ok || got != tc.want {
+					t.Errorf("in %d pieces: Usage() = %+v, %v; want %+v", len(p), got, ok, tc.want)
+				}
+				if m := string(cw.Model()); m != tc.model {
+					t.Errorf("in %d pieces: Model() = %q, want %q", len(p), m, tc.model)
+				}
+			}
+		})
+	}
+}
+
+// TestFixturesUsage: each fixture's usage, priced by kind, and the
+// model it names, as its API documents them.
+func TestFixturesUsage(t *testing.T) {
+	want := map[string]struct {
+		u     Usage
+		model string
+	}{
+		"openai_chat.json":              {Usage{Input: 1117 - 1024, Output: 46, CacheRead: 1024}, "gpt-4o-2024-08-06"},
+		"openai_chat_stream.txt":        {Usage{Input: 1, Output: 12, CacheRead: 8}, "gpt-4o-mini"},
+		"openai_completions.json":       {Usage{Input: 5, Output: 7}, "gpt-3.5-turbo-instruct"},
+		"openai_completions_stream.txt": {Usage{Input: 5, Output: 4}, "gpt-3.5-turbo-instruct"},
+		"openai_responses.json":         {Usage{Input: 328 - 128, Output: 52, CacheRead: 128}, "gpt-4o-2024-08-06"},
+		"openai_responses_stream.txt":   {Usage{Input: 37 - 32, Output: 11, CacheRead: 32}, "gpt-4.1-2025-04-14"},
+		"anthropic_messages.json":       {Usage{Input: 2095, Output: 503, CacheRead: 1000, CacheWrite: 40, CacheWrite1h: 60}, "claude-sonnet-4-5-20250929"},
+		"anthropic_stream.txt":          {Usage{Input: 25, Output: 15, CacheRead: 10}, "claude-sonnet-4-5-20250929"},
+		"ollama_chat.json":              {Usage{Input: 26, Output: 298}, "llama3.2"},
+		"ollama_chat_stream.ndjson":     {Usage{Input: 26, Output: 282}, "llama3.2"},
+		"ollama_generate.json":          {Usage{Input: 26, Output: 290}, "llama3.2"},
+		"ollama_generate_stream.ndjson": {Usage{Input: 26, Output: 259}, "llama3.2"},
+	}
+	for _, f := range fixtures {
+		cw, _ := serve(t, f.contentType, Source{Count: Total}, false, f.body(t))
+		u, ok := cw.Usage()
+		if w := want[f.file]; !ok || u != w.u || string(cw.Model()) != w.model {
+			t.Errorf("%s: Usage() = %+v, %v, Model() = %q; want %+v, %q", f.file, u, ok, cw.Model(), w.u, w.model)
+		}
+	}
+}
+
+// TestUsageWithoutInputOrOutput: a usage that gives its total alone, or
+// one of input and output, cannot be priced.
+func TestUsageWithoutInputOrOutput(t *testing.T) {
+	for _, body := range []string{
+		`{"usage":{"total_tokens":9}}`,
+		`{"usage":{"prompt_tokens":9}}`,
+		`{"usage":{"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":1}}}`,
+	} {
+		cw, _ := serve(t, "application/json", Source{Count: Total}, false, []byte(body))
+		if u, ok := cw.Usage(); ok {
+			t.Errorf("%s: Usage() = %+v, true; want none", body, u)
+		}
+	}
+}
+
 func TestHeaderCost(t *testing.T) {
 	for _, tc := range []struct {
 		name string

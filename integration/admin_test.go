@@ -379,6 +379,17 @@ func TestDocumentedCurls(t *testing.T) {
 			limit 100
 			window 1h
 		}
+		# A zone priced in money, whose overrides and dials are in
+		# dollars: a GET names no model, and * prices it.
+		zone spend {
+			key {header.X-Client}
+			limit $1
+			window 1h
+			cost_from usage price {
+				* input 1 output 1
+			}
+			reserve max_tokens 100
+		}
 	}
 	respond "ok"
 }

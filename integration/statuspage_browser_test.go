@@ -21,7 +21,8 @@ import (
 // (runaway) got 429s. Once its script has fetched the JSON routes, the
 // page shows the zone, runaway as its hottest key with its counts, and the
 // load shedder; a zone that limits what responses cost in tokens/units,
-// its keys' counts the units they were charged; a key that is HTML shows
+// its keys' counts the units they were charged; a zone priced in money,
+// its limit and its keys' charges in dollars; a key that is HTML shows
 // as text, not markup; and the page fetched again (it refreshes itself).
 // A zone whose window is a calendar month shows it with its time zone and
 // when the month ends.
@@ -64,6 +65,18 @@ func TestStatusPageInBrowser(t *testing.T) {
 			timezone America/New_York
 			algorithm fixed_window
 		}
+		# A GET names no model: the * line prices its reservation, 1000
+		# tokens out at $2 a million, $0.002, which each request admitted
+		# keeps, no usage answering it.
+		zone spend_per_client {
+			key {header.X-Client}
+			limit $1
+			window 1h
+			cost_from usage price {
+				* input 1.00 output 2.00
+			}
+			reserve max_tokens 1000
+		}
 	}
 	respond "ok"
 }
@@ -93,6 +106,15 @@ func TestStatusPageInBrowser(t *testing.T) {
 		if !strings.Contains(tokens, want) {
 			t.Errorf("the cost_from zone's card lacks %q", want)
 		}
+	}
+	_, spend, _ := strings.Cut(dom, ">spend_per_client<")
+	for _, want := range []string{">$1<", ">dollars<", ">$0.01<", "counted in the dollars they were charged"} {
+		if !strings.Contains(spend, want) {
+			t.Errorf("the money zone's card lacks %q", want)
+		}
+	}
+	if spend, _, _ = strings.Cut(spend, ">tokens_per_client<"); strings.Contains(spend, "tokens/units") {
+		t.Errorf("the money zone's card counts tokens/units")
 	}
 	// The zone's key and the alternative each key came from.
 	for _, want := range []string{">per_client<", ">backend<", ">40<", ">35<", ">{http.request.header.X-Client} or {http.vars.client_ip}<", ">from {http.request.header.X-Client}<",

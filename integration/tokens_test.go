@@ -165,18 +165,23 @@ func tokenSite(accessLog, upstream, store, name, zone string) string {
 `, accessLog, store, name, zone, upstream)
 }
 
-// costUnits is zone's series of cost_units_total of kind.
-func costUnits(zone, kind string) string {
-	return fmt.Sprintf(`caddy_http_rate_limit_cost_units_total{kind=%q,zone=%q}`, kind, zone)
+// costUnits is zone's series of cost_units_total of kind, for a zone
+// that counts tokens; costUnitsIn for one that counts unit.
+func costUnits(zone, kind string) string { return costUnitsIn(zone, kind, "tokens") }
+
+func costUnitsIn(zone, kind, unit string) string {
+	return fmt.Sprintf(`caddy_http_rate_limit_cost_units_total{kind=%q,unit=%q,zone=%q}`, kind, unit, zone)
 }
 
-// waitTaken waits until zone has taken want units in all, once the
-// responses are done: the handler trues up after the client has its
-// answer.
-func waitTaken(t *testing.T, zone string, want int) {
+// waitTaken waits until zone, which counts tokens, has taken want units
+// in all, once the responses are done: the handler trues up after the
+// client has its answer. waitTakenIn waits for a zone that counts unit.
+func waitTaken(t *testing.T, zone string, want int) { t.Helper(); waitTakenIn(t, zone, "tokens", want) }
+
+func waitTakenIn(t *testing.T, zone, unit string, want int) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("zone %s to have taken %d units", zone, want), func() bool {
-		return metricCount(t, adminURL, costUnits(zone, "taken")) == want
+	waitFor(t, fmt.Sprintf("zone %s to have taken %d %s", zone, want, unit), func() bool {
+		return metricCount(t, adminURL, costUnitsIn(zone, "taken", unit)) == want
 	})
 }
 
@@ -318,16 +323,16 @@ func testCostFromHeader(t *testing.T, store, zone string) {
 			reserve 50`))
 	resp, _ := do(t, http.MethodGet, siteURL+"/cost?n=7", "X-Client: told")
 	status(t, resp, http.StatusOK)
-	waitTaken(t, zone, 7)
+	waitTakenIn(t, zone, "units", 7)
 	waitUsed(t, adminURL, zone, "told", 7)
 	resp, _ = do(t, http.MethodGet, siteURL+"/cost", "X-Client: untold")
 	status(t, resp, http.StatusOK)
-	waitTaken(t, zone, 7+50)
+	waitTakenIn(t, zone, "units", 7+50)
 	waitUsed(t, adminURL, zone, "untold", 50)
 	if got := loggedCost(t, accessLog, "untold"); got != "50" {
 		t.Errorf("{http.rate_limit.cost} %s without X-Cost, want the reservation 50", got)
 	}
-	if got := metricCount(t, adminURL, costUnits(zone, "released")); got != 50-7 {
+	if got := metricCount(t, adminURL, costUnitsIn(zone, "released", "units")); got != 50-7 {
 		t.Errorf("released %d, want %d", got, 50-7)
 	}
 }

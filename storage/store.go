@@ -73,6 +73,12 @@ type Request struct {
 	// whole Cost, as for count_status.
 	TrueUp bool
 	Actual int64
+	// Wide tells that the zone's limits and counts run past 2^31, up to
+	// 2^63-1: a zone priced in money, which counts picodollars. Only
+	// fixed_window and sliding_tail zones are wide. A store keeps a wide
+	// key's counts at 64 bits, exactly, apart from other keys, so a key
+	// is always wide or never.
+	Wide bool
 }
 
 // TracksInFlight reports whether a store keeps q's cost, once allowed,

@@ -1,6 +1,7 @@
 package vectors
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -31,7 +32,9 @@ type TrueUpCase struct {
 	Name      string
 	Algorithm algorithms.Algorithm
 	Rate      algorithms.Rate
-	Steps     []TrueUpStep
+	// Wide is Case.Wide.
+	Wide  bool
+	Steps []TrueUpStep
 }
 
 // TrueUpCases is the shared table of true-ups.
@@ -148,6 +151,35 @@ var TrueUpCases = []TrueUpCase{
 			// 2 kept for the 5 reserved: the TAT moves back 300 ms
 			{At: 5 * time.Second, Ends: 8, Actual: 2},
 			{At: 5 * time.Second, Cost: 3, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		// At the top of the 64-bit range a debt stops at 2^63-1: twice
+		// the limit does not fit.
+		Name:      "fixed_window/64_bit_debt",
+		Algorithm: algorithms.FixedWindow,
+		Rate:      algorithms.Rate{Units: math.MaxInt64, Window: time.Minute},
+		Wide:      true,
+		Steps: []TrueUpStep{
+			{At: 0, Cost: math.MaxInt64 - 1, Allowed: true, Remaining: 1},
+			{At: 10 * time.Second, Ends: 1, Actual: math.MaxInt64},
+			{At: 20 * time.Second, Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 40 * time.Second},
+			{At: time.Minute, Cost: math.MaxInt64, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		// What is released is released to the unit, past 2^53.
+		Name:      "sliding_tail/64_bit_release",
+		Algorithm: algorithms.SlidingTail,
+		Rate:      algorithms.Rate{Units: math.MaxInt64, Window: time.Minute},
+		Wide:      true,
+		Steps: []TrueUpStep{
+			{At: 0, Cost: 1<<62 + 3, Allowed: true, Remaining: 1<<62 - 4},
+			{At: 10 * time.Second, Ends: 1, Actual: 1<<53 + 1},
+			{At: 20 * time.Second, Cost: math.MaxInt64 - 1<<53 - 1, Allowed: true, Remaining: 0},
+			// Full: the count carried into the next window decays by a
+			// unit 1 ms into it.
+			{At: 20 * time.Second, Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 40001 * time.Millisecond},
 		},
 	},
 }

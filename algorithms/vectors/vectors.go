@@ -4,6 +4,7 @@
 package vectors
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -32,7 +33,11 @@ type Case struct {
 	Name      string
 	Algorithm algorithms.Algorithm
 	Rate      algorithms.Rate
-	Steps     []Step
+	// Wide tells that the case's limits and counts run past 2^31, to
+	// 2^63-1 (a zone priced in money): a store takes its requests as
+	// storage.Request.Wide.
+	Wide  bool
+	Steps []Step
 }
 
 // Start is the instant the cases count from: 2026-01-01 12:00:00 UTC, which
@@ -480,6 +485,40 @@ var Cases = []Case{
 			{At: 0, Key: "l", Cost: 1<<31 - 1, Allowed: true, Remaining: 0},
 			{At: 999 * time.Millisecond, Key: "l", Cost: 1, Allowed: false, Remaining: 0, RetryAfter: 101 * time.Millisecond},
 			{At: 1100 * time.Millisecond, Key: "l", Cost: 1<<31 - 1, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		// The top of the 64-bit range, where doubles are off by
+		// thousands: every unit counts.
+		Name:      "fixed_window/64_bit",
+		Algorithm: algorithms.FixedWindow,
+		Rate:      algorithms.Rate{Units: math.MaxInt64, Window: time.Minute},
+		Wide:      true,
+		Steps: []Step{
+			{At: 0, Key: "w", Cost: math.MaxInt64 - 10, Allowed: true, Remaining: 10},
+			{At: time.Second, Key: "w", Cost: 11, Allowed: false, Remaining: 10, RetryAfter: 59 * time.Second},
+			{At: 2 * time.Second, Key: "w", Cost: 1<<53 + 1, Allowed: false, Remaining: 10, RetryAfter: 58 * time.Second},
+			{At: 3 * time.Second, Key: "w", Cost: 10, Allowed: true, Remaining: 0},
+			{At: time.Minute, Key: "w", Cost: math.MaxInt64, Allowed: true, Remaining: 0},
+		},
+	},
+	{
+		Name:      "sliding_tail/64_bit",
+		Algorithm: algorithms.SlidingTail,
+		Rate:      algorithms.Rate{Units: math.MaxInt64, Window: time.Minute},
+		Wide:      true,
+		Steps: []Step{
+			{At: 0, Key: "w", Cost: math.MaxInt64 - 3, Allowed: true, Remaining: 3},
+			// The current window alone is too full: it frees up once its
+			// count, carried into the next, decays by one unit, at once.
+			{At: time.Second, Key: "w", Cost: 4, Allowed: false, Remaining: 3, RetryAfter: 59001 * time.Millisecond},
+			{At: time.Second, Key: "w", Cost: 3, Allowed: true, Remaining: 0},
+			// floor((2^63-1)*59000/60000) = 9069649169573862876 carried
+			// 1 s into the next window, +2^53+1
+			{At: 61 * time.Second, Key: "w", Cost: 1<<53 + 1, Allowed: true, Remaining: 144715668026171938},
+			// One unit too many: the carried share falls by one 1 ms on.
+			{At: 61 * time.Second, Key: "w", Cost: 144715668026171939, Allowed: false, Remaining: 144715668026171938, RetryAfter: time.Millisecond},
+			{At: 61 * time.Second, Key: "w", Cost: 144715668026171938, Allowed: true, Remaining: 0},
 		},
 	},
 }

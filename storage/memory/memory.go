@@ -42,7 +42,8 @@ const DefaultMaxKeys = 1_000_000
 //
 // A key's slot and key take 28 bytes in a table between 7/16 and 7/8 full
 // (see table), a sliding window's too for the default 10 buckets of
-// counts under 256 (see ring.go), whatever the length of the key,
+// counts under 256 (see ring.go), a wide key's (a zone priced in money,
+// counted at 64 bits) 40, whatever the length of the key,
 // because the store keeps not the zone and key but a 64-bit hash of them,
 // keyed with a seed drawn at random when the process starts. Two keys
 // that hashed alike would share a counter, but that is not a risk in
@@ -146,7 +147,12 @@ func (m *Store) Cleanup() error {
 // cannot hold.
 func (m *Store) Take(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	for _, r := range reqs {
-		if r.Rate.Units > maxCount || r.Cost < 0 || r.Cost > maxCount {
+		switch {
+		case r.Cost < 0:
+			return fmt.Errorf("zone %q: cost %d is negative", r.Zone, r.Cost)
+		case r.Wide && r.Algorithm != algorithms.FixedWindow && r.Algorithm != algorithms.SlidingTail:
+			return fmt.Errorf("zone %q: wide counts only for fixed_window and sliding_tail, got %s", r.Zone, r.Algorithm)
+		case !r.Wide && (r.Rate.Units > maxCount || r.Cost > maxCount):
 			return fmt.Errorf("zone %q: limit or cost too large for the memory store (at most %d)", r.Zone, maxCount)
 		}
 		if err := r.Rate.Validate(); err != nil {
@@ -223,12 +229,13 @@ const shardCount = 64
 // Store.SetSweepInterval).
 const DefaultSweepInterval = 10 * time.Second
 
-// maxCount bounds limits and costs the memory store accepts. Decide adds a
-// cost to a count only while the count stays within the limit, and a
-// true-up's debt takes it at most to twice the limit (algorithms.MostDebt),
-// so no count exceeds 2×maxCount, and 32 bits (unsigned) hold every
-// count. The handler never takes more (its limits and costs are at most
-// math.MaxInt32 too).
+// maxCount bounds limits and costs the memory store accepts, but for wide
+// requests (storage.Request.Wide). Decide adds a cost to a count only
+// while the count stays within the limit, and a true-up's debt takes it at
+// most to twice the limit (algorithms.MostDebt), so no count exceeds
+// 2×maxCount, and 32 bits (unsigned) hold every count. The handler never
+// takes more (its limits and costs are at most math.MaxInt32 too, but a
+// zone priced in money's, which are wide).
 const maxCount = math.MaxInt32
 
 // slot is one key's counters in a shard's table, beside its key
@@ -268,6 +275,17 @@ func slotKind(a algorithms.Algorithm) uint8 {
 		return slotConcurrency
 	}
 	return slotWindowed
+}
+
+// wideSlot is a wide key's counters (storage.Request.Wide), kept whole:
+// a zone priced in money counts picodollars, up to 2^63-1, which a slot's
+// 32 bits do not hold. Wide keys have a table of their own, so that every
+// other key keeps its 20-byte slot; only fixed_window and sliding_tail
+// keys are wide, and W is their window index. 32 bytes, 40 with its key.
+type wideSlot struct {
+	w, c, p int64
+	expires uint32
+	ref     bool
 }
 
 // set stores counts decided by alg, which matter until expires.
@@ -312,6 +330,7 @@ func nearest(low uint32, near int64) int64 {
 type shard struct {
 	mu     sync.Mutex
 	counts table[slot, *slot]
+	wide   table[wideSlot, *wideSlot]
 	rings  ringTables
 	// bans holds the banned keys' bans (see banQueue).
 	bans banQueue
@@ -331,11 +350,11 @@ type shard struct {
 	inFlight map[uint64]algorithms.WindowCounts
 	// Pad to a multiple of a cache line (64 bytes), so that locking one
 	// shard does not steal the line of its neighbour from another CPU.
-	_ [576 - 560]byte
+	_ [640 - 632]byte
 }
 
 // keys returns how many keys the shard holds.
-func (s *shard) keys() int { return s.counts.n + s.rings.keys() }
+func (s *shard) keys() int { return s.counts.n + s.wide.n + s.rings.keys() }
 
 // entryCounts are what the store's shards hold, counted one shard lock
 // at a time (see entries, the gauge that reports them).
@@ -362,7 +381,7 @@ func (c *counters) entries() entryCounts {
 // than its bound until units are released.
 func (s *shard) makeRoom(bound int, now uint32, evictFirst func(uint32) bool) {
 	for s.keys() >= bound {
-		if !evictFirst(now) && !s.counts.evict(now) && !s.rings.evict(now) {
+		if !evictFirst(now) && !s.counts.evict(now) && !s.wide.evict(now) && !s.rings.evict(now) {
 			return
 		}
 	}
@@ -535,14 +554,10 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 				}
 			}
 		} else {
-			var counts algorithms.Counts
-			if j, ok := s.counts.lookup(hashes[i]); ok {
-				// A key requested is in use, allowed or not: a key being
-				// refused must not be the one evicted, or its counts would
-				// be lost.
-				s.counts.slots[j].ref = true
-				counts = s.counts.slots[j].counts(rate)
-			}
+			// A key requested is in use, allowed or not: a key being
+			// refused must not be the one evicted, or its counts would
+			// be lost.
+			counts, _ := s.lookup(hashes[i], r.Wide, rate, true)
 			d, n = algorithms.Decide(r.Algorithm, counts, now, rate, r.Cost)
 			if !d.Allowed && r.TracksInFlight() {
 				if inFlight, ok := s.inFlight[hashes[i]]; ok {
@@ -589,8 +604,30 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 			s.storeRing(hashes[i], p.ring, ringExpiry(p.ring, r.Rate.Window.Milliseconds()), p.was, bound, nowSec)
 			continue
 		}
-		s.store(hashes[i], next[i], r.Algorithm, expiry(r, next[i]), bound, nowSec)
+		s.store(hashes[i], next[i], r, expiry(r, next[i]), bound, nowSec)
 	}
+}
+
+// lookup returns the counts kept for the key with hash h, in the wide
+// table or the other, for the windows of rate l, and whether any are;
+// with use, it marks the key used, for eviction.
+func (s *shard) lookup(h uint64, wide bool, l algorithms.Rate, use bool) (algorithms.Counts, bool) {
+	if wide {
+		j, ok := s.wide.lookup(h)
+		if !ok {
+			return algorithms.Counts{}, false
+		}
+		e := &s.wide.slots[j]
+		e.ref = e.ref || use
+		return algorithms.Counts{W: e.w, C: e.c, P: e.p}, true
+	}
+	j, ok := s.counts.lookup(h)
+	if !ok {
+		return algorithms.Counts{}, false
+	}
+	e := &s.counts.slots[j]
+	e.ref = e.ref || use
+	return e.counts(l), true
 }
 
 // takeInFlight adds cost, taken in window, to the costs in flight of the
@@ -660,9 +697,14 @@ func unixSeconds(ms int64) uint32 {
 // own keys before those of clients that keep coming back, and a shard in
 // which every key is referenced, where CLOCK would take whichever key the
 // hand reaches first however recently used, stays rare.
-func (s *shard) store(h uint64, counts algorithms.Counts, alg algorithms.Algorithm, expires uint32, bound int, now uint32) {
+func (s *shard) store(h uint64, counts algorithms.Counts, r storage.Request, expires uint32, bound int, now uint32) {
+	if r.Wide {
+		i, ok := slotFor(s, &s.wide, h, bound, now)
+		s.wide.slots[i] = wideSlot{w: counts.W, c: counts.C, p: counts.P, expires: expires, ref: ok}
+		return
+	}
 	i, ok := slotFor(s, &s.counts, h, bound, now)
-	s.counts.slots[i].set(counts, alg, expires, ok) // and take has set ref when ok
+	s.counts.slots[i].set(counts, r.Algorithm, expires, ok) // and take has set ref when ok
 }
 
 // slotFor returns the index of h's slot in t, one of s's tables, and
@@ -706,9 +748,20 @@ func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decisi
 // release releases cost of r, allowed with d, from the counts of the key
 // with hash h.
 func (s *shard) release(h uint64, r storage.Request, d algorithms.Decision, cost int64) {
-	if r.Algorithm == algorithms.SlidingWindow {
+	switch {
+	case r.Algorithm == algorithms.SlidingWindow:
 		s.rings.release(h, r.Rate.Window.Milliseconds(), d, cost)
-	} else if j, ok := s.counts.lookup(h); ok {
+	case r.Wide:
+		if j, ok := s.wide.lookup(h); ok {
+			e := &s.wide.slots[j]
+			n := algorithms.Release(r.Algorithm, algorithms.Counts{W: e.w, C: e.c, P: e.p}, d, r.Rate, cost)
+			e.w, e.c, e.p = n.W, n.C, n.P
+		}
+	default:
+		j, ok := s.counts.lookup(h)
+		if !ok {
+			return
+		}
 		e := &s.counts.slots[j]
 		n := algorithms.Release(r.Algorithm, e.counts(r.Rate), d, r.Rate, cost)
 		switch {
@@ -743,12 +796,9 @@ func (s *shard) debt(h uint64, r storage.Request, d algorithms.Decision, units i
 		s.storeRing(h, ring, ringExpiry(ring, w), was, bound, nowSec)
 		return
 	}
-	var counts algorithms.Counts
-	if j, ok := s.counts.lookup(h); ok {
-		counts = s.counts.slots[j].counts(rate)
-	}
+	counts, _ := s.lookup(h, r.Wide, rate, false)
 	n := algorithms.Debt(r.Algorithm, counts, now, rate, units)
-	s.store(h, n, r.Algorithm, expiry(r, n), bound, nowSec)
+	s.store(h, n, r, expiry(r, n), bound, nowSec)
 }
 
 // inspect returns the counts kept for zone and key as stored, not rolled
@@ -760,10 +810,10 @@ func (c *counters) inspect(zone, key string, l algorithms.Rate) (algorithms.Coun
 	s := &c.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if i, ok := s.counts.lookup(h); ok {
-		return s.counts.slots[i].counts(l), true
+	if c, ok := s.lookup(h, false, l, false); ok {
+		return c, true
 	}
-	return algorithms.Counts{}, false
+	return s.lookup(h, true, l, false)
 }
 
 func (c *counters) inspectRing(zone, key string, l algorithms.Rate) (algorithms.Ring, bool) {
@@ -830,8 +880,9 @@ func (c *counters) reset(zone, key string) bool {
 	defer s.mu.Unlock()
 	banned := s.bans.remove(h)
 	counted := s.counts.forget(h)
+	wide := s.wide.forget(h)
 	ringed := s.rings.forget(h)
-	return counted || ringed || banned
+	return counted || wide || ringed || banned
 }
 
 func (c *counters) sweepLoop() {
@@ -869,6 +920,7 @@ func (c *counters) sweep() {
 // about 1,600 a shard, and most shards have none.
 func (s *shard) sweep(now uint32) (overrides int) {
 	s.counts.sweep(now)
+	s.wide.sweep(now)
 	s.rings.sweep(now)
 	s.bans.expire(int64(now) * 1000)
 	for h, o := range s.overrides {

@@ -231,7 +231,7 @@ func TestMemoryShardTable(t *testing.T) {
 			exp := uint32(rng.IntN(100))
 			before := s.counts.n
 			_, had := s.counts.lookup(h)
-			s.store(h, algorithms.WindowCounts{Current: 1}.Counts(), algorithms.FixedWindow, exp, bound, 0)
+			s.store(h, algorithms.WindowCounts{Current: 1}.Counts(), storage.Request{Algorithm: algorithms.FixedWindow}, exp, bound, 0)
 			if !had {
 				// evictions, if any, took keys the model must forget
 				for k := range model {
@@ -343,10 +343,13 @@ func TestMemorySweepShrinks(t *testing.T) {
 }
 
 // TestMemorySlotSize: 20 bytes of counts, 28 with the key, as the
-// layout intends.
+// layout intends; a wide key's, 32.
 func TestMemorySlotSize(t *testing.T) {
 	if n := unsafe.Sizeof(slot{}); n != 20 {
 		t.Fatalf("slot is %d bytes, want 20", n)
+	}
+	if n := unsafe.Sizeof(wideSlot{}); n != 32 {
+		t.Fatalf("wideSlot is %d bytes, want 32", n)
 	}
 }
 
@@ -366,6 +369,9 @@ func TestMemoryTakeRange(t *testing.T) {
 		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: rate, Cost: maxCount + 1},
 		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: rate, Cost: -1},
 		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 1}, Cost: 1},
+		// Wide counts are for the windowed algorithms only.
+		{Zone: "z", Key: "k", Algorithm: algorithms.GCRA, Rate: algorithms.Rate{Units: math.MaxInt64, Window: time.Hour}, Cost: 1, Wide: true},
+		{Zone: "z", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: math.MaxInt64, Window: time.Hour}, Cost: -1, Wide: true},
 	} {
 		if err := m.Take(context.Background(), []storage.Request{r}, d); err == nil {
 			t.Fatalf("%+v accepted", r)

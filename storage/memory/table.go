@@ -172,3 +172,7 @@ func (t *table[S, P]) forget(h uint64) bool {
 func (e *slot) expiry() uint32       { return e.expires }
 func (e *slot) referenced() bool     { return e.ref }
 func (e *slot) setReferenced(r bool) { e.ref = r }
+
+func (e *wideSlot) expiry() uint32       { return e.expires }
+func (e *wideSlot) referenced() bool     { return e.ref }
+func (e *wideSlot) setReferenced(r bool) { e.ref = r }

@@ -64,7 +64,7 @@ func (r *Store) KeyState(ctx context.Context, zone, key string, rate algorithms.
 	}
 	// Counted at the server's now, in whose clock the costs in flight
 	// were taken.
-	if inFlight := (algorithms.WindowCounts{Window: vals[7], Current: vals[8], Previous: vals[9]}); inFlight.Current+inFlight.Previous > 0 {
+	if inFlight := (algorithms.WindowCounts{Window: vals[7], Current: vals[8], Previous: vals[9]}); inFlight.Current > 0 || inFlight.Previous > 0 {
 		st.InFlight = algorithms.InFlightUnits(inFlight, time.UnixMilli(vals[0]), rate)
 	}
 	if ring := vals[10:]; len(ring) > 0 {

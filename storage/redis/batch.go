@@ -441,7 +441,7 @@ func evalInts(ctx context.Context, rdb goredis.UniversalClient, src string, args
 // clock.
 func scriptZone(q storage.Request, want int64, local time.Time) [zoneArgs]any {
 	var a [zoneArgs]any
-	a[argAlgorithm] = scriptAlgorithm(q.Algorithm)
+	a[argAlgorithm] = scriptAlgorithmOf(q)
 	a[argLimit] = q.Rate.Units
 	a[argWindow] = scriptWindow(q.Rate, local)
 	a[argCost] = q.Cost
@@ -486,6 +486,18 @@ func scriptAlgorithm(a algorithms.Algorithm) any {
 		return "w"
 	}
 	return "s"
+}
+
+// scriptAlgorithmOf names q's algorithm as the scripts do: a wide
+// zone's fixed window and sliding tail are "F" and "S" (take_wide.lua).
+func scriptAlgorithmOf(q storage.Request) any {
+	if !q.Wide {
+		return scriptAlgorithm(q.Algorithm)
+	}
+	if q.Algorithm == algorithms.FixedWindow {
+		return "F"
+	}
+	return "S"
 }
 
 // scriptFlag is a script's "1" or "0", as an argument that allocates

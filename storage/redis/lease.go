@@ -118,9 +118,10 @@ type lease struct {
 // cost kept in flight (storage.Request.KeepsInFlight) never is: Redis
 // keeps it, in flight for every instance to see, until its release, so
 // it is taken in Redis; a lease leased before its zone kept costs in
-// flight (a reload) is not taken from.
+// flight (a reload) is not taken from, nor is a wide zone's cost (see
+// wants).
 func (l *lease) takable(q storage.Request, now time.Time) bool {
-	if l.units < q.Cost || l.rate != q.Rate || l.alg != q.Algorithm || q.KeepsInFlight() {
+	if l.units < q.Cost || l.rate != q.Rate || l.alg != q.Algorithm || q.KeepsInFlight() || q.Wide {
 		return false
 	}
 	if l.alg == algorithms.GCRA {
@@ -392,10 +393,12 @@ func (s *leaseShard) takeFrom(l *lease, q storage.Request, d *algorithms.Decisio
 // no lease: it could never take from one. Nor does one with a zone that
 // bans: a ban must hold on every instance at once, so each of its
 // requests takes in Redis. Nor one with a zone that keeps its cost in
-// flight (a reservation, cost_from), which Redis keeps (see takable).
+// flight (a reservation, cost_from), which Redis keeps (see takable), nor
+// one with a wide zone (priced in money), whose counts Redis keeps
+// exactly past 2^53 and a lease does not.
 func (t *leaseTable) wants(keys []string, reqs []storage.Request, now time.Time) []int64 {
 	for _, q := range reqs {
-		if q.Algorithm == algorithms.Concurrency || q.Ban > 0 || q.KeepsInFlight() {
+		if q.Algorithm == algorithms.Concurrency || q.Ban > 0 || q.KeepsInFlight() || q.Wide {
 			return nil
 		}
 	}

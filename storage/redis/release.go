@@ -49,7 +49,7 @@ const (
 // around local, the store's clock (see scriptWindow).
 func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision, release, debt, clock int64, local time.Time) []any {
 	a := [releaseArgs]any{
-		relAlgorithm: scriptAlgorithm(q.Algorithm), relAt: 0, relUnits: 0, relHolder: "", relLimit: 0,
+		relAlgorithm: scriptAlgorithmOf(q), relAt: 0, relUnits: 0, relHolder: "", relLimit: 0,
 		relInFlightWindow: "", relInFlightCost: 0, relDebt: 0, relWindow: 0, relExtra: "", relNow: "",
 	}
 	if q.KeepsInFlight() {
@@ -76,6 +76,8 @@ func appendReleaseArgs(dst []any, q storage.Request, d algorithms.Decision, rele
 		case algorithms.SlidingWindow:
 			a[relExtra] = rate.BucketsOr()
 		}
+	case release == 0 && q.Wide:
+		a[relAlgorithm] = "K"
 	case release == 0:
 		a[relAlgorithm] = "k"
 	case q.Algorithm == algorithms.GCRA:

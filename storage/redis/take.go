@@ -28,7 +28,11 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 		return nil
 	}
 	for _, q := range reqs {
-		if q.Rate.Units > maxExact || q.Cost < 0 || q.Cost > maxExact || q.Rate.Window.Milliseconds() > maxExact ||
+		if q.Wide && q.Algorithm != algorithms.FixedWindow && q.Algorithm != algorithms.SlidingTail {
+			return fmt.Errorf("zone %q: wide counts only for fixed_window and sliding_tail, got %s", q.Zone, q.Algorithm)
+		}
+		// A wide zone's counts are exact to 2^63-1 (take_wide.lua).
+		if !q.Wide && (q.Rate.Units > maxExact || q.Cost > maxExact) || q.Cost < 0 || q.Rate.Window.Milliseconds() > maxExact ||
 			q.Algorithm == algorithms.GCRA && (q.Rate.Units > math.MaxInt32 || q.Rate.Burst > math.MaxInt32) {
 			return fmt.Errorf("zone %q: limit, burst, cost or window too large for the Redis store", q.Zone)
 		}
@@ -547,6 +551,7 @@ var takeOrder = []string{
 	"scripts/take_bans.lua",
 	"scripts/take_fixed_window.lua",
 	"scripts/take_sliding_tail.lua",
+	"scripts/take_wide.lua",
 	"scripts/take_sliding_window.lua",
 	"scripts/take_gcra.lua",
 	"scripts/take_concurrency.lua",

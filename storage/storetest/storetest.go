@@ -8,6 +8,7 @@ package storetest
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -55,8 +56,11 @@ func Run(t *testing.T, newStore NewStore) {
 		{"true_up_vectors", testTrueUpVectors},
 		{"true_up", testTrueUp},
 		{"reserved_in_flight", testReservedInFlight},
+		{"wide", testWide},
+		{"wide_calendar", testWideCalendar},
 		{"ban", testBan},
 		{"ban_never_passes", testBanNeverPasses},
+		{"wide_ban", testWideBan},
 		{"refused", testRefused},
 		{"reset", testReset},
 		{"override", testOverride},
@@ -156,7 +160,7 @@ func (s *suite) resetKey(t *testing.T, zone, key string) {
 func testVectors(t *testing.T, s *suite) {
 	vectors.Run(t, func(t *testing.T, now time.Time, vc vectors.Case, key string, cost int64) algorithms.Decision {
 		s.clock.set(now)
-		return s.take(t, storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost})[0]
+		return s.take(t, storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Wide: vc.Wide})[0]
 	})
 }
 
@@ -447,7 +451,7 @@ func testRingRelease(t *testing.T, s *suite) {
 // taking it past the limit.
 func testTrueUpVectors(t *testing.T, s *suite) {
 	req := func(vc vectors.TrueUpCase, key string, cost int64) storage.Request {
-		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Releasable: true}
+		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Releasable: true, Wide: vc.Wide}
 	}
 	vectors.RunTrueUps(t, func(t *testing.T, now time.Time, vc vectors.TrueUpCase, key string, cost int64) algorithms.Decision {
 		s.clock.set(now)
@@ -613,6 +617,119 @@ func testReservedInFlight(t *testing.T, s *suite) {
 	}
 }
 
+// testWide: a wide key (a zone priced in money) keeps its counts, its
+// reservations in flight and a per-key override exactly past 2^53, to
+// the unit, as the admin side reads them: reserved, trued up, and taken
+// up to the override.
+func testWide(t *testing.T, s *suite) {
+	window := time.Hour
+	s.clock.set(s.clock.now().Truncate(window))
+	const (
+		reserved = 1<<62 + 3
+		actual   = 1<<53 + 1
+		override = 1<<62 + 5
+	)
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
+		t.Run(string(alg), func(t *testing.T) {
+			zone := "wide_" + string(alg)
+			q := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: algorithms.Rate{Units: math.MaxInt64, Window: window},
+				Cost: reserved, Releasable: true, Reservation: true, Wide: true}
+			d := s.take(t, q)[0]
+			if !d.Allowed || d.Remaining != math.MaxInt64-reserved {
+				t.Fatalf("a reservation of 2^62+3: %+v, want allowed, 2^63-1 less it remaining", d)
+			}
+			if st := s.keyState(t, zone, "k", window); st.Counts.Windows().Current != reserved || st.InFlight != reserved {
+				t.Fatalf("key state %+v, want 2^62+3 counted and in flight", st)
+			}
+			q.TrueUp, q.Actual = true, actual
+			s.release(t, []storage.Request{q}, []algorithms.Decision{d})
+			if st := s.keyState(t, zone, "k", window); st.Counts.Windows().Current != actual || st.InFlight != 0 {
+				t.Fatalf("key state %+v, want 2^53+1 counted, nothing in flight", st)
+			}
+			if err := s.admin(t).SetOverride(context.Background(), zone, "k", storage.Override{Limit: override}); err != nil {
+				t.Fatal(err)
+			}
+			if st := s.keyState(t, zone, "k", window); st.Override == nil || st.Override.Limit != override {
+				t.Fatalf("override %+v, want 2^62+5", st.Override)
+			}
+			next := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: algorithms.Rate{Units: math.MaxInt64, Window: window}, Cost: override - actual + 1, Wide: true}
+			if d := s.take(t, next)[0]; d.Allowed || d.Limit != override || d.Remaining != override-actual {
+				t.Fatalf("one unit past the override: %+v, want refused against 2^62+5, 2^62+5-(2^53+1) remaining", d)
+			}
+			next.Cost--
+			if d := s.take(t, next)[0]; !d.Allowed || d.Remaining != 0 {
+				t.Fatalf("up to the override: %+v, want allowed, nothing remaining", d)
+			}
+			if st := s.keyState(t, zone, "k", window); st.Counts.Windows().Current != override {
+				t.Fatalf("key state %+v, want the override's 2^62+5 counted", st)
+			}
+		})
+	}
+}
+
+// testWideCalendar: a wide key in a calendar month (a budget in money
+// "a month") counts exactly past 2^53 in the month, a true-up's debt
+// included, until the month ends at local midnight on the 1st. Then a
+// fixed window starts afresh, and a sliding tail weighs the month before
+// by the share of the new month still to run, a month of 31 days less
+// the hour DST took: as Decide weighs it, to the unit.
+func testWideCalendar(t *testing.T, s *suite) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate := algorithms.Rate{Units: 1<<62 + 5, Calendar: algorithms.CalendarOf(algorithms.Month, ny)}
+	end := time.Date(2026, 3, 1, 0, 0, 0, 0, ny)
+	month := rate.WindowAt(end.UnixMilli() - 1)
+	if next := rate.WindowOf(month.Index + 1); month.End != end.UnixMilli() || next.Length() != (31*24-1)*time.Hour.Milliseconds() {
+		t.Fatalf("February 2026 in New York is %+v, March %+v, want March 31 days less an hour from midnight on the 1st", month, next)
+	}
+	const reserved, actual = 1<<62 + 3, 1<<62 + 1<<53 + 1
+	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
+		zone := "wide_calendar_" + string(alg)
+		s.clock.set(end.Add(-time.Minute))
+		q := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: rate, Cost: reserved, Releasable: true, Reservation: true, Wide: true}
+		d := s.take(t, q)[0]
+		if !d.Allowed || d.Remaining != 2 || !d.Reset.Equal(end) || d.Window != month.Index {
+			t.Fatalf("%s: a reservation of 2^62+3 of 2^62+5: %+v, want allowed, 2 remaining, in month %d until %s", alg, d, month.Index, end)
+		}
+		q.TrueUp, q.Actual = true, actual
+		s.release(t, []storage.Request{q}, []algorithms.Decision{d})
+		if st := s.keyStateIn(t, zone, "k", rate); st.Counts.Windows().Window != month.Index || st.Counts.Windows().Current != actual || st.InFlight != 0 {
+			t.Fatalf("%s: after a true-up to 2^62+2^53+1 the store keeps %+v, want it counted in month %d, nothing in flight", alg, st, month.Index)
+		}
+		one := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: rate, Cost: 1, Wide: true}
+		d = s.take(t, one)[0]
+		if d.Allowed || d.Remaining != 0 || alg == algorithms.FixedWindow && !d.RetryAt.Equal(end) || !d.RetryAt.After(end.Add(-time.Millisecond)) {
+			t.Fatalf("%s: one unit past the debt: %+v, want refused until the month's end or later", alg, d)
+		}
+		s.clock.set(end)
+		whole := one
+		whole.Cost = rate.Units
+		d = s.take(t, whole)[0]
+		if alg == algorithms.FixedWindow {
+			if !d.Allowed || d.Remaining != 0 || d.Window != month.Index+1 {
+				t.Fatalf("%s: the whole limit at midnight on the 1st: %+v, want allowed in month %d", alg, d, month.Index+1)
+			}
+			continue
+		}
+		if d.Allowed {
+			t.Fatalf("%s: the whole limit at midnight on the 1st: %+v, want refused, February weighing whole", alg, d)
+		}
+		at := end.AddDate(0, 0, 10)
+		s.clock.set(at)
+		room, _ := algorithms.Decide(alg, algorithms.WindowCounts{Window: month.Index, Current: actual}.Counts(), at, rate, 0)
+		one.Cost = room.Remaining + 1
+		if d := s.take(t, one)[0]; d.Allowed {
+			t.Fatalf("%s: 10 days into March, one unit more than the %d February leaves: %+v, want refused", alg, room.Remaining, d)
+		}
+		one.Cost--
+		if d := s.take(t, one)[0]; !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("%s: 10 days into March, the %d February leaves: %+v, want allowed, nothing remaining", alg, room.Remaining, d)
+		}
+	}
+}
+
 // loginRequest is a request of a zone that allows two attempts a minute,
 // bans for an hour, and releases the costs of responses it does not
 // count.
@@ -635,15 +752,21 @@ func (s *suite) fail(t *testing.T, q storage.Request) algorithms.Decision {
 }
 
 // testBanNeverPasses: a request whose cost is more than its zone ever
-// lets pass (above the limit, or above a gcra zone's burst) is refused
-// without a ban: it says nothing of the key's other requests, which the
-// handler answers as too large rather than as over the limit.
+// lets pass (above the limit, a wide zone's too, or above a gcra zone's
+// burst) is refused without a ban: it says nothing of the key's other
+// requests, which the handler answers as too large rather than as over
+// the limit.
 func testBanNeverPasses(t *testing.T, s *suite) {
 	windowed := loginRequest("large")
 	windowed.Cost = 3
 	gcra := storage.Request{Zone: "burst", Key: "large", Algorithm: algorithms.GCRA,
 		Rate: algorithms.Rate{Units: 10, Window: time.Minute, Burst: 2}, Cost: 3, Ban: time.Hour, Releasable: true}
-	for _, q := range []storage.Request{windowed, gcra} {
+	// $10 against $2 in picodollars: a cost whose digits, read as text,
+	// would come before the limit's.
+	wide := storage.Request{Zone: "wide_ban", Key: "large", Algorithm: algorithms.FixedWindow,
+		Rate: algorithms.Rate{Units: 2_000_000_000_000, Window: time.Minute}, Cost: 10_000_000_000_000, Ban: time.Hour,
+		Releasable: true, Reservation: true, Wide: true}
+	for _, q := range []storage.Request{windowed, gcra, wide} {
 		if d := s.take(t, q)[0]; d.Allowed || d.BanStarted || !d.BanEnds.IsZero() {
 			t.Fatalf("%s: a cost of %d: %+v, want refused without a ban", q.Zone, q.Cost, d)
 		}
@@ -651,6 +774,25 @@ func testBanNeverPasses(t *testing.T, s *suite) {
 		if d := s.take(t, q)[0]; !d.Allowed {
 			t.Fatalf("%s: then a cost of 1: %+v, want allowed: no ban", q.Zone, d)
 		}
+	}
+}
+
+// testWideBan: a wide zone's refusal of a cost that could pass later
+// bans the key, whatever the cost's and the limit's digits say read as
+// text: $0.90 beside $0.50 taken of $1, in picodollars.
+func testWideBan(t *testing.T, s *suite) {
+	q := storage.Request{Zone: "wide_ban", Key: "k", Algorithm: algorithms.FixedWindow,
+		Rate: algorithms.Rate{Units: 1_000_000_000_000, Window: time.Minute}, Cost: 500_000_000_000, Ban: time.Hour, Wide: true}
+	if d := s.take(t, q)[0]; !d.Allowed {
+		t.Fatalf("$0.50 of $1: %+v, want allowed", d)
+	}
+	q.Cost = 900_000_000_000
+	if d := s.take(t, q)[0]; d.Allowed || !d.BanStarted {
+		t.Fatalf("$0.90 beside $0.50 taken of $1: %+v, want refused, and a ban begun", d)
+	}
+	q.Cost = 100_000_000_000
+	if d := s.take(t, q)[0]; d.Allowed || d.BanEnds.IsZero() {
+		t.Fatalf("then $0.10, which the window has room for: %+v, want refused by the ban", d)
 	}
 }
 

@@ -38,12 +38,18 @@
 -- In flight (iw, ic, ip; see take_bans.lua): the cost comes off the
 -- window it was taken in, ic if that is iw, ip if it is iw-1, as
 -- algorithms.EndInFlight takes it.
+--
+-- A wide zone's counts ("F", "S", and "K" for its cost that stays whole;
+-- see take_wide.lua) run to 2^63 - 1: its units, limit and costs in
+-- flight stay the strings they came as, and its fields the strings Redis
+-- holds, counted exactly in limbs (take_arith.lua's plus and minus).
 
 -- A zone's arguments, at ARGV[a + ARG_*] from its first argument ARGV[a]:
--- the algorithm ("f", "s", "w", "g", "c"; "k" for a cost that stays whole:
--- only its time in flight ends); where the cost was taken, and the units
--- released (0 for none): for the windowed algorithms the window index
--- (a sliding window's: the sub-window's) and the units, for gcra
+-- the algorithm ("f", "s", "w", "g", "c", "F", "S"; "k", or "K" in a
+-- wide zone, for a cost that stays whole: only its time in flight ends);
+-- where the cost was taken, and the units released (0 for none): for
+-- the windowed algorithms the window index (a sliding window's: the
+-- sub-window's) and the units, for gcra
 -- units*window/limit as a whole ms and a fraction in 1/limit ms (computed
 -- exactly by the caller), for concurrency the units alone; the holder
 -- (concurrency); the limit the cost was decided against (gcra, and a
@@ -73,14 +79,28 @@ local function clockOf(arg)
   return serverNow
 end
 
+-- WIDE names the algorithms of wide zones.
+local WIDE = {F = true, S = true, K = true}
+
+-- countOf reads a count field's value v as the zone's counts are kept: a
+-- number, or a wide zone's decimal string.
+local function countOf(v, wide)
+  if wide then
+    return v or '0'
+  end
+  return tonumber(v) or 0
+end
+
 -- takeOff takes cost off a window's pair of fields of key: off cur if the
 -- window it was counted in (at) is the one the hash holds (w), off prev if
 -- that has since become the previous one; v holds the two fields' values.
+-- A wide zone's cost is a string.
 local function takeOff(key, w, at, cur, prev, v, cost)
+  local wide = type(cost) == 'string'
   if w == at then
-    redis.call('HSET', key, cur, math.max((tonumber(v[1]) or 0) - cost, 0))
+    redis.call('HSET', key, cur, minus(countOf(v[1], wide), cost))
   elseif w == at + 1 then
-    redis.call('HSET', key, prev, math.max((tonumber(v[2]) or 0) - cost, 0))
+    redis.call('HSET', key, prev, minus(countOf(v[2], wide), cost))
   end
 end
 
@@ -112,7 +132,8 @@ end
 -- debt takes units past the limit at now in key's counts, for the
 -- algorithm alg, the limit, the zone's windows period (take_period.lua;
 -- for gcra and a sliding window, the window's length w in ms) and extra:
--- gcra's burst, a sliding window's buckets.
+-- gcra's burst, a sliding window's buckets. A wide zone's units and limit
+-- are strings.
 local function debt(key, alg, units, limit, period, extra, now)
   local w = period
   local expires
@@ -171,13 +192,18 @@ local function debt(key, alg, units, limit, period, extra, now)
       idx = sw
       _, _, after = periodOf(period, idx)
     end
-    local cur, prev = 0, 0
+    local wide = WIDE[alg]
+    local cur, prev = countOf(nil, wide), countOf(nil, wide)
     if sw == idx then
-      cur, prev = tonumber(sc) or 0, tonumber(sp) or 0
+      cur, prev = countOf(sc, wide), countOf(sp, wide)
     elseif sw == idx - 1 then
-      prev = tonumber(sc) or 0
+      prev = countOf(sc, wide)
     end
-    cur = cur + math.min(units, math.max(2 * limit - cur, 0))
+    if wide then
+      cur = wideAdd(cur, wideMin(units, wideSub(wideAdd(limit, limit), cur)))
+    else
+      cur = cur + math.min(units, math.max(2 * limit - cur, 0))
+    end
     redis.call('HSET', key, 'w', idx, 'c', cur, 'p', prev)
     expires = after -- the end of the next window, as a take's
   end
@@ -186,15 +212,18 @@ end
 
 local k = 0
 for a = 1, #ARGV, RELEASE_ARGS do
-  local alg, x, y = ARGV[a + ARG_ALG], tonumber(ARGV[a + ARG_AT]), tonumber(ARGV[a + ARG_UNITS])
+  local alg, x = ARGV[a + ARG_ALG], tonumber(ARGV[a + ARG_AT])
+  -- A wide zone's units, costs and limit stay strings.
+  local count = WIDE[alg] and tostring or tonumber
+  local y = count(ARGV[a + ARG_UNITS])
   k = k + 1
   local key = KEYS[k]
   if ARGV[a + ARG_IW] ~= '' then
     local v = redis.call('HMGET', key, 'iw', 'ic', 'ip')
-    takeOff(key, tonumber(v[1]), tonumber(ARGV[a + ARG_IW]), 'ic', 'ip', {v[2], v[3]}, tonumber(ARGV[a + ARG_IC]))
+    takeOff(key, tonumber(v[1]), tonumber(ARGV[a + ARG_IW]), 'ic', 'ip', {v[2], v[3]}, count(ARGV[a + ARG_IC]))
   end
   local units = tonumber(ARGV[a + ARG_DEBT])
-  if alg == 'k' then
+  if alg == 'k' or alg == 'K' then
     -- The cost stays counted.
   elseif alg == 'c' then
     k = k + 1
@@ -207,7 +236,7 @@ for a = 1, #ARGV, RELEASE_ARGS do
       end
     end
   elseif units > 0 then
-    debt(key, alg, units, tonumber(ARGV[a + ARG_LIMIT]), readPeriod(ARGV[a + ARG_WINDOW]), ARGV[a + ARG_EXTRA], clockOf(ARGV[a + ARG_NOW]))
+    debt(key, alg, count(ARGV[a + ARG_DEBT]), count(ARGV[a + ARG_LIMIT]), readPeriod(ARGV[a + ARG_WINDOW]), ARGV[a + ARG_EXTRA], clockOf(ARGV[a + ARG_NOW]))
   elseif alg == 'w' then
     local v = redis.call('HMGET', key, 'w', 'r')
     if v[1] and v[2] then

@@ -16,6 +16,8 @@
 --   take_bans.lua           bans, overrides and costs in flight
 --   take_fixed_window.lua   the algorithms, one piece each, each adding
 --   take_sliding_tail.lua   its functions to ALGS
+--   take_wide.lua           (F and S: a wide zone's fixed window and
+--                           sliding tail)
 --   take_sliding_window.lua
 --   take_gcra.lua
 --   take_concurrency.lua
@@ -64,15 +66,17 @@
 
 -- A zone's arguments, at ARGV[a + ARG_*] from its first argument ARGV[a]:
 -- the algorithm ("f" fixed window, "s" sliding tail, "w" sliding window,
--- "g" gcra, "c" concurrency); the limit; the window (ms; for concurrency
--- the hold; for a calendar period, the periods around the caller's
--- clock: take_period.lua); the cost; one more: gcra's burst (0: the
--- limit), a sliding window's buckets, concurrency's holder, "" otherwise;
--- the lease wanted: how many units beyond the cost the instance would
--- like to take later on its own (0 for none); the ban (ms; 0 for none);
--- and "1" if the zone keeps its costs in flight (it bans, and releases
--- costs: count_status; or the cost is a reservation, cost_from), "0" if
--- not. The store's Go code mirrors these offsets (arg*).
+-- "g" gcra, "c" concurrency; "F" and "S" the fixed window and the sliding
+-- tail of a wide zone, whose counts run to 2^63 - 1, see take_wide.lua);
+-- the limit; the window (ms; for concurrency the hold; for a calendar
+-- period, the periods around the caller's clock: take_period.lua); the
+-- cost; one more: gcra's burst (0: the limit), a sliding window's
+-- buckets, concurrency's holder, "" otherwise; the lease wanted: how many
+-- units beyond the cost the instance would like to take later on its own
+-- (0 for none); the ban (ms; 0 for none); and "1" if the zone keeps its
+-- costs in flight (it bans, and releases costs: count_status; or the
+-- cost is a reservation, cost_from), "0" if not. The store's Go code
+-- mirrors these offsets (arg*).
 local ARG_ALG, ARG_LIMIT, ARG_WINDOW, ARG_COST, ARG_EXTRA, ARG_LEASE, ARG_BAN, ARG_INFLIGHT = 0, 1, 2, 3, 4, 5, 6, 7
 local ZONE_ARGS = 8
 
@@ -121,8 +125,10 @@ local out = {now}
 -- The algorithms, by the letter ARG_ALG names them with; each piece adds
 -- one, a table of functions of a zone (see take_main.lua) whose key's
 -- counters are at s[j]:
---   load(j, holders, w)   reads what the algorithm keeps besides w, c, p
---                         and t, when the call first reads the key
+--   load(j, holders, w, c, p, o, ic, ip)
+--                         reads what the algorithm keeps besides w, c, p
+--                         and t, when the call first reads the key, or
+--                         keeps the fields c, p, o, ic and ip as read
 --                         (optional);
 --   decide(j, zone)       decides the zone's request against the counters
 --                         as the requests before it left them; returns a
@@ -136,7 +142,10 @@ local out = {now}
 --                         d takes its cost in (take_bans.lua);
 --   answer(zone, d, first) writes what the zone answers in place of w, c
 --                         and p, for the decision d on a request, the
---                         entry's first or not (optional).
+--                         entry's first or not (optional);
+--   wide                  true for the algorithms of wide zones, whose
+--                         counts, limit and cost stay decimal strings
+--                         (take_wide.lua).
 -- A decision is {allowed: whether the zone allows the request; w, c, p:
 -- the fields taking it writes; ring: the ring taking it writes for a
 -- sliding window, in place of c and p; expires: until when taking it

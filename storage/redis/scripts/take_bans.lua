@@ -72,9 +72,9 @@ local function takeInflight(j, win, cost)
     end
     s[j + IW], s[j + IC], s[j + IP] = win, cost, prev
   elseif iw == win then
-    s[j + IC] = s[j + IC] + cost
+    s[j + IC] = plus(s[j + IC], cost)
   elseif iw == win + 1 then
-    s[j + IP] = s[j + IP] + cost
+    s[j + IP] = plus(s[j + IP], cost)
   end
   flying[j] = true
 end
@@ -92,15 +92,19 @@ local function settledAllows(zone)
   return ok
 end
 
--- capacityOf returns the most a request of the zone may cost and ever
--- pass: a gcra zone's burst (its extra argument, 0 for the limit), else
--- the limit, as algorithms.Capacity.
-local function capacityOf(zone)
+-- passesEver reports whether the zone's request could ever pass: it
+-- costs at most a gcra zone's burst (its extra argument, 0 for the
+-- limit), else the limit, as algorithms.Capacity. A wide zone's cost and
+-- limit are decimal strings, which Lua would compare as text.
+local function passesEver(zone)
+  if ALGS[zone.alg].wide then
+    return wideCmp(zone.cost, zone.limit) <= 0
+  end
   local burst = tonumber(zone.extra)
   if zone.alg == 'g' and burst and burst > 0 then
-    return burst
+    return zone.cost <= burst
   end
-  return zone.limit
+  return zone.cost <= zone.limit
 end
 
 -- banRejecting applies the ban rule to the n zones of an entry whose
@@ -112,7 +116,7 @@ local function banRejecting(zones, n)
   for z = 1, n do
     local zone = zones[z]
     local j = zone.j
-    if zone.ban > 0 and out[zone.base + OUT_ALLOWS] == 0 and s[j + BAN] <= now and zone.cost <= capacityOf(zone) then
+    if zone.ban > 0 and out[zone.base + OUT_ALLOWS] == 0 and s[j + BAN] <= now and passesEver(zone) then
       if zone.inflight and settledAllows(zone) then
         out[zone.base + OUT_INFLIGHT] = 1
       else

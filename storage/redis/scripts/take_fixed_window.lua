@@ -72,7 +72,7 @@ ALGS.f = {
       elseif iw == sw - 1 then
         pp = s[j + IC]
       end
-      s[j + C], s[j + P] = math.max(s[j + C] - pc, 0), math.max(s[j + P] - pp, 0)
+      s[j + C], s[j + P] = minus(s[j + C], pc), minus(s[j + P], pp)
     end
   end,
 

@@ -15,7 +15,8 @@
 -- load reads key's hash into the key state, at a new j, and returns j:
 -- its counts, override, ban and costs in flight, and what its algorithm
 -- alg keeps besides (holders, a concurrency key's set; window, the
--- zone's).
+-- zone's), or keeps otherwise (a wide zone's counts, as the strings
+-- read).
 local function load(key, alg, holders, window)
   local j = ns + 1
   ns = ns + KEY_SLOTS
@@ -28,7 +29,7 @@ local function load(key, alg, holders, window)
   s[j + BAN], s[j + IW], s[j + IC], s[j + IP] = tonumber(b) or 0, tonumber(iw) or 0, tonumber(ic) or 0, tonumber(ip) or 0
   local read = ALGS[alg].load
   if read then
-    read(j, holders, window)
+    read(j, holders, window, c, p, o, ic, ip)
   end
   return j
 end
@@ -86,10 +87,12 @@ while a <= #ARGV do
     zones[z] = zone
     zone.j = j
     zone.alg = alg
-    zone.limit = s[j + OVER] or tonumber(ARGV[a + ARG_LIMIT])
+    -- A wide zone's limit and cost stay the strings they came as.
+    local count = ALGS[alg].wide and tostring or tonumber
+    zone.limit = s[j + OVER] or count(ARGV[a + ARG_LIMIT])
     zone.window = w
     zone.period = w or readPeriod(ARGV[a + ARG_WINDOW])
-    zone.cost = tonumber(ARGV[a + ARG_COST])
+    zone.cost = count(ARGV[a + ARG_COST])
     zone.extra = ARGV[a + ARG_EXTRA]
     zone.lease = tonumber(ARGV[a + ARG_LEASE])
     zone.ban = tonumber(ARGV[a + ARG_BAN])
