@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // TestLogKeyPutsTheKeyInTheRejectionLog: mholt's log_key logs the key of
@@ -75,7 +76,7 @@ func TestDisableMetricsLeavesNoSeries(t *testing.T) {
 		// Into the next window, which rolls the key over and reports its
 		// usage.
 		first, _ := do(t, http.MethodGet, siteURL+path)
-		waitFor(t, "the next window", func() bool {
+		wait.For(t, "the next window", func() bool {
 			resp, _ := do(t, http.MethodGet, siteURL+path)
 			return resp.Header.Get("X-RateLimit-Reset") != first.Header.Get("X-RateLimit-Reset")
 		})
@@ -196,7 +197,7 @@ func testPeriodUsage(t *testing.T, zone, store string) {
 	resp, _ := do(t, http.MethodGet, siteURL+"/", "X-Client: u")
 	reset := resp.Header.Get("X-RateLimit-Reset")
 	used := 1
-	waitFor(t, "a request in the next window", func() bool {
+	wait.For(t, "a request in the next window", func() bool {
 		if metricCount(t, adminURL, count) != before {
 			t.Fatal("usage observed before the window was rolled")
 		}

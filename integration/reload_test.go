@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 func TestReloadKeepsCounters(t *testing.T) {
@@ -69,7 +70,7 @@ func TestMemoryStoreStopsWhenUnused(t *testing.T) {
 	if code, body := reload(t, siteAddr+" {\n\trespond \"plain\"\n}\n"); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}
-	waitFor(t, "the sweeper to stop with no config using the memory store", func() bool { return !memorySweeperRunning() })
+	wait.For(t, "the sweeper to stop with no config using the memory store", func() bool { return !memorySweeperRunning() })
 }
 
 // TestRedisReloadsUnderLoad reloads, under load, between two configs that
@@ -129,7 +130,7 @@ func TestRedisReloadsUnderLoad(t *testing.T) {
 				t.Fatal(code, body)
 			}
 			get(t, siteURL+"/", "settle")
-			waitFor(t, fmt.Sprintf("the Redis connections (%d at the start) and the goroutines (%d) to come back", baseClients, baseGoroutines), func() bool {
+			wait.For(t, fmt.Sprintf("the Redis connections (%d at the start) and the goroutines (%d) to come back", baseClients, baseGoroutines), func() bool {
 				nc, _ := s.Clients("caddy-rate-limit")
 				return nc <= baseClients && runtime.NumGoroutine() <= baseGoroutines+2
 			})
@@ -173,7 +174,7 @@ func TestRedisReloads(t *testing.T) {
 		t.Fatalf("counter after %d reloads: %q %v, want %d: counts survive reloads", reloads, c, err, reloads)
 	}
 	var nc, ng int
-	waitFor(t, "the Redis clients and goroutines to come back", func() bool {
+	wait.For(t, "the Redis clients and goroutines to come back", func() bool {
 		nc, ng = clients(s), runtime.NumGoroutine()
 		return nc <= baseClients && ng <= baseGoroutines+2
 	})
@@ -185,7 +186,7 @@ func TestRedisReloads(t *testing.T) {
 		t.Fatal(code, body)
 	}
 	get(t, siteURL+"/", "moved")
-	waitFor(t, "the Redis connections to settle", func() bool { return clients(s) == 0 && clients(other) >= 1 })
+	wait.For(t, "the Redis connections to settle", func() bool { return clients(s) == 0 && clients(other) >= 1 })
 	if code, body := reload(t, `
 `+siteAddr+` {
 	respond "ok"
@@ -193,7 +194,7 @@ func TestRedisReloads(t *testing.T) {
 `); code != 200 {
 		t.Fatal(code, body)
 	}
-	waitFor(t, "the Redis connections to settle", func() bool { return clients(other) == 0 })
+	wait.For(t, "the Redis connections to settle", func() bool { return clients(other) == 0 })
 }
 
 // TestReloadLongerWindow: a reload that makes a zone's window longer

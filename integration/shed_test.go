@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/d61b427a/caddy-rate-limit/shed"
 
 	"fmt"
@@ -59,7 +60,7 @@ func (a *slowApp) hold(t *testing.T, n int, headers ...string) <-chan result {
 	t.Helper()
 	before := a.held.Load()
 	done := sendAll(context.Background(), []string{siteURL + "/hold"}, n, headers...)
-	waitFor(t, "the app to hold the requests", func() bool {
+	wait.For(t, "the app to hold the requests", func() bool {
 		select {
 		case r := <-done:
 			t.Fatalf("a request to /hold ended before the app held %d: %+v (the app holds %d)", n, r, a.held.Load()-before)
@@ -211,7 +212,7 @@ func TestShedThroughCaddy(t *testing.T) {
 	}
 	held := a.hold(t, 4, "X-Client: hold", "X-Id: hold")
 	sawUnshed, sawLowOnly := false, false
-	waitFor(t, "normal to be shed", func() bool {
+	wait.For(t, "normal to be shed", func() bool {
 		s, consistent := probe()
 		if s.Amount <= 0 && consistent {
 			sawUnshed = true
@@ -244,7 +245,7 @@ func TestShedThroughCaddy(t *testing.T) {
 		t.Fatalf("low no longer shed right after the load stopped: %+v", s)
 	}
 	var normalBack time.Time
-	waitFor(t, "shedding to stop", func() bool {
+	wait.For(t, "shedding to stop", func() bool {
 		s, consistent := probe()
 		if normalBack.IsZero() && consistent && chance(s, "normal") == 0 {
 			normalBack = time.Now()
@@ -311,7 +312,7 @@ func TestShedSurvivesReload(t *testing.T) {
 	startCaddy(t, site("v1"))
 	held := a.hold(t, 4)
 	var before shed.Info
-	waitFor(t, "the amount to move", func() bool {
+	wait.For(t, "the amount to move", func() bool {
 		before, _ = shedState(t, "kept")
 		return before.Amount > -0.5
 	})
@@ -332,12 +333,12 @@ func TestShedSurvivesReload(t *testing.T) {
 	for range 4 {
 		receive(t, "a held request to end", held)
 	}
-	waitFor(t, "the requests to count down", func() bool { s, _ := shedState(t, "kept"); return s.InFlight == 0 })
+	wait.For(t, "the requests to count down", func() bool { s, _ := shedState(t, "kept"); return s.InFlight == 0 })
 
 	if code, body := reload(t, siteAddr+" {\n\trespond \"plain\"\n}\n"); code != http.StatusOK {
 		t.Fatalf("reload: %d %s", code, body)
 	}
-	waitFor(t, "the sampler to stop", func() bool { return goroutines("shed.(*shedder).run") == 0 })
+	wait.For(t, "the sampler to stop", func() bool { return goroutines("shed.(*shedder).run") == 0 })
 	if _, ok := shedState(t, "kept"); ok {
 		t.Fatal("the admin API still shows a shedder no config uses")
 	}
@@ -409,5 +410,5 @@ func TestShedSharedAcrossHandlers(t *testing.T) {
 	for range 3 {
 		receive(t, "a held request of site B to end", heldB)
 	}
-	waitFor(t, "the requests to count down", func() bool { s, _ := shedState(t, "shared"); return s.InFlight == 0 })
+	wait.For(t, "the requests to count down", func() bool { s, _ := shedState(t, "shared"); return s.InFlight == 0 })
 }

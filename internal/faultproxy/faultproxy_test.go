@@ -13,18 +13,9 @@ import (
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/redis/go-redis/v9"
 )
-
-// waitFor polls cond until it holds, failing t after 10s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 10s waiting for %s", what)
-		}
-	}
-}
 
 // start runs a redis-server behind a proxy, both stopped when t ends.
 func start(t *testing.T) (*redistest.Server, *Proxy) {
@@ -196,5 +187,5 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 	if _, err := net.Dial("tcp", p.Addr()); err == nil {
 		t.Fatal("the proxy still accepts after Close")
 	}
-	waitFor(t, "the proxy's goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+	wait.For(t, "the proxy's goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
 }
