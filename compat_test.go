@@ -3,16 +3,13 @@ package ratelimit
 import (
 	"context"
 	"encoding/json"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
-	"go.uber.org/zap"
 
-	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 	"github.com/d61b427a/caddy-rate-limit/storage/memory"
 )
 
@@ -79,56 +76,6 @@ func TestSweepIntervalReachesTheStore(t *testing.T) {
 	cancel()
 	if got := other.store.(*memory.Store).SweepInterval(); got != memory.DefaultSweepInterval {
 		t.Fatalf("after the config that asked went: %s, want the default %s", got, memory.DefaultSweepInterval)
-	}
-}
-
-// TestDisableMetricsReachesTheStore: disable_metrics also turns off the
-// series a store adds of its own: a Redis store's leases count in no
-// lease_units_total series for a handler with it, while a handler beside
-// it, leasing from the same server, is counted as usual.
-func TestDisableMetricsReachesTheStore(t *testing.T) {
-	s := redistest.Standalone(t)
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	handler := func(zone, options string) *Handler {
-		var h Handler
-		config := `{` + options + `"store":{"backend":"redis","addresses":["` + s.URL() + `"],"lease":true},
-			"zones":[{"name":"` + zone + `","key":"hot","limit":1000000,"window":"1h"}]}`
-		if err := json.Unmarshal([]byte(config), &h); err != nil {
-			t.Fatal(err)
-		}
-		if err := h.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = h.Cleanup() })
-		h.logger = zap.NewNop()
-		return &h
-	}
-	quiet := handler("unit_quiet_leases", `"disable_metrics":true,`)
-	loud := handler("unit_loud_leases", ``)
-	for range 200 {
-		serve(t, quiet, t.Context(), http.MethodGet, "192.0.2.1")
-		serve(t, loud, t.Context(), http.MethodGet, "192.0.2.1")
-	}
-	families, err := ctx.GetMetricsRegistry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	zones := make(map[string]bool)
-	for _, f := range families {
-		if f.GetName() != "caddy_http_rate_limit_lease_units_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "zone" {
-					zones[l.GetValue()] = true
-				}
-			}
-		}
-	}
-	if zones["unit_quiet_leases"] || !zones["unit_loud_leases"] {
-		t.Fatalf("lease_units_total series for zones %v, want unit_loud_leases and not unit_quiet_leases", zones)
 	}
 }
 

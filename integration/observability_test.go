@@ -96,6 +96,56 @@ func TestDisableMetricsLeavesNoSeries(t *testing.T) {
 	}
 }
 
+// TestDisableMetricsReachesTheStore: disable_metrics also turns off the
+// series a store adds of its own: a Redis store's leases count in no
+// lease_units_total series for a handler with it, while a handler beside
+// it, leasing from the same server, is counted as usual.
+func TestDisableMetricsReachesTheStore(t *testing.T) {
+	s := redistest.Standalone(t)
+	store := redisStore("address " + s.URL() + "\nlease on")
+	startCaddy(t, fmt.Sprintf(`
+`+siteAddr+` {
+	route /quiet {
+		rate_limit {
+			disable_metrics
+			%[1]s
+			zone quiet_leases {
+				key hot
+				limit 1000000
+				window 1h
+			}
+		}
+		respond "quiet"
+	}
+	route /loud {
+		rate_limit {
+			%[1]s
+			zone loud_leases {
+				key hot
+				limit 1000000
+				window 1h
+			}
+		}
+		respond "loud"
+	}
+}
+`, store))
+	for range 200 {
+		for _, path := range []string{"/quiet", "/loud"} {
+			resp, _ := do(t, http.MethodGet, siteURL+path)
+			status(t, resp, http.StatusOK)
+		}
+	}
+	_, metrics := adminJSON(t, adminURL, http.MethodGet, "/metrics", "")
+	leases := linesWith(metrics, "caddy_http_rate_limit_lease_units_total{")
+	if quiet := linesWith(strings.Join(leases, ""), `zone="quiet_leases"`); len(quiet) != 0 {
+		t.Fatalf("lease series for quiet_leases despite disable_metrics:\n%s", strings.Join(quiet, ""))
+	}
+	if loud := linesWith(strings.Join(leases, ""), `zone="loud_leases"`); len(loud) == 0 {
+		t.Fatalf("no lease series for loud_leases, the handler without disable_metrics:\n%s", strings.Join(leases, ""))
+	}
+}
+
 // TestMetrics: requests are counted by zone and result in Caddy's
 // registry, and the counts survive reloads without a duplicate
 // registration error.
