@@ -48,16 +48,26 @@ func client(t *testing.T, p *Proxy) *redis.Client {
 	return c
 }
 
-func TestLatency(t *testing.T) {
+// latency is what TestLatency and the fault tier's timing set.
+const latency = 300 * time.Millisecond
+
+// slowed starts a proxy and a client connected through it, then sets the
+// proxy's latency.
+func slowed(t *testing.T) (*Proxy, *redis.Client) {
+	t.Helper()
 	_, p := start(t)
 	c := client(t, p)
-	ctx := context.Background()
-	if err := c.Ping(ctx).Err(); err != nil {
+	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
+	p.SetLatency(latency)
+	return p, c
+}
 
-	const d = 300 * time.Millisecond
-	p.SetLatency(d)
+func TestLatency(t *testing.T) {
+	p, c := slowed(t)
+	ctx := context.Background()
+	const d = latency
 	begin := time.Now()
 	if err := c.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)

@@ -18,14 +18,8 @@ import (
 // one before, so they take about 2d there and back, well under 5d; and
 // with the latency off a PING takes less than d.
 func TestLatencyDoesNotSerialize(t *testing.T) {
-	_, p := start(t)
-	c := client(t, p)
-	ctx := context.Background()
-	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	const d = 300 * time.Millisecond
-	p.SetLatency(d)
+	p, c := slowed(t)
+	const d = latency
 	conn, err := net.Dial("tcp", p.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +33,7 @@ func TestLatencyDoesNotSerialize(t *testing.T) {
 
 	p.SetLatency(0)
 	begin = time.Now()
-	if err := c.Ping(ctx).Err(); err != nil {
+	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if rtt := time.Since(begin); rtt >= d {
