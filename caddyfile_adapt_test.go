@@ -31,6 +31,27 @@ func TestCaddyfileAdapt(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no golden Caddyfiles: %v", err)
 	}
+	// Every subdirective the parser takes opens a line of some golden
+	// Caddyfile.
+	written := make(map[string]bool)
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, _, _ := strings.Cut(string(b), "\n"+adaptSeparator+"\n")
+		for line := range strings.Lines(src) {
+			if fields := strings.Fields(line); len(fields) > 0 {
+				written[fields[0]] = true
+			}
+		}
+	}
+	handler, zone := subdirectives(t)
+	for _, sub := range append(handler, zone...) {
+		if !written[sub] {
+			t.Errorf("no golden Caddyfile writes %s", sub)
+		}
+	}
 	for _, file := range files {
 		t.Run(strings.TrimSuffix(filepath.Base(file), ".caddyfiletest"), func(t *testing.T) {
 			b, err := os.ReadFile(file)

@@ -617,31 +617,13 @@ func TestUnmarshalCaddyfileDocShowsTheSyntax(t *testing.T) {
 	}
 	handlerLines, zoneLines := lines(2), lines(3)
 
-	// wanted reads the list of "(want a, b or c)" in an error.
-	wanted := func(err error) []string {
-		t.Helper()
-		if err == nil {
-			t.Fatal("accepted")
-		}
-		m := regexp.MustCompile(`want ([a-z0-9_-]+(?:, [a-z0-9_-]+)* or [a-z0-9_-]+)`).FindStringSubmatch(err.Error())
-		if m == nil {
-			t.Fatalf("no list of what is wanted in %q", err)
-		}
-		return strings.Split(strings.Replace(m[1], " or ", ", ", 1), ", ")
-	}
-	unknown := func(block string) error {
-		tokens, err := caddyfile.Tokenize([]byte(block), "Caddyfile")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return new(Handler).UnmarshalCaddyfile(caddyfile.NewDispenser(tokens))
-	}
-	for _, dir := range wanted(unknown("rate_limit {\nnot_a_subdirective\n}")) {
+	handlerSubs, zoneSubs := subdirectives(t)
+	for _, dir := range handlerSubs {
 		if handlerLines[dir] == "" {
 			t.Errorf("handler subdirective %s: not in the doc comment", dir)
 		}
 	}
-	for _, dir := range wanted(unknown("rate_limit {\nzone z {\nnot_a_subdirective\n}\n}")) {
+	for _, dir := range zoneSubs {
 		if zoneLines[dir] == "" {
 			t.Errorf("zone subdirective %s: not in the doc comment", dir)
 		}
@@ -658,8 +640,36 @@ func TestUnmarshalCaddyfileDocShowsTheSyntax(t *testing.T) {
 		{zoneLines["cost_from"], checkUsage("?")},
 		{zoneLines["usage_in_stream"], checkOnOff("?")},
 	} {
-		if values := strings.Join(wanted(c.err), "|"); !strings.Contains(c.line, " "+values) {
+		if values := strings.Join(wanted(t, c.err), "|"); !strings.Contains(c.line, " "+values) {
 			t.Errorf("doc comment line %q: want the values %s", c.line, values)
 		}
 	}
+}
+
+// wanted reads the list of "(want a, b or c)" in an error.
+func wanted(t *testing.T, err error) []string {
+	t.Helper()
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	m := regexp.MustCompile(`want ([a-z0-9_-]+(?:, [a-z0-9_-]+)* or [a-z0-9_-]+)`).FindStringSubmatch(err.Error())
+	if m == nil {
+		t.Fatalf("no list of what is wanted in %q", err)
+	}
+	return strings.Split(strings.Replace(m[1], " or ", ", ", 1), ", ")
+}
+
+// subdirectives returns the handler's and a zone's subdirectives, as the
+// parser lists them when it refuses an unknown one.
+func subdirectives(t *testing.T) (handler, zone []string) {
+	t.Helper()
+	unknown := func(block string) error {
+		tokens, err := caddyfile.Tokenize([]byte(block), "Caddyfile")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return new(Handler).UnmarshalCaddyfile(caddyfile.NewDispenser(tokens))
+	}
+	return wanted(t, unknown("rate_limit {\nnot_a_subdirective\n}")),
+		wanted(t, unknown("rate_limit {\nzone z {\nnot_a_subdirective\n}\n}"))
 }
