@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -11,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/d61b427a/caddy-rate-limit/admin"
 	"github.com/d61b427a/caddy-rate-limit/storage"
+	"github.com/d61b427a/caddy-rate-limit/storage/memory"
 )
 
 // statusJSON asks a rate_limit_status handler for one of its JSON routes
@@ -278,5 +281,63 @@ func TestAlternativesOf(t *testing.T) {
 		if got := c.z.AlternativesOf(c.key); !slices.Equal(got, c.want) {
 			t.Errorf("zone %s, key %.20q: %q, want %q", c.z.Name, c.key, got, c.want)
 		}
+	}
+}
+
+// adminRoute sends one request to the admin API's /rate_limit/ routes, as
+// Caddy's admin endpoint would, and returns the answer's status and body,
+// or an error's status and message.
+func adminRoute(t *testing.T, method, path, body string) (int, string) {
+	t.Helper()
+	mod, err := caddy.GetModule("admin.api.rate_limit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	router := mod.New().(caddy.AdminRouter)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := router.(caddy.Provisioner).Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	err = router.Routes()[0].Handler.ServeHTTP(w, httptest.NewRequest(method, path, strings.NewReader(body)))
+	var ae caddy.APIError
+	if errors.As(err, &ae) {
+		return ae.HTTPStatus, ae.Message
+	} else if err != nil {
+		t.Fatalf("%s %s: %v, want an API error", method, path, err)
+	}
+	return w.Code, w.Body.String()
+}
+
+// TestOverridesBoundedInAdminAPI: past the memory store's bound on per-key
+// limit overrides, the admin API refuses one more with 507 Insufficient
+// Storage, saying the bound, rather than let the store grow without end.
+func TestOverridesBoundedInAdminAPI(t *testing.T) {
+	const zone = "unit_overrides_bounded"
+	h := provisionHandler(t, `{"zones":[{"name":"`+zone+`","limit":[2],"window":"1h"}]}`)
+	// Filled through the store itself: a hundred thousand admin calls
+	// would take long. Other tests share the process's memory store and
+	// may hold overrides: fill until the store says it is full.
+	store := h.store.(storage.Admin)
+	ctx := context.Background()
+	filled := 0
+	t.Cleanup(func() {
+		for i := range filled {
+			_ = store.DeleteOverride(ctx, zone, fmt.Sprint("fill-", i))
+		}
+	})
+	for ; ; filled++ {
+		err := store.SetOverride(ctx, zone, fmt.Sprint("fill-", filled), storage.Override{Limit: 3})
+		if errors.Is(err, storage.ErrTooManyOverrides) {
+			break
+		}
+		if err != nil || filled == memory.MaxOverrides {
+			t.Fatalf("override %d: %v, want the store full at %d", filled, err, memory.MaxOverrides)
+		}
+	}
+	code, body := adminRoute(t, http.MethodPut, "/rate_limit/zones/"+zone+"/keys/one-more/limit", `{"limit": 4}`)
+	if code != http.StatusInsufficientStorage || !strings.Contains(body, fmt.Sprint("at most ", memory.MaxOverrides)) {
+		t.Fatalf("an override past the bound: %d %s, want 507 saying the bound", code, body)
 	}
 }

@@ -343,19 +343,6 @@ func TestCaddyfileExampleIsValid(t *testing.T) {
 	}
 }
 
-// TestStoreBlockParses checks that a store's own block reaches the store
-// module: its options are set and its mistakes are its own.
-func TestStoreBlockParses(t *testing.T) {
-	adapter := caddyconfig.GetAdapter("caddyfile")
-	out, _, err := adapter.Adapt([]byte(badconfig.Site(`store memory { max_keys 42 }; zone z { limit 1; window 1s }`)), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(out), `"store":{"backend":"memory","max_keys":42}`) {
-		t.Fatalf("store options lost: %s", out)
-	}
-}
-
 // adaptSite adapts a site block (on :9080, answering "ok") holding
 // directives, and returns the rate_limit handlers of the adapted config, in
 // the order Caddy runs them.
@@ -413,47 +400,6 @@ func adaptedZones(t *testing.T, src string) ([]string, error) {
 	}
 	slices.Sort(zones)
 	return zones, nil
-}
-
-// TestOneLineForm: each one-line rate_limit adapts to one zone, named after
-// its named matcher or default and its site's address, with the key the shorthand means, the
-// rate's limit and window, zone_size as the memory store's max_keys and
-// reject_status as the zone's status.
-func TestOneLineForm(t *testing.T) {
-	for _, c := range []struct {
-		line string
-		want string // the handler, as adapted JSON
-	}{
-		{`rate_limit {remote.ip} 10r/s`,
-			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}"],"limit":["10"],"name":"default@:9080","window":1000000000}]}`},
-		{"@auth path /login*\n\trate_limit @auth {remote.ip} 5r/m",
-			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}"],"limit":["5"],"name":"auth@:9080","window":60000000000}]}`},
-		{`rate_limit {remote.host} 100r/h`,
-			`{"handler":"rate_limit","zones":[{"key":["{http.request.remote.host}"],"limit":["100"],"name":"default@:9080","window":3600000000000}]}`},
-		{`rate_limit {header.X-Api-Key} 1000r/d 50000 503`,
-			`{"handler":"rate_limit","store":{"backend":"memory","max_keys":50000},"zones":[{"key":["{http.request.header.X-Api-Key}"],"limit":["1000"],"name":"default@:9080","status":503,"window":86400000000000}]}`},
-		{`rate_limit {remote.ip_prefix.24} 30r/m`,
-			`{"handler":"rate_limit","zones":[{"ipv4_prefix":24,"key":["{http.vars.client_ip}"],"limit":["30"],"name":"default@:9080","window":60000000000}]}`},
-		{`rate_limit {remote.host_prefix.16} 30r/m 100`,
-			`{"handler":"rate_limit","store":{"backend":"memory","max_keys":100},"zones":[{"ipv4_prefix":16,"key":["{http.request.remote.host}"],"limit":["30"],"name":"default@:9080","window":60000000000}]}`},
-		{`rate_limit {query.id} 2r/m`,
-			`{"handler":"rate_limit","zones":[{"key":["{http.request.uri.query.id}"],"limit":["2"],"name":"default@:9080","window":60000000000}]}`},
-		{`rate_limit {body.metadata.user_id} 10r/m`,
-			`{"handler":"rate_limit","zones":[{"key":["{body.metadata.user_id}"],"limit":["10"],"name":"default@:9080","window":60000000000}]}`},
-		{`rate_limit {remote.ip}:{remote.port} 2r/s`,
-			`{"handler":"rate_limit","zones":[{"key":["{http.vars.client_ip}:{http.request.remote.port}"],"limit":["2"],"name":"default@:9080","window":1000000000}]}`},
-	} {
-		t.Run(c.line, func(t *testing.T) {
-			handlers, err := adaptSite(t, "\t"+c.line)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, _ := json.Marshal(handlers)
-			if string(got) != "["+c.want+"]" {
-				t.Fatalf("adapted to\n%s\nwant\n[%s]", got, c.want)
-			}
-		})
-	}
 }
 
 // TestOneLinersSideBySide: a site may hold several one-line rate_limits,
@@ -619,26 +565,13 @@ func TestOneLineFormatUnchanged(t *testing.T) {
 }
 
 // TestConcurrencyHoldAndItsOldName: a concurrency zone's hold, written
-// hold or by its old name lease, in a Caddyfile or in JSON, is how long
-// the zone's rate keeps units (the Window its store is handed), and the
-// admin API shows it as the hold.
+// hold or by its old name lease (testdata/caddyfile_adapt has both in a
+// Caddyfile), is how long the zone's rate keeps units (the Window its
+// store is handed), and the admin API shows it as the hold.
 func TestConcurrencyHoldAndItsOldName(t *testing.T) {
 	for _, name := range []string{"hold", "lease"} {
 		t.Run(name, func(t *testing.T) {
-			handlers, err := adaptSite(t, "\trate_limit {\n\t\tzone c {\n\t\t\tlimit 2\n\t\t\talgorithm concurrency\n\t\t\t"+name+" 90s\n\t\t}\n\t}")
-			if err != nil {
-				t.Fatal(err)
-			}
-			zone := handlers[0]["zones"].([]any)[0].(map[string]any)
-			if zone[name] != float64(90*time.Second) {
-				t.Fatalf("adapted zone %v, want %s 90s", zone, name)
-			}
-			delete(handlers[0], "handler") // the module's name, which Caddy reads
-			config, err := json.Marshal(handlers[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			h := provisionHandler(t, string(config))
+			h := provisionHandler(t, `{"zones":[{"name":"c","limit":[2],"algorithm":"concurrency","`+name+`":90000000000}]}`)
 			z := h.Zones[0]
 			if z.period != 90*time.Second {
 				t.Fatalf("the zone's rate keeps units for %s, want 1m30s", z.period)
@@ -684,31 +617,13 @@ func TestUnmarshalCaddyfileDocShowsTheSyntax(t *testing.T) {
 	}
 	handlerLines, zoneLines := lines(2), lines(3)
 
-	// wanted reads the list of "(want a, b or c)" in an error.
-	wanted := func(err error) []string {
-		t.Helper()
-		if err == nil {
-			t.Fatal("accepted")
-		}
-		m := regexp.MustCompile(`want ([a-z0-9_-]+(?:, [a-z0-9_-]+)* or [a-z0-9_-]+)`).FindStringSubmatch(err.Error())
-		if m == nil {
-			t.Fatalf("no list of what is wanted in %q", err)
-		}
-		return strings.Split(strings.Replace(m[1], " or ", ", ", 1), ", ")
-	}
-	unknown := func(block string) error {
-		tokens, err := caddyfile.Tokenize([]byte(block), "Caddyfile")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return new(Handler).UnmarshalCaddyfile(caddyfile.NewDispenser(tokens))
-	}
-	for _, dir := range wanted(unknown("rate_limit {\nnot_a_subdirective\n}")) {
+	handlerSubs, zoneSubs := subdirectives(t)
+	for _, dir := range handlerSubs {
 		if handlerLines[dir] == "" {
 			t.Errorf("handler subdirective %s: not in the doc comment", dir)
 		}
 	}
-	for _, dir := range wanted(unknown("rate_limit {\nzone z {\nnot_a_subdirective\n}\n}")) {
+	for _, dir := range zoneSubs {
 		if zoneLines[dir] == "" {
 			t.Errorf("zone subdirective %s: not in the doc comment", dir)
 		}
@@ -725,8 +640,36 @@ func TestUnmarshalCaddyfileDocShowsTheSyntax(t *testing.T) {
 		{zoneLines["cost_from"], checkUsage("?")},
 		{zoneLines["usage_in_stream"], checkOnOff("?")},
 	} {
-		if values := strings.Join(wanted(c.err), "|"); !strings.Contains(c.line, " "+values) {
+		if values := strings.Join(wanted(t, c.err), "|"); !strings.Contains(c.line, " "+values) {
 			t.Errorf("doc comment line %q: want the values %s", c.line, values)
 		}
 	}
+}
+
+// wanted reads the list of "(want a, b or c)" in an error.
+func wanted(t *testing.T, err error) []string {
+	t.Helper()
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	m := regexp.MustCompile(`want ([a-z0-9_-]+(?:, [a-z0-9_-]+)* or [a-z0-9_-]+)`).FindStringSubmatch(err.Error())
+	if m == nil {
+		t.Fatalf("no list of what is wanted in %q", err)
+	}
+	return strings.Split(strings.Replace(m[1], " or ", ", ", 1), ", ")
+}
+
+// subdirectives returns the handler's and a zone's subdirectives, as the
+// parser lists them when it refuses an unknown one.
+func subdirectives(t *testing.T) (handler, zone []string) {
+	t.Helper()
+	unknown := func(block string) error {
+		tokens, err := caddyfile.Tokenize([]byte(block), "Caddyfile")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return new(Handler).UnmarshalCaddyfile(caddyfile.NewDispenser(tokens))
+	}
+	return wanted(t, unknown("rate_limit {\nnot_a_subdirective\n}")),
+		wanted(t, unknown("rate_limit {\nzone z {\nnot_a_subdirective\n}\n}"))
 }

@@ -35,39 +35,54 @@ func docFiles(t *testing.T) []string {
 // one that is a working example.
 var grammar = regexp.MustCompile(`<[a-z][a-z_ ]*>|\[<`)
 
-// adaptable returns block as a Caddyfile that adapts if the block does: a
-// bare zone goes in a rate_limit block, a rate_limit directive (or a
-// directive of its block) in a site; a site or a whole Caddyfile stands
-// as it is.
-func adaptable(block string) string {
-	trimmed := strings.TrimSpace(block)
-	switch {
-	case strings.HasPrefix(trimmed, "zone "):
-		return ":9080 {\n\trate_limit {\n" + block + "\n\t}\n\trespond \"ok\"\n}\n"
-	case strings.HasPrefix(trimmed, "rate_limit"):
-		return ":9080 {\n" + block + "\n\trespond \"ok\"\n}\n"
-	}
-	return block
+// docExample is one Caddyfile example of the documents, as a whole
+// Caddyfile that `caddy adapt` takes.
+type docExample struct {
+	where     string // the file and the block's number in it
+	caddyfile string
 }
 
-// TestDocumentedCaddyfilesAdapt: every Caddyfile block of the README and
-// docs/ that is an example, not a grammar summary, adapts as `caddy adapt`
-// would adapt it.
-func TestDocumentedCaddyfilesAdapt(t *testing.T) {
-	examples := 0
+// documentedCaddyfiles extracts every ```caddyfile block of the README,
+// xcaddy.md and docs/*.md, so that no example is copied into a test to
+// drift from the document. A block is one of:
+//   - a grammar summary, which shows placeholders (<name>, [<...>]): it
+//     is syntax, not a config, and is left out;
+//   - a zone (its first line opens with zone): it is put in a rate_limit
+//     block of a site;
+//   - a rate_limit directive, block or one-liner: it is put in a site;
+//   - anything else is a whole Caddyfile (global options, sites) and
+//     stands as it is.
+func documentedCaddyfiles(t *testing.T) []docExample {
+	t.Helper()
+	var out []docExample
 	for _, file := range docFiles(t) {
 		for i, block := range docs.FencedBlocks(docs.Read(t, file), "caddyfile") {
 			if grammar.MatchString(block) {
 				continue
 			}
-			examples++
-			if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(adaptable(block)), nil); err != nil {
-				t.Errorf("%s, Caddyfile block %d does not adapt: %v\n%s", file, i+1, err, block)
+			trimmed := strings.TrimSpace(block)
+			switch {
+			case strings.HasPrefix(trimmed, "zone "):
+				block = ":9080 {\n\trate_limit {\n" + block + "\n\t}\n\trespond \"ok\"\n}\n"
+			case strings.HasPrefix(trimmed, "rate_limit ") || trimmed == "rate_limit":
+				block = ":9080 {\n" + block + "\n\trespond \"ok\"\n}\n"
 			}
+			out = append(out, docExample{where: file + ", Caddyfile block " + strconv.Itoa(i+1), caddyfile: block})
 		}
 	}
-	if examples < 20 {
-		t.Fatalf("%d Caddyfile examples in the documents; the test is not reading them", examples)
+	if len(out) < 20 {
+		t.Fatalf("%d Caddyfile examples in the documents; the test is not reading them", len(out))
+	}
+	return out
+}
+
+// TestDocumentedCaddyfilesAdapt: every Caddyfile example of the README
+// and docs/ adapts as `caddy adapt` would adapt it.
+func TestDocumentedCaddyfilesAdapt(t *testing.T) {
+	for _, e := range documentedCaddyfiles(t) {
+		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(e.caddyfile), nil); err != nil {
+			t.Errorf("%s does not adapt: %v\n%s", e.where, err, e.caddyfile)
+		}
 	}
 }
 
@@ -153,16 +168,13 @@ func TestDocumentedBansCountOnlyGuesses(t *testing.T) {
 		}
 		configs[what] = v
 	}
-	for _, file := range docFiles(t) {
-		for i, block := range docs.FencedBlocks(docs.Read(t, file), "caddyfile") {
-			if grammar.MatchString(block) {
-				continue
-			}
-			// TestDocumentedCaddyfilesAdapt reports a block that does not adapt.
-			if out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(adaptable(block)), nil); err == nil {
-				add(file+", Caddyfile block "+strconv.Itoa(i+1), out)
-			}
+	for _, e := range documentedCaddyfiles(t) {
+		// TestDocumentedCaddyfilesAdapt reports a block that does not adapt.
+		if out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(e.caddyfile), nil); err == nil {
+			add(e.where, out)
 		}
+	}
+	for _, file := range docFiles(t) {
 		for i, block := range docs.FencedBlocks(docs.Read(t, file), "json") {
 			if strings.Contains(block, `"ban"`) {
 				add(file+", JSON block "+strconv.Itoa(i+1), []byte(block))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -129,15 +130,13 @@ func TestCountStatusConcurrentAttempts(t *testing.T) {
 			}
 		})
 	}
-	for {
+	// The 45 refusals need no next handler: they come while the 5 that
+	// reached it are held.
+	wait.Seen(t, "45 refusals", func() (bool, string) {
 		mu.Lock()
-		done := refused == 45
-		mu.Unlock()
-		if done {
-			break
-		}
-		time.Sleep(time.Millisecond) // the 45 refusals need no next handler: they come at once
-	}
+		defer mu.Unlock()
+		return refused == 45, fmt.Sprintf("%d refused, %d reached the next handler", refused, reached)
+	})
 	close(release)
 	wg.Wait()
 	if reached != 5 {

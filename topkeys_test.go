@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // TestTopKeysFindsHeavyHitters: among 100,000 keys seen once or twice,
@@ -99,21 +101,11 @@ func TestTopKeysTimerTurns(t *testing.T) {
 		if !tk.turning.Load() {
 			t.Fatalf("round %d: no timer after a request", round)
 		}
-		eventually(t, "the key to be forgotten", func() bool {
+		wait.For(t, "the key to be forgotten", func() bool {
 			keys, _ := tk.top(10)
 			return len(keys) == 0
 		})
-		eventually(t, "the timer to stop", func() bool { return !tk.turning.Load() })
-	}
-}
-
-// eventually waits until cond holds, failing the test after 30 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
+		wait.For(t, "the timer to stop", func() bool { return !tk.turning.Load() })
 	}
 }
 

@@ -26,6 +26,8 @@ mkdir -p bench/out
 OUT=$(cd bench/out && pwd)
 rm -f "$OUT/faults.md"
 status=0
+# The proxy's own timing first: the faults below are only as good as it.
+go test -tags faults -count=1 ./internal/faultproxy/ || status=$?
 FAULTS_OUT="$OUT/faults.md" go test -tags faults -count=1 -run "$RUN" -v -timeout 60m ./integration/ >"$OUT/faults.log" 2>&1 || status=$?
 grep -E '^\s+faults_test.go:[0-9]+: .* \| ' "$OUT/faults.log" | sed -E 's/^\s+faults_test.go:[0-9]+: //' || true
 grep -E -- '--- FAIL|^\s+faults_test.go:[0-9]+: (window|the slowest|[0-9]+ answers|[0-9]+ log lines|exact decisions)' "$OUT/faults.log" || true

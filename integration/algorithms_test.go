@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 func concurrencySite(upstream, extra string) string {
@@ -141,7 +143,7 @@ func TestGCRAThroughCaddy(t *testing.T) {
 		t.Fatalf("the app saw %d requests, want 3", n)
 	}
 	// A token comes back every 100 ms: one more passes once it has.
-	waitFor(t, "a token to come back", func() bool { return get(t, siteURL, "g") == http.StatusOK })
+	wait.For(t, "a token to come back", func() bool { return get(t, siteURL, "g") == http.StatusOK })
 }
 
 // TestConcurrencyEveryWayOutThroughCaddy: a concurrency zone's units come
@@ -231,7 +233,7 @@ func TestConcurrencyEveryWayOutThroughCaddy(t *testing.T) {
 			t.Fatalf("%s %s: allowed by the zone %d times, want %d", c.method, c.path, n, admitted)
 		}
 		var entry map[string]any
-		waitFor(t, fmt.Sprintf("the access log line of %s %s", c.method, c.path), func() bool {
+		wait.For(t, fmt.Sprintf("the access log line of %s %s", c.method, c.path), func() bool {
 			for _, e := range logEntries(logLines(accessLog)) {
 				if r, _ := e["request"].(map[string]any); r != nil && fmt.Sprint(r["headers"].(map[string]any)["X-Request"]) == fmt.Sprintf("[%d]", i) {
 					entry = e
@@ -459,5 +461,5 @@ func TestSlidingWindowThroughCaddy(t *testing.T) {
 	if !strings.Contains(body, `"algorithm":"sliding_window"`) || !strings.Contains(body, `"buckets":6`) {
 		t.Fatalf("zones %s, want the sliding window with its buckets", body)
 	}
-	waitFor(t, "the oldest sub-window to leave", func() bool { return get(t, siteURL, "s") == http.StatusOK })
+	wait.For(t, "the oldest sub-window to leave", func() bool { return get(t, siteURL, "s") == http.StatusOK })
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // This file tests how a zone reads request bodies, as a client that
@@ -164,7 +165,7 @@ func TestSlowBodiesHoldLittleMemoryBuiltCaddy(t *testing.T) {
 		for i := range 300 {
 			clients = append(clients, sendSlow(t, hostport, "/v1/chat/completions", mib, "{", fmt.Sprintf("X-Client: slow-%d", i)))
 		}
-		waitFor(t, "Caddy to hold the 300 requests", func() bool { return inFlight(t, in.admin) == 300 })
+		wait.For(t, "Caddy to hold the 300 requests", func() bool { return inFlight(t, in.admin) == 300 })
 		grown := rss(t, in.proc.Process.Pid) - before
 		t.Logf("300 slow bodies of 1 MiB: resident memory grew by %.1f MiB", float64(grown)/mib)
 		if grown > bodyMemory+slack {
@@ -183,7 +184,7 @@ func TestSlowBodiesHoldLittleMemoryBuiltCaddy(t *testing.T) {
 		for range 200 {
 			clients = append(clients, sendSlow(t, hostport, "/v1/chat/completions", mib, "{", "X-Client: banned"))
 		}
-		waitFor(t, "Caddy to answer or hold the 200 requests", func() bool {
+		wait.For(t, "Caddy to answer or hold the 200 requests", func() bool {
 			return answered(clients, 0)+inFlight(t, in.admin) == 200
 		})
 		grown := rss(t, in.proc.Process.Pid) - before
@@ -191,7 +192,7 @@ func TestSlowBodiesHoldLittleMemoryBuiltCaddy(t *testing.T) {
 		if grown > slack {
 			t.Errorf("200 slow bodies of 1 MiB from a banned key grew Caddy's resident memory by %.1f MiB, want at most %d MiB", float64(grown)/mib, slack/mib)
 		}
-		waitFor(t, "the 200 requests of the banned key to be answered 429", func() bool {
+		wait.For(t, "the 200 requests of the banned key to be answered 429", func() bool {
 			return answered(clients, http.StatusTooManyRequests) == 200
 		})
 	})
@@ -233,7 +234,7 @@ func TestBodyMemoryFullAnswers503(t *testing.T) {
 	// for body_memory: whichever reads past it gets the 503.
 	part := strings.Repeat("a", 600<<10)
 	var clients []*slowClient
-	waitFor(t, "a request past body_memory to be answered", func() bool {
+	wait.For(t, "a request past body_memory to be answered", func() bool {
 		if len(clients) < 8 {
 			clients = append(clients, sendSlow(t, siteListen, "/v1/chat/completions", mib, part, fmt.Sprintf("X-Client: holder-%d", len(clients))))
 		}
@@ -255,7 +256,7 @@ func TestBodyMemoryFullAnswers503(t *testing.T) {
 	for _, c := range clients {
 		c.conn.Close()
 	}
-	waitFor(t, "a request to pass once the bodies being read went", func() bool {
+	wait.For(t, "a request to pass once the bodies being read went", func() bool {
 		resp, _ := request(t, client, http.MethodPost, siteURL+"/v1/chat/completions", `{"max_tokens":10,"messages":[]}`, "X-Client: after")
 		return resp.StatusCode == http.StatusOK
 	})
@@ -278,11 +279,11 @@ func TestBodyTimeoutAnswers408(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
-	waitFor(t, "the trickling client to be answered", func() bool { return c.status.Load() != 0 })
+	wait.For(t, "the trickling client to be answered", func() bool { return c.status.Load() != 0 })
 	if s := c.status.Load(); s != http.StatusRequestTimeout {
 		t.Fatalf("the trickling client was answered %d, want 408", s)
 	}
-	waitFor(t, "Caddy to close the trickling client's connection", c.closed.Load)
+	wait.For(t, "Caddy to close the trickling client's connection", c.closed.Load)
 	if n := u.hits.Load(); n != 0 {
 		t.Errorf("the upstream got %d requests", n)
 	}
@@ -318,11 +319,11 @@ func TestRefusedKeyAnsweredBeforeItsBody(t *testing.T) {
 		t.Helper()
 		hits := u.hits.Load()
 		c := sendSlow(t, siteListen, "/usage?n=1", mib, "", "X-Client: "+key)
-		waitFor(t, "the request sent without its body to be answered", func() bool { return c.status.Load() != 0 })
+		wait.For(t, "the request sent without its body to be answered", func() bool { return c.status.Load() != 0 })
 		if s := c.status.Load(); s != http.StatusTooManyRequests {
 			t.Fatalf("answered %d, want 429", s)
 		}
-		waitFor(t, "Caddy to close the connection", c.closed.Load)
+		wait.For(t, "Caddy to close the connection", c.closed.Load)
 		if n := u.hits.Load(); n != hits {
 			t.Errorf("the upstream got the request")
 		}

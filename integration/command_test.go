@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // rateLimitCLI runs the built Caddy's rate-limit command with args and
@@ -179,7 +181,7 @@ func TestRateLimitCommandThroughCaddy(t *testing.T) {
 		t.Fatalf("key after reset: %v, want 0 used", k)
 	}
 	// The admin changes are logged with the key's hash, the one top shows.
-	waitFor(t, "the reset's log line", func() bool {
+	wait.For(t, "the reset's log line", func() bool {
 		return len(logLines(in.log, "rate limit admin: key reset", `"key":"`+hash+`"`)) == 1
 	})
 	if lines := logLines(in.log, "rate limit admin", bot); len(lines) != 0 {

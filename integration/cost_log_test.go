@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // This file tests that what each request through a cost_from zone took,
@@ -100,7 +101,7 @@ func testCostBill(t *testing.T, store, zone string) {
 			}
 		}
 		cancel()
-		waitFor(t, fmt.Sprintf("the access log line of step %d", i), func() bool { return len(logLines(accessLog)) == i+1 })
+		wait.For(t, fmt.Sprintf("the access log line of step %d", i), func() bool { return len(logLines(accessLog)) == i+1 })
 	}
 
 	var bill int64

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/docs"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // TestExceededEvents: a flood of 10,000 rejected requests from one key in
@@ -112,7 +113,7 @@ func TestDocumentedEventsLog(t *testing.T) {
 
 	// Every request below must fall in one of the zone's windows, which
 	// are aligned to the epoch.
-	waitFor(t, "an hour with ten seconds to spare", func() bool { return time.Now().Unix()%3600 < 3590 })
+	wait.For(t, "an hour with ten seconds to spare", func() bool { return time.Now().Unix()%3600 < 3590 })
 	// An event is logged before its rejection is answered, so the file
 	// has every line by the time a request returns.
 	exceeded := func() []map[string]any {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/internal/faultproxy"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // The fault run: three Caddy instances share a Redis store while a load
@@ -727,7 +728,7 @@ func runInstanceKilled(t *testing.T, s faultSetting) faultRow {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sendAll(ctx, []string{heldURL(fleet[0]) + "?hold=1"}, held, "X-Held: h")
-	waitFor(t, "the first instance to hold every unit", func() bool { return arrived.Load() == held })
+	wait.For(t, "the first instance to hold every unit", func() bool { return arrived.Load() == held })
 
 	l.live[0].Store(false)
 	if err := fleet[0].proc.Process.Kill(); err != nil {
@@ -736,7 +737,7 @@ func runInstanceKilled(t *testing.T, s faultSetting) faultRow {
 	killed := time.Now()
 	period := int(killed.Sub(l.start) / faultPeriod)
 	// How long the dead instance's units keep the others out.
-	waitFor(t, "the dead instance's concurrency units to be reaped", func() bool {
+	wait.For(t, "the dead instance's concurrency units to be reaped", func() bool {
 		resp, _ := do(t, http.MethodGet, heldURL(fleet[1]), "X-Held: h")
 		return resp.StatusCode == http.StatusOK
 	})

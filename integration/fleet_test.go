@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // TestRedisFleetExact runs 3 Caddy processes on one Redis, on a 3-master
@@ -235,7 +236,7 @@ func TestAdminAPIFleet(t *testing.T) {
 	eventually := func(key string, want int) {
 		t.Helper()
 		start := time.Now()
-		waitFor(t, fmt.Sprintf("key %s to be answered %d", key, want), func() bool { return get(t, site, key) == want })
+		wait.For(t, fmt.Sprintf("key %s to be answered %d", key, want), func() bool { return get(t, site, key) == want })
 		t.Logf("key %s: %d after %v", key, want, time.Since(start).Round(time.Millisecond))
 	}
 	change := func(method, path, body string, want int) {
@@ -275,7 +276,7 @@ func TestAdminAPIFleet(t *testing.T) {
 func waitForFleet(t *testing.T, fleet []instance) {
 	t.Helper()
 	for _, in := range fleet {
-		waitFor(t, fmt.Sprintf("%s to count %d instances", in.admin, len(fleet)), func() bool {
+		wait.For(t, fmt.Sprintf("%s to count %d instances", in.admin, len(fleet)), func() bool {
 			z, _ := zoneState(t, in.admin, "fleet")
 			return z.Instances == len(fleet)
 		})
@@ -363,7 +364,7 @@ func TestRedisFleetLeases(t *testing.T) {
 		if codes[200] > limit || codes[200]+codes[429] != 450 {
 			t.Fatalf("a burst of 450: %v", codes)
 		}
-		waitFor(t, "the leases of the burst to be released", func() bool { return counted("burst") == int64(codes[200]) })
+		wait.For(t, "the leases of the burst to be released", func() bool { return counted("burst") == int64(codes[200]) })
 
 		var leased, taken int
 		for _, in := range fleet {
@@ -423,7 +424,7 @@ func TestRedisFleetSlidingWindowLeases(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "the leases to be released", func() bool { return ring() == total })
+	wait.For(t, "the leases to be released", func() bool { return ring() == total })
 }
 
 // hashCount reads the c field of a counter hash on s.
@@ -557,7 +558,7 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 		t.Helper()
 		waitForFleet(t, fleet)
 		for i, in := range fleet {
-			waitFor(t, in.url+" to take in Redis again", func() bool {
+			wait.For(t, in.url+" to take in Redis again", func() bool {
 				resp, _ := do(t, http.MethodGet, in.url, fmt.Sprintf("X-Client: probe-%d-%d", i, time.Now().UnixNano()))
 				return resp.StatusCode == http.StatusOK && resp.Header.Get("X-RateLimit-Limit") == "30"
 			})
@@ -619,11 +620,11 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 	}
 	charged := func(t *testing.T, key string) {
 		t.Helper()
-		waitFor(t, "Redis to count what the instances admitted alone for "+key, func() bool {
+		wait.For(t, "Redis to count what the instances admitted alone for "+key, func() bool {
 			return keyState(t, fleet[0].admin, "fleet", key).Used >= 30
 		})
 		for _, in := range fleet {
-			waitFor(t, in.url+" to have charged what it kept", func() bool { return metricCount(t, in.admin, owed) == 0 })
+			wait.For(t, in.url+" to have charged what it kept", func() bool { return metricCount(t, in.admin, owed) == 0 })
 		}
 		for _, in := range fleet {
 			if code := get(t, in.url, key); code != http.StatusTooManyRequests {
@@ -702,7 +703,7 @@ func TestRedisFleetInstanceDiesHoldingLease(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, "the first instance to admit 100", func() bool { return dying.Load() >= 100 })
+	wait.For(t, "the first instance to admit 100", func() bool { return dying.Load() >= 100 })
 	if err := fleet[0].proc.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,6 +30,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/admin"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // This file holds what the integration tests share: the suite's address
@@ -174,15 +174,13 @@ func wholeCaddyfile(config string) string {
 	return globalOptions + config
 }
 
-// memorySweeper is the memory store's sweeper goroutine, which runs while
-// a config uses the store.
-const memorySweeper = "memory.(*counters).sweepLoop"
-
 // startCaddy loads config into the in-process Caddy, as reload does, with
 // fresh counters and no recorded events whatever ran before (also under
-// -count): it first loads a config with no site and waits until the last
-// config's sites have stopped listening and its memory store has been
-// torn down, so that no request of the test reaches them. It starts the
+// -count): it first loads a config with no site, which cleans up the last
+// config's modules before the load returns (the memory store's counters
+// go with the last config that uses them), and waits until the last
+// config's sites have stopped listening, which Caddy does in the
+// background, so that no request of the test reaches them. It starts the
 // in-process Caddy the first time. Tests that use it must not run in
 // parallel: there is one Caddy per test binary.
 func startCaddy(t *testing.T, config string) {
@@ -192,8 +190,8 @@ func startCaddy(t *testing.T, config string) {
 		t.Fatalf("starting the in-process Caddy: %v", err)
 	}
 	mustReload(t, globalOptions)
-	waitFor(t, "the last test's sites and memory store to go", func() bool {
-		return !listening(siteListen) && !listening(site2Listen) && goroutines(memorySweeper) == 0
+	wait.For(t, "the last test's sites to stop listening", func() bool {
+		return !listening(siteListen) && !listening(site2Listen)
 	})
 	recorded.Lock()
 	recorded.events, recorded.total = nil, 0
@@ -463,7 +461,7 @@ func setHeaders(req *http.Request, headers []string) {
 }
 
 // send runs exchange, which makes one request on a new connection, and
-// tries again, until waitBudget has passed, while the connection closes
+// tries again, until wait.Budget has passed, while the connection closes
 // before any response. That happens right after a config load: Caddy
 // stops the old server in the background, and each connection its
 // Accept takes meanwhile is closed unanswered (on a busy machine, several
@@ -472,13 +470,12 @@ func setHeaders(req *http.Request, headers []string) {
 func send(t testing.TB, exchange func() (*http.Response, error)) *http.Response {
 	t.Helper()
 	resp, err := exchange()
-	deadline := time.Now().Add(waitBudget)
-	for tries := 1; err != nil && closedUnanswered(err) && time.Now().Before(deadline); tries++ {
-		if tries == 1 {
-			t.Logf("connection closed unanswered (%v); trying again", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-		resp, err = exchange()
+	if err != nil && closedUnanswered(err) {
+		t.Logf("connection closed unanswered (%v); trying again", err)
+		wait.Within(wait.Budget, func() bool {
+			resp, err = exchange()
+			return err == nil || !closedUnanswered(err)
+		})
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -629,7 +626,7 @@ func topKeys(t *testing.T, zone, query string) topAnswer {
 // Caddy is done with a request, a moment after its client has the answer.
 func waitUsed(t *testing.T, base, zone, key string, want int64) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("zone %s key %s to hold %d units", zone, key, want), func() bool { return keyState(t, base, zone, key).Used == want })
+	wait.For(t, fmt.Sprintf("zone %s key %s to hold %d units", zone, key, want), func() bool { return keyState(t, base, zone, key).Used == want })
 }
 
 // metricValue reads one series from the /metrics of the admin endpoint at
@@ -653,27 +650,11 @@ func metricCount(t testing.TB, base, series string) int {
 	return n
 }
 
-// waitBudget is how long waitFor waits: the tests wait for events,
-// however long a busy machine makes them take, and only a broken build
-// takes this long.
-const waitBudget = 30 * time.Second
-
-// waitFor polls cond until it holds, and fails the test, saying what it
-// waited for, if that takes more than waitBudget.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(waitBudget); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitBudget, what)
-		}
-	}
-}
-
-// receive waits, as waitFor does, for a value from ch.
+// receive waits, as wait.For does, for a value from ch.
 func receive[T any](t testing.TB, what string, ch <-chan T) T {
 	t.Helper()
 	var v T
-	waitFor(t, what, func() bool {
+	wait.For(t, what, func() bool {
 		select {
 		case v = <-ch:
 			return true
@@ -692,19 +673,6 @@ func roomInWindow(window, room time.Duration) {
 	left := window - time.Duration(time.Now().UnixNano())%window
 	if left < room {
 		time.Sleep(left + 10*time.Millisecond)
-	}
-}
-
-// goroutines counts the goroutines of this process whose stack holds fn,
-// such as memorySweeper.
-func goroutines(fn string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Count(string(buf[:n]), fn+"(")
-		}
-		buf = make([]byte, 2*len(buf))
 	}
 }
 
@@ -729,7 +697,7 @@ func logLines(logFile string, parts ...string) []string {
 // parts.
 func waitForLog(t *testing.T, logFile string, n int, parts ...string) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d log lines with %q", n, parts), func() bool { return len(logLines(logFile, parts...)) >= n })
+	wait.For(t, fmt.Sprintf("%d log lines with %q", n, parts), func() bool { return len(logLines(logFile, parts...)) >= n })
 }
 
 // logEntries decodes the JSON log lines among lines (from logLines).
@@ -807,7 +775,7 @@ func (g *gate) releaseAll() { g.release.Do(func() { close(g.released) }) }
 // waitArrivals waits until n requests in all have reached the gate.
 func (g *gate) waitArrivals(t *testing.T, n int64) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d requests to reach the upstream", n), func() bool { return g.arrived.Load() >= n })
+	wait.For(t, fmt.Sprintf("%d requests to reach the upstream", n), func() bool { return g.arrived.Load() >= n })
 }
 
 // jittery is an upstream that answers each request after a random wait
@@ -863,7 +831,7 @@ func (j *jittery) releaseFirst() {
 func leakCheck(t *testing.T, j *jittery, urls []string, admin, zone, key string, whileHeld func()) {
 	t.Helper()
 	first := sendAll(context.Background(), urls[:1], 1, "X-Client: "+key)
-	waitFor(t, "the first request to reach the upstream", func() bool {
+	wait.For(t, "the first request to reach the upstream", func() bool {
 		select {
 		case <-j.firstIn:
 			return true
@@ -1033,7 +1001,7 @@ func startLoad(t *testing.T, workers int, key string) *load {
 func (l *load) progress(t *testing.T, n int64) {
 	t.Helper()
 	want := l.answered.Load() + n
-	waitFor(t, fmt.Sprintf("%d answers to the load", want), func() bool { return l.answered.Load() >= want })
+	wait.For(t, fmt.Sprintf("%d answers to the load", want), func() bool { return l.answered.Load() >= want })
 }
 
 // end stops the load and returns the answers by status and the number of

@@ -16,6 +16,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/internal/docs"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // This file tests count_status and ban as people use them: Caddy's
@@ -130,7 +131,7 @@ func testLogins(t *testing.T, fleet []instance) {
 	}
 	for _, in := range fleet {
 		// Another instance forgets its cached rejection within a second.
-		waitFor(t, "the right password to pass again at "+in.url, func() bool {
+		wait.For(t, "the right password to pass again at "+in.url, func() bool {
 			code, _ := attempt(t, in.url, "right")
 			return code == http.StatusOK
 		})
@@ -161,7 +162,7 @@ func testBanOutlastsTheWindow(t *testing.T, fleet []instance) {
 	// do it, but on a busy machine they may not fall within one 1s
 	// window.
 	i := 0
-	waitFor(t, "a wrong password to be banned", func() bool {
+	wait.For(t, "a wrong password to be banned", func() bool {
 		code, retryAfter := attempt(t, fleet[i%len(fleet)].url, "wrong")
 		i++
 		secs, _ := strconv.Atoi(retryAfter)

@@ -1,11 +1,12 @@
-// Package integration holds the integration tests: each starts Caddy, in
-// this process or as the built ./cmd/caddy, and sends it real HTTP
-// requests; those of the Redis store start their own redis-server
-// processes on free loopback ports, and those of the status page a
-// headless Chromium. Under -short the helpers that start Caddy (and
-// internal/redistest's, which start Redis) skip the test, leaving the
-// unit tests of the other packages. helpers_test.go holds what the tests
-// share, process_test.go what runs the built Caddy.
+// Package integration holds the tests that start processes: most start
+// Caddy, in this process or as the built ./cmd/caddy, and send it real
+// HTTP requests; those of the Redis store start their own redis-server
+// processes on free loopback ports, those of the status page a headless
+// Chromium, and the check of go.mod runs go list. Under -short the
+// helpers that start Caddy (and internal/redistest's, which start Redis)
+// skip the test, leaving the unit tests of the other packages.
+// helpers_test.go holds what the tests share, process_test.go what runs
+// the built Caddy.
 package integration
 
 import (

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 func TestMaxDelay(t *testing.T) {
@@ -151,7 +153,7 @@ func TestMaxDelay(t *testing.T) {
 		// the next is rejected at once (which takes nothing). Once the
 		// server has noticed the disconnect, the slot is free again and a
 		// request waits for the next window.
-		waitFor(t, "the walked-away request to free its slot", func() bool {
+		wait.For(t, "the walked-away request to free its slot", func() bool {
 			resp, _ = do(t, http.MethodGet, siteURL+"/")
 			return resp.StatusCode != http.StatusTooManyRequests
 		})
@@ -192,7 +194,7 @@ func TestMaxDelay(t *testing.T) {
 		// Its slot is free again once the server has noticed the client
 		// went away: then a request waits (until its client gives up)
 		// instead of being turned away.
-		waitFor(t, "the disconnected request to free its slot", func() bool {
+		wait.For(t, "the disconnected request to free its slot", func() bool {
 			return giveUp(t, siteURL+"/bounded", 300*time.Millisecond).err != nil // it waited: the slot was free
 		})
 	})

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // TestLogKeyPutsTheKeyInTheRejectionLog: mholt's log_key logs the key of
@@ -75,7 +76,7 @@ func TestDisableMetricsLeavesNoSeries(t *testing.T) {
 		// Into the next window, which rolls the key over and reports its
 		// usage.
 		first, _ := do(t, http.MethodGet, siteURL+path)
-		waitFor(t, "the next window", func() bool {
+		wait.For(t, "the next window", func() bool {
 			resp, _ := do(t, http.MethodGet, siteURL+path)
 			return resp.Header.Get("X-RateLimit-Reset") != first.Header.Get("X-RateLimit-Reset")
 		})
@@ -92,6 +93,56 @@ func TestDisableMetricsLeavesNoSeries(t *testing.T) {
 		if metricCount(t, adminURL, series) < 1 {
 			t.Fatalf("%s absent or 0 for the handler without disable_metrics", series)
 		}
+	}
+}
+
+// TestDisableMetricsReachesTheStore: disable_metrics also turns off the
+// series a store adds of its own: a Redis store's leases count in no
+// lease_units_total series for a handler with it, while a handler beside
+// it, leasing from the same server, is counted as usual.
+func TestDisableMetricsReachesTheStore(t *testing.T) {
+	s := redistest.Standalone(t)
+	store := redisStore("address " + s.URL() + "\nlease on")
+	startCaddy(t, fmt.Sprintf(`
+`+siteAddr+` {
+	route /quiet {
+		rate_limit {
+			disable_metrics
+			%[1]s
+			zone quiet_leases {
+				key hot
+				limit 1000000
+				window 1h
+			}
+		}
+		respond "quiet"
+	}
+	route /loud {
+		rate_limit {
+			%[1]s
+			zone loud_leases {
+				key hot
+				limit 1000000
+				window 1h
+			}
+		}
+		respond "loud"
+	}
+}
+`, store))
+	for range 200 {
+		for _, path := range []string{"/quiet", "/loud"} {
+			resp, _ := do(t, http.MethodGet, siteURL+path)
+			status(t, resp, http.StatusOK)
+		}
+	}
+	_, metrics := adminJSON(t, adminURL, http.MethodGet, "/metrics", "")
+	leases := linesWith(metrics, "caddy_http_rate_limit_lease_units_total{")
+	if quiet := linesWith(strings.Join(leases, ""), `zone="quiet_leases"`); len(quiet) != 0 {
+		t.Fatalf("lease series for quiet_leases despite disable_metrics:\n%s", strings.Join(quiet, ""))
+	}
+	if loud := linesWith(strings.Join(leases, ""), `zone="loud_leases"`); len(loud) == 0 {
+		t.Fatalf("no lease series for loud_leases, the handler without disable_metrics:\n%s", strings.Join(leases, ""))
 	}
 }
 
@@ -196,7 +247,7 @@ func testPeriodUsage(t *testing.T, zone, store string) {
 	resp, _ := do(t, http.MethodGet, siteURL+"/", "X-Client: u")
 	reset := resp.Header.Get("X-RateLimit-Reset")
 	used := 1
-	waitFor(t, "a request in the next window", func() bool {
+	wait.For(t, "a request in the next window", func() bool {
 		if metricCount(t, adminURL, count) != before {
 			t.Fatal("usage observed before the window was rolled")
 		}

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // This file runs the Caddy that users build, ./cmd/caddy compiled once per
@@ -77,7 +79,7 @@ func startProcess(t *testing.T, caddyfile, readyURL string, headers ...string) *
 			t.Logf("caddy output:\n%s", logs.String())
 		}
 	})
-	waitFor(t, "caddy to serve "+readyURL, func() bool {
+	wait.For(t, "caddy to serve "+readyURL, func() bool {
 		select {
 		case <-done:
 			t.Fatalf("caddy exited: %v\n%s", cmd.ProcessState, logs.String())

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // TestRedisStoreConfig loads Redis store configs as an operator would: bad
@@ -199,7 +200,7 @@ func TestRedisFailure(t *testing.T) {
 	recovered := func(t *testing.T, client string) {
 		t.Helper()
 		start := time.Now()
-		waitFor(t, "limiting to resume", func() bool { return get(t, siteURL+"/", client) == http.StatusTooManyRequests })
+		wait.For(t, "limiting to resume", func() bool { return get(t, siteURL+"/", client) == http.StatusTooManyRequests })
 		t.Logf("limiting resumed after %v", time.Since(start))
 	}
 
@@ -209,7 +210,7 @@ func TestRedisFailure(t *testing.T) {
 	if code := get(t, siteURL+"/", "a"); code != 200 {
 		t.Fatal(code)
 	}
-	waitFor(t, "key a to be limited", func() bool { return get(t, siteURL+"/", "a") == http.StatusTooManyRequests })
+	wait.For(t, "key a to be limited", func() bool { return get(t, siteURL+"/", "a") == http.StatusTooManyRequests })
 
 	t.Run("killed", func(t *testing.T) {
 		s.Kill()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 func TestReloadKeepsCounters(t *testing.T) {
@@ -40,36 +41,46 @@ func TestReloadKeepsCounters(t *testing.T) {
 	status(t, resp, http.StatusTooManyRequests)
 }
 
-// TestMemoryStoreStopsWhenUnused: the memory store's sweeper runs while a
-// config uses the store, survives a reload to another such config, and stops
-// once a reload leaves no config using it.
-func TestMemoryStoreStopsWhenUnused(t *testing.T) {
-	limited := `
-` + siteAddr + ` {
+// TestMemoryCountersGoWithTheLastConfig: the memory store's counters
+// outlive a reload to another config that uses the store, and go with the
+// last config that uses it: a key limited before is fresh once a config
+// uses the store again. (storage/memory's TestMemorySharedAcrossProvisions
+// shows its sweeper stopping then.)
+func TestMemoryCountersGoWithTheLastConfig(t *testing.T) {
+	limited := func(limit int, body string) string {
+		return fmt.Sprintf(`
+`+siteAddr+` {
 	rate_limit {
-		zone sweeper {
-			limit 5
+		zone last_config {
+			limit %d
 			window 1h
 		}
 	}
-	respond "%s"
+	respond %q
 }
-`
-	memorySweeperRunning := func() bool { return goroutines(memorySweeper) > 0 }
-	startCaddy(t, fmt.Sprintf(limited, "v1"))
-	if !memorySweeperRunning() {
-		t.Fatal("no sweeper while a config uses the memory store")
+`, limit, body)
 	}
-	if code, body := reload(t, fmt.Sprintf(limited, "v2")); code != http.StatusOK {
-		t.Fatalf("reload: %d %s", code, body)
+	served := func(want int, wantBody string) {
+		t.Helper()
+		resp, body := do(t, http.MethodGet, siteURL+"/")
+		if resp.StatusCode != want || want == http.StatusOK && body != wantBody {
+			t.Fatalf("%d %q, want %d %q", resp.StatusCode, body, want, wantBody)
+		}
 	}
-	if !memorySweeperRunning() {
-		t.Fatal("sweeper stopped across a reload that still uses the store")
-	}
-	if code, body := reload(t, siteAddr+" {\n\trespond \"plain\"\n}\n"); code != http.StatusOK {
-		t.Fatalf("reload: %d %s", code, body)
-	}
-	waitFor(t, "the sweeper to stop with no config using the memory store", func() bool { return !memorySweeperRunning() })
+	startCaddy(t, limited(1, "v1"))
+	served(http.StatusOK, "v1")
+	served(http.StatusTooManyRequests, "")
+
+	// A limit of 2 leaves the key one more request: the one v1 took is
+	// still counted.
+	mustReload(t, limited(2, "v2"))
+	served(http.StatusOK, "v2")
+	served(http.StatusTooManyRequests, "")
+
+	mustReload(t, siteAddr+" {\n\trespond \"plain\"\n}\n")
+	served(http.StatusOK, "plain")
+	mustReload(t, limited(1, "v3"))
+	served(http.StatusOK, "v3")
 }
 
 // TestRedisReloadsUnderLoad reloads, under load, between two configs that
@@ -129,7 +140,7 @@ func TestRedisReloadsUnderLoad(t *testing.T) {
 				t.Fatal(code, body)
 			}
 			get(t, siteURL+"/", "settle")
-			waitFor(t, fmt.Sprintf("the Redis connections (%d at the start) and the goroutines (%d) to come back", baseClients, baseGoroutines), func() bool {
+			wait.For(t, fmt.Sprintf("the Redis connections (%d at the start) and the goroutines (%d) to come back", baseClients, baseGoroutines), func() bool {
 				nc, _ := s.Clients("caddy-rate-limit")
 				return nc <= baseClients && runtime.NumGoroutine() <= baseGoroutines+2
 			})
@@ -173,7 +184,7 @@ func TestRedisReloads(t *testing.T) {
 		t.Fatalf("counter after %d reloads: %q %v, want %d: counts survive reloads", reloads, c, err, reloads)
 	}
 	var nc, ng int
-	waitFor(t, "the Redis clients and goroutines to come back", func() bool {
+	wait.For(t, "the Redis clients and goroutines to come back", func() bool {
 		nc, ng = clients(s), runtime.NumGoroutine()
 		return nc <= baseClients && ng <= baseGoroutines+2
 	})
@@ -185,7 +196,7 @@ func TestRedisReloads(t *testing.T) {
 		t.Fatal(code, body)
 	}
 	get(t, siteURL+"/", "moved")
-	waitFor(t, "the Redis connections to settle", func() bool { return clients(s) == 0 && clients(other) >= 1 })
+	wait.For(t, "the Redis connections to settle", func() bool { return clients(s) == 0 && clients(other) >= 1 })
 	if code, body := reload(t, `
 `+siteAddr+` {
 	respond "ok"
@@ -193,7 +204,7 @@ func TestRedisReloads(t *testing.T) {
 `); code != 200 {
 		t.Fatal(code, body)
 	}
-	waitFor(t, "the Redis connections to settle", func() bool { return clients(other) == 0 })
+	wait.For(t, "the Redis connections to settle", func() bool { return clients(other) == 0 })
 }
 
 // TestReloadLongerWindow: a reload that makes a zone's window longer

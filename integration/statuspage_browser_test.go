@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // TestStatusPageInBrowser loads the admin endpoint's status page in
@@ -186,7 +188,7 @@ func TestStatusPageOnAPhone(t *testing.T) {
 	s := startStatusSite(t)
 	s.saturate(t)
 	page := openDevTools(t, browser, strings.Replace(s.site, "http://", "http://ops:secret@", 1)+"/limits/", 360)
-	waitFor(t, "the page to show the shedder shedding", func() bool {
+	wait.For(t, "the page to show the shedder shedding", func() bool {
 		var shown bool
 		// Until the page loads, the tab shows about:blank.
 		page.eval(`(document.getElementById("status")?.textContent ?? "").startsWith("Updated") && document.querySelector("#shedders .shedding") !== null`, &shown)
@@ -260,7 +262,7 @@ func TestStatusPageOnAPhone(t *testing.T) {
 		document.getElementById("zones").firstElementChild.dataset.seen = "before the refresh";
 		return true;
 	})()`, new(bool))
-	waitFor(t, "the page to refresh", func() bool {
+	wait.For(t, "the page to refresh", func() bool {
 		var refreshed bool
 		page.eval(`document.querySelector("#zones [data-seen]") === null`, &refreshed)
 		return refreshed

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/d61b427a/caddy-rate-limit/shed"
 )
 
@@ -122,7 +123,7 @@ func (s statusSite) saturate(t *testing.T) {
 	t.Helper()
 	sendAll(context.Background(), []string{s.site + "/hold"}, 4, "X-Priority: critical", "X-Client: batch")
 	s.gate.waitArrivals(t, 4)
-	waitFor(t, "the shedder to shed", func() bool {
+	wait.For(t, "the shedder to shed", func() bool {
 		all := readAdmin[[]shed.Info](t, s.admin, "/rate_limit/shed")
 		return len(all) == 1 && all[0].Amount > 0
 	})

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // hostileAnswer is an answer an upstream a cost_from zone reads may send:
@@ -210,7 +211,7 @@ func TestCostFromHostileUpstream(t *testing.T) {
 					t.Fatalf("%s: Caddy's log holds a panic:\n%s", key, strings.Join(panics, ""))
 				}
 				// Admitted, its reservation in flight, then trued up.
-				waitFor(t, key+"'s response to be trued up", func() bool {
+				wait.For(t, key+"'s response to be trued up", func() bool {
 					r := keyState(t, adminURL, zoneName, key).Reserved
 					return metricCount(t, adminURL, allowed) == before+1 && r != nil && *r == 0
 				})

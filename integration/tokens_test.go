@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // This file tests zones that limit what responses cost (cost_from,
@@ -180,7 +181,7 @@ func waitTaken(t *testing.T, zone string, want int) { t.Helper(); waitTakenIn(t,
 
 func waitTakenIn(t *testing.T, zone, unit string, want int) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("zone %s to have taken %d %s", zone, want, unit), func() bool {
+	wait.For(t, fmt.Sprintf("zone %s to have taken %d %s", zone, want, unit), func() bool {
 		return metricCount(t, adminURL, costUnitsIn(zone, "taken", unit)) == want
 	})
 }
@@ -190,7 +191,7 @@ func waitTakenIn(t *testing.T, zone, unit string, want int) {
 func loggedCost(t *testing.T, accessLog, client string) string {
 	t.Helper()
 	var cost string
-	waitFor(t, "the access log line of "+client, func() bool {
+	wait.For(t, "the access log line of "+client, func() bool {
 		for _, e := range logEntries(logLines(accessLog)) {
 			if r, _ := e["request"].(map[string]any); r != nil && fmt.Sprint(r["headers"].(map[string]any)["X-Client"]) == "["+client+"]" {
 				cost = fmt.Sprint(e["cost"])
@@ -362,7 +363,7 @@ func testCostFromDebt(t *testing.T, store, zone string) {
 	resp, _ = do(t, http.MethodGet, siteURL+"/usage?n=1", "X-Client: heavy")
 	status(t, resp, http.StatusTooManyRequests)
 	hits := u.hits.Load()
-	waitFor(t, "the key's next window to admit it", func() bool {
+	wait.For(t, "the key's next window to admit it", func() bool {
 		resp, _ := do(t, http.MethodGet, siteURL+"/usage?n=1", "X-Client: heavy")
 		return resp.StatusCode == http.StatusOK
 	})
@@ -452,7 +453,7 @@ func testCostFromCountStatus(t *testing.T, store, zone string) {
 			reserve 100`))
 	resp, _ := do(t, http.MethodGet, siteURL+"/usage?n=40&status=500", "X-Client: failed")
 	status(t, resp, http.StatusInternalServerError)
-	waitFor(t, "the reservation of a failed response to be released", func() bool {
+	wait.For(t, "the reservation of a failed response to be released", func() bool {
 		return metricCount(t, adminURL, costUnits(zone, "released")) == 100
 	})
 	waitUsed(t, adminURL, zone, "failed", 0)
@@ -549,7 +550,7 @@ func TestCostFromInUnitsThroughCaddy(t *testing.T) {
 		status(t, resp, c.status)
 		if c.status == http.StatusOK {
 			// Counted once Caddy is done with the response.
-			waitFor(t, "the response's cost counted", func() bool {
+			wait.For(t, "the response's cost counted", func() bool {
 				return keyState(t, in.admin, zone, c.client).Used > 10
 			})
 		}
@@ -558,7 +559,7 @@ func TestCostFromInUnitsThroughCaddy(t *testing.T) {
 	// The probe that Caddy is up (/ready, no X-Client) is counted too,
 	// under its address, at its reservation: its answer shows no usage.
 	var a topAnswer
-	waitFor(t, "the top keys in units", func() bool {
+	wait.For(t, "the top keys in units", func() bool {
 		a = readAdmin[topAnswer](t, in.admin, "/rate_limit/zones/"+zone+"/top")
 		return len(a.Keys) >= 2 && a.Keys[1].Units == 50
 	})
@@ -730,7 +731,7 @@ func testReservedInFlight(t *testing.T, u *heldStream, via, shown instance) {
 	}
 	// The usage shows 12 completion tokens; the true-up follows the
 	// response.
-	waitFor(t, "the stream's true-up", func() bool {
+	wait.For(t, "the stream's true-up", func() bool {
 		info := keyState(t, shown.admin, zone, key)
 		return info.Used == 12 && info.Reserved != nil && *info.Reserved == 0
 	})

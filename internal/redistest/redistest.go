@@ -43,6 +43,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // Binaries returns the paths of redis-server and redis-cli. It skips t
@@ -218,21 +220,27 @@ func (s *Server) start() error {
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
 
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	exited, answered := false, false
+	wait.Within(10*time.Second, func() bool {
 		select {
 		case <-done:
-			return fmt.Errorf("redistest: redis-server on port %d exited at start; log: %s", s.Port, s.logTail())
+			exited = true
+			return true
 		default:
 		}
 		// A plain dial first, so go-redis does not log every refusal.
 		if c, err := net.DialTimeout("tcp", s.Addr, time.Second); err == nil {
 			c.Close()
-			if _, err := s.Do("PING"); err == nil {
-				return nil
-			}
+			_, err := s.Do("PING")
+			answered = err == nil
 		}
-		time.Sleep(20 * time.Millisecond)
+		return answered
+	})
+	switch {
+	case exited:
+		return fmt.Errorf("redistest: redis-server on port %d exited at start; log: %s", s.Port, s.logTail())
+	case answered:
+		return nil
 	}
 	s.Kill()
 	return fmt.Errorf("redistest: redis-server on port %d did not answer PING within 10s; log: %s", s.Port, s.logTail())
@@ -580,7 +588,7 @@ func startCluster(serverBin, cliBin, dir string, masters int, replicas bool) (*C
 		}
 		return true
 	}
-	if !poll(15*time.Second, ready) {
+	if !wait.Within(15*time.Second, ready) {
 		kill()
 		return nil, fmt.Errorf("redistest: cluster of %d nodes not ok, or a replica without its link, within 15s", len(servers))
 	}
@@ -678,7 +686,7 @@ func (c *Cluster) FailMaster(i int, timeout time.Duration) (promoted time.Durati
 		}
 		return true
 	}
-	if !poll(timeout, ready) {
+	if !wait.Within(timeout, ready) {
 		return 0, fmt.Errorf("redistest: replica %s not promoted with the cluster ok within %v of killing master %s", c.Replicas[i].Addr, timeout, c.Nodes[i].Addr)
 	}
 	return time.Since(killed), nil
@@ -711,7 +719,7 @@ func StartSentinel(bin, dir, name string) (*Sentinel, error) {
 		return nil, err
 	}
 	s := &Sentinel{Master: master, Sentinel: sentinel, Name: name}
-	if !poll(10*time.Second, func() bool { return sentinelNames(sentinel, name, master) }) {
+	if !wait.Within(10*time.Second, func() bool { return sentinelNames(sentinel, name, master) }) {
 		s.Kill()
 		return nil, fmt.Errorf("redistest: sentinel does not report master %s at %s", name, master.Addr)
 	}
@@ -729,17 +737,6 @@ func sentinelNames(sentinel *Server, name string, master *Server) bool {
 func (s *Server) linkUp() bool {
 	link, err := s.Info("replication", "master_link_status")
 	return err == nil && link == "up"
-}
-
-// poll calls ready until it holds, every 20 ms, for up to timeout, and
-// reports whether it held.
-func poll(timeout time.Duration, ready func() bool) bool {
-	for deadline := time.Now().Add(timeout); !ready(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
-	return true
 }
 
 // NewSentinel starts a master and a sentinel for test t, killed when t ends.
@@ -800,7 +797,7 @@ func StartSentinelGroup(bin, dir, name string) (*SentinelGroup, error) {
 		return nil, err
 	}
 	g := &SentinelGroup{Master: master, Replica: replica, Sentinel: sentinel, Name: name}
-	if !poll(20*time.Second, g.replicaKnown) {
+	if !wait.Within(20*time.Second, g.replicaKnown) {
 		g.Kill()
 		return nil, fmt.Errorf("redistest: sentinel does not know replica %s of %s online", replica.Addr, name)
 	}
@@ -848,7 +845,7 @@ func NewSentinelGroup(t testing.TB, name string) *SentinelGroup {
 func (g *SentinelGroup) Failover(timeout time.Duration) (promoted time.Duration, err error) {
 	g.Master.Kill()
 	killed := time.Now()
-	if !poll(timeout, func() bool { return sentinelNames(g.Sentinel, g.Name, g.Replica) && g.Replica.isMaster() }) {
+	if !wait.Within(timeout, func() bool { return sentinelNames(g.Sentinel, g.Name, g.Replica) && g.Replica.isMaster() }) {
 		return 0, fmt.Errorf("redistest: sentinel did not promote replica %s of %s within %v", g.Replica.Addr, g.Name, timeout)
 	}
 	return time.Since(killed), nil

@@ -50,18 +50,6 @@ func TestStore(t *testing.T) {
 	})
 }
 
-// waitUntil polls cond until it holds: tests wait for events, not for a
-// sleep to be long enough. The 20 s deadline is no bound on how long the
-// event may take, only a failure for one that never comes.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
-}
-
 // TestMemoryReleasedKeyForgotten: a concurrency key whose units all came
 // back is forgotten, not kept at zero.
 func TestMemoryReleasedKeyForgotten(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
 	"github.com/d61b427a/caddy-rate-limit/internal/threadtime"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -36,7 +37,7 @@ func TestMemorySweepInterval(t *testing.T) {
 		if got := sweepInterval(m); got != interval {
 			t.Fatalf("sweep interval in force %s, want the %s asked for", got, interval)
 		}
-		waitUntil(t, "the sweeper takes the new interval", func() bool { return len(m.counters.resweep) == 0 })
+		wait.For(t, "the sweeper takes the new interval", func() bool { return len(m.counters.resweep) == 0 })
 	}
 	expired := func(intervals ...time.Duration) *counters {
 		c, clock := newTestCounters(t, DefaultMaxKeys)
@@ -58,7 +59,7 @@ func TestMemorySweepInterval(t *testing.T) {
 		return c
 	}
 	short, hourly := expired(time.Hour, MinSweepInterval), expired(time.Hour)
-	waitUntil(t, "the sweeper empties the expired key's slot", func() bool { return short.len() == 0 })
+	wait.For(t, "the sweeper empties the expired key's slot", func() bool { return short.len() == 0 })
 	if n := hourly.len(); n != 1 {
 		t.Fatalf("%d keys in counters swept every hour, want the expired key held until their first sweep", n)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
 	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 	"github.com/d61b427a/caddy-rate-limit/storage/memory"
 )
@@ -96,7 +97,7 @@ func TestRedisBan(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []*Store{a, b} {
-		waitUntil(t, "the reset reaches every instance", func() bool { return redisTake(t, r, time.Time{}, req)[0].Allowed })
+		wait.For(t, "the reset reaches every instance", func() bool { return redisTake(t, r, time.Time{}, req)[0].Allowed })
 	}
 }
 
@@ -162,7 +163,7 @@ func TestRedisLeaseRelease(t *testing.T) {
 	if calls-before > 20 {
 		t.Fatalf("%d script calls for 500 requests and 450 releases, want few", calls-before)
 	}
-	waitUntil(t, "the leases to be released", func() bool { return leasedUnits(r) == 0 })
+	wait.For(t, "the leases to be released", func() bool { return leasedUnits(r) == 0 })
 	if n := counted(t, s, r, "lgb", "k"); n != 50 {
 		t.Fatalf("Redis counts %d, want the 50 kept", n)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -57,7 +58,7 @@ func TestRedisTagSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleted := time.Now()
-	waitUntil(t, "both instances to name key k with a new secret, the same", func() bool {
+	wait.For(t, "both instances to name key k with a new secret, the same", func() bool {
 		moved := restarted.counterKey("z", "k")
 		return moved != first && moved == b.counterKey("z", "k")
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/internal/promtest"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 	"github.com/d61b427a/caddy-rate-limit/internal/threadtime"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -119,7 +120,7 @@ func TestRedisLeaseTakesWithoutCalls(t *testing.T) {
 	}
 	// The units are released once the lease is unused, and Redis then
 	// counts exactly those taken.
-	waitUntil(t, "the untaken units to be released", func() bool { return counted(t, s, r, "z", "hot") == requests })
+	wait.For(t, "the untaken units to be released", func() bool { return counted(t, s, r, "z", "hot") == requests })
 	if n := leasedUnits(r); n != 0 {
 		t.Fatalf("%d units still leased", n)
 	}
@@ -334,7 +335,7 @@ func TestRedisLocalFallback(t *testing.T) {
 	if d := redisTake(t, r, time.Time{}, req)[0]; !d.Allowed || d.Used != 1 { // Redis answers again
 		t.Fatalf("Redis's first answer: %+v, want allowed, used 1", d)
 	}
-	waitUntil(t, "Redis counts the 10 admitted locally", func() bool {
+	wait.For(t, "Redis counts the 10 admitted locally", func() bool {
 		st, err := r.KeyState(context.Background(), "z", "k", algorithms.Rate{Window: time.Hour})
 		return err == nil && st.Counts.C == 11
 	})
@@ -349,7 +350,7 @@ func TestRedisLocalFallback(t *testing.T) {
 		takeLocal(quiet)
 	}
 	r.watcher().refresh()
-	waitUntil(t, "Redis counts the 3 admitted locally, charged by the refresh", func() bool {
+	wait.For(t, "Redis counts the 3 admitted locally, charged by the refresh", func() bool {
 		st, err := r.KeyState(context.Background(), "z", "quiet", algorithms.Rate{Window: time.Hour})
 		return err == nil && st.Counts.C == 3
 	})
@@ -555,7 +556,7 @@ func TestRedisLeaseHotKeyUnderFlood(t *testing.T) {
 	defer wg.Wait()
 	defer close(stop)
 	shard := r.client.leases.shard(r.counterKey(hot.Zone, hot.Key))
-	waitUntil(t, "the flood to fill the hot key's shard", func() bool {
+	wait.For(t, "the flood to fill the hot key's shard", func() bool {
 		shard.mu.Lock()
 		defer shard.mu.Unlock()
 		return len(shard.m) >= leaseShardRecords

@@ -31,6 +31,7 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
 	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 	"github.com/d61b427a/caddy-rate-limit/storage/storetest"
 )
@@ -101,18 +102,6 @@ func storeOn(r func() *Store, addresses ...string) storetest.NewStore {
 func TestStore(t *testing.T) {
 	s := redistest.Standalone(t)
 	storetest.Run(t, storeOn(func() *Store { return new(Store) }, s.URL()))
-}
-
-// waitUntil polls cond until it holds: tests wait for events, not for a
-// sleep to be long enough. The 20 s deadline is no bound on how long the
-// event may take, only a failure for one that never comes.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
 }
 
 // TestRedisScriptMatchesDecide compares the script's verdict and counts
@@ -439,7 +428,7 @@ func TestRedisExpiry(t *testing.T) {
 	if n := scriptCalls(t, s) - calls; n >= requests {
 		t.Fatalf("%d script calls for %d requests of one key, want fewer: leases", n, requests)
 	}
-	waitUntil(t, "the lease's untaken units to be released", func() bool { return counted(t, s, leased, "leased", "hot") == requests })
+	wait.For(t, "the lease's untaken units to be released", func() bool { return counted(t, s, leased, "leased", "hot") == requests })
 	// The instances announce themselves.
 	r.watcher().refresh()
 	leased.watcher().refresh()
@@ -820,7 +809,7 @@ func TestRedisTimeoutAndBreaker(t *testing.T) {
 	// cooldown has passed and its probe reached the server.
 	recovers := func(t *testing.T) {
 		t.Helper()
-		waitUntil(t, "decisions succeed again", func() bool {
+		wait.For(t, "decisions succeed again", func() bool {
 			_, err := take()
 			return err == nil
 		})
@@ -1457,7 +1446,7 @@ func TestRedisCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, s := range []*Store{r, b} {
-				waitUntil(t, "the reset reaches every instance", func() bool { return redisTake(t, s, time.Time{}, req)[0].Allowed })
+				wait.For(t, "the reset reaches every instance", func() bool { return redisTake(t, s, time.Time{}, req)[0].Allowed })
 			}
 		}
 	})
@@ -1670,7 +1659,7 @@ func TestRedisTakeAfterCleanup(t *testing.T) {
 	if n, err := s.Do("HGET", r.counterKey("z", "k"), "c"); err != nil || n != "2" {
 		t.Fatalf("counter %q (%v), want 2: every request is counted", n, err)
 	}
-	waitUntil(t, "no connection is left open after the last decision", func() bool { return open() == 0 })
+	wait.For(t, "no connection is left open after the last decision", func() bool { return open() == 0 })
 }
 
 // TestRedisCoalescedExact sends many concurrent requests for one key with
@@ -1727,7 +1716,7 @@ func TestRedisCoalescedCancel(t *testing.T) {
 	b := r.client.batcher(r.counterKey("z", "k"))
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		waitUntil(t, what, func() bool {
+		wait.For(t, what, func() bool {
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			return cond()
@@ -1820,11 +1809,11 @@ func TestRedisQueuedShareACall(t *testing.T) {
 			t.Cleanup(func() { _ = s.Resume() })
 			errs := make(chan error, n+1)
 			go func() { errs <- take() }()
-			waitUntil(t, "a call in flight", batcherIs(func() bool { return b.busy && len(b.waiting) == 0 }))
+			wait.For(t, "a call in flight", batcherIs(func() bool { return b.busy && len(b.waiting) == 0 }))
 			for range n {
 				go func() { errs <- take() }()
 			}
-			waitUntil(t, fmt.Sprintf("%d requests queued", n), batcherIs(func() bool { return len(b.waiting) == n }))
+			wait.For(t, fmt.Sprintf("%d requests queued", n), batcherIs(func() bool { return len(b.waiting) == n }))
 			if err := s.Resume(); err != nil {
 				t.Fatal(err)
 			}
@@ -2115,17 +2104,17 @@ func TestRedisSentRequestHeldUntilAnswered(t *testing.T) {
 		clear(gone.reqs) // as the handler's pool does once Take returns
 		goneDone <- res
 	}()
-	waitUntil(t, "the first request queues", queued(1))
+	wait.For(t, "the first request queues", queued(1))
 	staysDone := make(chan error, 1)
 	go func() { staysDone <- r.client.take(context.Background(), stays) }()
-	waitUntil(t, "the second request queues", queued(2))
+	wait.For(t, "the second request queues", queued(2))
 
 	// One call picks both up, as one entry, and waits for a paused Redis.
 	if err := s.Pause(); err != nil {
 		t.Fatal(err)
 	}
 	go b.drain(r.client.sendTakes)
-	waitUntil(t, "a call picks both up", func() bool {
+	wait.For(t, "a call picks both up", func() bool {
 		return gone.state.Load() == partSent && stays.state.Load() == partSent
 	})
 	cancel()

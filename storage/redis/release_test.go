@@ -11,6 +11,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -74,11 +75,11 @@ func TestRedisQueuedReleasesShareACall(t *testing.T) {
 				errs <- r.Release(context.Background(), []storage.Request{q}, []algorithms.Decision{d})
 			}
 			go release(0, decisions[0])
-			waitUntil(t, "a release call in flight", queueIs(func() bool { return q.busy && len(q.waiting) == 0 }))
+			wait.For(t, "a release call in flight", queueIs(func() bool { return q.busy && len(q.waiting) == 0 }))
 			for i, d := range decisions[1:] {
 				go release(i+1, d)
 			}
-			waitUntil(t, fmt.Sprintf("%d releases queued", n), queueIs(func() bool { return len(q.waiting) == n }))
+			wait.For(t, fmt.Sprintf("%d releases queued", n), queueIs(func() bool { return len(q.waiting) == n }))
 			if err := s.Resume(); err != nil {
 				t.Fatal(err)
 			}
@@ -94,7 +95,7 @@ func TestRedisQueuedReleasesShareACall(t *testing.T) {
 			if c, want := count(req.Key), strconv.Itoa((n+1)/2*2); c != want {
 				t.Errorf("Redis counts %s after every cost was settled, want %s", c, want)
 			}
-			waitUntil(t, "the queue idle", queueIs(func() bool { return !q.busy }))
+			wait.For(t, "the queue idle", queueIs(func() bool { return !q.busy }))
 		})
 	}
 }

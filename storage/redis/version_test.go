@@ -15,6 +15,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -77,7 +78,7 @@ func TestRedisVersionOfARealServer(t *testing.T) {
 	// Every new connection checks again, and the version is logged once
 	// per client, not per connection.
 	_ = c.rdb.Do(context.Background(), "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "no").Err()
-	waitUntil(t, "the client to connect again", func() bool { return c.checkServers(5*time.Second) == nil })
+	wait.For(t, "the client to connect again", func() bool { return c.checkServers(5*time.Second) == nil })
 	stats, err := s.CommandStats()
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/algorithms/vectors"
+	"github.com/d61b427a/caddy-rate-limit/internal/clocktest"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -66,36 +67,17 @@ func Run(t *testing.T, newStore NewStore) {
 		{"override", testOverride},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			clock := &clock{t: time.Now().Truncate(time.Minute).Add(time.Minute)}
-			c.run(t, &suite{Store: newStore(t, clock.now), clock: clock})
+			clock := clocktest.New(time.Now().Truncate(time.Minute).Add(time.Minute))
+			c.run(t, &suite{Store: newStore(t, clock.Now), clock: clock})
 		})
 	}
 }
 
-// clock is the suite's clock: it moves only when a subtest moves it.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
-
-func (c *clock) add(d time.Duration) { c.set(c.now().Add(d)) }
-
-// suite is one subtest's store and clock.
+// suite is one subtest's store and clock, which moves only when the
+// subtest moves it.
 type suite struct {
 	storage.Store
-	clock *clock
+	clock *clocktest.Clock
 }
 
 // take decides reqs, whose keys it bounds as the handler does, and fails
@@ -159,7 +141,7 @@ func (s *suite) resetKey(t *testing.T, zone, key string) {
 // testVectors plays the shared cases of every algorithm.
 func testVectors(t *testing.T, s *suite) {
 	vectors.Run(t, func(t *testing.T, now time.Time, vc vectors.Case, key string, cost int64) algorithms.Decision {
-		s.clock.set(now)
+		s.clock.Set(now)
 		return s.take(t, storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Wide: vc.Wide})[0]
 	})
 }
@@ -184,7 +166,7 @@ func testCalendarPeriods(t *testing.T, s *suite) {
 	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
 		zone := "calendar_" + string(alg)
 		req := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: rate, Cost: 1}
-		s.clock.set(midnight.Add(-time.Millisecond))
+		s.clock.Set(midnight.Add(-time.Millisecond))
 		for i := range 2 {
 			if d := s.take(t, req)[0]; !d.Allowed || !d.Reset.Equal(midnight) || d.Window != day.Index {
 				t.Fatalf("%s: request %d before midnight: %+v, want allowed in day %d, reset at %s", alg, i+1, d, day.Index, midnight)
@@ -197,7 +179,7 @@ func testCalendarPeriods(t *testing.T, s *suite) {
 		if c := s.keyStateIn(t, zone, "k", rate).Counts.Windows(); c.Window != day.Index || c.Current != 2 {
 			t.Fatalf("%s: the store keeps %+v, want 2 in day %d", alg, c, day.Index)
 		}
-		s.clock.set(midnight)
+		s.clock.Set(midnight)
 		d = s.take(t, req)[0]
 		switch {
 		case alg == algorithms.FixedWindow && (!d.Allowed || d.Remaining != 1 || d.Window != day.Index+1):
@@ -215,10 +197,10 @@ func testBanVectors(t *testing.T, s *suite) {
 		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Ban: vc.Ban, Releasable: true}
 	}
 	vectors.RunBans(t, func(t *testing.T, now time.Time, vc vectors.BanCase, key string, cost int64) algorithms.Decision {
-		s.clock.set(now)
+		s.clock.Set(now)
 		return s.take(t, req(vc, key, cost))[0]
 	}, func(t *testing.T, now time.Time, vc vectors.BanCase, key string, cost int64, d algorithms.Decision, kept bool) {
-		s.clock.set(now)
+		s.clock.Set(now)
 		q := req(vc, key, cost)
 		q.Counted = kept
 		s.release(t, []storage.Request{q}, []algorithms.Decision{d})
@@ -229,7 +211,7 @@ func testBanVectors(t *testing.T, s *suite) {
 // length admits more than its limit, whatever the traffic.
 func testNeverOver(t *testing.T, s *suite) {
 	vectors.NeverOver(t, func(key string, rate algorithms.Rate, a vectors.Arrival) algorithms.Decision {
-		s.clock.set(a.At)
+		s.clock.Set(a.At)
 		return s.take(t, storage.Request{Zone: "never_over", Key: key, Algorithm: algorithms.SlidingWindow, Rate: rate, Cost: a.Cost})[0]
 	})
 }
@@ -349,7 +331,7 @@ func testConcurrencyUnits(t *testing.T, s *suite) {
 		t.Fatalf("second: %+v", d)
 	}
 	c := req(1)
-	if d := s.take(t, c)[0]; d.Allowed || d.RetryAt.After(s.clock.now().Add(time.Second)) {
+	if d := s.take(t, c)[0]; d.Allowed || d.RetryAt.After(s.clock.Now().Add(time.Second)) {
 		t.Fatalf("third: %+v, want rejected with no retry instant ahead", d)
 	}
 	woken := s.Released()
@@ -379,7 +361,7 @@ func testConcurrencyUnits(t *testing.T, s *suite) {
 // off the window it was taken in, and a GCRA bucket refills by it.
 func testRelease(t *testing.T, s *suite) {
 	window := time.Minute
-	s.clock.set(s.clock.now().Truncate(window))
+	s.clock.Set(s.clock.Now().Truncate(window))
 	req := storage.Request{Zone: "gb", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 10, Window: window}, Cost: 3, Releasable: true}
 	counts := func() algorithms.WindowCounts {
 		t.Helper()
@@ -397,7 +379,7 @@ func testRelease(t *testing.T, s *suite) {
 	}
 	// In the next window, the first window's cost comes off the previous
 	// window.
-	s.clock.add(window)
+	s.clock.Add(window)
 	second := s.take(t, req)[0]
 	release(first)
 	if got := counts(); got.Previous != 0 || got.Current != 3 {
@@ -424,10 +406,10 @@ func testRelease(t *testing.T, s *suite) {
 // reset forgets it.
 func testRingRelease(t *testing.T, s *suite) {
 	window := time.Minute
-	s.clock.set(s.clock.now().Truncate(window))
+	s.clock.Set(s.clock.Now().Truncate(window))
 	req := storage.Request{Zone: "rg", Key: "k", Algorithm: algorithms.SlidingWindow, Rate: algorithms.Rate{Units: 2, Window: window, Buckets: 6}, Cost: 1}
 	first := s.take(t, req)[0]
-	s.clock.add(15 * time.Second) // a later sub-window
+	s.clock.Add(15 * time.Second) // a later sub-window
 	second := s.take(t, req)[0]
 	if d := s.take(t, req)[0]; d.Allowed {
 		t.Fatalf("third of two: %+v, want rejected", d)
@@ -454,10 +436,10 @@ func testTrueUpVectors(t *testing.T, s *suite) {
 		return storage.Request{Zone: "z", Key: key, Algorithm: vc.Algorithm, Rate: vc.Rate, Cost: cost, Releasable: true, Wide: vc.Wide}
 	}
 	vectors.RunTrueUps(t, func(t *testing.T, now time.Time, vc vectors.TrueUpCase, key string, cost int64) algorithms.Decision {
-		s.clock.set(now)
+		s.clock.Set(now)
 		return s.take(t, req(vc, key, cost))[0]
 	}, func(t *testing.T, now time.Time, vc vectors.TrueUpCase, key string, cost int64, d algorithms.Decision, actual int64) {
-		s.clock.set(now)
+		s.clock.Set(now)
 		q := req(vc, key, cost)
 		q.TrueUp, q.Actual = true, actual
 		s.release(t, []storage.Request{q}, []algorithms.Decision{d})
@@ -473,7 +455,7 @@ func testTrueUpVectors(t *testing.T, s *suite) {
 // the actual cost.
 func testTrueUp(t *testing.T, s *suite) {
 	window := time.Minute
-	s.clock.set(s.clock.now().Truncate(window))
+	s.clock.Set(s.clock.Now().Truncate(window))
 	trueUp := func(q storage.Request, d algorithms.Decision, actual int64) {
 		t.Helper()
 		q.TrueUp, q.Actual = true, actual
@@ -487,7 +469,7 @@ func testTrueUp(t *testing.T, s *suite) {
 	t.Run("releases_the_difference", func(t *testing.T) {
 		q := storage.Request{Zone: "less", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 10, Window: window}, Cost: 6, Releasable: true}
 		d := s.take(t, q)[0]
-		s.clock.add(window) // the reservation's window is now the previous one
+		s.clock.Add(window) // the reservation's window is now the previous one
 		trueUp(q, d, 2)
 		if got := counts("less"); got.Window != d.Window || got.Current != 2 {
 			t.Fatalf("counts %+v after a true-up of 6 to 2, want 2 in window %d", got, d.Window)
@@ -497,7 +479,7 @@ func testTrueUp(t *testing.T, s *suite) {
 	t.Run("debt_refuses_until_the_window_has_room", func(t *testing.T) {
 		q := storage.Request{Zone: "more", Key: "k", Algorithm: algorithms.FixedWindow, Rate: algorithms.Rate{Units: 10, Window: window}, Cost: 4, Releasable: true}
 		d := s.take(t, q)[0]
-		s.clock.add(window + time.Second) // trued up in the next window
+		s.clock.Add(window + time.Second) // trued up in the next window
 		trueUp(q, d, 14)
 		if got := counts("more"); got.Window != d.Window+1 || got.Current != 10 {
 			t.Fatalf("counts %+v after a true-up of 4 to 14 in the next window, want 10 in window %d", got, d.Window+1)
@@ -508,7 +490,7 @@ func testTrueUp(t *testing.T, s *suite) {
 		if d := s.take(t, one)[0]; d.Allowed || !d.RetryAt.Equal(end) {
 			t.Fatalf("after the debt: %+v, want refused until %s", d, end)
 		}
-		s.clock.set(end)
+		s.clock.Set(end)
 		if d := s.take(t, one)[0]; !d.Allowed {
 			t.Fatalf("in the window after the debt's: %+v, want allowed", d)
 		}
@@ -567,7 +549,7 @@ func testTrueUp(t *testing.T, s *suite) {
 // is refused as any, until the window has room, not for costs in flight.
 func testReservedInFlight(t *testing.T, s *suite) {
 	window := time.Minute
-	s.clock.set(s.clock.now().Truncate(window))
+	s.clock.Set(s.clock.Now().Truncate(window))
 	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail, algorithms.SlidingWindow, algorithms.GCRA} {
 		t.Run(string(alg), func(t *testing.T) {
 			zone := "reserved_" + string(alg)
@@ -598,7 +580,7 @@ func testReservedInFlight(t *testing.T, s *suite) {
 			}
 			over := q
 			over.Cost = 20
-			if d := s.take(t, over)[0]; d.Allowed || d.InFlight || !d.RetryAt.After(s.clock.now()) {
+			if d := s.take(t, over)[0]; d.Allowed || d.InFlight || !d.RetryAt.After(s.clock.Now()) {
 				t.Fatalf("a reservation of 20 beside 85: %+v, want refused until the window has room, not for costs in flight", d)
 			}
 			// A is trued up to 10; B's response showed no cost, and its
@@ -623,7 +605,7 @@ func testReservedInFlight(t *testing.T, s *suite) {
 // up to the override.
 func testWide(t *testing.T, s *suite) {
 	window := time.Hour
-	s.clock.set(s.clock.now().Truncate(window))
+	s.clock.Set(s.clock.Now().Truncate(window))
 	const (
 		reserved = 1<<62 + 3
 		actual   = 1<<53 + 1
@@ -687,7 +669,7 @@ func testWideCalendar(t *testing.T, s *suite) {
 	const reserved, actual = 1<<62 + 3, 1<<62 + 1<<53 + 1
 	for _, alg := range []algorithms.Algorithm{algorithms.FixedWindow, algorithms.SlidingTail} {
 		zone := "wide_calendar_" + string(alg)
-		s.clock.set(end.Add(-time.Minute))
+		s.clock.Set(end.Add(-time.Minute))
 		q := storage.Request{Zone: zone, Key: "k", Algorithm: alg, Rate: rate, Cost: reserved, Releasable: true, Reservation: true, Wide: true}
 		d := s.take(t, q)[0]
 		if !d.Allowed || d.Remaining != 2 || !d.Reset.Equal(end) || d.Window != month.Index {
@@ -703,7 +685,7 @@ func testWideCalendar(t *testing.T, s *suite) {
 		if d.Allowed || d.Remaining != 0 || alg == algorithms.FixedWindow && !d.RetryAt.Equal(end) || !d.RetryAt.After(end.Add(-time.Millisecond)) {
 			t.Fatalf("%s: one unit past the debt: %+v, want refused until the month's end or later", alg, d)
 		}
-		s.clock.set(end)
+		s.clock.Set(end)
 		whole := one
 		whole.Cost = rate.Units
 		d = s.take(t, whole)[0]
@@ -717,7 +699,7 @@ func testWideCalendar(t *testing.T, s *suite) {
 			t.Fatalf("%s: the whole limit at midnight on the 1st: %+v, want refused, February weighing whole", alg, d)
 		}
 		at := end.AddDate(0, 0, 10)
-		s.clock.set(at)
+		s.clock.Set(at)
 		room, _ := algorithms.Decide(alg, algorithms.WindowCounts{Window: month.Index, Current: actual}.Counts(), at, rate, 0)
 		one.Cost = room.Remaining + 1
 		if d := s.take(t, one)[0]; d.Allowed {
@@ -804,12 +786,12 @@ func testBan(t *testing.T, s *suite) {
 	req := loginRequest("k")
 	s.fail(t, req)
 	s.fail(t, req)
-	ends := s.clock.now().Add(time.Hour)
+	ends := s.clock.Now().Add(time.Hour)
 	d := s.fail(t, req)
 	if d.Allowed || !d.BanStarted || !d.BanEnds.Equal(ends) || !d.RetryAt.Equal(ends) {
 		t.Fatalf("third attempt: %+v, want a ban until %s", d, ends)
 	}
-	s.clock.add(30 * time.Minute) // the window is long over
+	s.clock.Add(30 * time.Minute) // the window is long over
 	if d := s.take(t, req)[0]; d.Allowed || d.BanStarted || !d.RetryAt.Equal(ends) || d.Remaining != 0 {
 		t.Fatalf("half an hour later: %+v, want still banned until %s", d, ends)
 	}
@@ -836,7 +818,7 @@ func testBan(t *testing.T, s *suite) {
 	if d := s.take(t, req)[0]; d.Allowed || d.BanEnds.IsZero() {
 		t.Fatalf("after three more failures: %+v, want banned again", d)
 	}
-	s.clock.add(time.Hour)
+	s.clock.Add(time.Hour)
 	if d := s.fail(t, req); !d.Allowed {
 		t.Fatalf("after the ban: %+v, want allowed", d)
 	}

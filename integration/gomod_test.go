@@ -1,4 +1,4 @@
-package ratelimit
+package integration
 
 import (
 	"go/version"
