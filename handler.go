@@ -300,10 +300,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	// Runs before the scratch goes back to the pool, and on every way
 	// out: a response, an error, a panic, a client gone.
-	defer h.release(r.Context(), s, rec, p)
+	defer h.finish(r.Context(), s, rec, p)
 	err = h.serveNext(w, r, next)
 	if rec != nil {
-		rec.finish(r, err)
+		rec.end(r, err)
 	}
 	return err
 }
@@ -317,7 +317,7 @@ func countTop(checks []zoneCheck, v verdict, rejected *zoneCheck) {
 		case !c.zone.meter.on:
 			c.zone.top.add(c.req.Key, 1, c == rejected)
 		case c == rejected:
-			// A cost_from zone counts units charged: none here.
+			// A cost_from zone counts units taken: none here.
 			c.zone.top.add(c.req.Key, 0, true)
 		case v == allowed && c.dryRunExceeded:
 			// Takes nothing: counted as the reservation it would have
@@ -325,8 +325,8 @@ func countTop(checks []zoneCheck, v verdict, rejected *zoneCheck) {
 			c.zone.top.add(c.req.Key, c.req.Cost, false)
 		}
 		// An allowed cost_from check is counted once its response is
-		// done, with what it was charged (release); one of a request
-		// another zone rejected was charged nothing.
+		// done, with what it finally took (finish); one of a request
+		// another zone rejected took nothing.
 	}
 }
 
@@ -389,21 +389,21 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 	return false
 }
 
-// release releases, once Caddy is done with the request, what checks
-// took and should not keep: the units of concurrency zones, and the cost
-// of zones that count only some statuses when the response's status, as
-// rec recorded it, is not one of them. A zone that reads costs from
+// finish ends, once Caddy is done with the request, the accounting of
+// what checks took. It releases what they should not keep: the units of
+// concurrency zones, and the cost of zones that count only some statuses
+// when the response's status, as rec recorded it, is not one of them. A zone that reads costs from
 // responses (cost_from) trues its reservation up to the cost the
 // response showed, if it showed one; else the reservation stands, and
 // its store is told so, to no longer hold it as in flight. A zone that
 // bans is told of a counted response too, for the same reason
 // (storage.Request.KeepsInFlight).
 // The client may be gone, so the request's context may be done: stores
-// release regardless (Store). A release that fails is a store error; a
+// finish regardless (Store). A Finish that fails is a store error; a
 // shared store then keeps what it counted until its hold or window ends.
 // The placeholders p, and the access log, get what the request finally
 // took (see placeholders.cost), and a cost_from zone's top keys count it.
-func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, p *placeholders) {
+func (h *Handler) finish(ctx context.Context, s *scratch, rec *statusRecorder, p *placeholders) {
 	q := &s.take
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
 	for i := range s.checks {
@@ -423,7 +423,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 			kept := req.Cost
 			if actual, ok := s.cost(m, c.price); ok {
 				req.TrueUp, req.Actual, kept = true, actual, actual
-				release, debt := req.Settle()
+				release, debt := req.Finishing()
 				m.units[costReleased].Add(float64(release))
 				m.units[costDebt].Add(float64(debt))
 			} else if req.KeepsInFlight() {
@@ -451,7 +451,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 	if len(q.reqs) == 0 {
 		return
 	}
-	if err := q.store.Release(ctx, q.reqs, q.decisions); err != nil {
+	if err := q.store.Finish(ctx, q.reqs, q.decisions); err != nil {
 		h.storeError(err)
 	}
 }

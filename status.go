@@ -81,7 +81,7 @@ type statusRecorder struct {
 	// statuses other than 101 Switching Protocols are informational, and
 	// the final status follows them.
 	written int
-	// status is the status the response ended with, set by finish; 0 if
+	// status is the status the response ended with, set by end; 0 if
 	// the next handler panicked.
 	status int
 }
@@ -110,12 +110,12 @@ func (w *statusRecorder) ReadFrom(r io.Reader) (int64, error) {
 	return w.ResponseWriterWrapper.ReadFrom(r)
 }
 
-// finish sets the status the response ended with, once the next handler
+// end sets the status the response ended with, once the next handler
 // returned err: the status written, if any; else the status an error
 // carries (basic_auth fails with one: 401), whether or not the client is
 // still there to read it; 499 if the client went away before any answer;
 // or the 200 that an empty response gets.
-func (w *statusRecorder) finish(r *http.Request, err error) {
+func (w *statusRecorder) end(r *http.Request, err error) {
 	carried := 0
 	if err != nil {
 		carried = carriedStatus(err)
@@ -145,7 +145,7 @@ func carriedStatus(err error) int {
 	return 0
 }
 
-// final is the status the request counts as: what finish recorded, or,
+// final is the status the request counts as: what end recorded, or,
 // if the next handler panicked before it could, the status written or
 // the 500 Caddy answers a panic with.
 func (w *statusRecorder) final() int {

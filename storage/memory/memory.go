@@ -170,15 +170,15 @@ func (m *Store) Refused(q storage.Request) (algorithms.Decision, bool) {
 	return m.counters.refused(q)
 }
 
-// Release implements storage.Store: it releases what Take took for
-// reqs, and wakes requests waiting for concurrency units.
-func (m *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
-	m.counters.release(reqs, decisions)
+// Finish implements storage.Store: it ends the accounting of what Take
+// took for reqs, and wakes requests waiting for concurrency units.
+func (m *Store) Finish(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
+	m.counters.finish(reqs, decisions)
 	return nil
 }
 
 // Released implements storage.Store: the channel is closed at the next
-// Release, the moment units are released.
+// Finish, the moment units may have been released.
 func (m *Store) Released() <-chan struct{} {
 	return m.counters.released.Wait()
 }
@@ -718,13 +718,13 @@ func slotFor[S any, P slotPtr[S]](s *shard, t *table[S, P], h uint64, bound int,
 	return t.add(h), false
 }
 
-// release settles what Take took for reqs, allowed with decisions
-// (storage.Request.Settle): it releases a concurrency request's units and
+// finish ends the accounting of what Take took for reqs, allowed with
+// decisions (storage.Request.Finishing): it releases a concurrency request's units and
 // another's cost (algorithms.Release), or the part of a reservation its
 // true-up does not keep, takes a true-up's debt (algorithms.Debt), and
 // ends the costs in flight of those it keeps them for, whatever stays. A concurrency key whose units are all released is forgotten;
 // other keys keep their expiry, unless a debt moves it later.
-func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decision) {
+func (c *counters) finish(reqs []storage.Request, decisions []algorithms.Decision) {
 	bound := int(c.maxPerShard.Load())
 	for i, r := range reqs {
 		h := c.keyHash(r.Zone, r.Key)
@@ -733,7 +733,7 @@ func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decisi
 		if r.KeepsInFlight() {
 			s.endInFlight(h, algorithms.InFlightWindow(r.Algorithm, decisions[i], r.Rate), r.Cost)
 		}
-		switch release, debt := r.Settle(); {
+		switch release, debt := r.Finishing(); {
 		case release > 0:
 			s.release(h, r, decisions[i], release)
 		case debt > 0:

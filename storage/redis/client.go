@@ -30,7 +30,7 @@ type client struct {
 	// batchers coalesce concurrent takes, and releases concurrent
 	// releases: one per cluster slot, or one for a single server.
 	batchers []slotQueue[*callPart]
-	releases []slotQueue[*releasePart]
+	finishes []slotQueue[*finishPart]
 	// released wakes the requests waiting for concurrency units that a
 	// config on this client released: every handler and config sharing
 	// the connections, across reloads, as the memory store's does.
@@ -74,11 +74,11 @@ func newClient(opts *goredis.UniversalOptions, logger *zap.Logger) *client {
 	// Every connection checks its server's version first.
 	withCheck := *opts
 	withCheck.OnConnect = (&versionCheck{logger: logger}).onConnect
-	c := &client{rdb: goredis.NewUniversalClient(&withCheck), batchers: make([]slotQueue[*callPart], 1), releases: make([]slotQueue[*releasePart], 1),
+	c := &client{rdb: goredis.NewUniversalClient(&withCheck), batchers: make([]slotQueue[*callPart], 1), finishes: make([]slotQueue[*finishPart], 1),
 		closed: make(chan struct{}), cluster: opts.IsClusterMode, logger: logger, now: time.Now}
 	if opts.IsClusterMode {
 		c.batchers = make([]slotQueue[*callPart], clusterSlots)
-		c.releases = make([]slotQueue[*releasePart], clusterSlots)
+		c.finishes = make([]slotQueue[*finishPart], clusterSlots)
 	}
 	c.denies.init()
 	return c

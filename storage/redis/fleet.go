@@ -109,9 +109,9 @@ func allAllowed(decisions []algorithms.Decision) bool {
 	return true
 }
 
-// Release implements storage.Store.
-func (s localStore) Release(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
-	return s.c.localMemory().Release(ctx, reqs, decisions)
+// Finish implements storage.Store.
+func (s localStore) Finish(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
+	return s.c.localMemory().Finish(ctx, reqs, decisions)
 }
 
 // Released implements storage.Store.
@@ -217,7 +217,7 @@ func (c *client) chargeOwed(owed []owedKey) {
 		parts, groups := c.slotParts(keys[:n], func(dst []any, i int) []any {
 			// No release, a debt against q's own limit, in no window of
 			// a decision: only the debt's arguments are read.
-			return appendReleaseArgs(dst, chunk[i].q, algorithms.Decision{}, 0, chunk[i].units, 0, now)
+			return appendFinishArgs(dst, chunk[i].q, algorithms.Decision{}, 0, chunk[i].units, 0, now)
 		})
 		for k, p := range parts {
 			// A Redis just back may still hand out connections that
@@ -225,7 +225,7 @@ func (c *client) chargeOwed(owed []owedKey) {
 			// tried again until the deadline.
 			err := errChargeLate
 			for time.Now().Before(deadline) {
-				if err = c.release(p, chargeTimeout); err == nil {
+				if err = c.finish(p, chargeTimeout); err == nil {
 					break
 				}
 				time.Sleep(chargeRetry)

@@ -402,7 +402,7 @@ func TestRedisExpiry(t *testing.T) {
 		t.Fatalf("key state of a reservation: %+v (%v), want 10 in flight", st, err)
 	}
 	reserved.TrueUp, reserved.Actual = true, 500
-	if err := r.Release(ctx, []storage.Request{reserved}, d); err != nil {
+	if err := r.Finish(ctx, []storage.Request{reserved}, d); err != nil {
 		t.Fatal(err)
 	}
 	// A debt on a key whose hash is gone (its request outlived the
@@ -414,7 +414,7 @@ func TestRedisExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	outlived.TrueUp = true
-	if err := r.Release(ctx, []storage.Request{outlived}, d); err != nil {
+	if err := r.Finish(ctx, []storage.Request{outlived}, d); err != nil {
 		t.Fatal(err)
 	}
 	// A lease, taken by a key's requests after its first, and released
@@ -611,25 +611,25 @@ func TestTakeScriptLayout(t *testing.T) {
 	}
 }
 
-// TestReleaseScriptLayout: the release script reads each key's arguments
+// TestFinishScriptLayout: the finish script reads each key's arguments
 // at the offsets the store writes them at.
-func TestReleaseScriptLayout(t *testing.T) {
+func TestFinishScriptLayout(t *testing.T) {
 	want := map[string]int{
-		"ARG_ALG":      relAlgorithm,
-		"ARG_AT":       relAt,
-		"ARG_UNITS":    relUnits,
-		"ARG_HOLDER":   relHolder,
-		"ARG_LIMIT":    relLimit,
-		"ARG_IW":       relInFlightWindow,
-		"ARG_IC":       relInFlightCost,
-		"ARG_DEBT":     relDebt,
-		"ARG_WINDOW":   relWindow,
-		"ARG_EXTRA":    relExtra,
-		"ARG_NOW":      relNow,
-		"RELEASE_ARGS": releaseArgs,
+		"ARG_ALG":     finAlgorithm,
+		"ARG_AT":      finAt,
+		"ARG_UNITS":   finUnits,
+		"ARG_HOLDER":  finHolder,
+		"ARG_LIMIT":   finLimit,
+		"ARG_IW":      finInFlightWindow,
+		"ARG_IC":      finInFlightCost,
+		"ARG_DEBT":    finDebt,
+		"ARG_WINDOW":  finWindow,
+		"ARG_EXTRA":   finExtra,
+		"ARG_NOW":     finNow,
+		"FINISH_ARGS": finishArgs,
 	}
-	if got := scriptLayout(t, releaseSource, "ARG|RELEASE"); !maps.Equal(got, want) {
-		t.Fatalf("the release script's layout is %v, the store's %v", got, want)
+	if got := scriptLayout(t, finishSource, "ARG|FINISH"); !maps.Equal(got, want) {
+		t.Fatalf("the finish script's layout is %v, the store's %v", got, want)
 	}
 }
 

@@ -223,7 +223,7 @@ func hashTag(key string) string {
 func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64) error {
 	groups := tagGroups(keys)
 
-	var releases []*releasePart
+	var releases []*finishPart
 	rejected := false
 	var firstErr error
 	for gi, g := range groups {
@@ -256,11 +256,11 @@ func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *clien
 			continue
 		}
 		if !rejected {
-			args := make([]any, 0, releaseArgs*len(gReqs))
+			args := make([]any, 0, finishArgs*len(gReqs))
 			for j, q := range gReqs {
-				args = appendReleaseArgs(args, q, gDec[j], q.Cost, 0, 0, time.Time{})
+				args = appendFinishArgs(args, q, gDec[j], q.Cost, 0, 0, time.Time{})
 			}
-			releases = append(releases, &releasePart{keys: gKeys, args: args})
+			releases = append(releases, &finishPart{keys: gKeys, args: args})
 		}
 	}
 	if !rejected && firstErr == nil {
@@ -269,7 +269,7 @@ func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *clien
 	// Undo the takes with a fresh budget: the decision's own timeout may
 	// be what ended it.
 	for _, p := range releases {
-		if err := c.release(p, time.Duration(r.Timeout)); err != nil {
+		if err := c.finish(p, time.Duration(r.Timeout)); err != nil {
 			if n, ok := c.releaseLog.Allow(time.Now()); ok {
 				r.logger.Error("releasing a request rejected in another cluster slot failed; what it took stays",
 					zap.Int("zones", len(p.keys)), zap.Error(err), zap.Int64("failures_since_last_log", n))
@@ -438,10 +438,10 @@ func takesUnits(reqs []storage.Request) bool {
 	return false
 }
 
-// Release implements storage.Store: each concurrency request leaves its
-// key's holders, and each other request is settled (storage.Request.Settle):
+// Finish implements storage.Store: each concurrency request leaves its
+// key's holders, and each other request is finished (storage.Request.Finishing):
 // its cost, or what its true-up does not keep of it, is released, or its
-// true-up's debt taken past the limit (release.lua), in one script call
+// true-up's debt taken past the limit (finish.lua), in one script call
 // for all of them (one per hash tag on a cluster), atomic in its slot and
 // shared with the releases of concurrent requests. A request the script
 // finds no longer holding (its hold ended) is released already. With
@@ -449,9 +449,9 @@ func takesUnits(reqs []storage.Request) bool {
 // the same window, is released into the lease instead, without a call:
 // the lease has it taken again or releases it with its other units. A
 // cost kept in flight (a reservation, which takes no lease) is always
-// settled in Redis, where its time in flight ends.
+// finished in Redis, where its time in flight ends.
 // The store's timeout bounds each call, whether or not ctx has ended.
-func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
+func (r *Store) Finish(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	// The leases are the acquired client's, as for Take: a reloaded
 	// config's own client may be closed, its leases no longer released.
 	c, own, err := r.acquire()
@@ -461,16 +461,16 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 	defer r.end(own)
 	var names *keyNames
 	var keys []string
-	var held []settling
+	var held []toFinish
 	now := r.now()
 	var clock int64
 	if r.scriptClock != nil {
 		clock = r.scriptClock().UnixMilli()
 	}
 	for i, q := range reqs {
-		release, debt := q.Settle()
+		release, debt := q.Finishing()
 		if release == 0 && debt == 0 && !q.KeepsInFlight() && q.Algorithm != algorithms.Concurrency {
-			continue // the cost stays whole: nothing to settle
+			continue // the cost stays whole: nothing to finish
 		}
 		if names == nil {
 			if names, err = r.keyNames(context.Background(), c); err != nil {
@@ -483,31 +483,31 @@ func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []a
 			continue
 		}
 		keys = append(keys, key)
-		held = append(held, settling{q, decisions[i], release, debt})
+		held = append(held, toFinish{q, decisions[i], release, debt})
 	}
 	if len(keys) == 0 {
 		return nil
 	}
-	// The request's client may be gone; what it took is settled anyway,
-	// in a call shared with the releases of other requests (see
-	// release.go). A slot that fails does not keep the others'.
+	// The request's client may be gone; what it took is finished anyway,
+	// in a call shared with the finishes of other requests (see
+	// finish.go). A slot that fails does not keep the others'.
 	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
 		h := &held[i]
-		return appendReleaseArgs(dst, h.q, h.d, h.release, h.debt, clock, now)
+		return appendFinishArgs(dst, h.q, h.d, h.release, h.debt, clock, now)
 	})
 	var failed error
 	for k, p := range parts {
-		if err := c.release(p, time.Duration(r.Timeout)); err != nil && failed == nil {
-			failed = fmt.Errorf("redis: releasing zone %q: %w", held[groups[k][0]].q.Zone, err)
+		if err := c.finish(p, time.Duration(r.Timeout)); err != nil && failed == nil {
+			failed = fmt.Errorf("redis: finishing zone %q: %w", held[groups[k][0]].q.Zone, err)
 		}
 	}
 	c.released.Signal()
 	return failed
 }
 
-// settling is a request Release sends to Redis: q, allowed with d, and
+// toFinish is a request Finish sends to Redis: q, allowed with d, and
 // the units to release or take past the limit there.
-type settling struct {
+type toFinish struct {
 	q             storage.Request
 	d             algorithms.Decision
 	release, debt int64
@@ -521,23 +521,23 @@ func (r *Store) Released() <-chan struct{} {
 }
 
 var (
-	//go:embed scripts/take*.lua scripts/release.lua
+	//go:embed scripts/take*.lua scripts/finish.lua
 	scriptPieces embed.FS
 
-	takeSource    = joinPieces(scriptPieces, takeOrder)
-	takeScript    = goredis.NewScript(takeSource)
-	releaseSource = joinPieces(scriptPieces, releaseOrder)
-	releaseScript = goredis.NewScript(releaseSource)
+	takeSource   = joinPieces(scriptPieces, takeOrder)
+	takeScript   = goredis.NewScript(takeSource)
+	finishSource = joinPieces(scriptPieces, finishOrder)
+	finishScript = goredis.NewScript(finishSource)
 )
 
-// releaseOrder lists the pieces of the release script: the arithmetic, the
+// finishOrder lists the pieces of the finish script: the arithmetic, the
 // periods and the ring roll it shares with the take script, then its own
-// (see scripts/release.lua).
-var releaseOrder = []string{
+// (see scripts/finish.lua).
+var finishOrder = []string{
 	"scripts/take_arith.lua",
 	"scripts/take_period.lua",
 	"scripts/take_ring.lua",
-	"scripts/release.lua",
+	"scripts/finish.lua",
 }
 
 // takeOrder lists the pieces of the take script in the order they are

@@ -1,20 +1,20 @@
--- release.lua settles what take.lua took: it releases a request taken in
--- some cluster slots and then rejected in another, a concurrency request
+-- finish.lua ends the accounting of what take.lua took: it releases a
+-- request taken in some cluster slots and then rejected in another, a concurrency request
 -- that is done with its units, a request whose response a count_status
 -- zone does not count, and what a true-up does not keep of a reservation;
--- and it takes a true-up's debt past the limit (storage.Request.Settle).
+-- and it takes a true-up's debt past the limit (storage.Request.Finishing).
 -- And it ends a request's cost in flight, for a zone that keeps them,
 -- whatever stays. It runs atomically in one slot, like the take it
--- settles.
+-- finishes.
 --
--- The release script is take_arith.lua (exact integer arithmetic),
+-- The finish script is take_arith.lua (exact integer arithmetic),
 -- take_period.lua (which window of a zone holds an instant), take_ring.lua
 -- (the roll of a sliding window's ring) and this file after them, joined
--- by the store (releaseOrder) into one script.
+-- by the store (finishOrder) into one script.
 --
 -- KEYS     the counters of each zone and key (see take.lua), a
 --          concurrency zone's followed by its holders' set.
--- ARGV     RELEASE_ARGS per zone, at the offsets ARG_* below.
+-- ARGV     FINISH_ARGS per zone, at the offsets ARG_* below.
 --
 -- Released, windowed: a take still in the current window comes off c;
 -- one that has since become the previous window comes off p; an older
@@ -63,7 +63,7 @@
 -- drive the shared vectors with it). The store's Go code mirrors these
 -- offsets (rel*).
 local ARG_ALG, ARG_AT, ARG_UNITS, ARG_HOLDER, ARG_LIMIT, ARG_IW, ARG_IC, ARG_DEBT, ARG_WINDOW, ARG_EXTRA, ARG_NOW = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
-local RELEASE_ARGS = 11
+local FINISH_ARGS = 11
 
 -- clockOf returns the time a zone's ARG_NOW names, in ms: the server's
 -- clock, read once a call, if it is "".
@@ -211,7 +211,7 @@ local function debt(key, alg, units, limit, period, extra, now)
 end
 
 local k = 0
-for a = 1, #ARGV, RELEASE_ARGS do
+for a = 1, #ARGV, FINISH_ARGS do
   local alg, x = ARGV[a + ARG_ALG], tonumber(ARGV[a + ARG_AT])
   -- A wide zone's units, costs and limit stay strings.
   local count = WIDE[alg] and tostring or tonumber
