@@ -20,7 +20,7 @@ import (
 // count is then at most error more than the truth, and a key counted more
 // than error is certain to be tracked. A count is of requests, one each,
 // or, in a zone that reads what responses cost (cost_from), of the units
-// each request was charged: the summary adds up weights, and the bounds
+// each request took: the summary adds up weights, and the bounds
 // hold alike.
 //
 // A zone's requests come from every CPU at once, so the summary is split
@@ -134,7 +134,7 @@ func newTopKeys(period time.Duration) *topKeys {
 }
 
 // add counts a request of key, rejected or not, as n: 1, or the units
-// it was charged.
+// it took.
 func (t *topKeys) add(key string, n int64, rejected bool) {
 	h := maphash.String(topSeed, key)
 	s := &t.shards[h%topShards]

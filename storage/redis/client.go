@@ -51,15 +51,16 @@ type client struct {
 	leases  leaseTable
 	leasing sync.Once
 	// local is the fallback of on_store_error local; localUsed tells
-	// that owed holds what it admitted, not yet charged to Redis. mirrors tells that a
+	// that owed holds what it admitted, not yet taken in Redis (the
+	// catch-up). mirrors tells that a
 	// handler has the fallback, so that what Redis admits is counted in
 	// it too; it stays on for the client's life, across reloads that
 	// drop the fallback (a memory take a zone, until the client closes).
-	local     local
-	localUsed atomic.Bool
-	owed      owedTable
-	charging  atomic.Bool // a chargeOwed runs
-	mirrors   atomic.Bool
+	local      local
+	localUsed  atomic.Bool
+	owed       owedTable
+	catchingUp atomic.Bool // a catchUp runs
+	mirrors    atomic.Bool
 
 	cluster bool
 	logger  *zap.Logger

@@ -106,7 +106,7 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	}
 	c.breaker.done(nil, true, now)
 	if owed := c.answered(); owed != nil {
-		go c.chargeOwed(owed)
+		go c.catchUp(owed)
 	}
 	c.mirror(reqs, decisions)
 	if leases != nil {
