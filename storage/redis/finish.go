@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
@@ -188,4 +189,86 @@ func (c *client) sendFinishes(batch []*finishPart, timeout time.Duration) {
 		p.err = err
 		close(p.done)
 	}
+}
+
+// Finish implements storage.Store: each concurrency request leaves its
+// key's holders, and each other request is finished (storage.Request.Finishing):
+// its cost, or what its true-up does not keep of it, is released, or its
+// true-up's debt taken past the limit (finish.lua), in one script call
+// for all of them (one per hash tag on a cluster), atomic in its slot and
+// shared with the releases of concurrent requests. A request the script
+// finds no longer holding (its hold ended) is released already. With
+// leases, a windowed cost this instance holds a lease of its key for, in
+// the same window, is released into the lease instead, without a call:
+// the lease has it taken again or releases it with its other units. A
+// cost kept in flight (a reservation, which takes no lease) is always
+// finished in Redis, where its time in flight ends.
+// The store's timeout bounds each call, whether or not ctx has ended.
+func (r *Store) Finish(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
+	// The leases are the acquired client's, as for Take: a reloaded
+	// config's own client may be closed, its leases no longer released.
+	c, own, err := r.acquire()
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	defer r.end(own)
+	var names *keyNames
+	var keys []string
+	var held []toFinish
+	now := r.now()
+	var clock int64
+	if r.scriptClock != nil {
+		clock = r.scriptClock().UnixMilli()
+	}
+	for i, q := range reqs {
+		release, debt := q.Finishing()
+		if release == 0 && debt == 0 && !q.KeepsInFlight() && q.Algorithm != algorithms.Concurrency {
+			continue // the cost stays whole: nothing to finish
+		}
+		if names == nil {
+			if names, err = r.keyNames(context.Background(), c); err != nil {
+				return fmt.Errorf("redis: %w", err)
+			}
+		}
+		key := names.counter(q.Zone, q.Key)
+		// A cost in flight ends in Redis, where it is kept.
+		if r.Lease && !q.KeepsInFlight() && release > 0 && c.leases.release(key, q, decisions[i], release, now) {
+			continue
+		}
+		keys = append(keys, key)
+		held = append(held, toFinish{q, decisions[i], release, debt})
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	// The request's client may be gone; what it took is finished anyway,
+	// in a call shared with the finishes of other requests (see
+	// finish.go). A slot that fails does not keep the others'.
+	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
+		h := &held[i]
+		return appendFinishArgs(dst, h.q, h.d, h.release, h.debt, clock, now)
+	})
+	var failed error
+	for k, p := range parts {
+		if err := c.finish(p, time.Duration(r.Timeout)); err != nil && failed == nil {
+			failed = fmt.Errorf("redis: finishing zone %q: %w", held[groups[k][0]].q.Zone, err)
+		}
+	}
+	c.released.Signal()
+	return failed
+}
+
+// toFinish is a request Finish sends to Redis: q, allowed with d, and
+// the units to release or take past the limit there.
+type toFinish struct {
+	q             storage.Request
+	d             algorithms.Decision
+	release, debt int64
+}
+
+// Released implements storage.Store: closed at the next release by this
+// instance. Releases by other instances and ended holds are seen only by
+// trying again.
+func (r *Store) Released() <-chan struct{} {
+	return r.client.released.Wait()
 }

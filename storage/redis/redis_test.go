@@ -126,7 +126,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 		}
 		want, _ := algorithms.Decide(alg, stored, now, l, cost)
 		got := make([]algorithms.Decision, 1)
-		if err := r.runTake(context.Background(), time.Now().Add(10*time.Second), r.client, []string{key}, []storage.Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, got, now.UnixMilli(), false, nil); err != nil {
+		if err := r.runTake(context.Background(), takeCall{c: r.client, deadline: time.Now().Add(10 * time.Second), clock: now.UnixMilli(), keys: []string{key}, reqs: []storage.Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, decisions: got}, false); err != nil {
 			t.Fatal(err)
 		}
 		if got[0] != want {
@@ -552,18 +552,21 @@ func TestRedisTakeScriptLoadedOnce(t *testing.T) {
 	}
 }
 
-// TestTakeScriptPieces: the take script is every piece of it, joined in
-// the order its head lists them, each once.
+// TestTakeScriptPieces: the take script is every take*.lua piece and
+// the pieces it shares with the finish script (all the finish script's
+// but finish.lua), joined in the order its head lists them, each once.
 func TestTakeScriptPieces(t *testing.T) {
-	files, err := fs.Glob(scriptPieces, "scripts/take*.lua")
+	own, err := fs.Glob(scriptPieces, "scripts/take*.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := slices.Sorted(slices.Values(takeOrder)), files; !slices.Equal(got, want) {
+	shared := finishOrder[:len(finishOrder)-1]
+	want := slices.Sorted(slices.Values(append(own, shared...)))
+	if got := slices.Sorted(slices.Values(takeOrder)); !slices.Equal(got, want) {
 		t.Fatalf("takeOrder has %q, want each of %q once", got, want)
 	}
 	var listed []string
-	for _, m := range regexp.MustCompile(`(?m)^--   (take\S*\.lua)`).FindAllStringSubmatch(takeSource, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^--   (\S+\.lua)`).FindAllStringSubmatch(takeSource, -1) {
 		listed = append(listed, "scripts/"+m[1])
 	}
 	if !slices.Equal(listed, takeOrder) {

@@ -2,10 +2,8 @@ package redis
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math"
 	"slices"
 	"strings"
@@ -18,9 +16,11 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// This file is the Redis store's take protocol: the take and release
-// scripts, and how zones in different cluster slots are taken all or
-// nothing. How keys are named is in keys.go.
+// This file is the Redis store's take protocol: the calls of the take
+// script, and how zones in different cluster slots are taken all or
+// nothing. How keys are named is in keys.go, how the scripts are
+// assembled in scripts.go, the end of a request's accounting in
+// finish.go.
 
 // Take implements storage.Store.
 func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
@@ -89,7 +89,7 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 			leases = &leaseAnswer{wants: wants}
 		}
 	}
-	err = r.takeAll(base, deadline, c, keys, reqs, decisions, clock, leases)
+	err = r.takeAll(base, takeCall{c: c, deadline: deadline, clock: clock, keys: keys, reqs: reqs, decisions: decisions, leases: leases})
 	now = r.now()
 	if err != nil {
 		if leases != nil {
@@ -160,16 +160,30 @@ func failureCounts(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && !errors.Is(err, goredis.ErrPoolTimeout)
 }
 
-// takeAll runs the take script over reqs. On one server or a sentinel's
-// master that is one call for all zones. On a cluster, zones whose keys
-// lie in different slots are decided one group of keys at a time; see
-// takeSlotGroups. A call that wants leases (leases not nil) is one call:
-// its keys share a slot.
-func (r *Store) takeAll(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
-	if !r.Cluster || sameTag(keys) {
-		return r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true, leases)
+// takeCall is what one Take asks of the take script: the client that
+// calls it, the deadline of its answer, the script's clock (0 for the
+// server's), the requests with their keys and the decisions to fill,
+// and the leases it wants (nil for none).
+type takeCall struct {
+	c         *client
+	deadline  time.Time
+	clock     int64
+	keys      []string
+	reqs      []storage.Request
+	decisions []algorithms.Decision
+	leases    *leaseAnswer
+}
+
+// takeAll runs the take script over t's requests. On one server or a
+// sentinel's master that is one call for all zones. On a cluster, zones
+// whose keys lie in different slots are decided one group of keys at a
+// time; see takeSlotGroups. A call that wants leases (t.leases not nil)
+// is one call: its keys share a slot.
+func (r *Store) takeAll(ctx context.Context, t takeCall) error {
+	if !r.Cluster || sameTag(t.keys) {
+		return r.runTake(ctx, t, true)
 	}
-	return r.takeSlotGroups(ctx, deadline, c, keys, reqs, decisions, clock)
+	return r.takeSlotGroups(ctx, t)
 }
 
 // sameTag reports whether all keys share one hash tag, and so one slot.
@@ -220,7 +234,8 @@ func hashTag(key string) string {
 // cannot be reached is reported as not rejecting, and a release that
 // fails is logged and leaves its take in place (counting too much, never
 // too little).
-func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64) error {
+func (r *Store) takeSlotGroups(ctx context.Context, t takeCall) error {
+	c, keys, reqs, decisions := t.c, t.keys, t.reqs, t.decisions
 	groups := tagGroups(keys)
 
 	var releases []*finishPart
@@ -233,7 +248,9 @@ func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *clien
 		for j, i := range g {
 			gKeys[j], gReqs[j] = keys[i], reqs[i]
 		}
-		err := r.runTake(ctx, deadline, c, gKeys, gReqs, gDec, clock, !rejected, nil)
+		group := t
+		group.keys, group.reqs, group.decisions, group.leases = gKeys, gReqs, gDec, nil
+		err := r.runTake(ctx, group, !rejected)
 		if err != nil && rejected {
 			for _, rest := range groups[gi:] {
 				for _, i := range rest {
@@ -316,11 +333,13 @@ const (
 	zoneValues
 )
 
-// runTake decides reqs, whose keys all lie in one slot, in one script call
-// (shared with concurrent requests; see batch.go) by deadline, and
-// fills decisions, and leases with the units leased.
-func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, take bool, leases *leaseAnswer) error {
-	t := &callPart{keys: keys, reqs: reqs, take: take, deadline: deadline, local: r.now()}
+// runTake decides t's requests, whose keys all lie in one slot, in one
+// script call (shared with concurrent requests; see batch.go) by its
+// deadline, taking them only if take, and fills its decisions, and its
+// leases with the units leased.
+func (r *Store) runTake(ctx context.Context, call takeCall, take bool) error {
+	c, reqs, decisions, clock, leases := call.c, call.reqs, call.decisions, call.clock, call.leases
+	t := &callPart{keys: call.keys, reqs: reqs, take: take, deadline: call.deadline, local: r.now()}
 	if leases != nil {
 		t.wants = leases.wants
 	}
@@ -436,142 +455,4 @@ func takesUnits(reqs []storage.Request) bool {
 		}
 	}
 	return false
-}
-
-// Finish implements storage.Store: each concurrency request leaves its
-// key's holders, and each other request is finished (storage.Request.Finishing):
-// its cost, or what its true-up does not keep of it, is released, or its
-// true-up's debt taken past the limit (finish.lua), in one script call
-// for all of them (one per hash tag on a cluster), atomic in its slot and
-// shared with the releases of concurrent requests. A request the script
-// finds no longer holding (its hold ended) is released already. With
-// leases, a windowed cost this instance holds a lease of its key for, in
-// the same window, is released into the lease instead, without a call:
-// the lease has it taken again or releases it with its other units. A
-// cost kept in flight (a reservation, which takes no lease) is always
-// finished in Redis, where its time in flight ends.
-// The store's timeout bounds each call, whether or not ctx has ended.
-func (r *Store) Finish(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
-	// The leases are the acquired client's, as for Take: a reloaded
-	// config's own client may be closed, its leases no longer released.
-	c, own, err := r.acquire()
-	if err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
-	defer r.end(own)
-	var names *keyNames
-	var keys []string
-	var held []toFinish
-	now := r.now()
-	var clock int64
-	if r.scriptClock != nil {
-		clock = r.scriptClock().UnixMilli()
-	}
-	for i, q := range reqs {
-		release, debt := q.Finishing()
-		if release == 0 && debt == 0 && !q.KeepsInFlight() && q.Algorithm != algorithms.Concurrency {
-			continue // the cost stays whole: nothing to finish
-		}
-		if names == nil {
-			if names, err = r.keyNames(context.Background(), c); err != nil {
-				return fmt.Errorf("redis: %w", err)
-			}
-		}
-		key := names.counter(q.Zone, q.Key)
-		// A cost in flight ends in Redis, where it is kept.
-		if r.Lease && !q.KeepsInFlight() && release > 0 && c.leases.release(key, q, decisions[i], release, now) {
-			continue
-		}
-		keys = append(keys, key)
-		held = append(held, toFinish{q, decisions[i], release, debt})
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	// The request's client may be gone; what it took is finished anyway,
-	// in a call shared with the finishes of other requests (see
-	// finish.go). A slot that fails does not keep the others'.
-	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
-		h := &held[i]
-		return appendFinishArgs(dst, h.q, h.d, h.release, h.debt, clock, now)
-	})
-	var failed error
-	for k, p := range parts {
-		if err := c.finish(p, time.Duration(r.Timeout)); err != nil && failed == nil {
-			failed = fmt.Errorf("redis: finishing zone %q: %w", held[groups[k][0]].q.Zone, err)
-		}
-	}
-	c.released.Signal()
-	return failed
-}
-
-// toFinish is a request Finish sends to Redis: q, allowed with d, and
-// the units to release or take past the limit there.
-type toFinish struct {
-	q             storage.Request
-	d             algorithms.Decision
-	release, debt int64
-}
-
-// Released implements storage.Store: closed at the next release by this
-// instance. Releases by other instances and ended holds are seen only by
-// trying again.
-func (r *Store) Released() <-chan struct{} {
-	return r.client.released.Wait()
-}
-
-var (
-	//go:embed scripts/take*.lua scripts/finish.lua
-	scriptPieces embed.FS
-
-	takeSource   = joinPieces(scriptPieces, takeOrder)
-	takeScript   = goredis.NewScript(takeSource)
-	finishSource = joinPieces(scriptPieces, finishOrder)
-	finishScript = goredis.NewScript(finishSource)
-)
-
-// finishOrder lists the pieces of the finish script: the arithmetic, the
-// periods and the ring roll it shares with the take script, then its own
-// (see scripts/finish.lua).
-var finishOrder = []string{
-	"scripts/take_arith.lua",
-	"scripts/take_period.lua",
-	"scripts/take_ring.lua",
-	"scripts/finish.lua",
-}
-
-// takeOrder lists the pieces of the take script in the order they are
-// joined into one: each piece uses the locals of those before it (see
-// scripts/take.lua).
-var takeOrder = []string{
-	"scripts/take.lua",
-	"scripts/take_arith.lua",
-	"scripts/take_period.lua",
-	"scripts/take_ring.lua",
-	"scripts/take_bans.lua",
-	"scripts/take_fixed_window.lua",
-	"scripts/take_sliding_tail.lua",
-	"scripts/take_wide.lua",
-	"scripts/take_sliding_window.lua",
-	"scripts/take_gcra.lua",
-	"scripts/take_concurrency.lua",
-	"scripts/take_lease.lua",
-	"scripts/take_main.lua",
-	"scripts/take_write_back.lua",
-}
-
-// joinPieces joins the script pieces names of fsys, in order, into one
-// script, which the store loads once and runs by its hash. The pieces are
-// embedded, so a missing one is a build's mistake, found by any test.
-func joinPieces(fsys fs.FS, names []string) string {
-	var b strings.Builder
-	for _, name := range names {
-		src, err := fs.ReadFile(fsys, name)
-		if err != nil {
-			panic(err)
-		}
-		b.Write(src)
-		b.WriteByte('\n')
-	}
-	return b.String()
 }

@@ -1,4 +1,4 @@
--- take_arith.lua: exact integer arithmetic on Lua's numbers. Reads and
+-- arith.lua: exact integer arithmetic on Lua's numbers. Reads and
 -- writes no state: every function here is pure. The finish script
 -- (finish.lua) begins with it too, for a true-up's debt.
 --

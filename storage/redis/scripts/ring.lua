@@ -1,5 +1,5 @@
--- take_ring.lua: how a sliding window's ring of n+1 sub-window counts is
--- rolled forward. Pure, like take_arith.lua; the finish script
+-- ring.lua: how a sliding window's ring of n+1 sub-window counts is
+-- rolled forward. Pure, like arith.lua; the finish script
 -- (finish.lua) begins with it too, so that a release rolls a ring as a
 -- take does.
 
