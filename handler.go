@@ -202,7 +202,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				return bodyRefused(w, r, err)
 			}
 		}
-		if err := s.request.Read(s.body); err != nil {
+		if err := s.request.Read(r.URL.Path, s.body); err != nil {
 			return fieldRefused(w, r, err)
 		}
 		s.requestRead = true

@@ -141,7 +141,7 @@ func BenchmarkRequest(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for range b.N {
-			if err := r.Read(body); err != nil {
+			if err := r.Read("", body); err != nil {
 				b.Fatal(err)
 			}
 			if n, _ := r.MaxTokens(4096); n != 512 {
@@ -153,7 +153,7 @@ func BenchmarkRequest(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for range b.N {
-			if err := r.Read(body); err != nil {
+			if err := r.Read("", body); err != nil {
 				b.Fatal(err)
 			}
 			if _, ok := r.StreamUsage(); !ok {

@@ -284,7 +284,7 @@ func FuzzRequestBody(f *testing.F) {
 	const def, limit = 100, 1_000_000
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var r Request
-		err := r.Read(body)
+		err := r.Read("", body)
 		dup, goReads := duplicated(utf8Body(body))
 		var d *DuplicateError
 		switch {
@@ -319,7 +319,7 @@ func FuzzRequestBody(f *testing.F) {
 			return
 		}
 		var again Request
-		if err := again.Read(changed); err != nil {
+		if err := again.Read("", changed); err != nil {
 			t.Fatalf("StreamUsage made %q, which Read refuses: %v", changed, err)
 		}
 		n2, unbounded2 := again.MaxTokens(def)
