@@ -145,7 +145,7 @@ func wholeEvent(p []byte) int {
 
 var (
 	blankLine = []byte("\n\n")
-	usageKey  = []byte(`usage"`)
+	usageKey  = []byte("usage")
 	// An escape, or a long s (ſ), can spell a key that reads as "usage"
 	// (see keyByte) without the letters of usageKey.
 	escapeU = []byte(`\u`)
@@ -154,10 +154,12 @@ var (
 
 // quiet reports whether the whole event has nothing in it to read: no
 // usage key, or only usage keys whose value is null (which, under
-// HideStreamUsage, are taken out, so that the event must be read). It
-// looks for "usage" with its quotes, in any case, which in JSON can only
-// be a whole string, as a quote within a string is escaped: a key if a
-// colon follows. An event with an escape or a long s anywhere is read.
+// HideStreamUsage, are taken out, so that the event must be read), and
+// no usageMetadata key (Gemini's). It looks for "usage" with its opening
+// quote, in any case, followed by its closing quote, which in JSON can
+// only be a whole string, as a quote within a string is escaped: a key if
+// a colon follows; or followed by metadata" or _metadata". An event with
+// an escape or a long s anywhere is read.
 func quiet(event []byte, hide bool) bool {
 	if bytes.Contains(event, escapeU) || bytes.Contains(event, longS) {
 		return false
@@ -168,10 +170,15 @@ func quiet(event []byte, hide bool) bool {
 			return true
 		}
 		quoted := i > 0 && event[i-1] == '"'
-		event = trimSpace(event[i+len(usageKey):])
-		switch {
-		case !quoted:
+		event = event[i+len(usageKey):]
+		if quoted && (hasPrefixFold(event, `metadata"`) || hasPrefixFold(event, `_metadata"`)) {
+			return false
+		}
+		if !quoted || len(event) == 0 || event[0] != '"' {
 			continue
+		}
+		event = trimSpace(event[1:])
+		switch {
 		case len(event) > 0 && (event[0] == ',' || event[0] == '}' || event[0] == ']'):
 			// A string value "usage".
 			continue
@@ -183,6 +190,11 @@ func quiet(event []byte, hide bool) bool {
 			return false
 		}
 	}
+}
+
+// hasPrefixFold reports whether p begins with prefix, in any case.
+func hasPrefixFold(p []byte, prefix string) bool {
+	return len(p) >= len(prefix) && bytes.EqualFold(p[:len(prefix)], []byte(prefix))
 }
 
 // indexUsage returns where the first usageKey of p, in any case, begins,
