@@ -209,7 +209,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	if s.bodyRead && p.body == nil {
 		// Read for a reservation: later handlers see its fields.
-		p.setBody(s.body)
+		p.setBody(r.URL.Path, s.body)
 	}
 	// The reservations, now that the body is read. A zone priced in
 	// money first prices the request by its model: one it has no price
