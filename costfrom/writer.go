@@ -396,8 +396,9 @@ func (cw *Writer) Usage() (Usage, bool) {
 	}, true
 }
 
-// Model returns the name of the model the response names (its model, or
-// that of Anthropic's message or of the Responses API's response), the
+// Model returns the name of the model the response names (its model,
+// that of Anthropic's message or of the Responses API's response, or
+// Gemini's modelVersion), the
 // last one given, or nil if it names none that was read: one with an
 // escape, or longer than 256 bytes, is not. The slice is the Writer's,
 // valid until its next Write or Reset.
