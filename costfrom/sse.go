@@ -134,18 +134,34 @@ func (cw *Writer) scanSSE(p []byte) {
 }
 
 // wholeEvent returns the length of the event p begins with, blank line
-// included, if p has all of it and its lines end with LF only; else 0.
+// included, if p has all of it and its lines all end with LF, or all
+// with CRLF (as Google's streams end them); else 0.
 func wholeEvent(p []byte) int {
-	n := bytes.Index(p, blankLine)
-	if n < 0 || bytes.IndexByte(p[:n], '\r') >= 0 {
+	if n := bytes.Index(p, blankLine); n >= 0 && bytes.IndexByte(p[:n], '\r') < 0 {
+		return n + len(blankLine)
+	}
+	n := bytes.Index(p, blankCRLF)
+	if n < 0 {
 		return 0
 	}
-	return n + len(blankLine)
+	n += len(blankCRLF)
+	// Every CR is followed by a LF and every LF follows a CR: no line
+	// ends otherwise, so the event ends at this blank line.
+	if crs := bytes.Count(p[:n], cr); crs != bytes.Count(p[:n], nl) || crs != bytes.Count(p[:n], crlf) {
+		return 0
+	}
+	return n
 }
 
 var (
 	blankLine = []byte("\n\n")
+	blankCRLF = []byte("\r\n\r\n")
+	cr        = []byte("\r")
+	crlf      = []byte("\r\n")
 	usageKey  = []byte("usage")
+	// reasonKey ends the keys that tell Gemini's last chunk:
+	// finishReason and blockReason, in either spelling.
+	reasonKey = []byte(`reason"`)
 	// An escape, or a long s (ſ), can spell a key that reads as "usage"
 	// (see keyByte) without the letters of usageKey.
 	escapeU = []byte(`\u`)
@@ -154,25 +170,33 @@ var (
 
 // quiet reports whether the whole event has nothing in it to read: no
 // usage key, or only usage keys whose value is null (which, under
-// HideStreamUsage, are taken out, so that the event must be read), and
-// no usageMetadata key (Gemini's). It looks for "usage" with its opening
-// quote, in any case, followed by its closing quote, which in JSON can
-// only be a whole string, as a quote within a string is escaped: a key if
-// a colon follows; or followed by metadata" or _metadata". An event with
-// an escape or a long s anywhere is read.
+// HideStreamUsage, are taken out, so that the event must be read); and
+// no usageMetadata key (Gemini's) but in a chunk that may end a
+// response. It looks for "usage" with its opening quote, in any case,
+// followed by its closing quote, which in JSON can only be a whole
+// string, as a quote within a string is escaped: a key if a colon
+// follows; or followed by metadata" or _metadata". An event with an
+// escape or a long s anywhere is read.
+//
+// Gemini's usage counts only in the last chunk of a response (see
+// Writer.took), whose counts are totals: a chunk without the key of a
+// finishReason or a blockReason (reason", in any case) has nothing to
+// read, and is passed on unread, as most of a stream's chunks are.
 func quiet(event []byte, hide bool) bool {
 	if bytes.Contains(event, escapeU) || bytes.Contains(event, longS) {
 		return false
 	}
+	whole, gemini := event, false
 	for {
-		i := indexUsage(event)
+		i := indexFold(event, usageKey)
 		if i < 0 {
-			return true
+			return !gemini || indexFold(whole, reasonKey) < 0
 		}
 		quoted := i > 0 && event[i-1] == '"'
 		event = event[i+len(usageKey):]
 		if quoted && (hasPrefixFold(event, `metadata"`) || hasPrefixFold(event, `_metadata"`)) {
-			return false
+			gemini = true
+			continue
 		}
 		if !quoted || len(event) == 0 || event[0] != '"' {
 			continue
@@ -197,22 +221,25 @@ func hasPrefixFold(p []byte, prefix string) bool {
 	return len(p) >= len(prefix) && bytes.EqualFold(p[:len(prefix)], []byte(prefix))
 }
 
-// indexUsage returns where the first usageKey of p, in any case, begins,
-// or -1. It looks for each u and U, of which JSON has fewer than quotes.
-func indexUsage(p []byte) int {
-	lower, upper := bytes.IndexByte(p, 'u'), bytes.IndexByte(p, 'U')
+// indexFold returns where the first word of p, in any ASCII case,
+// begins, or -1; word begins with a lower-case letter. It looks for each
+// occurrence of the word's first letter in either case, of which JSON
+// has fewer than quotes.
+func indexFold(p, word []byte) int {
+	first := word[0]
+	lower, upper := bytes.IndexByte(p, first), bytes.IndexByte(p, first-'a'+'A')
 	for lower >= 0 || upper >= 0 {
 		i := lower
 		if i < 0 || upper >= 0 && upper < i {
 			i = upper
 		}
-		if len(p)-i >= len(usageKey) && bytes.EqualFold(p[i:i+len(usageKey)], usageKey) {
+		if len(p)-i >= len(word) && bytes.EqualFold(p[i:i+len(word)], word) {
 			return i
 		}
 		if i == lower {
-			lower = indexFrom(p, i+1, 'u')
+			lower = indexFrom(p, i+1, first)
 		} else {
-			upper = indexFrom(p, i+1, 'U')
+			upper = indexFrom(p, i+1, first-'a'+'A')
 		}
 	}
 	return -1
