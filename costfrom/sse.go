@@ -135,33 +135,34 @@ func (cw *Writer) scanSSE(p []byte) {
 
 // wholeEvent returns the length of the event p begins with, blank line
 // included, if p has all of it and its lines all end with LF, or all
-// with CRLF (as Google's streams end them); else 0.
+// with CRLF (as Google's streams end them); else 0. It reads a line at a
+// time: an event is most often one data line.
 func wholeEvent(p []byte) int {
-	if n := bytes.Index(p, blankLine); n >= 0 && bytes.IndexByte(p[:n], '\r') < 0 {
-		return n + len(blankLine)
+	mode := byte(0) // '\n' or '\r', once a line told which ends them
+	for at := 0; ; {
+		j := bytes.IndexByte(p[at:], '\n')
+		if j < 0 {
+			return 0
+		}
+		line, end := p[at:at+j], byte('\n')
+		if len(line) > 0 && line[len(line)-1] == '\r' {
+			line, end = line[:len(line)-1], '\r'
+		}
+		if mode != 0 && end != mode || bytes.IndexByte(line, '\r') >= 0 {
+			return 0
+		}
+		mode, at = end, at+j+1
+		if len(line) == 0 {
+			return at
+		}
 	}
-	n := bytes.Index(p, blankCRLF)
-	if n < 0 {
-		return 0
-	}
-	n += len(blankCRLF)
-	// Every CR is followed by a LF and every LF follows a CR: no line
-	// ends otherwise, so the event ends at this blank line.
-	if crs := bytes.Count(p[:n], cr); crs != bytes.Count(p[:n], nl) || crs != bytes.Count(p[:n], crlf) {
-		return 0
-	}
-	return n
 }
 
 var (
-	blankLine = []byte("\n\n")
-	blankCRLF = []byte("\r\n\r\n")
-	cr        = []byte("\r")
-	crlf      = []byte("\r\n")
-	usageKey  = []byte("usage")
+	usageKey = "usage"
 	// reasonKey ends the keys that tell Gemini's last chunk:
 	// finishReason and blockReason, in either spelling.
-	reasonKey = []byte(`reason"`)
+	reasonKey = `reason"`
 	// An escape, or a long s (ſ), can spell a key that reads as "usage"
 	// (see keyByte) without the letters of usageKey.
 	escapeU = []byte(`\u`)
@@ -216,16 +217,29 @@ func quiet(event []byte, hide bool) bool {
 	}
 }
 
-// hasPrefixFold reports whether p begins with prefix, in any case.
+// hasPrefixFold reports whether p begins with prefix, which is in lower
+// case, in any ASCII case.
 func hasPrefixFold(p []byte, prefix string) bool {
-	return len(p) >= len(prefix) && bytes.EqualFold(p[:len(prefix)], []byte(prefix))
+	if len(p) < len(prefix) {
+		return false
+	}
+	for i := range len(prefix) {
+		c := p[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != prefix[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // indexFold returns where the first word of p, in any ASCII case,
-// begins, or -1; word begins with a lower-case letter. It looks for each
-// occurrence of the word's first letter in either case, of which JSON
-// has fewer than quotes.
-func indexFold(p, word []byte) int {
+// begins, or -1; word is in lower case and begins with a letter. It looks
+// for each occurrence of the word's first letter in either case, of which
+// JSON has fewer than quotes.
+func indexFold(p []byte, word string) int {
 	first := word[0]
 	lower, upper := bytes.IndexByte(p, first), bytes.IndexByte(p, first-'a'+'A')
 	for lower >= 0 || upper >= 0 {
@@ -233,7 +247,7 @@ func indexFold(p, word []byte) int {
 		if i < 0 || upper >= 0 && upper < i {
 			i = upper
 		}
-		if len(p)-i >= len(word) && bytes.EqualFold(p[i:i+len(word)], word) {
+		if hasPrefixFold(p[i:], word) {
 			return i
 		}
 		if i == lower {
