@@ -81,6 +81,7 @@ func (s localStore) Take(ctx context.Context, reqs []storage.Request, decisions 
 	if err := s.c.localMemory().Take(ctx, shares, decisions); err != nil {
 		return err
 	}
+	metrics.fallback.Inc()
 	if allAllowed(decisions) {
 		s.c.owed.add(s.names, reqs, decisions, s.c.now())
 		// After the add, so that an answer draining the table
