@@ -11,9 +11,9 @@ import (
 
 // metrics are the Redis store's own Prometheus collectors: its leases,
 // the fleet it sees and the decisions its local fallback made (and the
-// entries it holds and the state of its connections, below). They are made by
-// the process's first registerMetrics and registered with the registry of
-// every config that uses the store (see promreg.Once). Labels are bounded
+// entries it holds and the state of its connections, below). They are
+// made by the process's first registerMetrics and registered with the
+// registry of every config that uses the store (see promreg.Once). Labels are bounded
 // sets (zone and outcome, store), never a key.
 var metrics struct {
 	leaseUnits *prometheus.CounterVec

@@ -47,7 +47,7 @@ func gauges(t *testing.T) map[string]float64 {
 // TestRedisStateMetrics: the store reports its timeout, its breaker open
 // while Redis does not answer (and closed once it does again), the
 // bounds of its entries, and counts the requests its local fallback
-// decided.
+// decided, unless its handler has disable_metrics.
 func TestRedisStateMetrics(t *testing.T) {
 	s := redistest.Standalone(t)
 	r := newRedisStore(t, &Store{Timeout: caddy.Duration(50 * time.Millisecond)}, s.URL())
@@ -91,6 +91,15 @@ func TestRedisStateMetrics(t *testing.T) {
 	}
 	if got := promtest.Counter(t, metrics.fallback, nil); got != decided+1 {
 		t.Errorf("fallback decisions %v after one, want %v", got, decided+1)
+	}
+	// A handler with disable_metrics leaves its fallback's decisions
+	// uncounted.
+	r.DisableMetrics()
+	if err := r.Local().Take(context.Background(), []storage.Request{req}, make([]algorithms.Decision, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := promtest.Counter(t, metrics.fallback, nil); got != decided+1 {
+		t.Errorf("fallback decisions %v after one with disable_metrics, want %v still", got, decided+1)
 	}
 
 	if err := s.Resume(); err != nil {
