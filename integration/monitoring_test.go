@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -489,6 +490,11 @@ func TestMonitoring(t *testing.T) {
 	}
 	if loaded != len(alerts) {
 		t.Errorf("prometheus loaded %d rules, want the %d of alerts.yml", loaded, len(alerts))
+	}
+	// What each alert's expression returns under this traffic, for the
+	// record: only the store's is asserted, below.
+	for _, name := range slices.Sorted(maps.Keys(alerts)) {
+		t.Logf("under traffic: alert %s → %v", name, p.query(t, alerts[name]))
 	}
 
 	if err := s.Pause(); err != nil {
