@@ -23,6 +23,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 )
 
 // This file is the live tier of the shipped dashboard and alerts
@@ -161,7 +162,7 @@ scrape_configs:
 		}
 	})
 	p := &promServer{url: "http://" + listen}
-	waitFor(t, "prometheus to be ready", func() bool {
+	wait.For(t, "prometheus to be ready", func() bool {
 		resp, err := http.Get(p.url + "/-/ready")
 		if err != nil {
 			return false

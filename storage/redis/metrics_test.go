@@ -12,6 +12,7 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/algorithms"
 	"github.com/d61b427a/caddy-rate-limit/internal/promtest"
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
+	"github.com/d61b427a/caddy-rate-limit/internal/wait"
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
@@ -105,7 +106,7 @@ func TestRedisStateMetrics(t *testing.T) {
 	if err := s.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "decisions succeed again", func() bool { return take() == nil })
+	wait.For(t, "decisions succeed again", func() bool { return take() == nil })
 	if open := gauges(t)["caddy_http_rate_limit_store_breaker_open{}"]; open != 0 {
 		t.Errorf("breaker_open = %v once Redis answers again, want 0", open)
 	}
