@@ -29,11 +29,24 @@ import (
 // bodyPrefix begins the name of a {body.*} placeholder.
 const bodyPrefix = "body."
 
+// modelPlaceholder names {http.rate_limit.model}: the request's model,
+// whatever its API's format, as a zone priced in money prices it. Google's
+// Gemini API and Vertex AI name it in the request's path
+// (/v1beta/models/gemini-2.5-flash:generateContent, see
+// costfrom.PathModel), the other formats in the body's model, which
+// {body.model} reads. It is read as a {body.*} is: the body is read for
+// it (a body that gives model twice is refused), and it is empty if the
+// request names no model.
+const modelPlaceholder = "http.rate_limit.model"
+
 // bodyFields answers one request's {body.*} placeholders, once a zone
 // read its body.
 type bodyFields struct {
 	// text is the body, as costfrom.Text reads it.
 	text []byte
+	// pathModel is the model the request's path names, if it is a
+	// Gemini one.
+	pathModel string
 	// err is the first *costfrom.DuplicateError of a field read, which
 	// refuses the request if a zone read the field.
 	err error
@@ -54,9 +67,23 @@ type bodyValue struct {
 }
 
 // setBody makes body, which a zone read, what the request's {body.*}
-// read.
-func (p *placeholders) setBody(body []byte) {
+// read, and path, the request's URL path, where its model may be.
+func (p *placeholders) setBody(path string, body []byte) {
 	p.body, p.bodyWanted = &bodyFields{text: costfrom.Text(body)}, false
+	p.body.pathModel, _ = costfrom.PathModel(path)
+}
+
+// model answers {http.rate_limit.model} as bodyField answers a field:
+// before a zone read the body, it tells the handler so.
+func (p *placeholders) model() (any, bool) {
+	switch {
+	case p.body == nil:
+		p.bodyWanted = true
+		return "", true
+	case p.body.pathModel != "":
+		return p.body.pathModel, true
+	}
+	return p.body.get("model")
 }
 
 // bodyField answers the placeholder body.<path>: the field's text;
@@ -111,7 +138,7 @@ func (s *scratch) readFields(w http.ResponseWriter, r *http.Request, p *placehol
 			return err
 		}
 	}
-	p.setBody(s.body)
+	p.setBody(r.URL.Path, s.body)
 	return nil
 }
 
@@ -121,6 +148,12 @@ func (s *scratch) readFields(w http.ResponseWriter, r *http.Request, p *placehol
 // requests: a path named otherwise (a map's source, a later handler) is
 // compiled each time it is read.
 var bodyPaths sync.Map
+
+// {http.rate_limit.model} reads the body's model, whether or not a
+// template names {body.model}.
+func init() {
+	compileBodyPaths("{" + bodyPrefix + "model}")
+}
 
 // bodyFieldsOf returns the Fields that reads path, or nil if path names
 // no field.

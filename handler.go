@@ -202,14 +202,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				return bodyRefused(w, r, err)
 			}
 		}
-		if err := s.request.Read(s.body); err != nil {
+		if err := s.request.Read(r.URL.Path, s.body); err != nil {
 			return fieldRefused(w, r, err)
 		}
 		s.requestRead = true
 	}
 	if s.bodyRead && p.body == nil {
 		// Read for a reservation: later handlers see its fields.
-		p.setBody(s.body)
+		p.setBody(r.URL.Path, s.body)
 	}
 	// The reservations, now that the body is read. A zone priced in
 	// money first prices the request by its model: one it has no price

@@ -240,6 +240,9 @@ func (p *placeholders) get(name string) (any, bool) {
 	if path, ok := strings.CutPrefix(name, bodyPrefix); ok {
 		return p.bodyField(path)
 	}
+	if name == modelPlaceholder {
+		return p.model()
+	}
 	field, ok := strings.CutPrefix(name, "http.rate_limit.")
 	if !ok || p.zone == "" {
 		return nil, false

@@ -214,7 +214,7 @@ func TestMoneyReservation(t *testing.T) {
 		{`{"max_tokens":-1}`, 5000},
 	} {
 		var req costfrom.Request
-		if err := req.Read([]byte(c.body)); err != nil {
+		if err := req.Read("", []byte(c.body)); err != nil {
 			t.Fatal(err)
 		}
 		if got := m.reservation(&req, 5000, price); got != c.want {
@@ -245,7 +245,7 @@ func TestMoneyLeastReservation(t *testing.T) {
 		}
 		for _, body := range []string{`{"model":"gpt-4o","max_tokens":1}`, `{"model":"local-llama","max_tokens":1}`, `{"max_tokens":1}`, ``} {
 			var req costfrom.Request
-			if err := req.Read([]byte(body)); err != nil {
+			if err := req.Read("", []byte(body)); err != nil {
 				t.Fatal(err)
 			}
 			price, unpriced := m.findPrice("z", &req)

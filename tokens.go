@@ -29,9 +29,11 @@ import (
 type CostFrom struct {
 	// The token count of the usage the response's body reports: "input"
 	// (the prompt's tokens), "output" (the tokens generated) or "total"
-	// (both). See the costfrom package for the formats read. Or "price":
-	// what those tokens cost in money, each kind at its price in Price,
-	// by the request's model; the zone's limit is then in dollars, and
+	// (both). See the costfrom package for the formats read: OpenAI's and
+	// the servers compatible with it, Anthropic's, Ollama's, and Google's
+	// Gemini API and Vertex AI. Or "price": what those tokens cost in
+	// money, each kind at its price in Price, by the request's model
+	// ({http.rate_limit.model}); the zone's limit is then in dollars, and
 	// its counts in picodollars.
 	Usage string `json:"usage,omitempty"`
 
@@ -58,8 +60,11 @@ type Reserve struct {
 	// best_of), or this many if it gives none; the zone's whole limit if
 	// its bound means none (0 or less); with cost_from usage input or
 	// total, plus the body's length in bytes, which bounds its prompt's
-	// tokens. The body is read as the most lenient server reads it, and
-	// one that gives a field it reads twice is refused with 400.
+	// tokens. A request to Google's Gemini API or Vertex AI, whose path
+	// names its model, reserves its generationConfig.maxOutputTokens
+	// times its candidateCount, and the whole limit without a bound. The
+	// body is read as the most lenient server reads it, and one that
+	// gives a field it reads twice is refused with 400.
 	MaxTokens int64 `json:"max_tokens,omitempty"`
 }
 

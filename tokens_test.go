@@ -72,7 +72,7 @@ func TestReservation(t *testing.T) {
 	} {
 		m := newMeter(&Zone{Name: "z", CostFrom: &c.from, Reserve: &c.reserve}, true)
 		var req costfrom.Request
-		if err := req.Read(c.body); err != nil {
+		if err := req.Read("", c.body); err != nil {
 			t.Fatal(err)
 		}
 		if got := m.reservation(&req, 5000, nil); got != c.want {
@@ -126,7 +126,7 @@ func TestCostFromHandsTheBodyOn(t *testing.T) {
 	}
 	stream := `{"model":"m","stream":true,"messages":[]}`
 	var req costfrom.Request
-	if err := req.Read([]byte(stream)); err != nil {
+	if err := req.Read("", []byte(stream)); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := req.StreamUsage()

@@ -72,6 +72,9 @@
 #                     (bench/llm, reverse_proxy) that writes and flushes
 #                     each event of its stream on its own, as model
 #                     servers do
+#   tokens_proxy_gemini, fixed_proxy_gemini  the proxied stream as Google's
+#                     Gemini API sends it: 200 chunks, each with its
+#                     usageMetadata so far
 #   CASE@REV          CASE on this Caddy as built at git revision REV
 #
 # SOAK=1 then runs 60 s (SOAK_DURATION) of key rotation at full speed
@@ -217,6 +220,8 @@ caddyfile() {
 	*_proxy_json) answer="rewrite * /json
 	reverse_proxy 127.0.0.1:$LLM_PORT" ;;
 	*_proxy_stream) answer="rewrite * /stream
+	reverse_proxy 127.0.0.1:$LLM_PORT" ;;
+	*_proxy_gemini) answer="rewrite * /gemini
 	reverse_proxy 127.0.0.1:$LLM_PORT" ;;
 	esac
 	case $1 in
@@ -504,7 +509,7 @@ done
 # The token cases: what reading the usage costs, the case that reads it
 # beside the same zone with a fixed cost (CPU per request, above 1 dearer),
 # and the median time to the first byte of each.
-for kind in json stream proxy_json proxy_stream; do
+for kind in json stream proxy_json proxy_stream proxy_gemini; do
 	t=tokens_$kind f=fixed_$kind
 	[[ -n ${CPU[$t]:-} && -n ${CPU[$f]:-} ]] || continue
 	tc=$(echo "${CPU[$t]}" | median) fc=$(echo "${CPU[$f]}" | median)

@@ -28,6 +28,22 @@ func stream200() [][]byte {
 	return events
 }
 
+// geminiStream200 is a Gemini API stream (streamGenerateContent?alt=sse)
+// of 200 chunks, each with its usageMetadata so far, the last with its
+// finishReason, a chunk a write.
+func geminiStream200() [][]byte {
+	events := make([][]byte, 0, 200)
+	for i := range 200 {
+		finish := ""
+		if i == 199 {
+			finish = `,"finishReason": "STOP"`
+		}
+		events = append(events, fmt.Appendf(nil, `data: {"candidates": [{"content": {"parts": [{"text": " token%d"}],"role": "model"}%s,"index": 0}],"usageMetadata": {"promptTokenCount": 9,"candidatesTokenCount": %d,"totalTokenCount": %d,"promptTokensDetails": [{"modality": "TEXT","tokenCount": 9}],"thoughtsTokenCount": 12},"modelVersion": "gemini-2.5-flash","responseId": "K3mtaOeQC9Lbz7IPh-6ZsQM"}`+"\r\n\r\n",
+			i, finish, i+1, 22+i))
+	}
+	return events
+}
+
 // BenchmarkJSON writes a 2 KiB answer straight to the ResponseWriter, and
 // through a Writer (reset, as from a pool, or made by Wrap).
 func BenchmarkJSON(b *testing.B) {
@@ -86,9 +102,14 @@ func BenchmarkJSON(b *testing.B) {
 
 // BenchmarkStream writes a 200-event stream, an event a write and a
 // flush, straight to the ResponseWriter and through a Writer, without and
-// with HideStreamUsage.
+// with HideStreamUsage; gemini/ the same for a Gemini stream of 200
+// chunks, every one of which carries a usageMetadata to read.
 func BenchmarkStream(b *testing.B) {
-	events := stream200()
+	benchmarkStream(b, stream200())
+	b.Run("gemini", func(b *testing.B) { benchmarkStream(b, geminiStream200()) })
+}
+
+func benchmarkStream(b *testing.B, events [][]byte) {
 	size := 0
 	for _, e := range events {
 		size += len(e)
@@ -141,7 +162,7 @@ func BenchmarkRequest(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for range b.N {
-			if err := r.Read(body); err != nil {
+			if err := r.Read("", body); err != nil {
 				b.Fatal(err)
 			}
 			if n, _ := r.MaxTokens(4096); n != 512 {
@@ -153,7 +174,7 @@ func BenchmarkRequest(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for range b.N {
-			if err := r.Read(body); err != nil {
+			if err := r.Read("", body); err != nil {
 				b.Fatal(err)
 			}
 			if _, ok := r.StreamUsage(); !ok {

@@ -17,7 +17,7 @@
 //
 // # Formats
 //
-// The format is told from the response's Content-Type and from the fields
+// A response's format is told from its Content-Type and from the fields
 // of its body, never from the request's path, so that one zone can front
 // several APIs and an API behind a rewrite:
 //
@@ -27,7 +27,13 @@
 //     output_tokens, total_tokens) and of Anthropic's Messages
 //     (input_tokens, cache_creation_input_tokens, cache_read_input_tokens,
 //     output_tokens); or Ollama's prompt_eval_count and eval_count, with
-//     "done": true (/api/chat, /api/generate).
+//     "done": true (/api/chat, /api/generate); or the top-level
+//     "usageMetadata" of Google's Gemini API and Vertex AI
+//     (generateContent: promptTokenCount, cachedContentTokenCount,
+//     toolUsePromptTokenCount, candidatesTokenCount, thoughtsTokenCount,
+//     totalTokenCount).
+//   - A JSON array: Gemini's streamGenerateContent without alt=sse, a
+//     chunk an element, each with the usageMetadata so far.
 //   - application/x-ndjson, one JSON value a line: Ollama's stream, whose
 //     last object ("done": true) has the counts.
 //   - text/event-stream, JSON in each event's data: the chunks of Chat
@@ -37,23 +43,38 @@
 //     the Responses API, whose last (response.completed, or incomplete or
 //     failed) has response.usage; Anthropic's events, message_start with
 //     message.usage (the input) and message_delta with usage (the output
-//     so far, so the last one counts).
+//     so far, so the last one counts); Gemini's chunks
+//     (streamGenerateContent?alt=sse), each with the usageMetadata so far.
+//
+// A Gemini stream's usage is whole in its last chunk, the one whose
+// candidate has a finishReason (or whose promptFeedback a blockReason):
+// a stream cut before it has none.
 //
 // Input is the prompt's tokens: Anthropic counts the tokens read from its
 // prompt cache, and those written to it, apart from input_tokens, and they
 // are added to it, so that input means the same for every format (OpenAI's
-// prompt_tokens and input_tokens include cached tokens). Total is the
-// total_tokens given, or input plus output.
+// prompt_tokens and input_tokens include cached tokens, and Gemini's
+// promptTokenCount its cached content's). Gemini's input adds the tokens
+// of tool results given back to the model (toolUsePromptTokenCount), and
+// its output the thoughts of a thinking model (thoughtsTokenCount), which
+// are billed as output but not counted in candidatesTokenCount. Total is
+// the total given, or input plus output.
 //
 // A zone priced in money prices each kind of token apart (Usage, Prices):
 // OpenAI's cached tokens (usage.prompt_tokens_details.cached_tokens, and
-// the Responses API's input_tokens_details.cached_tokens) are taken out
-// of its prompt's and priced as cache reads; Anthropic's cache reads and
+// the Responses API's input_tokens_details.cached_tokens), and Gemini's
+// (cachedContentTokenCount), are taken out of the prompt's and priced as
+// cache reads; Anthropic's cache reads and
 // writes are priced beside its input, and its 1-hour writes
 // (usage.cache_creation.ephemeral_1h_input_tokens) apart from the other
 // writes. The model a response names (its model, message.model in
-// Anthropic's stream, response.model in the Responses API's) is read too,
-// to price by it.
+// Anthropic's stream, response.model in the Responses API's, Gemini's
+// modelVersion) is read too, to price by it.
+//
+// A request's model and bound are read from its body (Request), but for
+// Google's Gemini API and Vertex AI, whose path names the model
+// (.../models/gemini-2.5-flash:generateContent, see PathModel): their
+// model is the path's, and their bound generationConfig's.
 //
 // A response has a cost only once a whole usage was read: a stream cut
 // before its usage, an error without usage, a body that is not JSON or is

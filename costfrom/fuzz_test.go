@@ -173,6 +173,44 @@ var references = map[string]reference{
 	},
 }
 
+// protojsonRequest reads a request's body as Google's Gemini API reads
+// one, by the JSON mapping of protocol buffers: the last of two keys
+// compared as they are, under either name of a field; an integer from a
+// JSON number or a string of one.
+func protojsonRequest(body []byte) (refRequest, bool) {
+	m, ok := decodeMap(body)
+	if !ok {
+		return refRequest{}, false
+	}
+	var r refRequest
+	ok = true
+	number := func(x any, into *[]float64) {
+		var s string
+		switch x := x.(type) {
+		case nil:
+			return
+		case json.Number:
+			s = string(x)
+		case string:
+			s = x
+		default:
+			ok = false
+			return
+		}
+		f, err := strconv.ParseFloat(s, 64)
+		ok = ok && err == nil
+		*into = append(*into, f)
+	}
+	for _, name := range []string{"generationConfig", "generation_config"} {
+		c, _ := m[name].(map[string]any)
+		number(c["maxOutputTokens"], &r.bounds)
+		number(c["max_output_tokens"], &r.bounds)
+		number(c["candidateCount"], &r.choices)
+		number(c["candidate_count"], &r.choices)
+	}
+	return r, ok
+}
+
 // decodeMap decodes the first JSON value of body as an object, keeping
 // numbers as they are written.
 func decodeMap(body []byte) (map[string]any, bool) {
@@ -244,9 +282,20 @@ func duplicated(body []byte) (string, bool) {
 		return "", false
 	}
 	fields := map[string][]string{
-		"":               {"max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict", "options", "n", "best_of", "stream", "stream_options", "model", "messages", "prompt", "input"},
-		"options":        {"num_predict"},
-		"stream_options": {"include_usage"},
+		"":                 {"max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict", "options", "n", "best_of", "stream", "stream_options", "model", "messages", "prompt", "input", "generationConfig", "generation_config"},
+		"options":          {"num_predict"},
+		"stream_options":   {"include_usage"},
+		"generationConfig": {"maxOutputTokens", "max_output_tokens", "candidateCount", "candidate_count"},
+	}
+	fields["generation_config"] = fields["generationConfig"]
+	// Gemini's fields under their protocol buffer names are the same
+	// fields as under their JSON names.
+	same := map[string]string{"generation_config": "generationConfig", "max_output_tokens": "maxOutputTokens", "candidate_count": "candidateCount"}
+	canonical := func(path, f string) string {
+		if c, ok := same[f]; ok && (path != "" || f == "generation_config") {
+			return c
+		}
+		return f
 	}
 	var walk func(obj json.RawMessage, path string) string
 	walk = func(obj json.RawMessage, path string) string {
@@ -263,11 +312,12 @@ func duplicated(body []byte) (string, bool) {
 				if !strings.EqualFold(t.(string), f) {
 					continue
 				}
-				name := strings.TrimPrefix(path+"."+f, ".")
-				if seen[f] {
+				c := canonical(path, f)
+				name := strings.TrimPrefix(canonical("", path)+"."+c, ".")
+				if seen[c] {
 					return name
 				}
-				seen[f] = true
+				seen[c] = true
 				if _, nested := fields[f]; nested && path == "" {
 					if dup := walk(v, f); dup != "" {
 						return dup
@@ -284,7 +334,7 @@ func FuzzRequestBody(f *testing.F) {
 	const def, limit = 100, 1_000_000
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var r Request
-		err := r.Read(body)
+		err := r.Read("", body)
 		dup, goReads := duplicated(utf8Body(body))
 		var d *DuplicateError
 		switch {
@@ -296,6 +346,25 @@ func FuzzRequestBody(f *testing.F) {
 			t.Fatalf("read, while it gives %s twice", dup)
 		case err != nil:
 			return
+		}
+		var g Request
+		if err := g.Read(geminiPath, body); err != nil {
+			t.Fatalf("read on another path, refused on Gemini's: %v", err)
+		}
+		if ref, ok := protojsonRequest(body); ok {
+			n, unbounded := g.MaxTokens(def)
+			ours := float64(n)
+			if unbounded {
+				ours = max(ours, limit)
+			}
+			// A Gemini request without a bound is generated up to the
+			// model's own maximum, as with a bound of 0: the whole limit.
+			if len(ref.bounds) == 0 {
+				ref.bounds = []float64{0}
+			}
+			if want := ref.reservation(def, limit); ours < want {
+				t.Errorf("reserves %v for Gemini (MaxTokens %d, unbounded %v), which reads a reservation of %v (%+v)", ours, n, unbounded, want, ref)
+			}
 		}
 		n, unbounded := r.MaxTokens(def)
 		ours := float64(n)
@@ -319,7 +388,7 @@ func FuzzRequestBody(f *testing.F) {
 			return
 		}
 		var again Request
-		if err := again.Read(changed); err != nil {
+		if err := again.Read("", changed); err != nil {
 			t.Fatalf("StreamUsage made %q, which Read refuses: %v", changed, err)
 		}
 		n2, unbounded2 := again.MaxTokens(def)
@@ -407,6 +476,10 @@ func wantAtLeast(body []byte, withOllama bool) (map[Count]int64, refCounts, bool
 		Done     any             `json:"done"`
 		Prompt   any             `json:"prompt_eval_count"`
 		Eval     any             `json:"eval_count"`
+		// Gemini's.
+		UsageMetadata  json.RawMessage `json:"usageMetadata"`
+		Candidates     json.RawMessage `json:"candidates"`
+		PromptFeedback json.RawMessage `json:"promptFeedback"`
 	}
 	d := json.NewDecoder(bytes.NewReader(body))
 	d.UseNumber()
@@ -483,6 +556,39 @@ func wantAtLeast(body []byte, withOllama bool) (map[Count]int64, refCounts, bool
 			usage(r.Usage)
 		}
 	}
+	if withOllama || geminiEnds(v.Candidates, v.PromptFeedback) {
+		var g struct {
+			Prompt     any `json:"promptTokenCount"`
+			ToolUse    any `json:"toolUsePromptTokenCount"`
+			Candidates any `json:"candidatesTokenCount"`
+			Thoughts   any `json:"thoughtsTokenCount"`
+			Total      any `json:"totalTokenCount"`
+			Cached     any `json:"cachedContentTokenCount"`
+		}
+		d := json.NewDecoder(bytes.NewReader(v.UsageMetadata))
+		d.UseNumber()
+		if len(v.UsageMetadata) > 0 && v.UsageMetadata[0] == '{' && d.Decode(&g) == nil {
+			// Counts left out are 0.
+			prompt, p := count(g.Prompt)
+			toolUse, u := count(g.ToolUse)
+			candidates, c := count(g.Candidates)
+			thoughts, o := count(g.Thoughts)
+			_, total := count(g.Total)
+			_, cached := count(g.Cached)
+			in, out := prompt+toolUse, candidates+thoughts
+			// A usageMetadata with no count is no usage.
+			if p || u || c || o || total || cached {
+				if !total {
+					at(Total, json.Number(strconv.FormatInt(in+out, 10)))
+				}
+				at(Input, json.Number(strconv.FormatInt(in, 10)))
+				at(Output, json.Number(strconv.FormatInt(out, 10)))
+				at(Total, g.Total)
+				ref.in, ref.out, ref.hasIn, ref.hasOut = max(ref.in, in), max(ref.out, out), true, true
+				largest(&ref.cached, nil, g.Cached)
+			}
+		}
+	}
 	if withOllama && v.Done == true {
 		at(Input, v.Prompt)
 		at(Output, v.Eval)
@@ -490,6 +596,28 @@ func wantAtLeast(body []byte, withOllama bool) (map[Count]int64, refCounts, bool
 		largest(&ref.out, &ref.hasOut, v.Eval)
 	}
 	return want, ref, true
+}
+
+// geminiEnds reports whether a Gemini chunk is the last of its response:
+// a candidate has a finishReason, or the prompt a blockReason.
+func geminiEnds(candidates, feedback json.RawMessage) bool {
+	var cs []map[string]any
+	var f map[string]any
+	_ = json.Unmarshal(candidates, &cs)
+	_ = json.Unmarshal(feedback, &f)
+	for _, c := range cs {
+		for k, v := range c {
+			if strings.EqualFold(k, "finishReason") && v != nil {
+				return true
+			}
+		}
+	}
+	for k, v := range f {
+		if strings.EqualFold(k, "blockReason") && v != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // readCounts are what a Writer read of a response: its counts by Count

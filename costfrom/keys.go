@@ -71,6 +71,20 @@ func (k *keyFolder) write(p []byte) {
 		if k.n < 0 {
 			return
 		}
+		if k.esc == 0 && k.nraw == 0 && c < utf8.RuneSelf && c != '\\' {
+			// Plain ASCII, of which keys are made but for a rare escape or
+			// rune, is folded here rather than through add and keyByte.
+			if k.n == len(k.buf) {
+				k.n = -1
+				return
+			}
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			k.buf[k.n] = c
+			k.n++
+			continue
+		}
 		switch {
 		case k.esc == 1:
 			k.esc = 0

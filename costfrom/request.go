@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -35,26 +36,51 @@ const (
 	fieldMessages
 	fieldPrompt
 	fieldInput
-	requestFieldCount
+	// Google's Gemini API and Vertex AI read a request's fields under
+	// their JSON names (generationConfig.maxOutputTokens) and under their
+	// protocol buffer names (generation_config.max_output_tokens), at
+	// every level: each spelling of a path is a field, and a body that
+	// gives two of them gives the field twice (see geminiFields). The
+	// output bound is generationConfig.maxOutputTokens, per candidate, of
+	// which generationConfig.candidateCount are generated.
+	fieldGenerationConfig
+	fieldGenerationConfigSnake
+	fieldGeminiMaxOutputTokens // 4 spellings
+	fieldGeminiCandidateCount  = fieldGeminiMaxOutputTokens + 4
+	requestFieldCount          = fieldGeminiCandidateCount + 4
 )
 
+// geminiPaths are the spellings of a Gemini field's path, under either
+// spelling of generationConfig, in the order of the fields.
+func geminiPaths(camel, snake string) []string {
+	return []string{
+		"generationConfig." + camel, "generationConfig." + snake,
+		"generation_config." + camel, "generation_config." + snake,
+	}
+}
+
 var requestFields = func() *Fields {
-	f, err := NewFields(
+	paths := []string{
 		"max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict", "options.num_predict",
 		"n", "best_of",
 		"stream", "stream_options", "stream_options.include_usage",
 		"model",
 		"messages", "prompt", "input",
-	)
+		"generationConfig", "generation_config",
+	}
+	paths = append(paths, geminiPaths("maxOutputTokens", "max_output_tokens")...)
+	paths = append(paths, geminiPaths("candidateCount", "candidate_count")...)
+	f, err := NewFields(paths...)
 	if err != nil {
 		panic(err)
 	}
 	return f
 }()
 
-// Request is what a zone reads of a request's body: the bound it asks
-// for on the tokens the model generates, whether it streams, its model.
-// A Request is read once per request, for every zone that reads it.
+// Request is what a zone reads of a request's body, and of its path: the
+// bound it asks for on the tokens the model generates, whether it
+// streams, its model. A Request is read once per request, for every zone
+// that reads it.
 type Request struct {
 	// text is the body, as UTF-8 (see utf8Body).
 	text []byte
@@ -62,15 +88,90 @@ type Request struct {
 	// is larger: it bounds the tokens of a text prompt.
 	size   int
 	values [requestFieldCount]Value
+	// gemini tells a request to Google's Gemini API or Vertex AI, whose
+	// fields are read in place of the others, and model is the model its
+	// path names (see PathModel), in memory kept from request to request.
+	gemini bool
+	model  []byte
 }
 
-// Read reads body into r. It returns a *DuplicateError if the body gives
-// a field r reads more than once, under any spelling; r then has none of
-// them. A body whose first JSON value is not an object gives none.
-func (r *Request) Read(body []byte) error {
+// Read reads path, the request's URL path, and body into r. It returns
+// a *DuplicateError if the body gives a field r reads more than once,
+// under any spelling; r then has none of them. A body whose first JSON
+// value is not an object gives none.
+//
+// A path that names a model as Google's Gemini API and Vertex AI do
+// (see PathModel) makes the request one of theirs: its model is the
+// path's, and its bound that of its generationConfig.
+func (r *Request) Read(path string, body []byte) error {
 	text := utf8Body(body)
-	*r = Request{text: text, size: max(len(body), len(text))}
-	return requestFields.Read(text, r.values[:])
+	model := r.model[:0]
+	*r = Request{text: text, size: max(len(body), len(text)), model: model}
+	if m, ok := PathModel(path); ok {
+		r.gemini, r.model = true, append(model, m...)
+	}
+	if err := requestFields.Read(text, r.values[:]); err != nil {
+		return err
+	}
+	return r.geminiDuplicates()
+}
+
+// geminiSpellings are the fields that are one field of a Gemini request
+// spelled otherwise, named as a DuplicateError names each.
+var geminiSpellings = []struct {
+	name        string
+	first, last int
+}{
+	{"generationConfig", fieldGenerationConfig, fieldGenerationConfigSnake},
+	{"generationConfig.maxOutputTokens", fieldGeminiMaxOutputTokens, fieldGeminiCandidateCount - 1},
+	{"generationConfig.candidateCount", fieldGeminiCandidateCount, requestFieldCount - 1},
+}
+
+// geminiDuplicates refuses a body that gives a field of a Gemini request
+// under two of its spellings: which one Google reads is not said, and a
+// server may read either.
+func (r *Request) geminiDuplicates() error {
+	for _, g := range geminiSpellings {
+		given := 0
+		for f := g.first; f <= g.last; f++ {
+			if r.values[f].raw != nil {
+				given++
+			}
+		}
+		if given > 1 {
+			clear(r.values[:])
+			return &DuplicateError{Field: g.name}
+		}
+	}
+	return nil
+}
+
+// PathModel returns the model that path, a request's URL path, names as
+// Google's Gemini API and Vertex AI name it, and true; or false if it
+// names none. Both end in .../models/<model>:<method>: the Gemini API in
+// /v1beta/models/gemini-2.5-flash:generateContent, Vertex AI in
+// /v1/projects/<project>/locations/<location>/publishers/google/models/<model>:streamGenerateContent.
+// The model is the last segment of the path up to its last colon, as
+// Google's routes match it, below a segment "models" in any case; any
+// method is read, and any prefix (a route of the proxy's own).
+func PathModel(path string) (string, bool) {
+	slash := strings.LastIndexByte(path, '/')
+	if slash < 0 {
+		return "", false
+	}
+	last, parent := path[slash+1:], path[:slash]
+	colon := strings.LastIndexByte(last, ':')
+	parent = parent[strings.LastIndexByte(parent, '/')+1:]
+	if colon <= 0 || !strings.EqualFold(parent, "models") {
+		return "", false
+	}
+	return last[:colon], true
+}
+
+// Gemini reports whether the request is one to Google's Gemini API or
+// Vertex AI: its path names a model (see PathModel).
+func (r *Request) Gemini() bool {
+	return r.gemini
 }
 
 // Size is the body's length in bytes, which bounds its prompt's tokens (a
@@ -96,7 +197,19 @@ const maxBound = 1 << 53
 // (under a key spelled otherwise than its name, or as anything but a JSON
 // number) counts no lower than def: such a server generates as if the
 // request had no bound.
+//
+// A Gemini request (see Gemini) reads generationConfig.maxOutputTokens
+// times generationConfig.candidateCount instead, and nothing else. The
+// thoughts of a thinking model count within maxOutputTokens (Gemini 2.5
+// and 3 stop with MAX_TOKENS once thoughts and candidates reach it), so
+// thinkingConfig.thinkingBudget adds nothing to it. A request without
+// it, or with one of 0 or less (proto3's 0 is the field unset), is
+// generated up to the model's own maximum, which the request does not
+// say: it means none.
 func (r *Request) MaxTokens(def int64) (n int64, unbounded bool) {
+	if r.Gemini() {
+		return r.geminiMaxTokens()
+	}
 	bound, plain := 0.0, false
 	for f := fieldMaxTokens; f <= fieldNumPredict; f++ {
 		v := r.values[f]
@@ -114,13 +227,38 @@ func (r *Request) MaxTokens(def int64) (n int64, unbounded bool) {
 	if !plain {
 		bound = max(bound, float64(def))
 	}
+	return int64(min(bound*r.choices(fieldN, fieldBestOf), maxBound)), unbounded
+}
+
+// geminiMaxTokens is MaxTokens for a Gemini request. A bound in a form
+// some server does not read (a string, which protocol buffers' JSON
+// reads as a number, or a key in other case) means none.
+func (r *Request) geminiMaxTokens() (n int64, unbounded bool) {
+	bound, plain := 0.0, false
+	for f := fieldGeminiMaxOutputTokens; f < fieldGeminiCandidateCount; f++ {
+		v := r.values[f]
+		x, ok := v.Number()
+		if !ok {
+			continue
+		}
+		if x > 0 && !math.IsInf(x, 1) {
+			bound, plain = math.Ceil(x), v.plainNumber()
+		}
+	}
+	choices := r.choices(fieldGeminiCandidateCount, requestFieldCount-1)
+	return int64(min(bound*choices, maxBound)), !plain
+}
+
+// choices returns the choices the fields first to last ask for, the
+// largest, rounded up: at least 1.
+func (r *Request) choices(first, last int) float64 {
 	choices := 1.0
-	for f := fieldN; f <= fieldBestOf; f++ {
+	for f := first; f <= last; f++ {
 		if x, ok := r.values[f].Number(); ok && x > choices {
 			choices = math.Ceil(x)
 		}
 	}
-	return int64(min(bound*choices, maxBound)), unbounded
+	return choices
 }
 
 // Stream reports whether the request asks for a stream: its stream is
@@ -129,15 +267,20 @@ func (r *Request) Stream() bool {
 	return r.values[fieldStream].True()
 }
 
-// Model returns the request's model, and false if it names none.
+// Model returns the request's model, and false if it names none: the
+// model its body names, or a Gemini request's path (see PathModel).
 func (r *Request) Model() (string, bool) {
 	b, ok := r.ModelName()
 	return string(b), ok
 }
 
 // ModelName is Model as bytes: a slice of the body where the name has
-// no escape, as most do, so that finding its price allocates nothing.
+// no escape, as most do, so that finding its price allocates nothing. A
+// Gemini request's model is its path's (see PathModel).
 func (r *Request) ModelName() ([]byte, bool) {
+	if r.Gemini() {
+		return r.model, true
+	}
 	v := r.values[fieldModel]
 	if len(v.raw) < 2 || v.raw[0] != '"' {
 		return nil, false

@@ -88,7 +88,7 @@ func TestMaxTokens(t *testing.T) {
 		{"n infinite", `{"max_tokens":100,"n":Infinity}`, maxBound, false},
 	} {
 		var r Request
-		if err := r.Read([]byte(tc.body)); err != nil {
+		if err := r.Read("", []byte(tc.body)); err != nil {
 			t.Errorf("%s: %v", tc.name, err)
 			continue
 		}
@@ -135,7 +135,7 @@ func TestEncodings(t *testing.T) {
 		"utf-32 mark be":        enc32(binary.BigEndian, true),
 	} {
 		var r Request
-		if err := r.Read(b); err != nil {
+		if err := r.Read("", b); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		n, _ := r.MaxTokens(100)
@@ -168,7 +168,7 @@ func TestDuplicateFields(t *testing.T) {
 		{"after the others", `{"a":1,"max_tokens":1,"b":{"c":[1,2]},"max_tokens":2}`, "max_tokens"},
 	} {
 		var r Request
-		err := r.Read([]byte(tc.body))
+		err := r.Read("", []byte(tc.body))
 		var dup *DuplicateError
 		if !errors.As(err, &dup) || dup.Field != tc.field {
 			t.Errorf("%s: Read = %v, want a duplicate %s", tc.name, err, tc.field)
@@ -191,7 +191,7 @@ func TestDuplicateFields(t *testing.T) {
 		`{"max_tokens":10,"max_tokens":9000`,
 	} {
 		var r Request
-		if err := r.Read([]byte(body)); err != nil {
+		if err := r.Read("", []byte(body)); err != nil {
 			t.Errorf("%s: %v, want no duplicate", body, err)
 		}
 	}
@@ -224,7 +224,7 @@ func TestStreamAndModel(t *testing.T) {
 		{`{"model":5}`, false, ""},
 	} {
 		var r Request
-		if err := r.Read([]byte(tc.body)); err != nil {
+		if err := r.Read("", []byte(tc.body)); err != nil {
 			t.Fatalf("%s: %v", tc.body, err)
 		}
 		model, ok := r.Model()
@@ -297,7 +297,7 @@ func TestStreamUsage(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var r Request
-			if err := r.Read([]byte(tc.body)); err != nil {
+			if err := r.Read("", []byte(tc.body)); err != nil {
 				t.Fatal(err)
 			}
 			if r.AsksStreamUsage() != tc.asks {
@@ -351,10 +351,10 @@ func checkAsksUsage(t *testing.T, before, after []byte) {
 		t.Errorf("decoded, got %v\nwant %v", a, b)
 	}
 	var rb, ra Request
-	if err := rb.Read(before); err != nil {
+	if err := rb.Read("", before); err != nil {
 		t.Fatal(err)
 	}
-	if err := ra.Read(after); err != nil {
+	if err := ra.Read("", after); err != nil {
 		t.Fatalf("%s: %v", after, err)
 	}
 	nb, ub := rb.MaxTokens(100)
@@ -404,7 +404,7 @@ func TestReadAllocations(t *testing.T) {
 	body := []byte(`{"model":"gpt-4o-mini","stream":true,"max_tokens":512,"n":2,"options":{"num_predict":100},"messages":[{"role":"user","content":"` + strings.Repeat("Tell me about the sky. ", 85) + `"}]}`)
 	var r Request
 	allocs := testing.AllocsPerRun(100, func() {
-		if err := r.Read(body); err != nil {
+		if err := r.Read("", body); err != nil {
 			t.Fatal(err)
 		}
 		if n, _ := r.MaxTokens(100); n != 1024 || !r.Stream() {

@@ -103,7 +103,7 @@ func TestScalarKeysAsModel(t *testing.T) {
 		`{"messages":[{"model":"inner"}]}`,
 	} {
 		var req Request
-		reqErr := req.Read([]byte(body))
+		reqErr := req.Read("", []byte(body))
 		var v [1]Value
 		fieldErr := f.Read(Text([]byte(body)), v[:])
 		var dup *DuplicateError

@@ -63,7 +63,8 @@ type scanner struct {
 
 // maxDepth is how deep the scanner follows objects: the deepest values
 // read are response.usage.input_tokens_details.cached_tokens and
-// message.usage.cache_creation.ephemeral_1h_input_tokens.
+// message.usage.cache_creation.ephemeral_1h_input_tokens (Gemini's
+// candidates[].finishReason is at 3).
 const maxDepth = 4
 
 // maxModel bounds the name of a model the scanner reads: a longer one is
@@ -135,6 +136,22 @@ const (
 	keyCachedTokens
 	keyCacheCreationDetails
 	keyEphemeral1h
+	// Google's Gemini API and Vertex AI: usageMetadata and its counts
+	// (in this order, see geminiCounts), the candidates whose
+	// finishReason, or the promptFeedback whose blockReason, tells the
+	// last chunk of a response, and the modelVersion.
+	keyUsageMetadata
+	keyPromptTokenCount
+	keyToolUsePromptTokenCount
+	keyCandidatesTokenCount
+	keyThoughtsTokenCount
+	keyTotalTokenCount
+	keyCachedContentTokenCount
+	keyCandidates
+	keyFinishReason
+	keyPromptFeedback
+	keyBlockReason
+	keyModelVersion
 )
 
 // lookup returns the key whose folded form (see keyFolder) is b.
@@ -180,6 +197,32 @@ func lookup(b []byte) key {
 		return keyCacheCreationDetails
 	case "ephemeral_1h_input_tokens":
 		return keyEphemeral1h
+	// Gemini's keys, under their JSON names and under their protocol
+	// buffer names, which Google's servers read and some write.
+	case "usagemetadata", "usage_metadata":
+		return keyUsageMetadata
+	case "prompttokencount", "prompt_token_count":
+		return keyPromptTokenCount
+	case "tooluseprompttokencount", "tool_use_prompt_token_count":
+		return keyToolUsePromptTokenCount
+	case "candidatestokencount", "candidates_token_count":
+		return keyCandidatesTokenCount
+	case "thoughtstokencount", "thoughts_token_count":
+		return keyThoughtsTokenCount
+	case "totaltokencount", "total_token_count":
+		return keyTotalTokenCount
+	case "cachedcontenttokencount", "cached_content_token_count":
+		return keyCachedContentTokenCount
+	case "candidates":
+		return keyCandidates
+	case "finishreason", "finish_reason":
+		return keyFinishReason
+	case "promptfeedback", "prompt_feedback":
+		return keyPromptFeedback
+	case "blockreason", "block_reason":
+		return keyBlockReason
+	case "modelversion", "model_version":
+		return keyModelVersion
 	}
 	return keyOther
 }
@@ -201,6 +244,11 @@ type record struct {
 	// cutA, cutB bound a top-level "usage": null member with the comma or
 	// space that separates it from its neighbour; cutA == cutB if none.
 	cutA, cutB int
+	// gemini is the top-level usageMetadata of Gemini's responses; ends
+	// tells a value that is the last of a response: a candidate's
+	// finishReason, or the prompt's blockReason, is given.
+	gemini geminiCounts
+	ends   bool
 	// opened are the objects on the paths to the cached tokens the value
 	// opened (see containerBit); hasModel tells that the scanner's model
 	// holds the name of the model the value names last.
@@ -231,6 +279,49 @@ const (
 	hasCached
 	hasWrite1h
 )
+
+// geminiCounts are the counts of Gemini's usageMetadata, by key from
+// keyPromptTokenCount on, with a bit in has for each given. Gemini, as
+// protocol buffers do, leaves out a count of 0. Its counts are totals
+// so far in each chunk of a stream.
+type geminiCounts struct {
+	n         [keyCachedContentTokenCount - keyPromptTokenCount + 1]int64
+	has       uint8
+	ambiguous bool // the cached count was given twice (see counts)
+}
+
+// set records the count n under the key k, if k is one of Gemini's
+// counts, unless a larger count is recorded under it already.
+func (g *geminiCounts) set(k key, n int64) {
+	if k < keyPromptTokenCount || k > keyCachedContentTokenCount {
+		return
+	}
+	i := k - keyPromptTokenCount
+	if k == keyCachedContentTokenCount && g.has&(1<<i) != 0 {
+		g.ambiguous = true
+	}
+	g.n[i], g.has = max(g.n[i], n), g.has|1<<i
+}
+
+// counts returns Gemini's counts as the other formats' are: input is the
+// prompt's tokens (its cached content's among them, as cached) and the
+// tool-use prompt's; output the candidates' and the thoughts', which
+// are billed as output; total the totalTokenCount, or input and output.
+// A count left out is 0.
+func (g *geminiCounts) counts() counts {
+	at := func(k key) int64 { return g.n[k-keyPromptTokenCount] }
+	c := counts{
+		in:     at(keyPromptTokenCount) + at(keyToolUsePromptTokenCount),
+		out:    at(keyCandidatesTokenCount) + at(keyThoughtsTokenCount),
+		total:  at(keyTotalTokenCount),
+		cached: at(keyCachedContentTokenCount),
+		has:    hasIn | hasOut | hasTotal | hasCached, ambiguous: g.ambiguous,
+	}
+	if g.has&(1<<(keyTotalTokenCount-keyPromptTokenCount)) == 0 {
+		c.total = c.in + c.out
+	}
+	return c
+}
 
 // set records the count n under the key k, unless a larger count is
 // recorded under it already.
@@ -294,6 +385,11 @@ func (s *scanner) reset() {
 func (s *scanner) next() {
 	s.rec = record{}
 	s.state, s.extendsCut = stValue, false
+}
+
+// between reports whether the scanner is between two top-level values.
+func (s *scanner) between() bool {
+	return s.state == stDone || s.state == stValue && s.depth == 0
 }
 
 // feed reads p, whose first byte is at position base (positions are what
@@ -492,8 +588,12 @@ func (s *scanner) begin(c byte) {
 		// An array's elements are skipped; only whether choices has one
 		// is read.
 		s.keys[d] = keyOther
-		if d == 2 && s.keys[1] == keyChoices {
+		switch {
+		case d == 2 && s.keys[1] == keyChoices:
 			s.rec.choicesFilled = true
+		case d == 2 && s.keys[1] == keyCandidates:
+			// Gemini's candidates are read, for their finishReason.
+			s.keys[d] = keyCandidates
 		}
 	}
 	read := d == 0 || s.keys[d] != keyOther
@@ -587,7 +687,7 @@ func (s *scanner) value(k kind, end int) {
 	switch s.depth {
 	case 1:
 		switch s.keys[1] {
-		case keyModel:
+		case keyModel, keyModelVersion:
 			s.endModel(k)
 		case keyUsage:
 			r.usage = k
@@ -612,11 +712,17 @@ func (s *scanner) value(k kind, end int) {
 		switch {
 		case s.keys[1] == keyUsage && isCount:
 			r.final.set(s.keys[2], n)
+		case s.keys[1] == keyUsageMetadata && isCount:
+			r.gemini.set(s.keys[2], n)
+		case s.keys[1] == keyPromptFeedback && s.keys[2] == keyBlockReason:
+			r.ends = r.ends || k != kindNull
 		case s.keys[2] == keyModel && (s.keys[1] == keyMessage || s.keys[1] == keyResponse):
 			s.endModel(k)
 		}
 	case 3:
 		switch {
+		case s.keys[1] == keyCandidates && s.keys[3] == keyFinishReason:
+			r.ends = r.ends || k != kindNull
 		case !isCount:
 		case s.keys[1] == keyUsage:
 			r.final.setDetail(s.keys[2], s.keys[3], n)
@@ -677,11 +783,11 @@ func (s *scanner) containerBit() uint8 {
 
 // modelAt reports whether the value about to be read is where a
 // response names its model: model, at the top, or in Anthropic's
-// message or the Responses API's response.
+// message or the Responses API's response; or Gemini's modelVersion.
 func (s *scanner) modelAt() bool {
 	switch s.depth {
 	case 1:
-		return s.keys[1] == keyModel
+		return s.keys[1] == keyModel || s.keys[1] == keyModelVersion
 	case 2:
 		return s.keys[2] == keyModel && (s.keys[1] == keyMessage || s.keys[1] == keyResponse)
 	}

@@ -134,18 +134,35 @@ func (cw *Writer) scanSSE(p []byte) {
 }
 
 // wholeEvent returns the length of the event p begins with, blank line
-// included, if p has all of it and its lines end with LF only; else 0.
+// included, if p has all of it and its lines all end with LF, or all
+// with CRLF (as Google's streams end them); else 0. It reads a line at a
+// time: an event is most often one data line.
 func wholeEvent(p []byte) int {
-	n := bytes.Index(p, blankLine)
-	if n < 0 || bytes.IndexByte(p[:n], '\r') >= 0 {
-		return 0
+	mode := byte(0) // '\n' or '\r', once a line told which ends them
+	for at := 0; ; {
+		j := bytes.IndexByte(p[at:], '\n')
+		if j < 0 {
+			return 0
+		}
+		line, end := p[at:at+j], byte('\n')
+		if len(line) > 0 && line[len(line)-1] == '\r' {
+			line, end = line[:len(line)-1], '\r'
+		}
+		if mode != 0 && end != mode || bytes.IndexByte(line, '\r') >= 0 {
+			return 0
+		}
+		mode, at = end, at+j+1
+		if len(line) == 0 {
+			return at
+		}
 	}
-	return n + len(blankLine)
 }
 
 var (
-	blankLine = []byte("\n\n")
-	usageKey  = []byte(`usage"`)
+	usageKey = "usage"
+	// reasonKey ends the keys that tell Gemini's last chunk:
+	// finishReason and blockReason, in either spelling.
+	reasonKey = `reason"`
 	// An escape, or a long s (ſ), can spell a key that reads as "usage"
 	// (see keyByte) without the letters of usageKey.
 	escapeU = []byte(`\u`)
@@ -154,24 +171,39 @@ var (
 
 // quiet reports whether the whole event has nothing in it to read: no
 // usage key, or only usage keys whose value is null (which, under
-// HideStreamUsage, are taken out, so that the event must be read). It
-// looks for "usage" with its quotes, in any case, which in JSON can only
-// be a whole string, as a quote within a string is escaped: a key if a
-// colon follows. An event with an escape or a long s anywhere is read.
+// HideStreamUsage, are taken out, so that the event must be read); and
+// no usageMetadata key (Gemini's) but in a chunk that may end a
+// response. It looks for "usage" with its opening quote, in any case,
+// followed by its closing quote, which in JSON can only be a whole
+// string, as a quote within a string is escaped: a key if a colon
+// follows; or followed by metadata" or _metadata". An event with an
+// escape or a long s anywhere is read.
+//
+// Gemini's usage counts only in the last chunk of a response (see
+// Writer.took), whose counts are totals: a chunk without the key of a
+// finishReason or a blockReason (reason", in any case) has nothing to
+// read, and is passed on unread, as most of a stream's chunks are.
 func quiet(event []byte, hide bool) bool {
 	if bytes.Contains(event, escapeU) || bytes.Contains(event, longS) {
 		return false
 	}
+	whole, gemini := event, false
 	for {
-		i := indexUsage(event)
+		i := indexFold(event, usageKey)
 		if i < 0 {
-			return true
+			return !gemini || indexFold(whole, reasonKey) < 0
 		}
 		quoted := i > 0 && event[i-1] == '"'
-		event = trimSpace(event[i+len(usageKey):])
-		switch {
-		case !quoted:
+		event = event[i+len(usageKey):]
+		if quoted && (hasPrefixFold(event, `metadata"`) || hasPrefixFold(event, `_metadata"`)) {
+			gemini = true
 			continue
+		}
+		if !quoted || len(event) == 0 || event[0] != '"' {
+			continue
+		}
+		event = trimSpace(event[1:])
+		switch {
 		case len(event) > 0 && (event[0] == ',' || event[0] == '}' || event[0] == ']'):
 			// A string value "usage".
 			continue
@@ -185,22 +217,43 @@ func quiet(event []byte, hide bool) bool {
 	}
 }
 
-// indexUsage returns where the first usageKey of p, in any case, begins,
-// or -1. It looks for each u and U, of which JSON has fewer than quotes.
-func indexUsage(p []byte) int {
-	lower, upper := bytes.IndexByte(p, 'u'), bytes.IndexByte(p, 'U')
+// hasPrefixFold reports whether p begins with prefix, which is in lower
+// case, in any ASCII case.
+func hasPrefixFold(p []byte, prefix string) bool {
+	if len(p) < len(prefix) {
+		return false
+	}
+	for i := range len(prefix) {
+		c := p[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != prefix[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// indexFold returns where the first word of p, in any ASCII case,
+// begins, or -1; word is in lower case and begins with a letter. It looks
+// for each occurrence of the word's first letter in either case, of which
+// JSON has fewer than quotes.
+func indexFold(p []byte, word string) int {
+	first := word[0]
+	lower, upper := bytes.IndexByte(p, first), bytes.IndexByte(p, first-'a'+'A')
 	for lower >= 0 || upper >= 0 {
 		i := lower
 		if i < 0 || upper >= 0 && upper < i {
 			i = upper
 		}
-		if len(p)-i >= len(usageKey) && bytes.EqualFold(p[i:i+len(usageKey)], usageKey) {
+		if hasPrefixFold(p[i:], word) {
 			return i
 		}
 		if i == lower {
-			lower = indexFrom(p, i+1, 'u')
+			lower = indexFrom(p, i+1, first)
 		} else {
-			upper = indexFrom(p, i+1, 'U')
+			upper = indexFrom(p, i+1, first-'a'+'A')
 		}
 	}
 	return -1

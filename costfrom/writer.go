@@ -55,7 +55,21 @@ type Writer struct {
 	modelN int
 
 	sse sse
+	// array is what a JSON body is: see seq.
+	array seq
 }
+
+// seq tells whether a JSON body is a streamed array: Gemini's
+// streamGenerateContent, asked for without alt=sse, answers with a JSON
+// array of its chunks, each read as a value of its own.
+type seq uint8
+
+const (
+	seqUnknown seq = iota // nothing read yet
+	seqNone               // the body's first value is not an array
+	seqIn                 // in the array
+	seqEnded              // past its end, where nothing more is read
+)
 
 // body is how the Writer reads the response's body.
 type body uint8
@@ -188,15 +202,46 @@ func (cw *Writer) Write(p []byte) (int, error) {
 	return cw.rw.Write(p)
 }
 
-// scanJSON reads a piece of a body of JSON values.
+// scanJSON reads a piece of a body of JSON values, or of a streamed
+// array of them (see seq).
 func (cw *Writer) scanJSON(p []byte) {
 	for len(p) > 0 {
+		if cw.array != seqNone && cw.sc.between() {
+			if p = cw.arrayFraming(p); len(p) == 0 || cw.array == seqEnded {
+				return
+			}
+		}
 		n, done := cw.sc.feed(p, 0)
 		if done {
 			cw.took()
 		}
 		p = p[n:]
 	}
+}
+
+// arrayFraming reads, between two values of a JSON body, the bytes that
+// make it a streamed array: the bracket that opens it (the body's first
+// byte but for spaces), the commas between its elements, the bracket that
+// ends it. It returns the rest of p, which begins with a value.
+func (cw *Writer) arrayFraming(p []byte) []byte {
+	for len(p) > 0 {
+		switch c := p[0]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+		case cw.array == seqUnknown && c == '[':
+			cw.array = seqIn
+		case cw.array == seqUnknown:
+			cw.array = seqNone
+			return p
+		case c == ',':
+		case c == ']':
+			cw.array = seqEnded
+			return nil
+		default:
+			return p
+		}
+		p = p[1:]
+	}
+	return p
 }
 
 // took reads the record of the top-level value the scanner just read.
@@ -209,6 +254,12 @@ func (cw *Writer) scanJSON(p []byte) {
 // events). Anthropic's message_start
 // gives the input counts only, so it completes nothing by itself. Of
 // counts one value gives in several places, the largest counts.
+//
+// Gemini's usageMetadata, which leaves out a count of 0 too, is whole in
+// the last value of a response: one whose candidate has a finishReason
+// or whose prompt has a blockReason (the last chunk of a stream, whose
+// counts are totals), or a JSON body that is one value. A streamed array
+// is only Gemini's, and only its usageMetadata is read.
 func (cw *Writer) took() {
 	r := &cw.sc.rec
 	if r.top != kindObject {
@@ -217,16 +268,25 @@ func (cw *Writer) took() {
 	if r.hasModel {
 		cw.modelN = copy(cw.model[:], cw.sc.model[:cw.sc.modelN])
 	}
-	got := r.partial
-	if r.final.has != 0 {
-		got.union(r.final)
-		cw.complete = true
+	var got counts
+	if cw.array != seqIn {
+		got = r.partial
+		if r.final.has != 0 {
+			got.union(r.final)
+			cw.complete = true
+		}
+		if r.done && r.ollama.has != 0 && cw.body == bodyJSON {
+			o := r.ollama
+			o.has |= hasIn | hasOut
+			got.union(o)
+			cw.complete = true
+		}
 	}
-	if r.done && r.ollama.has != 0 && cw.body == bodyJSON {
-		o := r.ollama
-		o.has |= hasIn | hasOut
-		got.union(o)
-		cw.complete = true
+	if r.gemini.has != 0 {
+		got.union(r.gemini.counts())
+		if r.ends || cw.body == bodyJSON && cw.array == seqNone {
+			cw.complete = true
+		}
 	}
 	cw.usage.merge(got)
 }
@@ -336,8 +396,9 @@ func (cw *Writer) Usage() (Usage, bool) {
 	}, true
 }
 
-// Model returns the name of the model the response names (its model, or
-// that of Anthropic's message or of the Responses API's response), the
+// Model returns the name of the model the response names (its model,
+// that of Anthropic's message or of the Responses API's response, or
+// Gemini's modelVersion), the
 // last one given, or nil if it names none that was read: one with an
 // escape, or longer than 256 bytes, is not. The slice is the Writer's,
 // valid until its next Write or Reset.

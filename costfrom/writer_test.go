@@ -95,6 +95,13 @@ var fixtures = []fixture{
 	{"ollama_chat_stream.ndjson", "application/x-ndjson", 26, 282, 308, `"done":true`},
 	{"ollama_generate.json", "application/json; charset=utf-8", 26, 290, 316, ""},
 	{"ollama_generate_stream.ndjson", "application/x-ndjson", 26, 259, 285, `"done":true`},
+	// Input counts the tool-use prompt: 2152 + 57; output the thoughts:
+	// 311 + 882.
+	{"gemini_generate.json", "application/json; charset=UTF-8", 2209, 1193, 3402, ""},
+	{"gemini_stream.txt", "text/event-stream", 1065, 405, 1470, `"finishReason"`},
+	// streamGenerateContent without alt=sse: a JSON array.
+	{"gemini_stream_array.json", "application/json; charset=UTF-8", 96, 80, 176, ""},
+	{"vertex_stream.txt", "text/event-stream", 12, 9, 21, `"finishReason"`},
 }
 
 func (f fixture) body(t testing.TB) []byte {
@@ -444,6 +451,10 @@ func TestFixturesUsage(t *testing.T) {
 		"ollama_chat_stream.ndjson":     {Usage{Input: 26, Output: 282}, "llama3.2"},
 		"ollama_generate.json":          {Usage{Input: 26, Output: 290}, "llama3.2"},
 		"ollama_generate_stream.ndjson": {Usage{Input: 26, Output: 259}, "llama3.2"},
+		"gemini_generate.json":          {Usage{Input: 2209 - 2048, Output: 1193, CacheRead: 2048}, "gemini-2.5-flash"},
+		"gemini_stream.txt":             {Usage{Input: 1065 - 512, Output: 405, CacheRead: 512}, "gemini-2.5-flash"},
+		"gemini_stream_array.json":      {Usage{Input: 96, Output: 80}, "gemini-2.5-pro"},
+		"vertex_stream.txt":             {Usage{Input: 12, Output: 9}, "gemini-2.5-flash-lite"},
 	}
 	for _, f := range fixtures {
 		cw, _ := serve(t, f.contentType, Source{Count: Total}, false, f.body(t))

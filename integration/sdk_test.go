@@ -12,9 +12,9 @@ import (
 	"time"
 )
 
-// This file runs the official OpenAI and Anthropic clients for Node
-// (testdata/sdk) against Caddy in front of the upstream of
-// tokens_test.go: the clients parse strictly, so what Caddy passes on of
+// This file runs the official OpenAI, Anthropic and Google Gen AI
+// clients for Node (testdata/sdk) against Caddy in front of the upstream
+// of tokens_test.go: the clients parse strictly, so what Caddy passes on of
 // an answer, and the 429 it answers itself, must be what the APIs send.
 
 // sdkSeen is what a script of testdata/sdk printed: what the client saw.
@@ -34,12 +34,15 @@ type sdkSeen struct {
 }
 
 // tokens is what a usage counts as cost_from usage total does: its
-// total_tokens (OpenAI), or its input, cached input and output tokens
-// (Anthropic).
+// total_tokens (OpenAI) or totalTokenCount (Gemini), or its input,
+// cached input and output tokens (Anthropic).
 func (s sdkSeen) tokens() int {
 	n := func(k string) int { f, _ := s.Usage[k].(float64); return int(f) }
 	if _, ok := s.Usage["total_tokens"]; ok {
 		return n("total_tokens")
+	}
+	if _, ok := s.Usage["totalTokenCount"]; ok {
+		return n("totalTokenCount")
 	}
 	return n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens") + n("output_tokens")
 }
@@ -87,7 +90,7 @@ func sdkDir(t *testing.T) string {
 	return dir
 }
 
-// runSDK runs script of dir (openai.mjs or anthropic.mjs) in mode with
+// runSDK runs script of dir (openai.mjs, anthropic.mjs or gemini.mjs) in mode with
 // baseURL and apiKey, and returns what the client saw. The script runs
 // with no environment but PATH and HOME, so that no OPENAI_* or
 // ANTHROPIC_* variable of the machine's changes what the client sends.
@@ -113,14 +116,15 @@ func runSDK(t *testing.T, dir, script, baseURL, apiKey, mode string) sdkSeen {
 
 // sdkSite is a site that proxies to upstream, with a token zone, name,
 // of limit tokens an hour, keyed by the client's API key: as
-// Authorization: Bearer, as both clients send it, or as X-Api-Key, as
-// Anthropic's API also takes it.
+// Authorization: Bearer, as OpenAI's and Anthropic's clients send it, as
+// X-Api-Key, as Anthropic's API also takes it, or as X-Goog-Api-Key, as
+// Google's client sends it.
 func sdkSite(upstream, name string, limit int) string {
 	return fmt.Sprintf(`
 `+siteAddr+` {
 	rate_limit {
 		zone %s {
-			key {header.Authorization} {header.X-Api-Key}
+			key {header.Authorization} {header.X-Api-Key} {header.X-Goog-Api-Key}
 			limit %d
 			window 1h
 			algorithm fixed_window
@@ -151,6 +155,7 @@ func TestSDKClientsThroughCaddy(t *testing.T) {
 		startCaddy(t, sdkSite(u.url, zone, 100000))
 		chatText := "The image shows a wooden boardwalk path running through a lush green field or meadow. The sky is bright blue with some scattered clouds, giving the scene a serene and peaceful atmosphere. \"Quoted\" and escaped \\ text."
 		streamText := `Hello there, "friend" {[\`
+		tideText := "The tide is pulled by the Moon's gravity: the ocean on the side facing it bulges toward it, and a second bulge forms on the far side, where the Moon pulls the Earth away from the water. \"Quoted\" and escaped \\ text."
 		taken := 0
 		for _, c := range []struct {
 			script, mode, key string
@@ -166,10 +171,18 @@ func TestSDKClientsThroughCaddy(t *testing.T) {
 			// The fixture's 8 events but its ping, which the client
 			// does not yield.
 			{"anthropic.mjs", "messages-stream", "sk-ant-stream", "Hello!", "end_turn", 7, 2, 25 + 10 + 15},
+			// Each of Gemini's chunks has its usageMetadata so far;
+			// Vertex AI's only the last.
+			{"gemini.mjs", "generate", "gk-json", tideText, "STOP", 1, 1, 3402},
+			{"gemini.mjs", "generate-stream", "gk-stream", "Two bulges of water follow the Moon, one on each side of the Earth.", "STOP", 4, 4, 1470},
+			{"gemini.mjs", "vertex-stream", "gk-vertex", "Neap tides come when they pull at right angles.", "STOP", 2, 1, 21},
 		} {
 			baseURL, key := siteURL+"/v1", "Bearer "+c.key
-			if c.script == "anthropic.mjs" {
+			switch c.script {
+			case "anthropic.mjs":
 				baseURL = siteURL
+			case "gemini.mjs":
+				baseURL, key = siteURL, c.key
 			}
 			name := c.script + " " + c.mode
 			seen := runSDK(t, dir, c.script, baseURL, c.key, c.mode)
@@ -215,12 +228,18 @@ func TestSDKClientsThroughCaddy(t *testing.T) {
 			{"openai.mjs", "chat", "chat", "sk-over", siteURL + "/v1", 1163},
 			// 3698 tokens, over the limit: the key is in debt.
 			{"anthropic.mjs", "messages", "messages-stream", "sk-ant-over", siteURL, 3698},
+			// 3402 tokens, over the limit: the key is in debt.
+			{"gemini.mjs", "generate", "generate-stream", "gk-over", siteURL, 3402},
 		} {
 			name := c.script + " " + c.then
 			if seen := runSDK(t, dir, c.script, c.baseURL, c.key, c.first); seen.Error != nil {
 				t.Fatalf("%s %s: the client threw %+v", c.script, c.first, *seen.Error)
 			}
-			waitUsed(t, adminURL, zone, "Bearer "+c.key, int64(c.used))
+			key := "Bearer " + c.key
+			if c.script == "gemini.mjs" {
+				key = c.key
+			}
+			waitUsed(t, adminURL, zone, key, int64(c.used))
 			hits := u.hits.Load()
 			seen := runSDK(t, dir, c.script, c.baseURL, c.key, c.then)
 			switch e := seen.Error; {

@@ -57,11 +57,14 @@ func fixture(t testing.TB, name string) string {
 //	/usage?n=<n>&status=  JSON with a usage of n total tokens
 //	/cut                  the first half of an OpenAI stream, then the
 //	                      connection is closed
+//	.../models/<model>:generateContent, :streamGenerateContent
+//	                      Google's Gemini API and Vertex AI (see serveGemini)
 func newLLM(t *testing.T) *llm {
 	t.Helper()
 	u := new(llm)
 	files := map[string]string{}
-	for _, f := range []string{"openai_chat.json", "openai_chat_stream.txt", "openai_chat_stream_plain.txt", "openai_responses.json", "openai_responses_stream.txt", "anthropic_messages.json", "anthropic_stream.txt", "ollama_chat_stream.ndjson"} {
+	for _, f := range []string{"openai_chat.json", "openai_chat_stream.txt", "openai_chat_stream_plain.txt", "openai_responses.json", "openai_responses_stream.txt", "anthropic_messages.json", "anthropic_stream.txt", "ollama_chat_stream.ndjson",
+		"gemini_generate.json", "gemini_stream.txt", "gemini_stream_array.json", "vertex_stream.txt"} {
 		files[f] = fixture(t, f)
 	}
 	stream := func(w http.ResponseWriter, contentType, body, sep string) {
@@ -122,7 +125,9 @@ func newLLM(t *testing.T) *llm {
 			http.NewResponseController(w).Flush()
 			panic(http.ErrAbortHandler)
 		default:
-			http.NotFound(w, r)
+			if !serveGemini(w, r, files, stream) {
+				http.NotFound(w, r)
+			}
 		}
 	}))
 	t.Cleanup(srv.Close)

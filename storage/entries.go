@@ -26,3 +26,17 @@ func EntriesDesc(store string) *prometheus.Desc {
 		[]string{"kind"}, prometheus.Labels{"store": store},
 	)
 }
+
+// EntriesBoundDesc describes caddy_http_rate_limit_store_entries_bound
+// {store, kind}: the most entries a kind of store_entries may hold, for
+// the kinds that have a fixed bound. Reported beside the entries, it lets
+// a dashboard draw how full a store is, and an alert fire on
+// store_entries / store_entries_bound, without the operator copying each
+// bound (max_keys, rounded up, or a constant of the code) into a query.
+func EntriesBoundDesc(store string) *prometheus.Desc {
+	return prometheus.NewDesc(
+		prometheus.BuildFQName(promreg.Namespace, promreg.Subsystem, "store_entries_bound"),
+		"The most entries a kind of store_entries may hold: memory keys and bans (max_keys, rounded up to a multiple of 64) and overrides; Redis leases, denials and owed.",
+		[]string{"kind"}, prometheus.Labels{"store": store},
+	)
+}

@@ -32,8 +32,11 @@ func Once(create func() []prometheus.Collector) func(*prometheus.Registry) error
 
 // Register registers cs with registry, if there is one (a store used
 // outside a Caddy config has none); a collector already registered there
-// is no error.
+// is no error. It remembers cs for Collectors.
 func Register(registry *prometheus.Registry, cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		made.Store(c, struct{}{})
+	}
 	if registry == nil {
 		return nil
 	}
@@ -43,4 +46,20 @@ func Register(registry *prometheus.Registry, cs ...prometheus.Collector) error {
 		}
 	}
 	return nil
+}
+
+// made holds every collector Register was given, as a set.
+var made sync.Map
+
+// Collectors returns every collector of the module registered so far in
+// this process, whether or not it has series yet: the metrics the module
+// exports, against which the shipped dashboard's and alerts' queries are
+// checked (a vector with no series yet is not in a registry's Gather).
+func Collectors() []prometheus.Collector {
+	var cs []prometheus.Collector
+	made.Range(func(c, _ any) bool {
+		cs = append(cs, c.(prometheus.Collector))
+		return true
+	})
+	return cs
 }

@@ -1,6 +1,7 @@
 package promreg
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +31,9 @@ func TestOnceMakesOnceRegistersEverywhere(t *testing.T) {
 	}
 	if made != 1 {
 		t.Fatalf("collectors made %d times, want once", made)
+	}
+	if !slices.Contains(Collectors(), prometheus.Collector(c)) {
+		t.Fatal("Collectors does not return the collector registered")
 	}
 	for _, r := range []*prometheus.Registry{first, second} {
 		families, err := r.Gather()

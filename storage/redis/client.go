@@ -61,6 +61,9 @@ type client struct {
 	mirrors    atomic.Bool
 
 	cluster bool
+	// timeout is the store's timeout, which the connection was made
+	// for; the metrics report it.
+	timeout time.Duration
 	logger  *zap.Logger
 	// now is the local clock of the leases' sweeps.
 	now func() time.Time

@@ -58,14 +58,17 @@ func (r *Store) Instances() int {
 // taken in Redis once Redis answers again (owed; the catch-up).
 func (r *Store) Local() storage.Store {
 	r.client.mirrors.Store(true)
-	return localStore{c: r.client, names: r.watcher()}
+	return localStore{c: r.client, names: r.watcher(), owner: r}
 }
 
 // localStore is the Redis store's local fallback; names names a key's
 // counters in Redis, where what it admits is taken by the catch-up.
+// owner is the store whose handler decides with it: a handler with
+// disable_metrics leaves its decisions uncounted.
 type localStore struct {
 	c     *client
 	names *dialWatcher
+	owner *Store
 }
 
 // Take implements storage.Store: it decides in this instance's memory,
@@ -80,6 +83,9 @@ func (s localStore) Take(ctx context.Context, reqs []storage.Request, decisions 
 	}
 	if err := s.c.localMemory().Take(ctx, shares, decisions); err != nil {
 		return err
+	}
+	if !s.owner.metricsOff {
+		metrics.fallback.Inc()
 	}
 	if allAllowed(decisions) {
 		s.c.owed.add(s.names, reqs, decisions, s.c.now())

@@ -178,7 +178,7 @@ func (r *Store) Provision(ctx caddy.Context) error {
 		return err
 	}
 	val, _, err := clients.LoadOrNew(string(key), func() (caddy.Destructor, error) {
-		return newClient(opts, r.logger), nil
+		return r.newClient(opts), nil
 	})
 	if err != nil {
 		return err
@@ -215,6 +215,13 @@ func (r *Store) Provision(ctx caddy.Context) error {
 		r.client.startLeases()
 	}
 	return nil
+}
+
+// newClient makes the connection for r's config, opts made from it.
+func (r *Store) newClient(opts *goredis.UniversalOptions) *client {
+	c := newClient(opts, r.logger)
+	c.timeout = time.Duration(r.Timeout)
+	return c
 }
 
 // DisableMetrics implements storage.MetricsDisabler: the store counts its
@@ -347,7 +354,7 @@ func (r *Store) acquire() (c *client, own bool, err error) {
 	}
 	r.endOwn()
 	val, _, err := clients.LoadOrNew(r.poolKey, func() (caddy.Destructor, error) {
-		return newClient(r.opts, r.logger), nil
+		return r.newClient(r.opts), nil
 	})
 	if err != nil {
 		return nil, false, err
