@@ -315,14 +315,14 @@ func countTop(checks []zoneCheck, v verdict, rejected *zoneCheck) {
 		c := &checks[i]
 		switch {
 		case !c.zone.meter.on:
-			c.zone.top.add(c.req.Key, 1, c == rejected)
+			c.zone.top.Add(c.req.Key, 1, c == rejected)
 		case c == rejected:
 			// A cost_from zone counts units taken: none here.
-			c.zone.top.add(c.req.Key, 0, true)
+			c.zone.top.Add(c.req.Key, 0, true)
 		case v == allowed && c.dryRunExceeded:
 			// Takes nothing: counted as the reservation it would have
 			// taken, so the key still shows.
-			c.zone.top.add(c.req.Key, c.req.Cost, false)
+			c.zone.top.Add(c.req.Key, c.req.Cost, false)
 		}
 		// An allowed cost_from check is counted once its response is
 		// done, with what it finally took (finish); one of a request
@@ -431,7 +431,7 @@ func (h *Handler) finish(ctx context.Context, s *scratch, rec *statusRecorder, p
 			}
 			m.units[costTaken].Add(float64(kept))
 			if kept > 0 {
-				c.zone.top.add(req.Key, kept, false)
+				c.zone.top.Add(req.Key, kept, false)
 			}
 			p.took(c, kept)
 			if !req.TrueUp && !req.Counted {

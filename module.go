@@ -28,6 +28,7 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/internal/logevery"
 	"github.com/d61b427a/caddy-rate-limit/internal/money"
 	"github.com/d61b427a/caddy-rate-limit/internal/names"
+	"github.com/d61b427a/caddy-rate-limit/internal/topkeys"
 	"github.com/d61b427a/caddy-rate-limit/jwtclaims"
 	"github.com/d61b427a/caddy-rate-limit/shed"
 	"github.com/d61b427a/caddy-rate-limit/storage"
@@ -333,7 +334,7 @@ type Zone struct {
 	// top is the zone's heaviest keys, shared by the zones of its name;
 	// showKeys (log_keys on) shows them, and the keys of admin changes,
 	// as they are rather than as hashes.
-	top      *topKeys
+	top      *topkeys.Keys
 	showKeys bool
 	// events remembers which keys had their event in this window.
 	events exceededKeys
@@ -458,7 +459,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.delays = h.delays || z.MaxDelay > 0
 		z.admin, _ = store.(storage.Admin)
 		z.storeName = h.storeName
-		z.top, z.showKeys = topKeysFor(z.Name), h.showKeys
+		z.top, z.showKeys = topkeys.For(z.Name), h.showKeys
 		admin.RegisterZone(z)
 	}
 	if h.Shed != nil {
