@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"sync"
@@ -945,4 +946,89 @@ func methodIndex(m string) int {
 		return methodTrace
 	}
 	return methodOther
+}
+
+// statusRecorder passes a response through and records its status, for
+// zones that count only some statuses (count_status).
+type statusRecorder struct {
+	caddyhttp.ResponseWriterWrapper
+	// written is the final status written (0 until one is): 1xx
+	// statuses other than 101 Switching Protocols are informational, and
+	// the final status follows them.
+	written int
+	// status is the status the response ended with, set by end; 0 if
+	// the next handler panicked.
+	status int
+}
+
+// WriteHeader records the first final status.
+func (w *statusRecorder) WriteHeader(code int) {
+	if w.written == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.written = code
+	}
+	w.ResponseWriterWrapper.WriteHeader(code)
+}
+
+// Write records the implicit 200 of a body written before any status.
+func (w *statusRecorder) Write(b []byte) (int, error) {
+	if w.written == 0 {
+		w.written = http.StatusOK
+	}
+	return w.ResponseWriterWrapper.Write(b)
+}
+
+// ReadFrom records the implicit 200, as Write does.
+func (w *statusRecorder) ReadFrom(r io.Reader) (int64, error) {
+	if w.written == 0 {
+		w.written = http.StatusOK
+	}
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// end sets the status the response ended with, once the next handler
+// returned err: the status written, if any; else the status an error
+// carries (basic_auth fails with one: 401), whether or not the client is
+// still there to read it; 499 if the client went away before any answer;
+// or the 200 that an empty response gets.
+func (w *statusRecorder) end(r *http.Request, err error) {
+	carried := 0
+	if err != nil {
+		carried = carriedStatus(err)
+	}
+	switch {
+	case w.written != 0:
+		w.status = w.written
+	case carried != 0:
+		w.status = carried
+	case r.Context().Err() != nil:
+		w.status = statusClientClosedRequest
+	case err != nil:
+		w.status = http.StatusInternalServerError
+	default:
+		w.status = http.StatusOK
+	}
+}
+
+// carriedStatus returns the status a handler error carries, or 0. It is
+// a function of its own so that the error value errors.As needs is made
+// only for a request that ended in an error.
+func carriedStatus(err error) int {
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) {
+		return he.StatusCode
+	}
+	return 0
+}
+
+// final is the status the request counts as: what end recorded, or,
+// if the next handler panicked before it could, the status written or
+// the 500 Caddy answers a panic with.
+func (w *statusRecorder) final() int {
+	switch {
+	case w.status != 0:
+		return w.status
+	case w.written != 0:
+		return w.written
+	}
+	return http.StatusInternalServerError
 }
