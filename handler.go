@@ -81,27 +81,84 @@ func (c *zoneCheck) releases(status int) bool {
 
 // ServeHTTP checks the request to every zone it matches and passes it on
 // if every zone allows it. A load shedder, if any, sees the request first.
+//
+// The checking is admit's, which returns before the next handler runs:
+// its frame, large with the checks it builds, is off the stack while the
+// response is made and written, so the request goroutine's stack, which
+// the collector shrinks, does not grow again on every request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	s := scratchPool.Get().(*scratch)
+	defer s.recycle()
+	a, err := h.admit(w, r, s)
+	switch a {
+	case answered:
+		return err
+	case passOn:
+		return h.serveNext(w, r, next)
+	}
+	p := s.placeholders
+	countsStatus, meters := anyCountsStatus(s.checks), anyMeters(s.checks)
+	if !countsStatus && !meters && !anyHoldsUnits(s.checks) {
+		// What the request took is final.
+		p.logCosts(r.Context())
+		return h.serveNext(w, r, next)
+	}
+	var rec *statusRecorder
+	if countsStatus {
+		rec = &s.recorder
+		rec.ResponseWriter = w
+		w = rec
+	}
+	if meters {
+		w = s.meterResponse(w, r)
+	}
+	// Runs before the scratch goes back to the pool, and on every way
+	// out: a response, an error, a panic, a client gone.
+	defer h.finish(r.Context(), s, rec, p)
+	err = h.serveNext(w, r, next)
+	if rec != nil {
+		rec.end(r, err)
+	}
+	return err
+}
+
+// admission is what admit found of a request.
+type admission int
+
+const (
+	// answered: admit answered the request (a rejection, a refused
+	// body) or failed; its error is the handler's.
+	answered admission = iota
+	// passOn: no zone counts the request (none matched, or the store
+	// failed and on_store_error allows it); it goes on as it is.
+	passOn
+	// admitted: every zone allowed the request, and s.checks hold what
+	// each took, for the response to release or true up.
+	admitted
+)
+
+// admit checks the request to every zone it matches, in s, and answers
+// it if it does not go on. An admitted request's headers are set, and
+// its placeholders are s.placeholders.
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (admission, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if h.JWT != nil {
 		h.JWT.Register(repl, r)
 	}
 
-	values := requestValues{repl: repl}
+	values := requestValues{repl: repl, header: r.Header}
 	values.vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	if h.shedder != nil {
 		if err := h.shedder.Check(repl); err != nil {
-			return refuse(w, r, h.Shed.Status, retryAfterOne, err)
+			return answered, refuse(w, r, h.Shed.Status, retryAfterOne, err)
 		}
 	}
-	s := scratchPool.Get().(*scratch)
-	defer s.recycle()
 	var p *placeholders
 	needsBody := false
 	for _, z := range h.Zones {
 		match, err := z.matchers.AnyMatchWithError(r)
 		if err != nil {
-			return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("zone %q: matching: %w", z.Name, err))
+			return answered, caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("zone %q: matching: %w", z.Name, err))
 		}
 		if !match {
 			continue
@@ -130,7 +187,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			// Read as a zone reads any body, before Caddy's placeholder
 			// would read it whole, whatever its size.
 			if err := s.readBody(w, r, h.bodyLimits); err != nil {
-				return bodyRefused(w, r, err)
+				return answered, bodyRefused(w, r, err)
 			}
 		}
 		// A body is read before anything is taken, so that a body
@@ -142,7 +199,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			limit, ok = z.resolveLimit(values)
 			if p.bodyWanted {
 				if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
-					return bodyRefused(w, r, err)
+					return answered, bodyRefused(w, r, err)
 				}
 				limit, ok = z.resolveLimit(values)
 			}
@@ -160,7 +217,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		key := z.resolveKey(values)
 		if p.bodyWanted {
 			if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
-				return bodyRefused(w, r, err)
+				return answered, bodyRefused(w, r, err)
 			}
 			key = z.resolveKey(values)
 		}
@@ -183,10 +240,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		s.checks = append(s.checks, zoneCheck{zone: z, dryRun: dryRun, req: req})
 	}
 	if p != nil && p.body != nil && p.body.err != nil {
-		return fieldRefused(w, r, p.body.err)
+		return answered, fieldRefused(w, r, p.body.err)
 	}
 	if len(s.checks) == 0 {
-		return h.serveNext(w, r, next)
+		return passOn, nil
 	}
 	if needsBody {
 		if !s.bodyRead {
@@ -197,14 +254,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				countTop(s.checks, rejectedByZone, c)
 				c.zone.results[resultRejected].Inc()
 				p.refused(r.Context(), s.checks)
-				return h.reject(w, r, p, c)
+				return answered, h.reject(w, r, p, c)
 			}
 			if err := s.readBody(w, r, h.bodyLimits); err != nil {
-				return bodyRefused(w, r, err)
+				return answered, bodyRefused(w, r, err)
 			}
 		}
 		if err := s.request.Read(r.URL.Path, s.body); err != nil {
-			return fieldRefused(w, r, err)
+			return answered, fieldRefused(w, r, err)
 		}
 		s.requestRead = true
 	}
@@ -222,7 +279,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			price, err := m.findPrice(c.zone.Name, &s.request)
 			if err != nil {
 				if !c.dryRun {
-					return unpriced(w, r, err)
+					return answered, unpriced(w, r, err)
 				}
 				// A dry run never refuses: it counts nothing it
 				// cannot price.
@@ -237,7 +294,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		i++
 	}
 	if len(s.checks) == 0 {
-		return h.serveNext(w, r, next)
+		return passOn, nil
 	}
 
 	s.take.store = h.store
@@ -254,15 +311,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	switch v {
 	case unanswered:
-		return h.storeFailed(w, r, next, err)
+		return h.storeFailed(w, r, err)
 	case rejectedByZone:
 		rejected.zone.results[resultRejected].Inc()
 		h.banned(s.checks)
 		p.refused(r.Context(), s.checks)
 		if c := neverPasses(s.checks); c != nil {
-			return h.refuseCost(w, r, p, c)
+			return answered, h.refuseCost(w, r, p, c)
 		}
-		return h.reject(w, r, p, rejected)
+		return answered, h.reject(w, r, p, rejected)
 	}
 	for _, c := range s.checks {
 		switch {
@@ -284,29 +341,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 	h.report(w, p, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
-	countsStatus, meters := anyCountsStatus(s.checks), anyMeters(s.checks)
-	if !countsStatus && !meters && !anyHoldsUnits(s.checks) {
-		// What the request took is final.
-		p.logCosts(r.Context())
-		return h.serveNext(w, r, next)
-	}
-	var rec *statusRecorder
-	if countsStatus {
-		rec = &s.recorder
-		rec.ResponseWriter = w
-		w = rec
-	}
-	if meters {
-		w = s.meterResponse(w, r)
-	}
-	// Runs before the scratch goes back to the pool, and on every way
-	// out: a response, an error, a panic, a client gone.
-	defer h.finish(r.Context(), s, rec, p)
-	err = h.serveNext(w, r, next)
-	if rec != nil {
-		rec.end(r, err)
-	}
-	return err
+	s.placeholders = p
+	return admitted, nil
 }
 
 // countTop counts a decided request in the top keys of its checks' zones,
@@ -475,6 +511,8 @@ type scratch struct {
 	request     costfrom.Request
 	requestRead bool
 	writers     []costWriter
+	// placeholders are an admitted request's placeholders.
+	placeholders *placeholders
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -489,7 +527,7 @@ func (s *scratch) recycle() {
 	clear(s.checks)
 	clear(s.reqs)
 	s.checks, s.reqs, s.decisions, s.waited, s.store = s.checks[:0], s.reqs[:0], s.decisions[:0], false, nil
-	s.recorder = statusRecorder{}
+	s.recorder, s.placeholders = statusRecorder{}, nil
 	if s.bodyRead {
 		s.request, s.requestRead = costfrom.Request{}, false
 	}
@@ -853,16 +891,16 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 // on_store_error applies: allow passes the request on, with no counts to
 // report; deny answers 503. (local decided in this instance's memory
 // before this, and fails only if that does.)
-func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, err error) error {
+func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, err error) (admission, error) {
 	if r.Context().Err() != nil {
-		return caddyhttp.Error(statusClientClosedRequest, err)
+		return answered, caddyhttp.Error(statusClientClosedRequest, err)
 	}
 	h.storeError(err)
 	if h.OnStoreError != "deny" {
-		return h.serveNext(w, r, next)
+		return passOn, nil
 	}
 	w.Header().Set("Retry-After", "1")
-	return errorStatus(w, r, http.StatusServiceUnavailable, err)
+	return answered, errorStatus(w, r, http.StatusServiceUnavailable, err)
 }
 
 // storeError counts and logs (at most once a second) a store error.

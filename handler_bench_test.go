@@ -83,26 +83,7 @@ func benchmarkRequests(b *testing.B, rotate bool, serve func(*http.Request, http
 				fresh++
 				apiKey = []string{"k-" + strconv.Itoa(fresh)}
 			}
-			// Made by hand, not by httptest.NewRequest, whose 4 KiB
-			// read buffer would make the garbage collector, and so the
-			// timed loop, busy with the benchmark's own garbage.
-			req := &http.Request{
-				Method:     http.MethodGet,
-				URL:        target,
-				Proto:      "HTTP/1.1",
-				ProtoMajor: 1,
-				ProtoMinor: 1,
-				Header:     http.Header{"X-Api-Key": apiKey},
-				Host:       "example.com",
-				RemoteAddr: "203.0.113.9:1234",
-			}
-			vars := map[string]any{caddyhttp.ClientIPVarKey: "203.0.113.9"}
-			ctx := context.WithValue(context.Background(), caddyhttp.VarsCtxKey, vars)
-			// A server without handle_errors, as Caddy serves by default.
-			ctx = context.WithValue(ctx, caddyhttp.ServerCtxKey, new(caddyhttp.Server))
-			req = req.WithContext(ctx)
-			caddyhttp.NewTestReplacer(req)
-			reqs[i] = req
+			reqs[i] = handlerRequest(target, apiKey)
 		}
 	}
 	fill()
@@ -119,6 +100,31 @@ func benchmarkRequests(b *testing.B, rotate bool, serve func(*http.Request, http
 		serve(reqs[i], w)
 		i++
 	}
+}
+
+// handlerRequest is a GET of target with apiKey as its X-Api-Key, as
+// Caddy hands it to a handler: with its own replacer and variables, in a
+// server without handle_errors, as Caddy serves by default. It is made by
+// hand, not by httptest.NewRequest, whose 4 KiB read buffer would make
+// the garbage collector, and so a timed loop, busy with a benchmark's own
+// garbage.
+func handlerRequest(target *url.URL, apiKey []string) *http.Request {
+	req := &http.Request{
+		Method:     http.MethodGet,
+		URL:        target,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     http.Header{"X-Api-Key": apiKey},
+		Host:       "example.com",
+		RemoteAddr: "203.0.113.9:1234",
+	}
+	vars := map[string]any{caddyhttp.ClientIPVarKey: "203.0.113.9"}
+	ctx := context.WithValue(context.Background(), caddyhttp.VarsCtxKey, vars)
+	ctx = context.WithValue(ctx, caddyhttp.ServerCtxKey, new(caddyhttp.Server))
+	req = req.WithContext(ctx)
+	caddyhttp.NewTestReplacer(req)
+	return req
 }
 
 // BenchmarkHandlerBody measures one request with a 2 KiB Chat Completions

@@ -7,6 +7,7 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/internal/race"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -472,6 +473,44 @@ func TestHandlerIdleShedAllocatesNothing(t *testing.T) {
 	w := httptest.NewRecorder()
 	if n := testing.AllocsPerRun(1000, func() { _ = h.ServeHTTP(w, req, nextOK) }); n != 0 {
 		t.Fatalf("%v allocations per request through an idle shedder, want 0", n)
+	}
+}
+
+// allowedRequestAllocs is how many allocations the handler makes for an
+// allowed request on the memory store with the default headers: the
+// request's placeholder state, the provider that answers from it, and the
+// one string behind the four X-RateLimit values (docs/design.md, "Where
+// the time goes", says why each stays).
+const allowedRequestAllocs = 3
+
+// TestAllowedRequestAllocs holds the memory store's allowed path to
+// allowedRequestAllocs allocations, through the handler, each request a
+// fresh one as Caddy hands it over (made before the count).
+func TestAllowedRequestAllocs(t *testing.T) {
+	if race.Enabled {
+		t.Skip("allocation counts are not asserted under the race detector")
+	}
+	h := provisionHandler(t, `{"zones":[{"name":"unit_allowed_allocs","limit":[2000000000],"window":"1m"}]}`)
+	t.Cleanup(func() { _ = h.Cleanup() })
+	const runs = 1000
+	reqs := make([]*http.Request, runs+1) // AllocsPerRun runs once more, to warm up
+	target, apiKey := &url.URL{Path: "/"}, []string{"k-123"}
+	for i := range reqs {
+		reqs[i] = handlerRequest(target, apiKey)
+	}
+	w := httptest.NewRecorder()
+	i := 0
+	n := testing.AllocsPerRun(runs, func() {
+		if err := h.ServeHTTP(w, reqs[i], nextOK); err != nil {
+			t.Fatal(err)
+		}
+		i++
+	})
+	if n != allowedRequestAllocs {
+		t.Fatalf("%v allocations per allowed request, want %d", n, allowedRequestAllocs)
+	}
+	if got := w.Header().Get("X-RateLimit-Remaining"); got == "" {
+		t.Fatal("no X-RateLimit-Remaining: the requests were not allowed with the default headers")
 	}
 }
 

@@ -2,7 +2,9 @@ package ratelimit
 
 import (
 	"errors"
+	"net/http"
 	"net/netip"
+	"net/textproto"
 	"strconv"
 	"strings"
 
@@ -23,6 +25,9 @@ type template struct {
 	placeholder string
 	// variable is set when that placeholder is {http.vars.<variable>}.
 	variable string
+	// header is set, in canonical form, when that placeholder is
+	// {http.request.header.<Field>}.
+	header string
 	// number is the value of a literal limit.
 	number int64
 
@@ -59,22 +64,36 @@ func compileTemplate(a string) template {
 		if v, ok := strings.CutPrefix(t.placeholder, "http.vars."); ok {
 			t.variable = v
 		}
+		if f, ok := strings.CutPrefix(t.placeholder, requestHeaderPrefix); ok && f != "" {
+			t.header = textproto.CanonicalMIMEHeaderKey(f)
+		}
 	}
 	return t
 }
 
+// requestHeaderPrefix begins the placeholders of request header fields
+// ({header.X-Api-Key} in a Caddyfile).
+const requestHeaderPrefix = "http.request.header."
+
 // requestValues is where a request's placeholders are read: Caddy's
-// replacer, and the request's variables, read directly for
-// {http.vars.*} (what the replacer would answer, after asking every
-// provider before it).
+// replacer, and the request's variables and header fields, read directly
+// for {http.vars.*} and {http.request.header.*}: what the replacer would
+// answer, after asking every provider before it and, for a header, each
+// of the dozens of its own placeholders that it tries first.
 type requestValues struct {
-	repl *caddy.Replacer
-	vars map[string]any
+	repl   *caddy.Replacer
+	vars   map[string]any
+	header http.Header
 }
 
 func (v requestValues) get(t *template) (any, bool) {
-	if t.variable != "" && v.vars != nil {
+	switch {
+	case t.variable != "" && v.vars != nil:
 		return v.vars[t.variable], true
+	case t.header != "" && v.header != nil:
+		// As Caddy answers it: every value of the field, joined, and
+		// known (empty) when the request has none.
+		return strings.Join(v.header[t.header], ","), true
 	}
 	return v.repl.Get(t.placeholder)
 }

@@ -1,9 +1,12 @@
 package ratelimit
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 func TestMaskIP(t *testing.T) {
@@ -54,5 +57,36 @@ func TestResolveLimit(t *testing.T) {
 		if got != c.want || ok != c.ok {
 			t.Errorf("limit %q with {q} = %v: %d %v, want %d %v", c.alts, c.quota, got, ok, c.want, c.ok)
 		}
+	}
+}
+
+// TestHeaderKeyAsReplacer holds the direct read of a request header field
+// for a key to what Caddy's replacer answers for the same placeholder:
+// every value joined, a field name in any case, and an absent or empty
+// field falling through to the next alternative.
+func TestHeaderKeyAsReplacer(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		alts   Alternatives
+		header http.Header
+	}{
+		{"one value", Alternatives{"{http.request.header.X-Api-Key}"}, http.Header{"X-Api-Key": {"k1"}}},
+		{"two values", Alternatives{"{http.request.header.X-Api-Key}"}, http.Header{"X-Api-Key": {"k1", "k2"}}},
+		{"lower-case name", Alternatives{"{http.request.header.x-api-key}"}, http.Header{"X-Api-Key": {"k1"}}},
+		{"absent", Alternatives{"{http.request.header.X-Api-Key}", "fixed"}, http.Header{}},
+		{"empty", Alternatives{"{http.request.header.X-Api-Key}", "fixed"}, http.Header{"X-Api-Key": {""}}},
+		{"in text", Alternatives{"key:{http.request.header.X-Api-Key}"}, http.Header{"X-Api-Key": {"k1"}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			req := httptest.NewRequest(http.MethodGet, "/", nil)
+			req.Header = c.header
+			repl := caddyhttp.NewTestReplacer(req)
+			z := &Zone{keys: compileKeyTemplates(c.alts)}
+			got := z.resolveKey(requestValues{repl: repl, header: req.Header})
+			want := z.resolveKey(requestValues{repl: repl})
+			if got != want {
+				t.Errorf("key %q with header %v: %q, the replacer answers %q", c.alts, c.header, got, want)
+			}
+		})
 	}
 }

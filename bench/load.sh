@@ -2,17 +2,26 @@
 # Load test: plain Caddy against Caddy with rate_limit, measured in one run.
 #
 # Builds this project's Caddy (cmd/caddy) and a plain Caddy of the same
-# version, then runs wrk against each case, interleaved, ROUNDS times (each
-# round in a rotated order), and prints the median requests/s of each case
-# and its ratio to plain Caddy, and the median CPU time Caddy (and Redis)
-# spent per request, with Caddy's ratio to plain Caddy's, and for Redis how
-# many requests a take script call decided on average.
+# version, then runs wrk -t1 -c32 against each case, ROUNDS times, each
+# round in an order of its own drawn at random (shuf), so that no case
+# always runs first or always follows the same one. Its headline is the
+# CPU time Caddy spent per request (user + system from /proc/<pid>/stat,
+# over the requests wrk counted), median over the rounds, and its ratio
+# to plain Caddy's (above 1 is cheaper than plain); beside it the median
+# requests/s and its ratio to plain, and for Redis the CPU Redis spent per
+# request and per decision (INFO commandstats: the script calls' usec) and
+# how many requests a take script call decided. It ends with each target
+# of the cost of a decision (plain, the floor, the memory store allowed,
+# rejected and with 100,000 keys, Redis exact with one key and 10,000
+# keys, Redis with lease on, the peer) marked met or not met, and
+# go-redis/redis_rate's Redis CPU per decision (bench/redisrate) against
+# the same Redis, one key and 10,000 keys, beside the Redis store's.
 #
-#   bash bench/load.sh                  # all cases, 3 rounds of 10 s
-#   ROUNDS=5 DURATION=20s bash bench/load.sh
-#   CASES="plain memory_allowed" bash bench/load.sh
-#   CASES="redis_allowed@83bc118 redis_allowed@HEAD" ROUNDS=6 DURATION=8s BYTES=0 bash bench/load.sh
-#                                       # two revisions, alternating
+#   bash bench/load.sh                  # the default cases, 7 rounds of 15 s: about 20 minutes
+#   ROUNDS=3 DURATION=5s bash bench/load.sh
+#   CASES="plain floor memory_allowed" bash bench/load.sh
+#   CASES="redis_allowed@83bc118 redis_allowed@HEAD" ROUNDS=6 DURATION=8s bash bench/load.sh
+#                                       # two revisions, in the same run
 #
 # Cases:
 #   plain             plain Caddy, `respond "ok"`
@@ -75,6 +84,10 @@
 #   tokens_proxy_gemini, fixed_proxy_gemini  the proxied stream as Google's
 #                     Gemini API sends it: 200 chunks, each with its
 #                     usageMetadata so far
+#   redisrate         go-redis/redis_rate deciding against the same Redis,
+#                     one key, 32 concurrent callers (bench/redisrate, a
+#                     module of its own): Redis CPU per decision
+#   redisrate_many_keys  the same over 10,000 keys drawn at random
 #   CASE@REV          CASE on this Caddy as built at git revision REV
 #
 # SOAK=1 then runs 60 s (SOAK_DURATION) of key rotation at full speed
@@ -85,7 +98,8 @@
 # After the rounds it measures the memory store's bytes per key: the RSS
 # growth of a Caddy between 20,000 and 200,000 distinct keys, for each
 # algorithm in BYTES_ALGORITHMS (default: all but concurrency, whose keys
-# go when their requests end; BYTES=0 skips it).
+# go when their requests end) with BYTES=1 (off by default: it is not
+# among the targets, and takes minutes).
 #
 # The Redis cases start their own redis-server on a free loopback port.
 # Everything listens on 127.0.0.1 only. Needs wrk (Debian package `wrk`,
@@ -94,14 +108,17 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-3}
-DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-7}
+DURATION=${DURATION:-15s}
 THREADS=${THREADS:-1}
 CONNECTIONS=${CONNECTIONS:-32}
-CASES=${CASES:-"plain floor memory_allowed memory_shed_idle memory_gcra memory_concurrency memory_count_status peer_allowed memory_rejected memory_many_keys peer_many_keys redis_allowed redis_lease_allowed redis_count_status redis_lease_count_status redis_many_keys redis_many_keys_lease redis_rejected"}
-# The other plugin's source, for when the module proxy does not serve it.
-PEER_SOURCE=${PEER_SOURCE:-../shared/peers/mholt-caddy-ratelimit.tar.gz}
-BYTES=${BYTES:-1}
+# The cases of the targets, and redis_rate beside the Redis store.
+CASES=${CASES:-"plain floor memory_allowed memory_rejected memory_many_keys redis_allowed redis_many_keys redis_lease_allowed peer_allowed peer_many_keys redisrate redisrate_many_keys"}
+# The other plugin's source, for when the module proxy does not serve it:
+# shared/peers beside the repository (of the main checkout, for a git
+# worktree elsewhere).
+PEER_SOURCE=${PEER_SOURCE:-$(git rev-parse --path-format=absolute --git-common-dir)/../../shared/peers/mholt-caddy-ratelimit.tar.gz}
+BYTES=${BYTES:-0}
 SOAK=${SOAK:-0}
 SOAK_DURATION=${SOAK_DURATION:-60}
 BYTES_ALGORITHMS=${BYTES_ALGORITHMS:-"sliding_tail fixed_window sliding_window gcra"}
@@ -144,8 +161,11 @@ GO
 fi
 
 REDIS_PORT=""
-if [[ " $CASES " == *" redis_"* || " $CASES " == *"_redis"* || $SOAK == 1 ]]; then
+if [[ " $CASES " == *" redis"* || " $CASES " == *"_redis"* || $SOAK == 1 ]]; then
 	start_redis
+fi
+if [[ " $CASES " == *" redisrate"* ]]; then
+	(cd bench/redisrate && go build -o "$OUT/redisrate" .)
 fi
 
 # The proxied token cases' upstream: bench/llm, answering as a model
@@ -348,19 +368,38 @@ run() {
 	[[ $kase == memory_rotating ]] && script=(-s "$OUT/rotate.lua")
 	local redis_pid=""
 	[[ $kase == redis_* ]] && redis_pid=$REDIS_PID
-	local cpu0 rcpu0=0 cpu1 rcpu1=0 calls0=0 calls1=0
+	local cpu0 rcpu0=0 cpu1 rcpu1=0 calls0=0 calls1=0 usec0=0 usec1=0
 	cpu0=$(cpu_ticks "$PID")
-	[[ -n $redis_pid ]] && rcpu0=$(cpu_ticks "$redis_pid") calls0=$(script_calls)
+	[[ -n $redis_pid ]] && rcpu0=$(cpu_ticks "$redis_pid") && read -r calls0 usec0 < <(script_stats)
 	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "${script[@]}" "http://127.0.0.1:$PORT/" >"$OUT/$FILE.wrk" 2>&1
 	cpu1=$(cpu_ticks "$PID")
-	[[ -n $redis_pid ]] && rcpu1=$(cpu_ticks "$redis_pid") calls1=$(script_calls)
+	[[ -n $redis_pid ]] && rcpu1=$(cpu_ticks "$redis_pid") && read -r calls1 usec1 < <(script_stats)
 	local ttfb=0
 	[[ $kase == tokens_* || $kase == fixed_* ]] && ttfb=$(first_byte_ms)
 	stop_case "$name" || return 1
-	awk -v c="$((cpu1 - cpu0))" -v r="$((rcpu1 - rcpu0))" -v calls="$((calls1 - calls0))" -v hz="$(getconf CLK_TCK)" -v ttfb="$ttfb" '
+	awk -v c="$((cpu1 - cpu0))" -v r="$((rcpu1 - rcpu0))" -v calls="$((calls1 - calls0))" -v usec="$((usec1 - usec0))" -v hz="$(getconf CLK_TCK)" -v ttfb="$ttfb" '
 		/^Requests\/sec:/ {rps = $2}
 		/requests in/ {n = $1}
-		END {printf "%s %.1f %.1f %.1f %s\n", rps, c / hz / n * 1e6, r / hz / n * 1e6, calls ? n / calls : 0, ttfb}' "$OUT/$FILE.wrk"
+		END {printf "%s %.1f %.1f %.1f %s %.2f\n", rps, c / hz / n * 1e6, r / hz / n * 1e6, calls ? n / calls : 0, ttfb, usec / n}' "$OUT/$FILE.wrk"
+}
+
+# run_redisrate CASE runs bench/redisrate against the Redis of the run
+# for DURATION, one key (redisrate) or 10,000 (redisrate_many_keys), and
+# prints its decisions a second and Redis's CPU per decision in µs.
+run_redisrate() {
+	local keys=1
+	[[ $1 == redisrate_many_keys ]] && keys=10000
+	"$OUT/redisrate" -addr "127.0.0.1:$REDIS_PORT" -keys "$keys" -clients "$CONNECTIONS" -duration "$(duration_seconds)s" >"$OUT/$1.out"
+	awk '{print $3, $2}' "$OUT/$1.out"
+}
+
+# duration_seconds prints DURATION (wrk's 15s, 1m) in seconds.
+duration_seconds() {
+	case $DURATION in
+	*m) echo $((${DURATION%m} * 60)) ;;
+	*s) echo "${DURATION%s}" ;;
+	*) echo "$DURATION" ;;
+	esac
 }
 
 # first_byte_ms prints the median time to the first byte of the answer, in
@@ -401,11 +440,13 @@ run_flood() {
 		END {printf "%s %s %.2f %.1f\n", rps[1], rps[2], p99, c / hz / n * 1e6}' "$OUT/$FILE.flood.wrk" "$OUT/$FILE.hot.wrk"
 }
 
-# script_calls prints how many EVALSHA and EVAL calls the Redis server has
-# run; a rejected request answered from the deny cache makes none.
-script_calls() {
-	redis-cli -p "$REDIS_PORT" info commandstats |
-		awk -F'[:,=]' '/^cmdstat_eval(sha)?:/ {n += $3} END {print n + 0}'
+# script_stats prints how many EVALSHA and EVAL calls the Redis server has
+# run, and the CPU time in µs it spent in them; a rejected request answered
+# from the deny cache makes none. The instances' announcements (the one
+# script that calls HGETALL, once a second) are left out of the calls.
+script_stats() {
+	redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' |
+		awk -F'[:,=]' '/^cmdstat_eval(sha)?:/ {n += $3; u += $5} /^cmdstat_hgetall:/ {h += $3} END {print n - h, u + 0}'
 }
 
 # Cases named CASE@REV: this Caddy built at each git revision REV, from a
@@ -451,14 +492,21 @@ request = function()
 end
 LUA
 
-# Each round starts one case later than the one before, so that no case
-# always runs first or always follows the same one: on a shared VM, where a
-# case runs in the round showed in its figure.
-declare -A RESULTS CPU RCPU PERCALL HOT HOTP99 TTFB
+# Each round runs the cases in an order of its own, drawn at random, so
+# that no case always runs first or always follows the same one: on a
+# shared VM, where a case runs in the round showed in its figure.
+declare -A RESULTS CPU RCPU PERCALL HOT HOTP99 TTFB DECISION
 read -ra ORDER <<<"$CASES"
 for round in $(seq "$ROUNDS"); do
-	shift=$(((round - 1) % ${#ORDER[@]}))
-	for c in "${ORDER[@]:shift}" "${ORDER[@]:0:shift}"; do
+	mapfile -t shuffled < <(printf '%s\n' "${ORDER[@]}" | shuf)
+	for c in "${shuffled[@]}"; do
+		if [[ $c == redisrate* ]]; then
+			read -r rps usec < <(run_redisrate "$c")
+			echo "round $round  $c  $rps decisions/s  Redis $usec µs/decision" >&2
+			RESULTS[$c]+="$rps "
+			DECISION[$c]+="$usec "
+			continue
+		fi
 		if [[ ${c%@*} == flood_* ]]; then
 			read -r rps hot p99 cpu < <(run_flood "$c")
 			echo "round $round  $c  flood $rps req/s  hot key $hot req/s, p99 $p99 ms  Caddy $cpu µs/request" >&2
@@ -468,9 +516,10 @@ for round in $(seq "$ROUNDS"); do
 			CPU[$c]+="$cpu "
 			continue
 		fi
-		read -r rps cpu rcpu percall ttfb < <(run "$c")
+		read -r rps cpu rcpu percall ttfb decision < <(run "$c")
 		TTFB[$c]+="$ttfb "
-		echo "round $round  $c  $rps req/s  Caddy $cpu µs/request  Redis $rcpu µs/request  $percall requests/call" >&2
+		DECISION[$c]+="$decision "
+		echo "round $round  $c  Caddy $cpu µs/request  $rps req/s  Redis $rcpu µs/request, $decision µs/decision in scripts  $percall requests/call" >&2
 		RESULTS[$c]+="$rps "
 		CPU[$c]+="$cpu "
 		RCPU[$c]+="$rcpu "
@@ -485,26 +534,76 @@ if [[ -n ${RESULTS[plain]:-} ]]; then
 	plain=$(echo "${RESULTS[plain]}" | median)
 	plain_cpu=$(echo "${CPU[plain]}" | median)
 fi
-# Throughput on a shared VM moves with its neighbours; the CPU Caddy spends
-# per request moves much less, so both are shown: the second ratio is plain
-# Caddy's CPU per request over the case's (above 1 is cheaper than plain).
-printf '\n%-22s %12s %9s %12s %9s %12s %9s   %s\n' case "median req/s" "vs plain" "Caddy µs/req" "vs plain" "Redis µs/req" "req/call" "runs (req/s)"
+# CPU per request is the headline: throughput on a shared VM moves with
+# its neighbours, the CPU Caddy spends per request much less. Each ratio
+# is to plain Caddy in this run; for CPU it is plain's over the case's
+# (above 1 is cheaper than plain).
+printf '\n%-22s %12s %9s %12s %9s %12s %12s %9s   %s\n' case "Caddy µs/req" "vs plain" "median req/s" "vs plain" "Redis µs/req" "µs/decision" "req/call" "runs (Caddy µs/req)"
 for c in $CASES; do
 	[[ ${c%@*} == flood_* ]] && continue
 	m=$(echo "${RESULTS[$c]}" | median)
+	if [[ $c == redisrate* ]]; then
+		printf '%-22s %12s %9s %12s %9s %12s %12s %9s   %s\n' "$c" - - "$m" - - "$(echo "${DECISION[$c]}" | median)" - "(decisions/s; redis_rate, not Caddy)"
+		continue
+	fi
 	cpu=$(echo "${CPU[$c]}" | median)
 	rcpu=$(echo "${RCPU[$c]}" | median)
 	percall=$(echo "${PERCALL[$c]}" | median)
+	decision=$(echo "${DECISION[$c]}" | median)
 	ratio="-" cpu_ratio="-"
 	if [[ -n $plain ]]; then
 		ratio=$(awk -v a="$m" -v b="$plain" 'BEGIN {printf "%.3f", a/b}')
 		cpu_ratio=$(awk -v a="$cpu" -v b="$plain_cpu" 'BEGIN {printf "%.3f", b/a}')
 	fi
-	[[ ${c%@*} == redis_* ]] || rcpu="-"
+	[[ ${c%@*} == redis_* ]] || rcpu="-" decision="-"
 	# No calls at all: not a Redis case, or one the deny cache answered.
 	[[ $percall == 0 || $percall == 0.0* ]] && percall="-"
-	printf '%-22s %12s %9s %12s %9s %12s %9s   %s\n' "$c" "$m" "$ratio" "$cpu" "$cpu_ratio" "$rcpu" "$percall" "${RESULTS[$c]}"
+	printf '%-22s %12s %9s %12s %9s %12s %12s %9s   %s\n' "$c" "$cpu" "$cpu_ratio" "$m" "$ratio" "$rcpu" "$decision" "$percall" "${CPU[$c]}"
 done
+
+# The targets of the cost of a decision, each from this run's medians:
+# met or not met. A case not run leaves its target out.
+has() { [[ -n ${CPU[$1]:-} ]]; }
+med() { echo "${CPU[$1]}" | median; }
+rps() { echo "${RESULTS[$1]}" | median; }
+of_plain() { awk -v a="$(med "$1")" -v b="$plain_cpu" 'BEGIN {printf "%.3f", b/a}'; }
+verdict() { awk "BEGIN {exit !($1)}" && echo met || echo "not met"; }
+if [[ -n $plain ]]; then
+	printf '\n%-52s %-36s %s\n' target measured verdict
+	if has floor && has memory_allowed; then
+		a=$(of_plain memory_allowed) f=$(of_plain floor)
+		printf '%-52s %-36s %s\n' "memory allowed: CPU within 0.03 of the floor" "$a of plain, floor $f" "$(verdict "$a >= $f - 0.03")"
+	fi
+	if has memory_allowed && has memory_rejected; then
+		printf '%-52s %-36s %s\n' "memory rejected: no dearer than allowed" "$(med memory_rejected) vs $(med memory_allowed) µs/req" "$(verdict "$(med memory_rejected) <= $(med memory_allowed)")"
+	fi
+	if has memory_allowed && has memory_many_keys; then
+		a=$(of_plain memory_allowed) k=$(of_plain memory_many_keys)
+		printf '%-52s %-36s %s\n' "memory 100,000 keys: within 0.05 of one key" "$k of plain, one key $a" "$(verdict "$k >= $a - 0.05")"
+	fi
+	for c in redis_allowed redis_many_keys; do
+		has $c || continue
+		r=$(awk -v a="$(rps $c)" -v b="$plain" 'BEGIN {printf "%.3f", a/b}')
+		x=$(awk -v a="$(med $c)" -v b="$plain_cpu" 'BEGIN {printf "%.3f", a/b}')
+		printf '%-52s %-36s %s\n' "$c (lease off): >= 0.75 of plain req/s" "$r" "$(verdict "$r >= 0.75")"
+		printf '%-52s %-36s %s\n' "$c (lease off): CPU within 1.25x plain" "${x}x" "$(verdict "$x <= 1.25")"
+	done
+	if has redis_lease_allowed; then
+		r=$(awk -v a="$(rps redis_lease_allowed)" -v b="$plain" 'BEGIN {printf "%.3f", a/b}')
+		printf '%-52s %-36s %s\n' "redis lease on, hot key: >= 0.90 of plain req/s" "$r" "$(verdict "$r >= 0.90")"
+	fi
+	for c in peer_allowed peer_many_keys; do
+		has $c || continue
+		printf '%-52s %-36s %s\n' "the peer, $c (printed beside, no target)" "$(of_plain $c) of plain CPU" "-"
+	done
+	has peer_allowed && echo "(the peer with one key keeps a ring of 1,000,000 timestamps: its large heap makes Go's collector run less often, so it can measure cheaper than plain Caddy)"
+	for pair in "redis_allowed redisrate" "redis_many_keys redisrate_many_keys"; do
+		read -r ours theirs <<<"$pair"
+		[[ -n ${DECISION[$ours]:-} && -n ${DECISION[$theirs]:-} ]] || continue
+		printf 'Redis CPU per decision (INFO commandstats), %s: ours %s µs, go-redis/redis_rate %s µs (%s)\n' "$ours" \
+			"$(echo "${DECISION[$ours]}" | median)" "$(echo "${DECISION[$theirs]}" | median)" "$theirs"
+	done
+fi
 
 # The token cases: what reading the usage costs, the case that reads it
 # beside the same zone with a fixed cost (CPU per request, above 1 dearer),

@@ -288,7 +288,7 @@ func (w *dialWatcher) refresh() {
 	var epoch, secret *goredis.StringCmd
 	var live *goredis.Cmd
 	gets := make([]*goredis.StringCmd, len(zones))
-	_, err := w.client.rdb.Pipelined(ctx, func(p goredis.Pipeliner) error {
+	cmds, err := w.client.rdb.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		epoch = p.Get(ctx, w.epochKey)
 		live = announce(ctx, p, w.instancesKey)
 		secret = w.querySecret(ctx, p)
@@ -297,6 +297,9 @@ func (w *dialWatcher) refresh() {
 		}
 		return nil
 	})
+	if goredis.HasErrorPrefix(live.Err(), "NOSCRIPT") {
+		live, err = announceAgain(ctx, w.client.rdb, w.instancesKey, cmds)
+	}
 	if err != nil && !errors.Is(err, goredis.Nil) {
 		// Keep the dials and the fleet last read; the store's errors are
 		// logged where requests meet them.

@@ -39,10 +39,33 @@ func (f *fleet) instances() int64 {
 
 func (r *Store) instancesKey() string { return r.KeyPrefix + "instances" }
 
+// announceScript is sent by its SHA1 (EVALSHA): every instance announces
+// itself once a second, and the script's text is ten times the size of
+// the rest of the refresh.
+var announceScript = goredis.NewScript(announceSource)
+
 // announce queues, in a refresh's pipeline, this instance's announcement
-// and the count of live instances.
+// and the count of live instances, by the script's SHA1. A pipeline
+// cannot fall back within itself: announceAgain sends the script in full
+// to a server that answered NOSCRIPT.
 func announce(ctx context.Context, p goredis.Pipeliner, key string) *goredis.Cmd {
-	return p.Eval(ctx, announceSource, []string{key}, processID, instanceTTL.Milliseconds())
+	return p.EvalSha(ctx, announceScript.Hash(), []string{key}, processID, instanceTTL.Milliseconds())
+}
+
+// announceAgain sends the announcement of a refresh whose EVALSHA found
+// the server without the script (it restarted, or its scripts were
+// flushed) with the script in full (EVAL), which the server then keeps
+// for the next refresh's EVALSHA. It returns the announcement's command
+// and the pipeline's error without the NOSCRIPT: the first error of its
+// other commands.
+func announceAgain(ctx context.Context, rdb goredis.Cmdable, key string, cmds []goredis.Cmder) (*goredis.Cmd, error) {
+	live := announceScript.Eval(ctx, rdb, []string{key}, processID, instanceTTL.Milliseconds())
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && !goredis.HasErrorPrefix(err, "NOSCRIPT") {
+			return live, err
+		}
+	}
+	return live, nil
 }
 
 // Instances returns N, the live instances sharing the store, as this

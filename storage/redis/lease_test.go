@@ -297,6 +297,46 @@ func TestRedisInstances(t *testing.T) {
 	}
 }
 
+// TestRedisAnnounceBySHA: an instance announces itself by the script's
+// SHA1 (EVALSHA), not its text, once the server knows the script; a
+// server that lost its scripts gets the text once, and the instance is
+// announced all the same.
+func TestRedisAnnounceBySHA(t *testing.T) {
+	s := redistest.Standalone(t)
+	r := newRedisStore(t, new(Store), s.URL())
+	w := r.watcher()
+	w.refresh()
+	stats := func() map[string]int {
+		t.Helper()
+		m, err := s.CommandStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	before := stats()
+	w.refresh()
+	w.refresh()
+	after := stats()
+	if evals, shas := after["eval"]-before["eval"], after["evalsha"]-before["evalsha"]; evals != 0 || shas < 2 {
+		t.Fatalf("two refreshes sent %d EVAL and %d EVALSHA, want no EVAL and at least 2 EVALSHA", evals, shas)
+	}
+	for _, cmd := range [][]string{{"SCRIPT", "FLUSH"}, {"DEL", r.instancesKey()}} {
+		if _, err := s.Do(cmd...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.refresh()
+	if v, _ := s.Do("HEXISTS", r.instancesKey(), processID); v != "1" {
+		t.Fatal("after SCRIPT FLUSH, the refresh did not announce the instance")
+	}
+	before = stats()
+	w.refresh()
+	if after := stats(); after["eval"] != before["eval"] {
+		t.Fatalf("the refresh after the one that sent the script sent %d EVAL, want none", after["eval"]-before["eval"])
+	}
+}
+
 // TestRedisLocalFallback: the local fallback gives each instance its share
 // of a limit (floor(limit/N)), in the same algorithm. It begins from what
 // Redis admitted for this instance (a key whose share was spent through
