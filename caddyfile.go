@@ -83,7 +83,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error)
 }
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens, in the
-// one-line form (see oneline.go; its zone is named DefaultZoneName here,
+// one-line form (see unmarshalOneLine; its zone is named DefaultZoneName here,
 // where neither a named matcher nor a site is known)
 //
 //	rate_limit [<matcher>] <key> <rate> [<zone_size> [<reject_status>]]

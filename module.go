@@ -1,6 +1,3 @@
-// Package ratelimit is a Caddy HTTP handler that rejects, or delays, requests
-// over a limit before they reach the application, counting them per zone and
-// key in memory or in Redis shared by a fleet of Caddy instances.
 package ratelimit
 
 import (
