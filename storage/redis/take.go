@@ -27,18 +27,8 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	if len(reqs) == 0 {
 		return nil
 	}
-	for _, q := range reqs {
-		if q.Wide && q.Algorithm != algorithms.FixedWindow && q.Algorithm != algorithms.SlidingTail {
-			return fmt.Errorf("zone %q: wide counts only for fixed_window and sliding_tail, got %s", q.Zone, q.Algorithm)
-		}
-		// A wide zone's counts are exact to 2^63-1 (take_wide.lua).
-		if !q.Wide && (q.Rate.Units > maxExact || q.Cost > maxExact) || q.Cost < 0 || q.Rate.Window.Milliseconds() > maxExact ||
-			q.Algorithm == algorithms.GCRA && (q.Rate.Units > math.MaxInt32 || q.Rate.Burst > math.MaxInt32) {
-			return fmt.Errorf("zone %q: limit, burst, cost or window too large for the Redis store", q.Zone)
-		}
-		if err := q.Rate.Validate(); err != nil {
-			return fmt.Errorf("zone %q: %w", q.Zone, err)
-		}
+	if err := checkRequests(reqs); err != nil {
+		return err
 	}
 	c, own, err := r.acquire()
 	if err != nil {
@@ -89,16 +79,46 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 			leases = &leaseAnswer{wants: wants}
 		}
 	}
-	err = r.takeAll(base, takeCall{c: c, deadline: deadline, clock: clock, keys: keys, reqs: reqs, decisions: decisions, leases: leases})
-	now = r.now()
-	if err != nil {
+	t := takeCall{c: c, deadline: deadline, clock: clock, keys: keys, reqs: reqs, decisions: decisions, leases: leases}
+	if err := r.takeAll(base, t); err != nil {
 		if leases != nil {
 			c.leases.leaseFailed(keys, leases.wants)
 		}
-		c.breaker.done(err, failureCounts(ctx, err), now)
+		c.breaker.done(err, failureCounts(ctx, err), r.now())
 		c.rereadSlots()
 		return fmt.Errorf("redis: %w", err)
 	}
+	r.afterTake(t)
+	return nil
+}
+
+// checkRequests refuses a request the store cannot decide exactly: a
+// wide zone of another algorithm than fixed_window or sliding_tail, and
+// numbers past what the take script counts exactly.
+func checkRequests(reqs []storage.Request) error {
+	for _, q := range reqs {
+		if q.Wide && q.Algorithm != algorithms.FixedWindow && q.Algorithm != algorithms.SlidingTail {
+			return fmt.Errorf("zone %q: wide counts only for fixed_window and sliding_tail, got %s", q.Zone, q.Algorithm)
+		}
+		// A wide zone's counts are exact to 2^63-1 (take_wide.lua).
+		if !q.Wide && (q.Rate.Units > maxExact || q.Cost > maxExact) || q.Cost < 0 || q.Rate.Window.Milliseconds() > maxExact ||
+			q.Algorithm == algorithms.GCRA && (q.Rate.Units > math.MaxInt32 || q.Rate.Burst > math.MaxInt32) {
+			return fmt.Errorf("zone %q: limit, burst, cost or window too large for the Redis store", q.Zone)
+		}
+		if err := q.Rate.Validate(); err != nil {
+			return fmt.Errorf("zone %q: %w", q.Zone, err)
+		}
+	}
+	return nil
+}
+
+// afterTake does what a take's answer from Redis asks for, beside its
+// decisions: it closes the breaker, starts the catch-up of what the
+// local fallback admitted alone, counts the take in the fallback's
+// memory, keeps the leases it brought and remembers its rejections.
+func (r *Store) afterTake(t takeCall) {
+	c, keys, reqs, decisions := t.c, t.keys, t.reqs, t.decisions
+	now := r.now()
 	if c.breaker.failures.Load() != 0 {
 		// The first answer after failures: a cluster may have failed over
 		// meanwhile, after the last time its slots were read.
@@ -109,13 +129,12 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 		go c.catchUp(owed)
 	}
 	c.mirror(reqs, decisions)
-	if leases != nil {
-		c.leases.leased(keys, reqs, leases, decisions, now, r.leaseSeries)
+	if t.leases != nil {
+		c.leases.leased(keys, reqs, t.leases, decisions, now, r.leaseSeries)
 	}
-	if clock == 0 {
+	if t.clock == 0 {
 		c.denies.store(keys, reqs, decisions, now)
 	}
-	return nil
 }
 
 // Refused implements storage.Refuser: a rejection the deny cache
