@@ -138,23 +138,41 @@ const (
 )
 
 // admit checks the request to every zone it matches, in s, and answers
-// it if it does not go on. An admitted request's headers are set, and
-// its placeholders are s.placeholders.
+// it if it does not go on. Its steps: the load shedder; a check for each
+// zone that counts the request (addChecks); the reservations, once the
+// body they need is read (reserve); the take of every check at once
+// (takeChecks). An admitted request's headers are set, and its
+// placeholders are s.placeholders.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (admission, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if h.JWT != nil {
 		h.JWT.Register(repl, r)
 	}
-
-	values := requestValues{repl: repl, header: r.Header}
-	values.vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	if h.shedder != nil {
 		if err := h.shedder.Check(repl); err != nil {
 			return answered, refuse(w, r, h.Shed.Status, retryAfterOne, err)
 		}
 	}
-	var p *placeholders
-	needsBody := false
+	if a, err := h.addChecks(w, r, s, repl); a != admitted {
+		return a, err
+	}
+	if a, err := h.reserve(w, r, s); a != admitted {
+		return a, err
+	}
+	if a, err := h.takeChecks(w, r, s); a != admitted {
+		return a, err
+	}
+	countAdmitted(s)
+	h.report(w, s.placeholders, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
+	return admitted, nil
+}
+
+// addChecks adds to s.checks a check for each zone that matches the
+// request and counts it now, and sets s.placeholders once a zone
+// matches. It answers a request whose body, read for a zone, is refused.
+func (h *Handler) addChecks(w http.ResponseWriter, r *http.Request, s *scratch, repl *caddy.Replacer) (admission, error) {
+	values := requestValues{repl: repl, header: r.Header}
+	values.vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	for _, z := range h.Zones {
 		match, err := z.matchers.AnyMatchWithError(r)
 		if err != nil {
@@ -163,93 +181,143 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (adm
 		if !match {
 			continue
 		}
-		if p == nil {
+		if s.placeholders == nil {
 			// Before the zone's key and limit are resolved, which may
 			// ask for {body.*}, themselves or through a map.
-			p = requestPlaceholders(values)
+			s.placeholders = requestPlaceholders(values)
 		}
-		dryRun := z.DryRun
-		var dial storage.ZoneDial
-		if z.admin != nil {
-			if d, ok := z.admin.ZoneDial(z.Name); ok && d.Active(h.now()) {
-				dial = d
-			}
+		if a, err := h.addCheck(w, r, s, z, values); a != admitted {
+			return a, err
 		}
-		switch dial.Mode {
-		case storage.ModeOff:
-			continue
-		case storage.ModeDryRun:
-			dryRun = true
-		case storage.ModeEnforce:
-			dryRun = false
-		}
-		if z.bodyTemplates && !s.bodyRead {
-			// Read as a zone reads any body, before Caddy's placeholder
-			// would read it whole, whatever its size.
-			if err := s.readBody(w, r, h.bodyLimits); err != nil {
-				return answered, bodyRefused(w, r, err)
-			}
-		}
-		// A body is read before anything is taken, so that a body
-		// refused takes nothing; and only for a zone that needs it, its
-		// fields or its bound.
-		limit, ok := dial.Limit, dial.Limit > 0
-		if !ok {
-			p.bodyWanted = false
-			limit, ok = z.resolveLimit(values)
-			if p.bodyWanted {
-				if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
-					return answered, bodyRefused(w, r, err)
-				}
-				limit, ok = z.resolveLimit(values)
-			}
-			if !ok {
-				continue
-			}
-		}
-		cost := z.costs[methodIndex(r.Method)]
-		if z.meter.on {
-			// The reservation is set once the body is read, below.
-			cost = z.meter.leastReservation()
-			needsBody = needsBody || z.meter.readsBody()
-		}
-		p.bodyWanted = false
-		key := z.resolveKey(values)
-		if p.bodyWanted {
-			if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
-				return answered, bodyRefused(w, r, err)
-			}
-			key = z.resolveKey(values)
-		}
-		req := storage.Request{
-			Zone:        z.Name,
-			Key:         key,
-			Algorithm:   z.Algorithm,
-			Rate:        z.rate(limit),
-			Cost:        cost,
-			Releasable:  z.countsStatus || z.meter.on,
-			Reservation: z.meter.on,
-			Wide:        z.meter.prices != nil,
-		}
-		if !dryRun {
-			req.Ban = time.Duration(z.Ban)
-		}
-		if z.Algorithm == algorithms.Concurrency {
-			req.Holder = holders.Add(1)
-		}
-		s.checks = append(s.checks, zoneCheck{zone: z, dryRun: dryRun, req: req})
 	}
-	if p != nil && p.body != nil && p.body.err != nil {
+	if p := s.placeholders; p != nil && p.body != nil && p.body.err != nil {
 		return answered, fieldRefused(w, r, p.body.err)
 	}
 	if len(s.checks) == 0 {
 		return passOn, nil
 	}
-	if needsBody {
+	return admitted, nil
+}
+
+// addCheck adds z's check of the request, which z matches, to s.checks,
+// unless z does not count it now: its dial turned it off, or its limit
+// does not resolve. The zone's dial (the admin API's) may set its mode
+// and limit. A body is read before anything is taken, so that a body
+// refused takes nothing; and only for a zone that needs it, its fields
+// or its bound.
+func (h *Handler) addCheck(w http.ResponseWriter, r *http.Request, s *scratch, z *Zone, values requestValues) (admission, error) {
+	p := s.placeholders
+	dryRun := z.DryRun
+	var dial storage.ZoneDial
+	if z.admin != nil {
+		if d, ok := z.admin.ZoneDial(z.Name); ok && d.Active(h.now()) {
+			dial = d
+		}
+	}
+	switch dial.Mode {
+	case storage.ModeOff:
+		return admitted, nil
+	case storage.ModeDryRun:
+		dryRun = true
+	case storage.ModeEnforce:
+		dryRun = false
+	}
+	if z.bodyTemplates && !s.bodyRead {
+		// Read as a zone reads any body, before Caddy's placeholder
+		// would read it whole, whatever its size.
+		if err := s.readBody(w, r, h.bodyLimits); err != nil {
+			return answered, bodyRefused(w, r, err)
+		}
+	}
+	limit, ok := dial.Limit, dial.Limit > 0
+	if !ok {
+		p.bodyWanted = false
+		limit, ok = z.resolveLimit(values)
+		if p.bodyWanted {
+			if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
+				return answered, bodyRefused(w, r, err)
+			}
+			limit, ok = z.resolveLimit(values)
+		}
+		if !ok {
+			return admitted, nil
+		}
+	}
+	cost := z.costs[methodIndex(r.Method)]
+	if z.meter.on {
+		// The reservation is set once the body is read (reserve).
+		cost = z.meter.leastReservation()
+	}
+	p.bodyWanted = false
+	key := z.resolveKey(values)
+	if p.bodyWanted {
+		if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
+			return answered, bodyRefused(w, r, err)
+		}
+		key = z.resolveKey(values)
+	}
+	req := storage.Request{
+		Zone:        z.Name,
+		Key:         key,
+		Algorithm:   z.Algorithm,
+		Rate:        z.rate(limit),
+		Cost:        cost,
+		Releasable:  z.countsStatus || z.meter.on,
+		Reservation: z.meter.on,
+		Wide:        z.meter.prices != nil,
+	}
+	if !dryRun {
+		req.Ban = time.Duration(z.Ban)
+	}
+	if z.Algorithm == algorithms.Concurrency {
+		req.Holder = holders.Add(1)
+	}
+	s.checks = append(s.checks, zoneCheck{zone: z, dryRun: dryRun, req: req})
+	return admitted, nil
+}
+
+// reserve sets the reservation of each check of a cost_from zone, once
+// the body it is read from is (readReserved). A zone priced in money
+// first prices the request by its model: one it has no price for is
+// refused before anything is taken, except by a dry run, which never
+// refuses and counts nothing it cannot price.
+func (h *Handler) reserve(w http.ResponseWriter, r *http.Request, s *scratch) (admission, error) {
+	if a, err := h.readReserved(w, r, s); a != admitted {
+		return a, err
+	}
+	for i := 0; i < len(s.checks); {
+		c := &s.checks[i]
+		m := &c.zone.meter
+		if m.prices != nil {
+			price, err := m.findPrice(c.zone.Name, &s.request)
+			if err != nil {
+				if !c.dryRun {
+					return answered, unpriced(w, r, err)
+				}
+				s.checks = slices.Delete(s.checks, i, i+1)
+				continue
+			}
+			c.price = price
+		}
+		if m.on {
+			c.req.Cost = m.reservation(&s.request, c.req.Rate.Units, c.price)
+		}
+		i++
+	}
+	if len(s.checks) == 0 {
+		return passOn, nil
+	}
+	return admitted, nil
+}
+
+// readReserved reads the body for the reservations that need it, and
+// what they read of it (s.request). A key the store knows it refuses is
+// answered before its body is read; any other body is read before
+// anything is taken, so that a body refused takes nothing.
+func (h *Handler) readReserved(w http.ResponseWriter, r *http.Request, s *scratch) (admission, error) {
+	p := s.placeholders
+	if anyReadsBody(s.checks) {
 		if !s.bodyRead {
-			// A key the store knows it refuses is answered before its
-			// body is read; any other body is read before anything is
-			// taken, so that a body refused takes nothing.
 			if c := h.refusedNow(s.checks); c != nil {
 				countTop(s.checks, rejectedByZone, c)
 				c.zone.results[resultRejected].Inc()
@@ -269,39 +337,29 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (adm
 		// Read for a reservation: later handlers see its fields.
 		p.setBody(r.URL.Path, s.body)
 	}
-	// The reservations, now that the body is read. A zone priced in
-	// money first prices the request by its model: one it has no price
-	// for is refused before anything is taken.
-	for i := 0; i < len(s.checks); {
-		c := &s.checks[i]
-		m := &c.zone.meter
-		if m.prices != nil {
-			price, err := m.findPrice(c.zone.Name, &s.request)
-			if err != nil {
-				if !c.dryRun {
-					return answered, unpriced(w, r, err)
-				}
-				// A dry run never refuses: it counts nothing it
-				// cannot price.
-				s.checks = slices.Delete(s.checks, i, i+1)
-				continue
-			}
-			c.price = price
-		}
-		if m.on {
-			c.req.Cost = m.reservation(&s.request, c.req.Rate.Units, c.price)
-		}
-		i++
-	}
-	if len(s.checks) == 0 {
-		return passOn, nil
-	}
+	return admitted, nil
+}
 
+// anyReadsBody reports whether any of checks reserves what the request's
+// body asks for.
+func anyReadsBody(checks []zoneCheck) bool {
+	for i := range checks {
+		if m := &checks[i].zone.meter; m.on && m.readsBody() {
+			return true
+		}
+	}
+	return false
+}
+
+// takeChecks has the store take every check's cost at once, or, with
+// on_store_error local when the store failed, this instance's fallback
+// with its share of every limit, and answers a request a zone rejected
+// or the store could not decide.
+func (h *Handler) takeChecks(w http.ResponseWriter, r *http.Request, s *scratch) (admission, error) {
+	p := s.placeholders
 	s.take.store = h.store
 	v, rejected, err := h.decide(r.Context(), s.checks, &s.take)
 	if v == unanswered && h.fallback != nil && r.Context().Err() == nil {
-		// on_store_error local: the store failed, and this instance
-		// decides on its own, with its share of every limit.
 		h.storeError(err)
 		s.take.store = h.fallback
 		v, rejected, err = h.decide(r.Context(), s.checks, &s.take)
@@ -321,6 +379,13 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (adm
 		}
 		return answered, h.reject(w, r, p, rejected)
 	}
+	return admitted, nil
+}
+
+// countAdmitted counts an admitted request in its zones' metrics and
+// placeholders: its result, a cost_from zone's reservation, and the
+// share of its limit a key used in the window a take moved it out of.
+func countAdmitted(s *scratch) {
 	for _, c := range s.checks {
 		switch {
 		case c.dryRunExceeded:
@@ -332,7 +397,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (adm
 		}
 		if c.zone.meter.on {
 			c.zone.meter.units[costReserved].Add(float64(c.taken()))
-			p.setCost(c.zone.Name, c.taken())
+			s.placeholders.setCost(c.zone.Name, c.taken())
 		}
 		if c.decision.Rolled && !c.dryRunExceeded {
 			// This check took for the key and moved it into a new window: report what
@@ -340,9 +405,6 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (adm
 			c.zone.usage.Observe(float64(c.decision.Finished) / float64(c.decision.Limit))
 		}
 	}
-	h.report(w, p, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
-	s.placeholders = p
-	return admitted, nil
 }
 
 // countTop counts a decided request in the top keys of its checks' zones,
@@ -511,7 +573,8 @@ type scratch struct {
 	request     costfrom.Request
 	requestRead bool
 	writers     []costWriter
-	// placeholders are an admitted request's placeholders.
+	// placeholders are the request's placeholders, once a zone matched
+	// it.
 	placeholders *placeholders
 }
 
