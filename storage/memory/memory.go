@@ -499,7 +499,8 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 	var lockBuf [4]int
 	locks := lockBuf[:0]
 	ringed := false
-	for _, r := range reqs {
+	for i := range reqs {
+		r := &reqs[i]
 		h := c.keyHash(r.Zone, r.Key)
 		hashes = append(hashes, h)
 		locks = append(locks, shardOf(h))
@@ -530,7 +531,8 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 		defer ringScratch.Put(rings)
 		*rings = slices.Grow((*rings)[:0], len(reqs))[:len(reqs)]
 	}
-	for i, r := range reqs {
+	for i := range reqs {
+		r := &reqs[i]
 		var p *pendingRing
 		if r.Algorithm == algorithms.SlidingWindow {
 			p = &(*rings)[i]
@@ -554,7 +556,7 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 // algorithm from its counts, which it returns as taking r would leave
 // them. A rejection only costs in flight caused is marked so
 // (inFlightOnly), and a ban in force rejects r.
-func (s *shard) decide(h uint64, r storage.Request, now time.Time, p *pendingRing) (algorithms.Decision, algorithms.Counts) {
+func (s *shard) decide(h uint64, r *storage.Request, now time.Time, p *pendingRing) (algorithms.Decision, algorithms.Counts) {
 	rate := r.Rate
 	if s.overrides != nil {
 		if o, ok := s.overrides[h]; ok && o.Active(now) {
@@ -590,7 +592,7 @@ func (s *shard) decide(h uint64, r storage.Request, now time.Time, p *pendingRin
 // ring if ring is not nil, less the costs of its requests still in
 // flight. Such a rejection bans nothing. Only a request that
 // TracksInFlight is looked at.
-func (s *shard) inFlightOnly(h uint64, r storage.Request, rate algorithms.Rate, d algorithms.Decision, counts algorithms.Counts, ring *algorithms.Ring, now time.Time) algorithms.Decision {
+func (s *shard) inFlightOnly(h uint64, r *storage.Request, rate algorithms.Rate, d algorithms.Decision, counts algorithms.Counts, ring *algorithms.Ring, now time.Time) algorithms.Decision {
 	if d.Allowed || !r.TracksInFlight() {
 		return d
 	}
@@ -614,7 +616,8 @@ func (s *shard) inFlightOnly(h uint64, r storage.Request, rate algorithms.Rate, 
 // and rejected them now for the first time, unless only costs in flight
 // filled the limit, or the cost could never pass.
 func (c *counters) banFirstRejections(reqs []storage.Request, decisions []algorithms.Decision, hashes []uint64, nowMs int64, bound int) {
-	for i, r := range reqs {
+	for i := range reqs {
+		r := &reqs[i]
 		if d := decisions[i]; r.Ban > 0 && !d.Allowed && d.BanEnds.IsZero() && !d.InFlight &&
 			r.Cost <= algorithms.Capacity(r.Algorithm, r.Rate, d.Limit) {
 			ends := nowMs + r.Ban.Milliseconds()
@@ -629,7 +632,8 @@ func (c *counters) banFirstRejections(reqs []storage.Request, decisions []algori
 // them.
 func (c *counters) takeAllowed(reqs []storage.Request, decisions []algorithms.Decision, hashes []uint64, next []algorithms.Counts, rings *[]pendingRing, nowMs int64, bound int) {
 	nowSec := unixSeconds(nowMs)
-	for i, r := range reqs {
+	for i := range reqs {
+		r := &reqs[i]
 		// Storing one request may move the slots of another in the same
 		// shard (by growing or evicting), so each store looks up again.
 		s := &c.shards[shardOf(hashes[i])]
@@ -708,7 +712,7 @@ type pendingRing struct {
 // when its bucket is full again, as if it had never been seen. Units held
 // by a concurrency key matter until they are released: such a slot is
 // pinned.
-func expiry(r storage.Request, c algorithms.Counts) uint32 {
+func expiry(r *storage.Request, c algorithms.Counts) uint32 {
 	switch r.Algorithm {
 	case algorithms.GCRA:
 		return unixSeconds(c.TATMillis() + 1 + 999)
@@ -734,7 +738,7 @@ func unixSeconds(ms int64) uint32 {
 // own keys before those of clients that keep coming back, and a shard in
 // which every key is referenced, where CLOCK would take whichever key the
 // hand reaches first however recently used, stays rare.
-func (s *shard) store(h uint64, counts algorithms.Counts, r storage.Request, expires uint32, bound int, now uint32) {
+func (s *shard) store(h uint64, counts algorithms.Counts, r *storage.Request, expires uint32, bound int, now uint32) {
 	if r.Wide {
 		i, ok := slotFor(s, &s.wide, h, bound, now)
 		s.wide.slots[i] = wideSlot{w: counts.W, c: counts.C, p: counts.P, expires: expires, ref: ok}
@@ -810,7 +814,7 @@ func (s *shard) release(h uint64, r storage.Request, d algorithms.Decision, cost
 			// A GCRA TAT moved back matters less long; windowed
 			// counts keep their window, and so their expiry. Either
 			// way the expiry stays the one counts reads window by.
-			e.set(n, r.Algorithm, expiry(r, n), e.ref)
+			e.set(n, r.Algorithm, expiry(&r, n), e.ref)
 		}
 	}
 }
@@ -835,7 +839,7 @@ func (s *shard) debt(h uint64, r storage.Request, d algorithms.Decision, units i
 	}
 	counts, _ := s.lookup(h, r.Wide, rate, false)
 	n := algorithms.Debt(r.Algorithm, counts, now, rate, units)
-	s.store(h, n, r, expiry(r, n), bound, nowSec)
+	s.store(h, n, &r, expiry(&r, n), bound, nowSec)
 }
 
 // inspect returns the counts kept for zone and key as stored, not rolled

@@ -219,7 +219,7 @@ func TestMemoryShardTable(t *testing.T) {
 			exp := uint32(rng.IntN(100))
 			before := s.counts.n
 			_, had := s.counts.lookup(h)
-			s.store(h, algorithms.WindowCounts{Current: 1}.Counts(), storage.Request{Algorithm: algorithms.FixedWindow}, exp, bound, 0)
+			s.store(h, algorithms.WindowCounts{Current: 1}.Counts(), &storage.Request{Algorithm: algorithms.FixedWindow}, exp, bound, 0)
 			if !had {
 				// evictions, if any, took keys the model must forget
 				for k := range model {
@@ -686,7 +686,7 @@ func TestMemorySlotRoundTrip(t *testing.T) {
 				r := storage.Request{Algorithm: alg, Rate: algorithms.Rate{Units: 3, Calendar: algorithms.CalendarOf(p, tokyo)}, Cost: 3}
 				_, want := algorithms.Decide(alg, algorithms.Counts{}, at, r.Rate, r.Cost)
 				var e slot
-				e.set(want, alg, expiry(r, want), false)
+				e.set(want, alg, expiry(&r, want), false)
 				if got := e.counts(r.Rate); got != want {
 					t.Fatalf("%s, %s in Tokyo, at %s: read back %+v, want %+v", alg, p, at, got, want)
 				}
@@ -700,7 +700,7 @@ func TestMemorySlotRoundTrip(t *testing.T) {
 				r := storage.Request{Algorithm: alg, Rate: algorithms.Rate{Units: 3, Window: w}, Cost: 3}
 				d, want := algorithms.Decide(alg, algorithms.Counts{}, at, r.Rate, r.Cost)
 				var e slot
-				e.set(want, alg, expiry(r, want), false)
+				e.set(want, alg, expiry(&r, want), false)
 				if got := e.counts(algorithms.Rate{Window: w}); got != want {
 					t.Fatalf("%s, window %s, at %s: read back %+v, want %+v", alg, w, at, got, want)
 				}

@@ -56,14 +56,24 @@ func newTagSecret() string {
 type keyNames struct {
 	prefix string
 	secret string
-	// macs holds HMACs keyed with the secret, reset between uses: a
+	// macs holds *tagMACs keyed with the secret, reset between uses: a
 	// fresh one hashes the secret's two padded blocks first.
 	macs sync.Pool
 }
 
+// A tagMAC is an HMAC keyed with the secret and the buffers it hashes a
+// key into and its sum out of: the hash is an interface, through which a
+// key's bytes and the sum would escape, and so be allocated at every
+// decision, were they not kept with it.
+type tagMAC struct {
+	mac hash.Hash
+	key []byte
+	sum [sha256.Size]byte
+}
+
 func newKeyNames(prefix, secret string) *keyNames {
 	n := &keyNames{prefix: prefix, secret: secret}
-	n.macs.New = func() any { return hmac.New(sha256.New, []byte(secret)) }
+	n.macs.New = func() any { return &tagMAC{mac: hmac.New(sha256.New, []byte(secret))} }
 	return n
 }
 
@@ -71,20 +81,24 @@ func newKeyNames(prefix, secret string) *keyNames {
 // <prefix>{<tag>}{<key>}:<zone>. The key is there in full, so that
 // distinct keys never share a hash, in braces, so that no key and zone
 // run into another's: BoundKey has made sure the key holds no brace.
+// The name is the one allocation: the tag is put together on the stack.
 func (n *keyNames) counter(zone, key string) string {
-	return n.prefix + "{" + n.tag(key) + "}{" + key + "}:" + zone
+	tag := n.tag(key)
+	return n.prefix + "{" + string(tag[:]) + "}{" + key + "}:" + zone
 }
 
 // tag returns key's hash tag: the first tagBytes of HMAC-SHA256(secret,
 // key), as hex.
-func (n *keyNames) tag(key string) string {
-	mac := n.macs.Get().(hash.Hash)
-	mac.Reset()
-	mac.Write([]byte(key))
-	var sum [sha256.Size]byte
-	mac.Sum(sum[:0])
-	n.macs.Put(mac)
-	return hex.EncodeToString(sum[:tagBytes])
+func (n *keyNames) tag(key string) [2 * tagBytes]byte {
+	t := n.macs.Get().(*tagMAC)
+	t.mac.Reset()
+	t.key = append(t.key[:0], key...)
+	t.mac.Write(t.key)
+	t.mac.Sum(t.sum[:0])
+	var tag [2 * tagBytes]byte
+	hex.Encode(tag[:], t.sum[:tagBytes])
+	n.macs.Put(t)
+	return tag
 }
 
 // holdersKey names the sorted set of a concurrency key's holders, beside

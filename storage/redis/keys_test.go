@@ -2,6 +2,10 @@ package redis
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,5 +74,28 @@ func TestRedisTagSecret(t *testing.T) {
 	redisTake(t, b, time.Time{}, req)
 	if n, err := s.Do("HGET", b.counterKey("z", "k"), "c"); err != nil || n != "2" {
 		t.Fatalf("key k's count under its new name: %q (%v), want 2, one from each instance", n, err)
+	}
+}
+
+// counterName keeps TestKeyNamesCounter's names on the heap, as the
+// store's are.
+var counterName string
+
+// TestKeyNamesCounter: a counter's name is the prefix, the first bytes of
+// HMAC-SHA256(secret, key) as hex, the key and the zone, and naming it
+// allocates the name alone: the store names every key of every decision.
+func TestKeyNamesCounter(t *testing.T) {
+	n := newKeyNames("rl:", "s3cret")
+	mac := hmac.New(sha256.New, []byte("s3cret"))
+	for _, key := range []string{"", "10.0.0.1", strings.Repeat("k", 300)} {
+		mac.Reset()
+		mac.Write([]byte(key))
+		want := "rl:{" + hex.EncodeToString(mac.Sum(nil)[:tagBytes]) + "}{" + key + "}:zone"
+		if got := n.counter("zone", key); got != want {
+			t.Fatalf("counter(zone, %q) = %q, want %q", key, got, want)
+		}
+	}
+	if allocs := testing.AllocsPerRun(100, func() { counterName = n.counter("zone", "203.0.113.7") }); allocs != 1 {
+		t.Fatalf("naming a counter allocates %v times, want 1 (the name)", allocs)
 	}
 }
