@@ -160,9 +160,6 @@ func wholeEvent(p []byte) int {
 
 var (
 	usageKey = "usage"
-	// reasonKey ends the keys that tell Gemini's last chunk:
-	// finishReason and blockReason, in either spelling.
-	reasonKey = `reason"`
 	// An escape, or a long s (ſ), can spell a key that reads as "usage"
 	// (see keyByte) without the letters of usageKey.
 	escapeU = []byte(`\u`)
@@ -181,8 +178,8 @@ var (
 //
 // Gemini's usage counts only in the last chunk of a response (see
 // Writer.took), whose counts are totals: a chunk without the key of a
-// finishReason or a blockReason (reason", in any case) has nothing to
-// read, and is passed on unread, as most of a stream's chunks are.
+// finishReason or a blockReason (see hasEndKey) has nothing to read, and
+// is passed on unread, as most of a stream's chunks are.
 func quiet(event []byte, hide bool) bool {
 	if bytes.Contains(event, escapeU) || bytes.Contains(event, longS) {
 		return false
@@ -191,7 +188,7 @@ func quiet(event []byte, hide bool) bool {
 	for {
 		i := indexFold(event, usageKey)
 		if i < 0 {
-			return !gemini || indexFold(whole, reasonKey) < 0
+			return !gemini || !hasEndKey(whole)
 		}
 		quoted := i > 0 && event[i-1] == '"'
 		event = event[i+len(usageKey):]
@@ -215,6 +212,52 @@ func quiet(event []byte, hide bool) bool {
 			return false
 		}
 	}
+}
+
+// hasEndKey reports whether p holds, as keyFolder reads a key with no
+// escape and no long s, the key of a candidate's finishReason or of the
+// prompt's blockReason, in either spelling (finish_reason, block_reason),
+// with its closing quote. It looks for finish and bloc from their first
+// letters, rarer in JSON, text included, than those of reason: each letter
+// found costs a call to IndexByte. The k of block may be the Kelvin sign,
+// which folds to k.
+func hasEndKey(p []byte) bool {
+	for q := p; ; {
+		i := indexFold(q, "finish")
+		if i < 0 {
+			break
+		}
+		if q = q[i+len("finish"):]; endsReason(q) {
+			return true
+		}
+	}
+	for q := p; ; {
+		i := indexFold(q, "bloc")
+		if i < 0 {
+			return false
+		}
+		q = q[i+len("bloc"):]
+		switch {
+		case len(q) > 0 && q[0]|0x20 == 'k':
+			q = q[1:]
+		case bytes.HasPrefix(q, kelvin):
+			q = q[len(kelvin):]
+		default:
+			continue
+		}
+		if endsReason(q) {
+			return true
+		}
+	}
+}
+
+// kelvin is the Kelvin sign, which folds to k.
+var kelvin = []byte("\u212a")
+
+// endsReason reports whether p begins with reason" or _reason", in any
+// case.
+func endsReason(p []byte) bool {
+	return hasPrefixFold(p, `reason"`) || hasPrefixFold(p, `_reason"`)
 }
 
 // hasPrefixFold reports whether p begins with prefix, which is in lower
