@@ -185,8 +185,11 @@ func quiet(event []byte, hide bool) bool {
 		return false
 	}
 	whole, gemini := event, false
-	for {
-		i := indexFold(event, usageKey)
+	// The first usage key is looked for from its u, the others from its
+	// g: after Gemini's usageMetadata, its counts' keys (promptTokenCount
+	// and the like) hold many a u, and no g.
+	for at := 0; ; at = 3 {
+		i := indexFold(event, usageKey, at)
 		if i < 0 {
 			return !gemini || !hasEndKey(whole)
 		}
@@ -223,7 +226,7 @@ func quiet(event []byte, hide bool) bool {
 // which folds to k.
 func hasEndKey(p []byte) bool {
 	for q := p; ; {
-		i := indexFold(q, "finish")
+		i := indexFold(q, "finish", 0)
 		if i < 0 {
 			break
 		}
@@ -232,7 +235,7 @@ func hasEndKey(p []byte) bool {
 		}
 	}
 	for q := p; ; {
-		i := indexFold(q, "bloc")
+		i := indexFold(q, "bloc", 0)
 		if i < 0 {
 			return false
 		}
@@ -279,24 +282,25 @@ func hasPrefixFold(p []byte, prefix string) bool {
 }
 
 // indexFold returns where the first word of p, in any ASCII case,
-// begins, or -1; word is in lower case and begins with a letter. It looks
-// for each occurrence of the word's first letter in either case, of which
+// begins, or -1; word is in lower case, and its byte at is a letter, the
+// one looked for (the rarest in the text searched): each one found costs a
+// call to IndexByte. It looks for that letter in either case, of which
 // JSON has fewer than quotes.
-func indexFold(p []byte, word string) int {
-	first := word[0]
-	lower, upper := bytes.IndexByte(p, first), bytes.IndexByte(p, first-'a'+'A')
+func indexFold(p []byte, word string, at int) int {
+	c := word[at]
+	lower, upper := indexFrom(p, at, c), indexFrom(p, at, c-'a'+'A')
 	for lower >= 0 || upper >= 0 {
 		i := lower
 		if i < 0 || upper >= 0 && upper < i {
 			i = upper
 		}
-		if hasPrefixFold(p[i:], word) {
-			return i
+		if hasPrefixFold(p[i-at:], word) {
+			return i - at
 		}
 		if i == lower {
-			lower = indexFrom(p, i+1, first)
+			lower = indexFrom(p, i+1, c)
 		} else {
-			upper = indexFrom(p, i+1, first-'a'+'A')
+			upper = indexFrom(p, i+1, c-'a'+'A')
 		}
 	}
 	return -1
@@ -304,6 +308,9 @@ func indexFold(p []byte, word string) int {
 
 // indexFrom returns the index of the first c in p at or after i, or -1.
 func indexFrom(p []byte, i int, c byte) int {
+	if i > len(p) {
+		return -1
+	}
 	if j := bytes.IndexByte(p[i:], c); j >= 0 {
 		return i + j
 	}

@@ -26,6 +26,8 @@ func TestQuietEvents(t *testing.T) {
 		{"gemini last", last + "\r\n\r\n", true, false},
 		{"gemini blocked", `data: {"promptFeedback": {"blockReason": "SAFETY"},"usage_metadata": {"promptTokenCount": 9}}` + "\r\n\r\n", true, false},
 		{"gemini last, keys in capitals", `data: {"candidates": [{"FINISHREASON": "STOP"}],"USAGEMETADATA": {"promptTokenCount": 9}}` + "\r\n\r\n", true, false},
+		{"gemini chunk, a usage after its usageMetadata", `data: {"usageMetadata": {"promptTokenCount": 9},"USAGE": {"prompt_tokens": 9}}` + "\r\n\r\n", true, false},
+		{"gemini chunk, a usage null after its usageMetadata", `data: {"usageMetadata": {"promptTokenCount": 9},"Usage": null}` + "\r\n\r\n", true, true},
 		{"gemini escaped", `data: {"candidates": [{"finishRe\u0061son": "STOP"}],"usageMetadata": {}}` + "\r\n\r\n", true, false},
 		// Lines that end otherwise, or an event not whole, are read line
 		// by line.
