@@ -106,3 +106,30 @@ func TestKeyByteNonASCII(t *testing.T) {
 		t.Errorf("keyByte(%U) folds to no letter", r)
 	}
 }
+
+// TestHolds: holds finds its pair wherever it is, after any number of
+// its first byte alone.
+func TestHolds(t *testing.T) {
+	for _, c := range []struct {
+		p    string
+		want bool
+	}{
+		{``, false},
+		{`\`, false},
+		{`\u`, true},
+		{`ab\`, false},
+		{`\n\t\\u`, true},
+		{`\n\t\\`, false},
+		{`{"a":"ſ"}`, true},
+		{"\xc5\xc5\xc5\xbf", true},
+		{"\xc5\xc5\xc5", false},
+	} {
+		pair := escapeU
+		if strings.ContainsRune(c.p, 'ſ') || strings.Contains(c.p, "\xc5") {
+			pair = longS
+		}
+		if got := holds([]byte(c.p), pair); got != c.want {
+			t.Errorf("holds(%q, %q) = %v, want %v", c.p, pair, got, c.want)
+		}
+	}
+}
