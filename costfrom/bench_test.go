@@ -28,20 +28,40 @@ func stream200() [][]byte {
 	return events
 }
 
+// geminiChunk is the i-th of the 200 chunks of a Gemini answer, with its
+// usageMetadata so far, the last with its finishReason.
+func geminiChunk(i int) []byte {
+	finish := ""
+	if i == 199 {
+		finish = `,"finishReason": "STOP"`
+	}
+	return fmt.Appendf(nil, `{"candidates": [{"content": {"parts": [{"text": " token%d"}],"role": "model"}%s,"index": 0}],"usageMetadata": {"promptTokenCount": 9,"candidatesTokenCount": %d,"totalTokenCount": %d,"promptTokensDetails": [{"modality": "TEXT","tokenCount": 9}],"thoughtsTokenCount": 12},"modelVersion": "gemini-2.5-flash","responseId": "K3mtaOeQC9Lbz7IPh-6ZsQM"}`,
+		i, finish, i+1, 22+i)
+}
+
 // geminiStream200 is a Gemini API stream (streamGenerateContent?alt=sse)
-// of 200 chunks, each with its usageMetadata so far, the last with its
-// finishReason, a chunk a write.
+// of 200 chunks, a chunk a write.
 func geminiStream200() [][]byte {
 	events := make([][]byte, 0, 200)
 	for i := range 200 {
-		finish := ""
-		if i == 199 {
-			finish = `,"finishReason": "STOP"`
-		}
-		events = append(events, fmt.Appendf(nil, `data: {"candidates": [{"content": {"parts": [{"text": " token%d"}],"role": "model"}%s,"index": 0}],"usageMetadata": {"promptTokenCount": 9,"candidatesTokenCount": %d,"totalTokenCount": %d,"promptTokensDetails": [{"modality": "TEXT","tokenCount": 9}],"thoughtsTokenCount": 12},"modelVersion": "gemini-2.5-flash","responseId": "K3mtaOeQC9Lbz7IPh-6ZsQM"}`+"\r\n\r\n",
-			i, finish, i+1, 22+i))
+		events = append(events, append(append([]byte("data: "), geminiChunk(i)...), "\r\n\r\n"...))
 	}
 	return events
+}
+
+// geminiArray200 is the same answer streamed without alt=sse: a JSON
+// array of the 200 chunks, a chunk a write with the comma or bracket
+// before it, the closing bracket the last write.
+func geminiArray200() [][]byte {
+	writes := make([][]byte, 0, 201)
+	for i := range 200 {
+		sep := ",\r\n"
+		if i == 0 {
+			sep = "["
+		}
+		writes = append(writes, append([]byte(sep), geminiChunk(i)...))
+	}
+	return append(writes, []byte("]"))
 }
 
 // BenchmarkJSON writes a 2 KiB answer straight to the ResponseWriter, and
@@ -103,18 +123,21 @@ func BenchmarkJSON(b *testing.B) {
 // BenchmarkStream writes a 200-event stream, an event a write and a
 // flush, straight to the ResponseWriter and through a Writer, without and
 // with HideStreamUsage; gemini/ the same for a Gemini stream of 200
-// chunks, every one of which carries a usageMetadata to read.
+// chunks, every one of which carries a usageMetadata, and gemini-array/
+// for the same chunks as a streamed JSON array.
 func BenchmarkStream(b *testing.B) {
-	benchmarkStream(b, stream200())
-	b.Run("gemini", func(b *testing.B) { benchmarkStream(b, geminiStream200()) })
+	const sse, json = "text/event-stream; charset=utf-8", "application/json; charset=UTF-8"
+	benchmarkStream(b, sse, stream200())
+	b.Run("gemini", func(b *testing.B) { benchmarkStream(b, sse, geminiStream200()) })
+	b.Run("gemini-array", func(b *testing.B) { benchmarkStream(b, json, geminiArray200()) })
 }
 
-func benchmarkStream(b *testing.B, events [][]byte) {
+func benchmarkStream(b *testing.B, contentType string, events [][]byte) {
 	size := 0
 	for _, e := range events {
 		size += len(e)
 	}
-	rw := &discard{h: http.Header{"Content-Type": {"text/event-stream; charset=utf-8"}}}
+	rw := &discard{h: http.Header{"Content-Type": {contentType}}}
 	src := Source{Count: Total}
 	b.Run("direct", func(b *testing.B) {
 		b.ReportAllocs()

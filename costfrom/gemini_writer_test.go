@@ -37,6 +37,14 @@ func TestGeminiUsage(t *testing.T) {
 		{"sse", sseType, sse(first, last), 10, 10, 20, true},
 		{"array", jsonType, "[" + first + ",\r\n" + last + "]", 10, 10, 20, true},
 		{"array with spaces", jsonType, " [ " + first + " , " + last + " ] ", 10, 10, 20, true},
+		// The chunks before the last, passed over unread when they are
+		// valid JSON, or read (and no further) when they are not.
+		{"array of three", jsonType, "[" + first + ",\r\n" + first + ",\r\n" + last + "]", 10, 10, 20, true},
+		{"array, a chunk not JSON before the last", jsonType, "[" + `{"usageMetadata" {"promptTokenCount":1}}` + "," + last + "]", 0, 0, 0, false},
+		{"array, a chunk with a trailing comma", jsonType, "[" + `{"usageMetadata":{"promptTokenCount":1,}}` + "," + last + "]", 0, 0, 0, false},
+		{"array, a chunk with a bad literal", jsonType, "[" + `{"candidates":[{"index":tru}]}` + "," + last + "]", 0, 0, 0, false},
+		{"array, a chunk with brackets crossed", jsonType, "[" + `{"candidates":[{"index":0]}}` + "," + last + "]", 0, 0, 0, false},
+		{"array, a chunk after the last", jsonType, "[" + last + "," + first + "]", 10, 1, 11, true},
 		// A stream cut before its last chunk: the reservation stands.
 		{"sse cut", sseType, sse(first), 0, 0, 0, false},
 		{"array cut", jsonType, "[" + first + ",\r\n", 0, 0, 0, false},

@@ -67,23 +67,32 @@ func (k *keyFolder) key() []byte {
 
 // write reads the next piece of the key.
 func (k *keyFolder) write(p []byte) {
-	for _, c := range p {
-		if k.n < 0 {
-			return
-		}
-		if k.esc == 0 && k.nraw == 0 && c < utf8.RuneSelf && c != '\\' {
-			// Plain ASCII, of which keys are made but for a rare escape or
-			// rune, is folded here rather than through add and keyByte.
-			if k.n == len(k.buf) {
+	if k.esc == 0 && k.nraw == 0 && k.n >= 0 {
+		// Plain ASCII, of which keys are made but for a rare escape or
+		// rune, is folded here, in a loop of its own, rather than through
+		// add and keyByte.
+		n, buf := k.n, k.buf[:]
+		i := 0
+		for ; i < len(p); i++ {
+			c := p[i]
+			if c >= utf8.RuneSelf || c == '\\' {
+				break
+			}
+			if n == len(buf) {
 				k.n = -1
 				return
 			}
 			if 'A' <= c && c <= 'Z' {
 				c += 'a' - 'A'
 			}
-			k.buf[k.n] = c
-			k.n++
-			continue
+			buf[n] = c
+			n++
+		}
+		k.n, p = n, p[i:]
+	}
+	for _, c := range p {
+		if k.n < 0 {
+			return
 		}
 		switch {
 		case k.esc == 1:

@@ -160,9 +160,6 @@ func wholeEvent(p []byte) int {
 
 var (
 	usageKey = "usage"
-	// reasonKey ends the keys that tell Gemini's last chunk:
-	// finishReason and blockReason, in either spelling.
-	reasonKey = `reason"`
 	// An escape, or a long s (ſ), can spell a key that reads as "usage"
 	// (see keyByte) without the letters of usageKey.
 	escapeU = []byte(`\u`)
@@ -181,17 +178,20 @@ var (
 //
 // Gemini's usage counts only in the last chunk of a response (see
 // Writer.took), whose counts are totals: a chunk without the key of a
-// finishReason or a blockReason (reason", in any case) has nothing to
-// read, and is passed on unread, as most of a stream's chunks are.
+// finishReason or a blockReason (see hasEndKey) has nothing to read, and
+// is passed on unread, as most of a stream's chunks are.
 func quiet(event []byte, hide bool) bool {
-	if bytes.Contains(event, escapeU) || bytes.Contains(event, longS) {
+	if holds(event, escapeU) || holds(event, longS) {
 		return false
 	}
 	whole, gemini := event, false
-	for {
-		i := indexFold(event, usageKey)
+	// The first usage key is looked for from its u, the others from its
+	// g: after Gemini's usageMetadata, its counts' keys (promptTokenCount
+	// and the like) hold many a u, and no g.
+	for at := 0; ; at = 3 {
+		i := indexFold(event, usageKey, at)
 		if i < 0 {
-			return !gemini || indexFold(whole, reasonKey) < 0
+			return !gemini || !hasEndKey(whole)
 		}
 		quoted := i > 0 && event[i-1] == '"'
 		event = event[i+len(usageKey):]
@@ -217,6 +217,68 @@ func quiet(event []byte, hide bool) bool {
 	}
 }
 
+// holds reports whether p holds pair, two bytes the first of which is
+// rare in JSON: as bytes.Contains does, without its search's setup, which
+// costs more than the search itself in an event of a few hundred bytes.
+func holds(p, pair []byte) bool {
+	for {
+		i := bytes.IndexByte(p, pair[0])
+		if i < 0 || i+1 == len(p) {
+			return false
+		}
+		if p[i+1] == pair[1] {
+			return true
+		}
+		p = p[i+1:]
+	}
+}
+
+// hasEndKey reports whether p holds, as keyFolder reads a key with no
+// escape and no long s, the key of a candidate's finishReason or of the
+// prompt's blockReason, in either spelling (finish_reason, block_reason),
+// with its closing quote. It looks for finish and bloc from their first
+// letters, rarer in JSON, text included, than those of reason: each letter
+// found costs a call to IndexByte. The k of block may be the Kelvin sign,
+// which folds to k.
+func hasEndKey(p []byte) bool {
+	for q := p; ; {
+		i := indexFold(q, "finish", 0)
+		if i < 0 {
+			break
+		}
+		if q = q[i+len("finish"):]; endsReason(q) {
+			return true
+		}
+	}
+	for q := p; ; {
+		i := indexFold(q, "bloc", 0)
+		if i < 0 {
+			return false
+		}
+		q = q[i+len("bloc"):]
+		switch {
+		case len(q) > 0 && q[0]|0x20 == 'k':
+			q = q[1:]
+		case bytes.HasPrefix(q, kelvin):
+			q = q[len(kelvin):]
+		default:
+			continue
+		}
+		if endsReason(q) {
+			return true
+		}
+	}
+}
+
+// kelvin is the Kelvin sign, which folds to k.
+var kelvin = []byte("\u212a")
+
+// endsReason reports whether p begins with reason" or _reason", in any
+// case.
+func endsReason(p []byte) bool {
+	return hasPrefixFold(p, `reason"`) || hasPrefixFold(p, `_reason"`)
+}
+
 // hasPrefixFold reports whether p begins with prefix, which is in lower
 // case, in any ASCII case.
 func hasPrefixFold(p []byte, prefix string) bool {
@@ -236,24 +298,25 @@ func hasPrefixFold(p []byte, prefix string) bool {
 }
 
 // indexFold returns where the first word of p, in any ASCII case,
-// begins, or -1; word is in lower case and begins with a letter. It looks
-// for each occurrence of the word's first letter in either case, of which
+// begins, or -1; word is in lower case, and its byte at is a letter, the
+// one looked for (the rarest in the text searched): each one found costs a
+// call to IndexByte. It looks for that letter in either case, of which
 // JSON has fewer than quotes.
-func indexFold(p []byte, word string) int {
-	first := word[0]
-	lower, upper := bytes.IndexByte(p, first), bytes.IndexByte(p, first-'a'+'A')
+func indexFold(p []byte, word string, at int) int {
+	c := word[at]
+	lower, upper := indexFrom(p, at, c), indexFrom(p, at, c-'a'+'A')
 	for lower >= 0 || upper >= 0 {
 		i := lower
 		if i < 0 || upper >= 0 && upper < i {
 			i = upper
 		}
-		if hasPrefixFold(p[i:], word) {
-			return i
+		if hasPrefixFold(p[i-at:], word) {
+			return i - at
 		}
 		if i == lower {
-			lower = indexFrom(p, i+1, first)
+			lower = indexFrom(p, i+1, c)
 		} else {
-			upper = indexFrom(p, i+1, first-'a'+'A')
+			upper = indexFrom(p, i+1, c-'a'+'A')
 		}
 	}
 	return -1
@@ -261,6 +324,9 @@ func indexFold(p []byte, word string) int {
 
 // indexFrom returns the index of the first c in p at or after i, or -1.
 func indexFrom(p []byte, i int, c byte) int {
+	if i > len(p) {
+		return -1
+	}
 	if j := bytes.IndexByte(p[i:], c); j >= 0 {
 		return i + j
 	}

@@ -210,6 +210,10 @@ func (cw *Writer) scanJSON(p []byte) {
 			if p = cw.arrayFraming(p); len(p) == 0 || cw.array == seqEnded {
 				return
 			}
+			if n := cw.skipElement(p); n > 0 {
+				p = p[n:]
+				continue
+			}
 		}
 		n, done := cw.sc.feed(p, 0)
 		if done {
@@ -217,6 +221,28 @@ func (cw *Writer) scanJSON(p []byte) {
 		}
 		p = p[n:]
 	}
+}
+
+// skipElement returns the length of the element of a streamed array p
+// begins with, if it can be passed over unread, or 0. Until a chunk
+// ends the response, the usage of the chunks before it does not count
+// (see took), so a chunk that cannot end it has nothing to read: one
+// that p holds whole, that is valid JSON (which the scanner reads to the
+// same end, without error) and without the key of a finishReason or a
+// blockReason, an escape or a long s (see quiet). The model is read, as
+// for an event stream, from the chunks read.
+func (cw *Writer) skipElement(p []byte) int {
+	if cw.array != seqIn || cw.complete {
+		return 0
+	}
+	n := objectEnd(p)
+	if n == 0 {
+		return 0
+	}
+	if e := p[:n]; holds(e, escapeU) || holds(e, longS) || hasEndKey(e) {
+		return 0
+	}
+	return n
 }
 
 // arrayFraming reads, between two values of a JSON body, the bytes that
