@@ -203,7 +203,7 @@ func (z *Zone) keyLimit(st storage.KeyState) (int64, bool) {
 // stored, with the alternative each came from, and the most any count
 // may be overstated. A cost_from zone counts units, not requests.
 func (z *Zone) Top(n int) ([]admin.TopKey, int64) {
-	keys, bound := z.top.top(n)
+	keys, bound := z.top.Top(n)
 	for i := range keys {
 		_, keys[i].From = keyFrom(keys[i].Key)
 		if z.meter.on {

@@ -132,7 +132,7 @@ func TestCalendarZoneInAdminView(t *testing.T) {
 
 // TestCostFromZoneInAdminView: a zone that reads what responses cost
 // says so in the zone list, counts its top keys in the units each
-// request was charged (the response's cost, else the reservation; none
+// request took (the response's cost, else the reservation; none
 // for a rejected one), and shows a key's debt once a response cost more
 // than the key had room for, in a windowed zone as in a gcra one; a zone
 // without cost_from shows no debt.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"sync"
@@ -113,10 +114,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	// Runs before the scratch goes back to the pool, and on every way
 	// out: a response, an error, a panic, a client gone.
-	defer h.release(r.Context(), s, rec, p)
+	defer h.finish(r.Context(), s, rec, p)
 	err = h.serveNext(w, r, next)
 	if rec != nil {
-		rec.finish(r, err)
+		rec.end(r, err)
 	}
 	return err
 }
@@ -137,23 +138,41 @@ const (
 )
 
 // admit checks the request to every zone it matches, in s, and answers
-// it if it does not go on. An admitted request's headers are set, and
-// its placeholders are s.placeholders.
+// it if it does not go on. Its steps: the load shedder; a check for each
+// zone that counts the request (addChecks); the reservations, once the
+// body they need is read (reserve); the take of every check at once
+// (takeChecks). An admitted request's headers are set, and its
+// placeholders are s.placeholders.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (admission, error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if h.JWT != nil {
 		h.JWT.Register(repl, r)
 	}
-
-	values := requestValues{repl: repl, header: r.Header}
-	values.vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	if h.shedder != nil {
 		if err := h.shedder.Check(repl); err != nil {
 			return answered, refuse(w, r, h.Shed.Status, retryAfterOne, err)
 		}
 	}
-	var p *placeholders
-	needsBody := false
+	if a, err := h.addChecks(w, r, s, repl); a != admitted {
+		return a, err
+	}
+	if a, err := h.reserve(w, r, s); a != admitted {
+		return a, err
+	}
+	if a, err := h.takeChecks(w, r, s); a != admitted {
+		return a, err
+	}
+	countAdmitted(s)
+	h.report(w, s.placeholders, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
+	return admitted, nil
+}
+
+// addChecks adds to s.checks a check for each zone that matches the
+// request and counts it now, and sets s.placeholders once a zone
+// matches. It answers a request whose body, read for a zone, is refused.
+func (h *Handler) addChecks(w http.ResponseWriter, r *http.Request, s *scratch, repl *caddy.Replacer) (admission, error) {
+	values := requestValues{repl: repl, header: r.Header}
+	values.vars, _ = r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	for _, z := range h.Zones {
 		match, err := z.matchers.AnyMatchWithError(r)
 		if err != nil {
@@ -162,93 +181,143 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (adm
 		if !match {
 			continue
 		}
-		if p == nil {
+		if s.placeholders == nil {
 			// Before the zone's key and limit are resolved, which may
 			// ask for {body.*}, themselves or through a map.
-			p = requestPlaceholders(values)
+			s.placeholders = requestPlaceholders(values)
 		}
-		dryRun := z.DryRun
-		var dial storage.ZoneDial
-		if z.admin != nil {
-			if d, ok := z.admin.ZoneDial(z.Name); ok && d.Active(h.now()) {
-				dial = d
-			}
+		if a, err := h.addCheck(w, r, s, z, values); a != admitted {
+			return a, err
 		}
-		switch dial.Mode {
-		case storage.ModeOff:
-			continue
-		case storage.ModeDryRun:
-			dryRun = true
-		case storage.ModeEnforce:
-			dryRun = false
-		}
-		if z.bodyTemplates && !s.bodyRead {
-			// Read as a zone reads any body, before Caddy's placeholder
-			// would read it whole, whatever its size.
-			if err := s.readBody(w, r, h.bodyLimits); err != nil {
-				return answered, bodyRefused(w, r, err)
-			}
-		}
-		// A body is read before anything is taken, so that a body
-		// refused takes nothing; and only for a zone that needs it, its
-		// fields or its bound.
-		limit, ok := dial.Limit, dial.Limit > 0
-		if !ok {
-			p.bodyWanted = false
-			limit, ok = z.resolveLimit(values)
-			if p.bodyWanted {
-				if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
-					return answered, bodyRefused(w, r, err)
-				}
-				limit, ok = z.resolveLimit(values)
-			}
-			if !ok {
-				continue
-			}
-		}
-		cost := z.costs[methodIndex(r.Method)]
-		if z.meter.on {
-			// The reservation is set once the body is read, below.
-			cost = z.meter.leastReservation()
-			needsBody = needsBody || z.meter.readsBody()
-		}
-		p.bodyWanted = false
-		key := z.resolveKey(values)
-		if p.bodyWanted {
-			if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
-				return answered, bodyRefused(w, r, err)
-			}
-			key = z.resolveKey(values)
-		}
-		req := storage.Request{
-			Zone:        z.Name,
-			Key:         key,
-			Algorithm:   z.Algorithm,
-			Rate:        z.rate(limit),
-			Cost:        cost,
-			Releasable:  z.countsStatus || z.meter.on,
-			Reservation: z.meter.on,
-			Wide:        z.meter.prices != nil,
-		}
-		if !dryRun {
-			req.Ban = time.Duration(z.Ban)
-		}
-		if z.Algorithm == algorithms.Concurrency {
-			req.Holder = holders.Add(1)
-		}
-		s.checks = append(s.checks, zoneCheck{zone: z, dryRun: dryRun, req: req})
 	}
-	if p != nil && p.body != nil && p.body.err != nil {
+	if p := s.placeholders; p != nil && p.body != nil && p.body.err != nil {
 		return answered, fieldRefused(w, r, p.body.err)
 	}
 	if len(s.checks) == 0 {
 		return passOn, nil
 	}
-	if needsBody {
+	return admitted, nil
+}
+
+// addCheck adds z's check of the request, which z matches, to s.checks,
+// unless z does not count it now: its dial turned it off, or its limit
+// does not resolve. The zone's dial (the admin API's) may set its mode
+// and limit. A body is read before anything is taken, so that a body
+// refused takes nothing; and only for a zone that needs it, its fields
+// or its bound.
+func (h *Handler) addCheck(w http.ResponseWriter, r *http.Request, s *scratch, z *Zone, values requestValues) (admission, error) {
+	p := s.placeholders
+	dryRun := z.DryRun
+	var dial storage.ZoneDial
+	if z.admin != nil {
+		if d, ok := z.admin.ZoneDial(z.Name); ok && d.Active(h.now()) {
+			dial = d
+		}
+	}
+	switch dial.Mode {
+	case storage.ModeOff:
+		return admitted, nil
+	case storage.ModeDryRun:
+		dryRun = true
+	case storage.ModeEnforce:
+		dryRun = false
+	}
+	if z.bodyTemplates && !s.bodyRead {
+		// Read as a zone reads any body, before Caddy's placeholder
+		// would read it whole, whatever its size.
+		if err := s.readBody(w, r, h.bodyLimits); err != nil {
+			return answered, bodyRefused(w, r, err)
+		}
+	}
+	limit, ok := dial.Limit, dial.Limit > 0
+	if !ok {
+		p.bodyWanted = false
+		limit, ok = z.resolveLimit(values)
+		if p.bodyWanted {
+			if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
+				return answered, bodyRefused(w, r, err)
+			}
+			limit, ok = z.resolveLimit(values)
+		}
+		if !ok {
+			return admitted, nil
+		}
+	}
+	cost := z.costs[methodIndex(r.Method)]
+	if z.meter.on {
+		// The reservation is set once the body is read (reserve).
+		cost = z.meter.leastReservation()
+	}
+	p.bodyWanted = false
+	key := z.resolveKey(values)
+	if p.bodyWanted {
+		if err := s.readFields(w, r, p, h.bodyLimits); err != nil {
+			return answered, bodyRefused(w, r, err)
+		}
+		key = z.resolveKey(values)
+	}
+	req := storage.Request{
+		Zone:        z.Name,
+		Key:         key,
+		Algorithm:   z.Algorithm,
+		Rate:        z.rate(limit),
+		Cost:        cost,
+		Releasable:  z.countsStatus || z.meter.on,
+		Reservation: z.meter.on,
+		Wide:        z.meter.prices != nil,
+	}
+	if !dryRun {
+		req.Ban = time.Duration(z.Ban)
+	}
+	if z.Algorithm == algorithms.Concurrency {
+		req.Holder = holders.Add(1)
+	}
+	s.checks = append(s.checks, zoneCheck{zone: z, dryRun: dryRun, req: req})
+	return admitted, nil
+}
+
+// reserve sets the reservation of each check of a cost_from zone, once
+// the body it is read from is (readReserved). A zone priced in money
+// first prices the request by its model: one it has no price for is
+// refused before anything is taken, except by a dry run, which never
+// refuses and counts nothing it cannot price.
+func (h *Handler) reserve(w http.ResponseWriter, r *http.Request, s *scratch) (admission, error) {
+	if a, err := h.readReserved(w, r, s); a != admitted {
+		return a, err
+	}
+	for i := 0; i < len(s.checks); {
+		c := &s.checks[i]
+		m := &c.zone.meter
+		if m.prices != nil {
+			price, err := m.findPrice(c.zone.Name, &s.request)
+			if err != nil {
+				if !c.dryRun {
+					return answered, unpriced(w, r, err)
+				}
+				s.checks = slices.Delete(s.checks, i, i+1)
+				continue
+			}
+			c.price = price
+		}
+		if m.on {
+			c.req.Cost = m.reservation(&s.request, c.req.Rate.Units, c.price)
+		}
+		i++
+	}
+	if len(s.checks) == 0 {
+		return passOn, nil
+	}
+	return admitted, nil
+}
+
+// readReserved reads the body for the reservations that need it, and
+// what they read of it (s.request). A key the store knows it refuses is
+// answered before its body is read; any other body is read before
+// anything is taken, so that a body refused takes nothing.
+func (h *Handler) readReserved(w http.ResponseWriter, r *http.Request, s *scratch) (admission, error) {
+	p := s.placeholders
+	if anyReadsBody(s.checks) {
 		if !s.bodyRead {
-			// A key the store knows it refuses is answered before its
-			// body is read; any other body is read before anything is
-			// taken, so that a body refused takes nothing.
 			if c := h.refusedNow(s.checks); c != nil {
 				countTop(s.checks, rejectedByZone, c)
 				c.zone.results[resultRejected].Inc()
@@ -268,39 +337,29 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (adm
 		// Read for a reservation: later handlers see its fields.
 		p.setBody(r.URL.Path, s.body)
 	}
-	// The reservations, now that the body is read. A zone priced in
-	// money first prices the request by its model: one it has no price
-	// for is refused before anything is taken.
-	for i := 0; i < len(s.checks); {
-		c := &s.checks[i]
-		m := &c.zone.meter
-		if m.prices != nil {
-			price, err := m.findPrice(c.zone.Name, &s.request)
-			if err != nil {
-				if !c.dryRun {
-					return answered, unpriced(w, r, err)
-				}
-				// A dry run never refuses: it counts nothing it
-				// cannot price.
-				s.checks = slices.Delete(s.checks, i, i+1)
-				continue
-			}
-			c.price = price
-		}
-		if m.on {
-			c.req.Cost = m.reservation(&s.request, c.req.Rate.Units, c.price)
-		}
-		i++
-	}
-	if len(s.checks) == 0 {
-		return passOn, nil
-	}
+	return admitted, nil
+}
 
+// anyReadsBody reports whether any of checks reserves what the request's
+// body asks for.
+func anyReadsBody(checks []zoneCheck) bool {
+	for i := range checks {
+		if m := &checks[i].zone.meter; m.on && m.readsBody() {
+			return true
+		}
+	}
+	return false
+}
+
+// takeChecks has the store take every check's cost at once, or, with
+// on_store_error local when the store failed, this instance's fallback
+// with its share of every limit, and answers a request a zone rejected
+// or the store could not decide.
+func (h *Handler) takeChecks(w http.ResponseWriter, r *http.Request, s *scratch) (admission, error) {
+	p := s.placeholders
 	s.take.store = h.store
 	v, rejected, err := h.decide(r.Context(), s.checks, &s.take)
 	if v == unanswered && h.fallback != nil && r.Context().Err() == nil {
-		// on_store_error local: the store failed, and this instance
-		// decides on its own, with its share of every limit.
 		h.storeError(err)
 		s.take.store = h.fallback
 		v, rejected, err = h.decide(r.Context(), s.checks, &s.take)
@@ -320,6 +379,13 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (adm
 		}
 		return answered, h.reject(w, r, p, rejected)
 	}
+	return admitted, nil
+}
+
+// countAdmitted counts an admitted request in its zones' metrics and
+// placeholders: its result, a cost_from zone's reservation, and the
+// share of its limit a key used in the window a take moved it out of.
+func countAdmitted(s *scratch) {
 	for _, c := range s.checks {
 		switch {
 		case c.dryRunExceeded:
@@ -331,7 +397,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (adm
 		}
 		if c.zone.meter.on {
 			c.zone.meter.units[costReserved].Add(float64(c.taken()))
-			p.setCost(c.zone.Name, c.taken())
+			s.placeholders.setCost(c.zone.Name, c.taken())
 		}
 		if c.decision.Rolled && !c.dryRunExceeded {
 			// This check took for the key and moved it into a new window: report what
@@ -339,9 +405,6 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, s *scratch) (adm
 			c.zone.usage.Observe(float64(c.decision.Finished) / float64(c.decision.Limit))
 		}
 	}
-	h.report(w, p, leastRemaining(s.checks), anyDryRunExceeded(s.checks), 0)
-	s.placeholders = p
-	return admitted, nil
 }
 
 // countTop counts a decided request in the top keys of its checks' zones,
@@ -351,18 +414,18 @@ func countTop(checks []zoneCheck, v verdict, rejected *zoneCheck) {
 		c := &checks[i]
 		switch {
 		case !c.zone.meter.on:
-			c.zone.top.add(c.req.Key, 1, c == rejected)
+			c.zone.top.Add(c.req.Key, 1, c == rejected)
 		case c == rejected:
-			// A cost_from zone counts units charged: none here.
-			c.zone.top.add(c.req.Key, 0, true)
+			// A cost_from zone counts units taken: none here.
+			c.zone.top.Add(c.req.Key, 0, true)
 		case v == allowed && c.dryRunExceeded:
 			// Takes nothing: counted as the reservation it would have
 			// taken, so the key still shows.
-			c.zone.top.add(c.req.Key, c.req.Cost, false)
+			c.zone.top.Add(c.req.Key, c.req.Cost, false)
 		}
 		// An allowed cost_from check is counted once its response is
-		// done, with what it was charged (release); one of a request
-		// another zone rejected was charged nothing.
+		// done, with what it finally took (finish); one of a request
+		// another zone rejected took nothing.
 	}
 }
 
@@ -425,21 +488,21 @@ func anyHoldsUnits(checks []zoneCheck) bool {
 	return false
 }
 
-// release releases, once Caddy is done with the request, what checks
-// took and should not keep: the units of concurrency zones, and the cost
-// of zones that count only some statuses when the response's status, as
-// rec recorded it, is not one of them. A zone that reads costs from
+// finish ends, once Caddy is done with the request, the accounting of
+// what checks took. It releases what they should not keep: the units of
+// concurrency zones, and the cost of zones that count only some statuses
+// when the response's status, as rec recorded it, is not one of them. A zone that reads costs from
 // responses (cost_from) trues its reservation up to the cost the
 // response showed, if it showed one; else the reservation stands, and
 // its store is told so, to no longer hold it as in flight. A zone that
 // bans is told of a counted response too, for the same reason
 // (storage.Request.KeepsInFlight).
 // The client may be gone, so the request's context may be done: stores
-// release regardless (Store). A release that fails is a store error; a
+// finish regardless (Store). A Finish that fails is a store error; a
 // shared store then keeps what it counted until its hold or window ends.
 // The placeholders p, and the access log, get what the request finally
 // took (see placeholders.cost), and a cost_from zone's top keys count it.
-func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, p *placeholders) {
+func (h *Handler) finish(ctx context.Context, s *scratch, rec *statusRecorder, p *placeholders) {
 	q := &s.take
 	q.reqs, q.decisions = q.reqs[:0], q.decisions[:0]
 	for i := range s.checks {
@@ -459,7 +522,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 			kept := req.Cost
 			if actual, ok := s.cost(m, c.price); ok {
 				req.TrueUp, req.Actual, kept = true, actual, actual
-				release, debt := req.Settle()
+				release, debt := req.Finishing()
 				m.units[costReleased].Add(float64(release))
 				m.units[costDebt].Add(float64(debt))
 			} else if req.KeepsInFlight() {
@@ -467,7 +530,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 			}
 			m.units[costTaken].Add(float64(kept))
 			if kept > 0 {
-				c.zone.top.add(req.Key, kept, false)
+				c.zone.top.Add(req.Key, kept, false)
 			}
 			p.took(c, kept)
 			if !req.TrueUp && !req.Counted {
@@ -487,7 +550,7 @@ func (h *Handler) release(ctx context.Context, s *scratch, rec *statusRecorder, 
 	if len(q.reqs) == 0 {
 		return
 	}
-	if err := q.store.Release(ctx, q.reqs, q.decisions); err != nil {
+	if err := q.store.Finish(ctx, q.reqs, q.decisions); err != nil {
 		h.storeError(err)
 	}
 }
@@ -510,7 +573,8 @@ type scratch struct {
 	request     costfrom.Request
 	requestRead bool
 	writers     []costWriter
-	// placeholders are an admitted request's placeholders.
+	// placeholders are the request's placeholders, once a zone matched
+	// it.
 	placeholders *placeholders
 }
 
@@ -983,4 +1047,89 @@ func methodIndex(m string) int {
 		return methodTrace
 	}
 	return methodOther
+}
+
+// statusRecorder passes a response through and records its status, for
+// zones that count only some statuses (count_status).
+type statusRecorder struct {
+	caddyhttp.ResponseWriterWrapper
+	// written is the final status written (0 until one is): 1xx
+	// statuses other than 101 Switching Protocols are informational, and
+	// the final status follows them.
+	written int
+	// status is the status the response ended with, set by end; 0 if
+	// the next handler panicked.
+	status int
+}
+
+// WriteHeader records the first final status.
+func (w *statusRecorder) WriteHeader(code int) {
+	if w.written == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.written = code
+	}
+	w.ResponseWriterWrapper.WriteHeader(code)
+}
+
+// Write records the implicit 200 of a body written before any status.
+func (w *statusRecorder) Write(b []byte) (int, error) {
+	if w.written == 0 {
+		w.written = http.StatusOK
+	}
+	return w.ResponseWriterWrapper.Write(b)
+}
+
+// ReadFrom records the implicit 200, as Write does.
+func (w *statusRecorder) ReadFrom(r io.Reader) (int64, error) {
+	if w.written == 0 {
+		w.written = http.StatusOK
+	}
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// end sets the status the response ended with, once the next handler
+// returned err: the status written, if any; else the status an error
+// carries (basic_auth fails with one: 401), whether or not the client is
+// still there to read it; 499 if the client went away before any answer;
+// or the 200 that an empty response gets.
+func (w *statusRecorder) end(r *http.Request, err error) {
+	carried := 0
+	if err != nil {
+		carried = carriedStatus(err)
+	}
+	switch {
+	case w.written != 0:
+		w.status = w.written
+	case carried != 0:
+		w.status = carried
+	case r.Context().Err() != nil:
+		w.status = statusClientClosedRequest
+	case err != nil:
+		w.status = http.StatusInternalServerError
+	default:
+		w.status = http.StatusOK
+	}
+}
+
+// carriedStatus returns the status a handler error carries, or 0. It is
+// a function of its own so that the error value errors.As needs is made
+// only for a request that ended in an error.
+func carriedStatus(err error) int {
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) {
+		return he.StatusCode
+	}
+	return 0
+}
+
+// final is the status the request counts as: what end recorded, or,
+// if the next handler panicked before it could, the status written or
+// the 500 Caddy answers a panic with.
+func (w *statusRecorder) final() int {
+	switch {
+	case w.status != 0:
+		return w.status
+	case w.written != 0:
+		return w.written
+	}
+	return http.StatusInternalServerError
 }

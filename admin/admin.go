@@ -466,7 +466,7 @@ type TopInfo struct {
 }
 
 // TopKey is a key as GET /rate_limit/zones/<zone>/top shows it: its
-// requests, or, in a cost_from zone, the units they were charged (the
+// requests, or, in a cost_from zone, the units they took (the
 // cost each response showed, the reservation where none showed one,
 // nothing for a request whose cost was released); and its rejected
 // requests.

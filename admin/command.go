@@ -394,7 +394,7 @@ func showTop(w io.Writer, answer []byte) error {
 	if err := json.Unmarshal(answer, &top); err != nil {
 		return err
 	}
-	// A cost_from zone counts the units its keys were charged; one
+	// A cost_from zone counts the units its keys took; one
 	// priced in money, shown in dollars.
 	counted, count := "Requests", func(k TopKey) string { return strconv.FormatInt(k.Requests, 10) }
 	bound := strconv.FormatInt(top.Error, 10)

@@ -27,7 +27,7 @@ import "time"
 //     past the burst: the bucket refuses until it has refilled past them.
 //   - concurrency: no debt. A concurrency request holds nothing once it
 //     is done, and no zone reads a concurrency cost from a response
-//     (storage.Request.Settle).
+//     (storage.Request.Finishing).
 //
 // A key owes at most one limit past its limit (MostDebt): its window's
 // count is at most twice the limit (a ring's sub-windows together), its

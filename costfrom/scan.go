@@ -395,132 +395,175 @@ func (s *scanner) between() bool {
 // feed reads p, whose first byte is at position base (positions are what
 // the record's cutA and cutB hold). It stops after a top-level value ends and then
 // returns how much of p it read and true: the record holds that value
-// until the next call.
+// until the next call. Each state reads on from i and says where, and
+// whether feed goes on, wants more bytes, or stops at a value's end.
 func (s *scanner) feed(p []byte, base int) (int, bool) {
 	if s.state == stDone {
 		s.next()
 	}
 	i := 0
 	for i < len(p) {
-		c := p[i]
+		var st step
 		switch s.state {
 		case stError:
 			return len(p), false
-
 		case stString:
-			n := s.stringEnd(p[i:])
-			if s.isKey && s.skip == 0 {
-				s.keepKey(p[i:], n)
-			} else if s.capturing {
-				s.keepModel(p[i:], n)
-			}
-			if n < 0 {
-				return len(p), false
-			}
-			i += n
-			switch {
-			case s.skip > 0:
-				s.state = stSkip
-			case s.isKey:
-				s.keys[s.depth] = lookup(s.key.key())
-				s.state = stColon
-			default:
-				if s.end(kindString, base+i) {
-					return i, true
-				}
-			}
-
+			i, st = s.readString(p, i, base)
 		case stSkip:
-			// The bytes between strings, one at a time, and the strings
-			// whole, without going back to the outer switch.
-		skip:
-			for i < len(p) {
-				c = p[i]
-				i++
-				switch c {
-				case '"':
-					n := s.stringEnd(p[i:])
-					if n < 0 {
-						s.state = stString
-						return len(p), false
-					}
-					i += n
-				case '{', '[':
-					s.skip++
-				case '}', ']':
-					s.skip--
-					if s.skip > 0 {
-						continue
-					}
-					k := kindObject
-					if s.open == '[' {
-						k = kindArray
-					}
-					if s.end(k, base+i) {
-						return i, true
-					}
-					break skip
-				}
-			}
-
+			i, st = s.skipValue(p, i, base)
 		case stNumber:
-			for ; i < len(p) && p[i] >= '0' && p[i] <= '9'; i++ {
-				if s.ndig++; s.ndig <= maxDigits {
-					s.num = s.num*10 + int64(p[i]-'0')
-				}
-			}
-			if i == len(p) {
-				break
-			}
-			if c = p[i]; c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-' {
-				s.numOK = false
-				i++
-				continue
-			}
-			// The byte after the number is read again, as what follows
-			// a value.
-			if s.ndig > maxDigits {
-				s.num = maxCount
-			}
-			if s.end(kindNumber, base+i) {
-				return i, true
-			}
-
+			i, st = s.readNumber(p, i, base)
 		case stLiteral:
-			if c != s.lit[s.litN] {
-				s.state = stError
-				continue
-			}
-			i++
-			s.litN++
-			if s.litN == len(s.lit) {
-				k := kindNull
-				switch s.lit {
-				case "true":
-					k = kindTrue
-				case "false":
-					k = kindFalse
-				}
-				if s.end(k, base+i) {
-					return i, true
-				}
-			}
-
+			i, st = s.readLiteral(p, i, base)
 		default:
-			if c == ' ' || c == '\n' || c == '\r' || c == '\t' {
-				i++
-				continue
-			}
-			if s.structural(c, base+i) {
-				return i + 1, true
-			}
-			if s.state != stNumber {
-				// A number's first byte is read again as a digit.
-				i++
-			}
+			i, st = s.readBetween(p, i, base)
+		}
+		switch st {
+		case wantMore:
+			return len(p), false
+		case valueEnded:
+			return i, true
 		}
 	}
 	return i, false
+}
+
+// step is what a state of feed asks for once it has read: to read on,
+// more bytes (all of p is read), or to stop where a top-level value
+// ended.
+type step uint8
+
+const (
+	readOn step = iota
+	wantMore
+	valueEnded
+)
+
+// readString reads a string from p[i:], a key or a value, keeping the
+// keys and the model it is asked to.
+func (s *scanner) readString(p []byte, i, base int) (int, step) {
+	n := s.stringEnd(p[i:])
+	if s.isKey && s.skip == 0 {
+		s.keepKey(p[i:], n)
+	} else if s.capturing {
+		s.keepModel(p[i:], n)
+	}
+	if n < 0 {
+		return i, wantMore
+	}
+	i += n
+	switch {
+	case s.skip > 0:
+		s.state = stSkip
+	case s.isKey:
+		s.keys[s.depth] = lookup(s.key.key())
+		s.state = stColon
+	default:
+		if s.end(kindString, base+i) {
+			return i, valueEnded
+		}
+	}
+	return i, readOn
+}
+
+// skipValue skips a value no key asks for: the bytes between strings,
+// one at a time, and the strings whole, without going back to feed.
+func (s *scanner) skipValue(p []byte, i, base int) (int, step) {
+	for i < len(p) {
+		c := p[i]
+		i++
+		switch c {
+		case '"':
+			n := s.stringEnd(p[i:])
+			if n < 0 {
+				s.state = stString
+				return i, wantMore
+			}
+			i += n
+		case '{', '[':
+			s.skip++
+		case '}', ']':
+			s.skip--
+			if s.skip > 0 {
+				continue
+			}
+			k := kindObject
+			if s.open == '[' {
+				k = kindArray
+			}
+			if s.end(k, base+i) {
+				return i, valueEnded
+			}
+			return i, readOn
+		}
+	}
+	return i, readOn
+}
+
+// readNumber reads a number's digits from p[i:]; a fraction or an
+// exponent makes it no count.
+func (s *scanner) readNumber(p []byte, i, base int) (int, step) {
+	for ; i < len(p) && p[i] >= '0' && p[i] <= '9'; i++ {
+		if s.ndig++; s.ndig <= maxDigits {
+			s.num = s.num*10 + int64(p[i]-'0')
+		}
+	}
+	if i == len(p) {
+		return i, readOn
+	}
+	if c := p[i]; c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-' {
+		s.numOK = false
+		return i + 1, readOn
+	}
+	// The byte after the number is read again, as what follows
+	// a value.
+	if s.ndig > maxDigits {
+		s.num = maxCount
+	}
+	if s.end(kindNumber, base+i) {
+		return i, valueEnded
+	}
+	return i, readOn
+}
+
+// readLiteral reads the next byte of true, false or null.
+func (s *scanner) readLiteral(p []byte, i, base int) (int, step) {
+	if p[i] != s.lit[s.litN] {
+		s.state = stError
+		return i, readOn
+	}
+	i++
+	s.litN++
+	if s.litN == len(s.lit) {
+		k := kindNull
+		switch s.lit {
+		case "true":
+			k = kindTrue
+		case "false":
+			k = kindFalse
+		}
+		if s.end(k, base+i) {
+			return i, valueEnded
+		}
+	}
+	return i, readOn
+}
+
+// readBetween reads the white space and the structural byte between
+// values (structural).
+func (s *scanner) readBetween(p []byte, i, base int) (int, step) {
+	c := p[i]
+	if c == ' ' || c == '\n' || c == '\r' || c == '\t' {
+		return i + 1, readOn
+	}
+	if s.structural(c, base+i) {
+		return i + 1, valueEnded
+	}
+	if s.state != stNumber {
+		// A number's first byte is read again as a digit.
+		i++
+	}
+	return i, readOn
 }
 
 // structural reads c, at position pos, in one of the states between

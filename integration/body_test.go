@@ -301,7 +301,7 @@ func TestBodyTimeoutAnswers408(t *testing.T) {
 // store remembers (its deny cache), which answers with no script call.
 // The upstream never sees it.
 func TestRefusedKeyAnsweredBeforeItsBody(t *testing.T) {
-	// refuseKey has the key refused: its first request is charged
+	// refuseKey has the key refused: its first request takes
 	// 900 (a usage of 900), which leaves no room for the second's
 	// reservation of 200.
 	refuseKey := func(t *testing.T, zone, key string) {

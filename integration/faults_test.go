@@ -352,12 +352,12 @@ func (r faultRow) check(t *testing.T, env faultEnv, s faultSetting) {
 	if s.onError != "allow" {
 		// deny never admits over the limit. Nor does local at an
 		// outage's start (each instance begins from the share it spent
-		// through Redis), nor once every instance has charged Redis
-		// what it admitted alone. In the window an outage ends in,
+		// through Redis), nor once every instance has caught Redis
+		// up with what it admitted alone. In the window an outage ends in,
 		// while some instances decide in Redis again and others still
 		// alone, Redis does not yet count what the others admit: at
 		// most their shares, (N-1)/N of the limit, and what Redis
-		// decides in the round trip before an instance's own charge
+		// decides in the round trip before an instance's own catch-up
 		// lands (a tenth of the limit leaves room for 4 requests). A
 		// fault that loses Redis's counts lets a window count afresh.
 		bound := 1.0

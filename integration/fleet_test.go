@@ -477,9 +477,9 @@ func TestRedisFleetHotKeyCalls(t *testing.T) {
 // key's limit, with the same headers; once Redis answers again the
 // fleet's limit holds at once. Store errors are logged with counts, not a
 // line a request. Neither edge of the outage counts afresh: a key whose
-// instances spent their shares through Redis before it is refused by
+// instances used their shares through Redis before it is refused by
 // each during it, and a key the instances admitted alone during it is
-// charged to Redis after, and refused.
+// taken in Redis after (the catch-up), and refused.
 func TestRedisFleetLocalFallback(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		s := redistest.Standalone(t)
@@ -580,9 +580,9 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 		}
 	}
 
-	// spend has each instance admit 10 for key through Redis, the
-	// fleet's 30: each has spent its share.
-	spend := func(t *testing.T, key string) {
+	// useShares has each instance admit 10 for key through Redis, the
+	// fleet's 30: each has used its share.
+	useShares := func(t *testing.T, key string) {
 		t.Helper()
 		for _, in := range fleet {
 			for i := range 10 {
@@ -592,39 +592,39 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 			}
 		}
 	}
-	// spent checks that each instance refuses key during the outage:
+	// used checks that each instance refuses key during the outage:
 	// what Redis admitted for it there counts against its share.
-	spent := func(t *testing.T, key string) {
+	used := func(t *testing.T, key string) {
 		t.Helper()
 		for _, in := range fleet {
 			resp, _ := do(t, http.MethodGet, in.url, "X-Client: "+key)
 			if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("X-RateLimit-Limit") != "10" {
-				t.Fatalf("%s, for %s, whose share it spent before the outage: %d, limit %q; want 429 against this instance's 10",
+				t.Fatalf("%s, for %s, whose share it used before the outage: %d, limit %q; want 429 against this instance's 10",
 					in.url, key, resp.StatusCode, resp.Header.Get("X-RateLimit-Limit"))
 			}
 		}
 	}
-	// owed is how many keys an instance keeps to charge to Redis.
+	// owed is how many keys an instance keeps for the catch-up.
 	const owed = `caddy_http_rate_limit_store_entries{kind="owed",store="redis"}`
-	// keeps checks that each instance keeps one key (the outage's) to
-	// charge to Redis; charged, once Redis is back, waits until Redis
+	// keeps checks that each instance keeps one key (the outage's) for
+	// the catch-up; caughtUp, once Redis is back, waits until Redis
 	// counts the 30 the instances admitted for it during the outage and
 	// they keep none, then checks that each refuses it.
 	keeps := func(t *testing.T) {
 		t.Helper()
 		for _, in := range fleet {
 			if n := metricCount(t, in.admin, owed); n != 1 {
-				t.Fatalf("%s keeps %d keys to charge to Redis during the outage, want 1", in.url, n)
+				t.Fatalf("%s keeps %d keys for the catch-up during the outage, want 1", in.url, n)
 			}
 		}
 	}
-	charged := func(t *testing.T, key string) {
+	caughtUp := func(t *testing.T, key string) {
 		t.Helper()
 		wait.For(t, "Redis to count what the instances admitted alone for "+key, func() bool {
 			return keyState(t, fleet[0].admin, "fleet", key).Used >= 30
 		})
 		for _, in := range fleet {
-			wait.For(t, in.url+" to have charged what it kept", func() bool { return metricCount(t, in.admin, owed) == 0 })
+			wait.For(t, in.url+" to have caught Redis up with what it kept", func() bool { return metricCount(t, in.admin, owed) == 0 })
 		}
 		for _, in := range fleet {
 			if code := get(t, in.url, key); code != http.StatusTooManyRequests {
@@ -639,16 +639,16 @@ func testLocalFallback(t *testing.T, store string, outages []outage) {
 			// Each instance divides by 3 (a Redis that restarted forgot
 			// the fleet, and learns it again within a second).
 			waitForFleet(t, fleet)
-			spend(t, fmt.Sprintf("spent-%d", i))
+			useShares(t, fmt.Sprintf("spent-%d", i))
 			o.start()
-			spent(t, fmt.Sprintf("spent-%d", i))
+			used(t, fmt.Sprintf("spent-%d", i))
 			sent += shares(t, fmt.Sprintf("outage-%d", i))
 			keeps(t)
 			if err := o.end(); err != nil {
 				t.Fatal(err)
 			}
 			fleetWide(t, time.Now())
-			charged(t, fmt.Sprintf("outage-%d", i))
+			caughtUp(t, fmt.Sprintf("outage-%d", i))
 			exact(t, fmt.Sprintf("after-%d", i))
 		})
 	}

@@ -48,11 +48,11 @@ func statusFrom(t *testing.T, hc *http.Client, url string, headers ...string) (i
 	return resp.StatusCode, resp.Header.Get("Retry-After")
 }
 
-// TestAPIKeyNeverSpendsAnAddress: a client that sends the victim's
+// TestAPIKeyNeverUsesAnAddressBudget: a client that sends the victim's
 // address as its X-Api-Key, until refused, uses up its own counter only:
 // the victim, whose requests carry no key and fall back to its address,
 // still has its whole limit, in a one-liner and in a block-form zone.
-func TestAPIKeyNeverSpendsAnAddress(t *testing.T) {
+func TestAPIKeyNeverUsesAnAddressBudget(t *testing.T) {
 	victim := clientFrom(t, victimAddr)
 	for _, c := range []struct{ name, site string }{
 		{"one-liner", oneLineSite(siteAddr, "rate_limit {header.X-Api-Key} 3r/m")},

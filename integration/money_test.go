@@ -24,7 +24,7 @@ import (
 // This file tests zones priced in money (cost_from usage price) through
 // Caddy: the official clients' requests reserved and trued up to what
 // their answers cost at each model's prices, to the picodollar, on the
-// memory store and on Redis; a fleet that never spends past a limit in
+// memory store and on Redis; a fleet that never takes past a limit in
 // dollars; a model without a price refused; and the dollars the admin
 // API, the command and the status page show.
 
@@ -166,7 +166,7 @@ func TestMoneyThroughCaddy(t *testing.T) {
 			top := readAdmin[admin.TopInfo](t, adminURL, "/rate_limit/zones/"+zone+"/top?n=128")
 			i := slices.IndexFunc(top.Keys, func(k admin.TopKey) bool { return k.Units == spent })
 			if top.Unit != money.Unit || i < 0 || top.Keys[i].Dollars != money.Format(spent) {
-				t.Errorf("top keys %+v, want a key charged %s", top, money.Format(spent))
+				t.Errorf("top keys %+v, want a key that took %s", top, money.Format(spent))
 			}
 			out := inProcessCLI(t)("key", zone, "Bearer sk-money-sum")
 			if row := tableRow(out, "used"); len(row) != 2 || row[1] != money.Format(spent) {
@@ -253,13 +253,13 @@ func spent(u *tokenCounter) int64 {
 	return requests*9*2_500_000 + tokens*10_000_000
 }
 
-// TestMoneyNeverOverspends: 50 clients at once on one key ask for random
+// TestMoneyNeverTakesPastTheLimit: 50 clients at once on one key ask for random
 // max_tokens until they are refused, on one Caddy (the memory store) and
 // on a fleet of three sharing Redis, with lease off and on. Every answer
 // costs at most its reservation, so what the admitted requests cost adds
 // up to no more than the limit in dollars; once every response is done,
 // the key's count is exactly that, to the picodollar.
-func TestMoneyNeverOverspends(t *testing.T) {
+func TestMoneyNeverTakesPastTheLimit(t *testing.T) {
 	integration(t)
 	answer := func(maxTokens int64) int64 { return rand.Int64N(maxTokens + 1) }
 	check := func(t *testing.T, u *tokenCounter, admitted int64, admin, zone, key string) {

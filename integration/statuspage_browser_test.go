@@ -23,8 +23,8 @@ import (
 // (runaway) got 429s. Once its script has fetched the JSON routes, the
 // page shows the zone, runaway as its hottest key with its counts, and the
 // load shedder; a zone that limits what responses cost in tokens/units,
-// its keys' counts the units they were charged; a zone priced in money,
-// its limit and its keys' charges in dollars; a key that is HTML shows
+// its keys' counts the units they took; a zone priced in money,
+// its limit and what its keys took in dollars; a key that is HTML shows
 // as text, not markup; and the page fetched again (it refreshes itself).
 // A zone whose window is a calendar month shows it with its time zone and
 // when the month ends.
@@ -110,7 +110,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 		}
 	}
 	_, spend, _ := strings.Cut(dom, ">spend_per_client<")
-	for _, want := range []string{">$1<", ">dollars<", ">$0.01<", "counted in the dollars they were charged"} {
+	for _, want := range []string{">$1<", ">dollars<", ">$0.01<", "counted in the dollars they took"} {
 		if !strings.Contains(spend, want) {
 			t.Errorf("the money zone's card lacks %q", want)
 		}

@@ -519,7 +519,7 @@ func TestZoneWithoutCostFromUnchanged(t *testing.T) {
 
 // TestCostFromInUnitsThroughCaddy runs caddy rate-limit against a
 // running Caddy whose cost_from zone clients use: the zone list shows the
-// limit in units, the top keys count the tokens each key was charged (a
+// limit in units, the top keys count the tokens each key took (a
 // rejected request none) rather than its requests, in the admin API as
 // in the command, and a key whose response cost more than its
 // reservation shows its debt, the units it stands past its limit.

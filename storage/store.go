@@ -38,7 +38,7 @@ type Request struct {
 	Cost      int64
 	// Holder tells apart, for a concurrency request, the requests of this
 	// process that hold units of one key at once: a shared store keeps
-	// each holder with its own hold, and Release names it.
+	// each holder with its own hold, and Finish names it.
 	Holder uint64
 	// Ban, if set, bans the key for that long the first time this zone
 	// rejects it: until the ban ends, every request of the key in the
@@ -53,23 +53,23 @@ type Request struct {
 	// for the next (a remote store's cache of rejections), unless the key
 	// is banned.
 	Releasable bool
-	// Counted, in a Release of a request that KeepsInFlight, tells that
+	// Counted, in a Finish of a request that KeepsInFlight, tells that
 	// its response was one the zone counts: its cost stays taken, and
 	// is only no longer in flight.
 	Counted bool
 	// Reservation tells that Cost is a reservation (cost_from), which
-	// the request's Release trues up once its response is done (TrueUp),
+	// the request's Finish trues up once its response is done (TrueUp),
 	// or keeps (Counted) if the response showed no cost: until then the
 	// store keeps it in flight (KeepsInFlight), so that the admin API
 	// can show, for the whole fleet on a shared store, the units
 	// reserved by requests not done yet (KeyState.InFlight).
 	Reservation bool
-	// Actual, in a Release of a request whose Cost was a reservation
+	// Actual, in a Finish of a request whose Cost was a reservation
 	// (cost_from), is the cost its response showed: the store keeps
 	// Actual in place of Cost. Cost-Actual is released if Actual is
 	// less; if Actual is more, the difference is taken past the limit
 	// (debt), and the key is refused until its window has room again.
-	// TrueUp tells that Actual is set; without it a Release releases the
+	// TrueUp tells that Actual is set; without it a Finish releases the
 	// whole Cost, as for count_status.
 	TrueUp bool
 	Actual int64
@@ -82,7 +82,7 @@ type Request struct {
 }
 
 // TracksInFlight reports whether a store keeps q's cost, once allowed,
-// as in flight until its Release, which the handler then calls whatever
+// as in flight until its Finish, which the handler then calls whatever
 // the response (with Counted if its cost stays). Only a zone that bans
 // and releases costs needs to: a request it rejects begins a ban only
 // if the key's settled count, the costs kept after their responses,
@@ -93,7 +93,7 @@ func (q Request) TracksInFlight() bool {
 }
 
 // KeepsInFlight reports whether a store keeps q's cost, once allowed, as
-// in flight until its Release, which the handler then calls whatever the
+// in flight until its Finish, which the handler then calls whatever the
 // response: a request that TracksInFlight, and a Reservation (which is
 // Releasable: its true-up may release part of it). Only
 // TracksInFlight changes decisions: the reservation of a zone without a
@@ -103,7 +103,7 @@ func (q Request) KeepsInFlight() bool {
 	return q.TracksInFlight() || q.Reservation && q.Releasable && q.Cost > 0
 }
 
-// Settle returns what a Release of q, an allowed request, does to its
+// Finishing returns what a Finish of q, an allowed request, does to its
 // key's counts: the units it releases, and the units it takes past the
 // limit (the debt). With TrueUp the store keeps Actual (a negative one
 // counts as 0) in place of Cost, whether or not Counted is set: it
@@ -115,7 +115,7 @@ func (q Request) KeepsInFlight() bool {
 // Which window each lands in is the algorithm's: a release comes off the
 // window the cost was taken in (algorithms.Release), a debt lands in the
 // window of the moment it is taken (algorithms.Debt).
-func (q Request) Settle() (release, debt int64) {
+func (q Request) Finishing() (release, debt int64) {
 	switch {
 	case q.Algorithm == algorithms.Concurrency:
 		return q.Cost, 0
@@ -138,24 +138,25 @@ type Store interface {
 	// answer timed out may still have taken the request.
 	Take(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error
 
-	// Release releases what Take took for the allowed requests in reqs,
-	// with decisions their decisions from Take (same length): a
+	// Finish ends the accounting of the allowed requests in reqs, with
+	// decisions their decisions from Take (same length). It releases a
 	// concurrency request's units, once Caddy is done with it, and another
 	// request's cost when it is done and should not count (count_status),
 	// from the window it was taken in (algorithms.Release). A request
 	// whose cost was a reservation is trued up (TrueUp): the store keeps
 	// its Actual cost instead, releasing the difference or taking it past
-	// the limit (see Settle). A request that KeepsInFlight is released
-	// when it is done, whatever its response: its cost stops being in
-	// flight, and is released unless it is Counted or trued up. Release
-	// is called at most once per allowed request, when
-	// ctx, the request's, may be done (its client gone): a store releases
-	// all the same, keeping ctx's values only. A shared store that cannot
+	// the limit as a debt (see Finishing), which is why this is not called
+	// a release: a release never gives back more than was taken, nor takes.
+	// A request that KeepsInFlight is finished when it is done, whatever
+	// its response: its cost stops being in flight, and is released unless
+	// it is Counted or trued up. Finish is called at most once per allowed
+	// request, when ctx, the request's, may be done (its client gone): a
+	// store finishes all the same, keeping ctx's values only. A shared store that cannot
 	// be reached keeps the units until their hold ends, and the costs
 	// until their window does: never more permissive.
-	Release(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error
+	Finish(ctx context.Context, reqs []Request, decisions []algorithms.Decision) error
 
-	// Released returns a channel closed at this instance's next Release,
+	// Released returns a channel closed at this instance's next Finish,
 	// so a request held by max_delay for units can try again at once.
 	// Units released elsewhere (another instance, a hold ending) close
 	// it not; waiters on a shared store also try again from time to time.

@@ -48,11 +48,11 @@ func BenchmarkBoundKey(b *testing.B) {
 	}
 }
 
-// TestSettle: a release keeps a true-up's actual cost in place of the
+// TestFinishing: a finish keeps a true-up's actual cost in place of the
 // reservation, whatever Counted says; without a true-up, a Counted cost
 // stays and any other is released whole; a concurrency request releases
 // its whole cost whatever it is told.
-func TestSettle(t *testing.T) {
+func TestFinishing(t *testing.T) {
 	for _, c := range []struct {
 		name          string
 		q             Request
@@ -68,7 +68,7 @@ func TestSettle(t *testing.T) {
 		{"an actual without a true-up", Request{Cost: 5, Actual: 9}, 5, 0},
 		{"concurrency", Request{Algorithm: algorithms.Concurrency, Cost: 2, TrueUp: true, Actual: 9, Counted: true}, 2, 0},
 	} {
-		if release, debt := c.q.Settle(); release != c.release || debt != c.debt {
+		if release, debt := c.q.Finishing(); release != c.release || debt != c.debt {
 			t.Errorf("%s: releases %d and owes %d, want %d and %d", c.name, release, debt, c.release, c.debt)
 		}
 	}

@@ -28,7 +28,7 @@ func failMemory(c *counters, req storage.Request) algorithms.Decision {
 	if d.Allowed {
 		kept := req
 		kept.Counted = true
-		c.release([]storage.Request{kept}, []algorithms.Decision{d})
+		c.finish([]storage.Request{kept}, []algorithms.Decision{d})
 	}
 	return d
 }

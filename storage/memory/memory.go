@@ -170,15 +170,15 @@ func (m *Store) Refused(q storage.Request) (algorithms.Decision, bool) {
 	return m.counters.refused(q)
 }
 
-// Release implements storage.Store: it releases what Take took for
-// reqs, and wakes requests waiting for concurrency units.
-func (m *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
-	m.counters.release(reqs, decisions)
+// Finish implements storage.Store: it ends the accounting of what Take
+// took for reqs, and wakes requests waiting for concurrency units.
+func (m *Store) Finish(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
+	m.counters.finish(reqs, decisions)
 	return nil
 }
 
 // Released implements storage.Store: the channel is closed at the next
-// Release, the moment units are released.
+// Finish, the moment units may have been released.
 func (m *Store) Released() <-chan struct{} {
 	return m.counters.released.Wait()
 }
@@ -520,7 +520,6 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 	// Read the clock under the locks, so that no request decides with a
 	// time older than one that took for the same key before it.
 	now := c.now()
-	nowMs := now.UnixMilli()
 	allowed := true
 	var countsBuf [4]algorithms.Counts
 	next := countsBuf[:0]
@@ -534,66 +533,104 @@ func (c *counters) take(reqs []storage.Request, decisions []algorithms.Decision)
 	}
 	for i := range reqs {
 		r := &reqs[i]
-		s := &c.shards[shardOf(hashes[i])]
-		rate := r.Rate
-		if s.overrides != nil {
-			if o, ok := s.overrides[hashes[i]]; ok && o.Active(now) {
-				rate.Units = o.Limit
-			}
-		}
-		var d algorithms.Decision
-		var n algorithms.Counts
+		var p *pendingRing
 		if r.Algorithm == algorithms.SlidingWindow {
-			p := &(*rings)[i]
-			var ring algorithms.Ring
-			ring, p.was = s.rings.find(hashes[i], rate.Window.Milliseconds())
-			d, p.ring = algorithms.DecideRing(ring, now, rate, r.Cost)
-			if !d.Allowed && r.TracksInFlight() {
-				if inFlight, ok := s.inFlight[hashes[i]]; ok {
-					if settled, _ := algorithms.DecideRing(algorithms.SettledRing(ring, inFlight, now, rate), now, rate, r.Cost); settled.Allowed {
-						d = d.RefusedInFlight(time.UnixMilli(nowMs))
-					}
-				}
-			}
-		} else {
-			// A key requested is in use, allowed or not: a key being
-			// refused must not be the one evicted, or its counts would
-			// be lost.
-			counts, _ := s.lookup(hashes[i], r.Wide, rate, true)
-			d, n = algorithms.Decide(r.Algorithm, counts, now, rate, r.Cost)
-			if !d.Allowed && r.TracksInFlight() {
-				if inFlight, ok := s.inFlight[hashes[i]]; ok {
-					if settled, _ := algorithms.Decide(r.Algorithm, algorithms.Settled(r.Algorithm, counts, inFlight, now, rate), now, rate, r.Cost); settled.Allowed {
-						d = d.RefusedInFlight(time.UnixMilli(nowMs))
-					}
-				}
-			}
+			p = &(*rings)[i]
 		}
-		if r.Ban > 0 {
-			if ends, ok := s.bans.ends(hashes[i]); ok && ends > nowMs {
-				d = d.Ban(time.UnixMilli(ends), false)
-			}
-		}
+		d, n := c.shards[shardOf(hashes[i])].decide(hashes[i], r, now, p)
 		decisions[i] = d
 		next = append(next, n)
 		allowed = allowed && d.Allowed
 	}
 	bound := int(c.maxPerShard.Load())
 	if !allowed {
-		// The first rejection by a zone with a ban bans the key, unless
-		// only costs in flight filled its limit, or its cost could never
-		// pass.
-		for i := range reqs {
-			r := &reqs[i]
-			if d := decisions[i]; r.Ban > 0 && !d.Allowed && d.BanEnds.IsZero() && !d.InFlight &&
-				r.Cost <= algorithms.Capacity(r.Algorithm, r.Rate, d.Limit) {
-				ends := nowMs + r.Ban.Milliseconds()
-				c.shards[shardOf(hashes[i])].bans.set(hashes[i], ends, bound)
-				decisions[i] = d.Ban(time.UnixMilli(ends), true)
-			}
-		}
+		c.banFirstRejections(reqs, decisions, hashes, now.UnixMilli(), bound)
 		return
 	}
+	c.takeAllowed(reqs, decisions, hashes, next, rings, now.UnixMilli(), bound)
+}
+
+// decide decides r, of the key whose hash is h, at now, against its
+// per-key override if one is in force: a sliding window from its ring,
+// which p keeps with the ring as taking r would leave it, another
+// algorithm from its counts, which it returns as taking r would leave
+// them. A rejection only costs in flight caused is marked so
+// (inFlightOnly), and a ban in force rejects r.
+func (s *shard) decide(h uint64, r *storage.Request, now time.Time, p *pendingRing) (algorithms.Decision, algorithms.Counts) {
+	rate := r.Rate
+	if s.overrides != nil {
+		if o, ok := s.overrides[h]; ok && o.Active(now) {
+			rate.Units = o.Limit
+		}
+	}
+	var d algorithms.Decision
+	var n algorithms.Counts
+	if r.Algorithm == algorithms.SlidingWindow {
+		var ring algorithms.Ring
+		ring, p.was = s.rings.find(h, rate.Window.Milliseconds())
+		d, p.ring = algorithms.DecideRing(ring, now, rate, r.Cost)
+		d = s.inFlightOnly(h, r, rate, d, algorithms.Counts{}, &ring, now)
+	} else {
+		// A key requested is in use, allowed or not: a key being
+		// refused must not be the one evicted, or its counts would
+		// be lost.
+		counts, _ := s.lookup(h, r.Wide, rate, true)
+		d, n = algorithms.Decide(r.Algorithm, counts, now, rate, r.Cost)
+		d = s.inFlightOnly(h, r, rate, d, counts, nil, now)
+	}
+	if r.Ban > 0 {
+		if ends, ok := s.bans.ends(h); ok && ends > now.UnixMilli() {
+			d = d.Ban(time.UnixMilli(ends), false)
+		}
+	}
+	return d, n
+}
+
+// inFlightOnly returns d, r's decision at now, marked as refused only
+// for costs in flight (Decision.RefusedInFlight) if it is a rejection
+// that the key's settled count would have allowed: its counts, or its
+// ring if ring is not nil, less the costs of its requests still in
+// flight. Such a rejection bans nothing. Only a request that
+// TracksInFlight is looked at.
+func (s *shard) inFlightOnly(h uint64, r *storage.Request, rate algorithms.Rate, d algorithms.Decision, counts algorithms.Counts, ring *algorithms.Ring, now time.Time) algorithms.Decision {
+	if d.Allowed || !r.TracksInFlight() {
+		return d
+	}
+	inFlight, ok := s.inFlight[h]
+	if !ok {
+		return d
+	}
+	var settled algorithms.Decision
+	if ring != nil {
+		settled, _ = algorithms.DecideRing(algorithms.SettledRing(*ring, inFlight, now, rate), now, rate, r.Cost)
+	} else {
+		settled, _ = algorithms.Decide(r.Algorithm, algorithms.Settled(r.Algorithm, counts, inFlight, now, rate), now, rate, r.Cost)
+	}
+	if settled.Allowed {
+		d = d.RefusedInFlight(time.UnixMilli(now.UnixMilli()))
+	}
+	return d
+}
+
+// banFirstRejections bans, at nowMs, the keys of reqs whose zones ban
+// and rejected them now for the first time, unless only costs in flight
+// filled the limit, or the cost could never pass.
+func (c *counters) banFirstRejections(reqs []storage.Request, decisions []algorithms.Decision, hashes []uint64, nowMs int64, bound int) {
+	for i := range reqs {
+		r := &reqs[i]
+		if d := decisions[i]; r.Ban > 0 && !d.Allowed && d.BanEnds.IsZero() && !d.InFlight &&
+			r.Cost <= algorithms.Capacity(r.Algorithm, r.Rate, d.Limit) {
+			ends := nowMs + r.Ban.Milliseconds()
+			c.shards[shardOf(hashes[i])].bans.set(hashes[i], ends, bound)
+			decisions[i] = d.Ban(time.UnixMilli(ends), true)
+		}
+	}
+}
+
+// takeAllowed stores what taking reqs, all allowed, leaves: each key's
+// next counts, or its ring, and its cost in flight for a zone that keeps
+// them.
+func (c *counters) takeAllowed(reqs []storage.Request, decisions []algorithms.Decision, hashes []uint64, next []algorithms.Counts, rings *[]pendingRing, nowMs int64, bound int) {
 	nowSec := unixSeconds(nowMs)
 	for i := range reqs {
 		r := &reqs[i]
@@ -722,13 +759,13 @@ func slotFor[S any, P slotPtr[S]](s *shard, t *table[S, P], h uint64, bound int,
 	return t.add(h), false
 }
 
-// release settles what Take took for reqs, allowed with decisions
-// (storage.Request.Settle): it releases a concurrency request's units and
+// finish ends the accounting of what Take took for reqs, allowed with
+// decisions (storage.Request.Finishing): it releases a concurrency request's units and
 // another's cost (algorithms.Release), or the part of a reservation its
 // true-up does not keep, takes a true-up's debt (algorithms.Debt), and
 // ends the costs in flight of those it keeps them for, whatever stays. A concurrency key whose units are all released is forgotten;
 // other keys keep their expiry, unless a debt moves it later.
-func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decision) {
+func (c *counters) finish(reqs []storage.Request, decisions []algorithms.Decision) {
 	bound := int(c.maxPerShard.Load())
 	for i, r := range reqs {
 		h := c.keyHash(r.Zone, r.Key)
@@ -737,7 +774,7 @@ func (c *counters) release(reqs []storage.Request, decisions []algorithms.Decisi
 		if r.KeepsInFlight() {
 			s.endInFlight(h, algorithms.InFlightWindow(r.Algorithm, decisions[i], r.Rate), r.Cost)
 		}
-		switch release, debt := r.Settle(); {
+		switch release, debt := r.Finishing(); {
 		case release > 0:
 			s.release(h, r, decisions[i], release)
 		case debt > 0:

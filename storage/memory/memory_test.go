@@ -59,7 +59,7 @@ func TestMemoryReleasedKeyForgotten(t *testing.T) {
 	if got, ok := c.inspect("conc", "k", algorithms.Rate{Window: time.Minute}); !ok || got.Held() != 2 {
 		t.Fatalf("held %+v (%v), want 2", got, ok)
 	}
-	c.release([]storage.Request{req}, []algorithms.Decision{d})
+	c.finish([]storage.Request{req}, []algorithms.Decision{d})
 	if _, ok := c.inspect("conc", "k", algorithms.Rate{Window: time.Minute}); ok {
 		t.Fatal("a key with nothing held is still kept")
 	}
@@ -380,7 +380,7 @@ func TestMemoryTakeRange(t *testing.T) {
 		if err := m.Take(context.Background(), []storage.Request{r}, d); err != nil || !d[0].Allowed {
 			t.Fatalf("%s: %v %+v", alg, err, d[0])
 		}
-		if err := m.Release(context.Background(), []storage.Request{r}, d); err != nil {
+		if err := m.Finish(context.Background(), []storage.Request{r}, d); err != nil {
 			t.Fatal(err)
 		}
 		used := func() int64 {
@@ -710,7 +710,7 @@ func TestMemorySlotRoundTrip(t *testing.T) {
 					c, clock := newTestCounters(t, DefaultMaxKeys)
 					clock.Set(at)
 					r.Zone, r.Key = "g", "k"
-					c.release([]storage.Request{r}, []algorithms.Decision{take1(c, r)})
+					c.finish([]storage.Request{r}, []algorithms.Decision{take1(c, r)})
 					back := algorithms.Release(alg, want, d, r.Rate, r.Cost)
 					if got, _ := c.inspect("g", "k", algorithms.Rate{Window: w}); got != back {
 						t.Fatalf("gcra, window %s, at %s, released: read back %+v, want %+v", w, at, got, back)

@@ -309,9 +309,9 @@ func (w *dialWatcher) refresh() {
 		w.learnSecret(secret.Val())
 	}
 	// Redis answers: what the local fallback admitted meanwhile is
-	// charged now, whether or not a request comes to find it.
+	// taken there now (the catch-up), whether or not a request comes to find it.
 	if owed := w.client.answered(); owed != nil {
-		go w.client.chargeOwed(owed)
+		go w.client.catchUp(owed)
 	}
 	if n, err := live.Int64(); err == nil {
 		w.client.fleet.n.Store(n)

@@ -36,7 +36,7 @@ func failRedis(t *testing.T, r *Store, req storage.Request) algorithms.Decision 
 	if d.Allowed {
 		kept := req
 		kept.Counted = true
-		if err := r.Release(context.Background(), []storage.Request{kept}, []algorithms.Decision{d}); err != nil {
+		if err := r.Finish(context.Background(), []storage.Request{kept}, []algorithms.Decision{d}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -131,7 +131,7 @@ func TestRedisReleaseNotCached(t *testing.T) {
 	if d := redisTake(t, r, time.Time{}, one)[0]; d.Allowed {
 		t.Fatalf("second of one: %+v, want rejected", d)
 	}
-	if err := r.Release(context.Background(), []storage.Request{one}, []algorithms.Decision{held}); err != nil {
+	if err := r.Finish(context.Background(), []storage.Request{one}, []algorithms.Decision{held}); err != nil {
 		t.Fatal(err)
 	}
 	if d := redisTake(t, r, time.Time{}, one)[0]; !d.Allowed {
@@ -155,7 +155,7 @@ func TestRedisLeaseRelease(t *testing.T) {
 		if i%10 == 0 {
 			continue // kept: its response's status was listed
 		}
-		if err := r.Release(context.Background(), []storage.Request{req}, []algorithms.Decision{d}); err != nil {
+		if err := r.Finish(context.Background(), []storage.Request{req}, []algorithms.Decision{d}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -238,10 +238,10 @@ func TestBansAgreeWithMemory(t *testing.T) {
 						f := flying[i]
 						flying = slices.Delete(flying, i, i+1)
 						f.req.Counted = rng.IntN(2) == 0
-						if err := m.Release(ctx, []storage.Request{f.req}, []algorithms.Decision{f.memory}); err != nil {
+						if err := m.Finish(ctx, []storage.Request{f.req}, []algorithms.Decision{f.memory}); err != nil {
 							t.Fatal(err)
 						}
-						if err := r.Release(ctx, []storage.Request{f.req}, []algorithms.Decision{f.redisAt}); err != nil {
+						if err := r.Finish(ctx, []storage.Request{f.req}, []algorithms.Decision{f.redisAt}); err != nil {
 							t.Fatal(err)
 						}
 						continue

@@ -453,7 +453,7 @@ func scriptZone(q storage.Request, want int64, local time.Time) [zoneArgs]any {
 }
 
 // scriptWindow is a rate's windows as the scripts take them
-// (scripts/take_period.lua): the window's length in ms, or for a
+// (scripts/period.lua): the window's length in ms, or for a
 // calendar period the periods around the local clock, from the one
 // before the clock's, as "first,s1,s2,s3,s4,s5,s6": the index of the
 // first and the starts of the six, in ms. Lua in Redis knows no time

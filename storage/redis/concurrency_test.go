@@ -19,7 +19,7 @@ import (
 // release releases reqs, concurrency requests, whose decisions do not
 // matter to a release.
 func release(s storage.Store, reqs ...storage.Request) error {
-	return s.Release(context.Background(), reqs, make([]algorithms.Decision, len(reqs)))
+	return s.Finish(context.Background(), reqs, make([]algorithms.Decision, len(reqs)))
 }
 
 // holderKey names the sorted set of a concurrency key's holders, as the
@@ -121,7 +121,7 @@ func TestRedisReleaseManyZones(t *testing.T) {
 			return n
 		}
 		// Loaded first, so that the release's calls are EVALSHA alone.
-		if err := releaseScript.Load(context.Background(), r.client.rdb).Err(); err != nil {
+		if err := finishScript.Load(context.Background(), r.client.rdb).Err(); err != nil {
 			t.Fatal(err)
 		}
 		before := evalsha()
@@ -153,7 +153,7 @@ func TestRedisReleaseManyZones(t *testing.T) {
 	})
 }
 
-// TestRedisScriptsDeclareHolders: the take and release scripts are handed
+// TestRedisScriptsDeclareHolders: the take and finish scripts are handed
 // a concurrency key's holder set in KEYS, right after its counters: a
 // script must declare every key it touches, since Redis Cluster routes a
 // call, and Redis replicates its effects, by them. The server's slow log,
@@ -181,7 +181,7 @@ func TestRedisScriptsDeclareHolders(t *testing.T) {
 	want := []string{r.counterKey("conc", "k"), r.holderKey("conc", "k")}
 	for _, script := range []struct {
 		name, src string
-	}{{"take", takeSource}, {"release", releaseSource}} {
+	}{{"take", takeSource}, {"release", finishSource}} {
 		sha := goredis.NewScript(script.src).Hash()
 		calls := 0
 		for _, e := range entries {

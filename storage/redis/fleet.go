@@ -78,16 +78,16 @@ func (r *Store) Instances() int {
 // every limit divided among the instances last seen (max(1, limit/N)),
 // for on_store_error local. From then on, what Redis admits for this
 // instance is counted there too (mirror), and what it admits alone is
-// charged to Redis once Redis answers again (owed).
+// taken in Redis once Redis answers again (owed; the catch-up).
 func (r *Store) Local() storage.Store {
 	r.client.mirrors.Store(true)
 	return localStore{c: r.client, names: r.watcher(), owner: r}
 }
 
 // localStore is the Redis store's local fallback; names names a key's
-// counters in Redis, where what it admits is charged. owner is the store
-// whose handler decides with it: a handler with disable_metrics leaves
-// its decisions uncounted.
+// counters in Redis, where what it admits is taken by the catch-up.
+// owner is the store whose handler decides with it: a handler with
+// disable_metrics leaves its decisions uncounted.
 type localStore struct {
 	c     *client
 	names *dialWatcher
@@ -96,7 +96,7 @@ type localStore struct {
 
 // Take implements storage.Store: it decides in this instance's memory,
 // with every limit divided among the instances, and keeps what it
-// admitted to charge to Redis later.
+// admitted for the catch-up to take in Redis later.
 func (s localStore) Take(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	n := s.c.fleet.instances()
 	shares := make([]storage.Request, len(reqs))
@@ -138,9 +138,9 @@ func allAllowed(decisions []algorithms.Decision) bool {
 	return true
 }
 
-// Release implements storage.Store.
-func (s localStore) Release(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
-	return s.c.localMemory().Release(ctx, reqs, decisions)
+// Finish implements storage.Store.
+func (s localStore) Finish(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
+	return s.c.localMemory().Finish(ctx, reqs, decisions)
 }
 
 // Released implements storage.Store.
@@ -195,33 +195,33 @@ func (c *client) mirror(reqs []storage.Request, decisions []algorithms.Decision)
 // answered is called when Redis has answered, a take or the dial
 // watcher's refresh: if the local fallback decided since Redis last
 // answered, it returns what the fallback admitted, which Redis has not
-// counted, to charge it (chargeOwed). The local counts stay: with the
+// counted, for the catch-up to take (catchUp). The local counts stay: with the
 // mirrored ones, they are what this instance admitted, for the next
-// outage. A caller given a slice, even empty, must run chargeOwed with
-// it, which lets the next charge begin.
+// outage. A caller given a slice, even empty, must run catchUp with
+// it, which lets the next catch-up begin.
 func (c *client) answered() []owedKey {
-	if !c.localUsed.Load() || !c.charging.CompareAndSwap(false, true) {
-		return nil // nothing admitted alone, or a charge under way
+	if !c.localUsed.Load() || !c.catchingUp.CompareAndSwap(false, true) {
+		return nil // nothing admitted alone, or a catch-up under way
 	}
 	if !c.localUsed.CompareAndSwap(true, false) {
-		c.charging.Store(false)
+		c.catchingUp.Store(false)
 		return nil
 	}
 	return c.owed.drain()
 }
 
-// chargeOwed takes in Redis, past the limit if need be, what the local
+// catchUp takes in Redis, past the limit if need be, what the local
 // fallback admitted (owed) and still counts at now: a debt, as a true-up
 // takes one, so that the window an outage ends in does not count
 // afresh. It runs in the background, in the server's clock, one at a
-// time (answered), and for chargeFor at most: what Redis has not taken
+// time (answered), and for catchUpFor at most: what Redis has not taken
 // by then, a part that keeps failing or one not tried yet, is kept for
 // Redis's next answer. A call that failed after its script ran is
-// charged twice, erring toward refusing.
-func (c *client) chargeOwed(owed []owedKey) {
-	defer c.charging.Store(false)
+// taken twice, erring toward refusing.
+func (c *client) catchUp(owed []owedKey) {
+	defer c.catchingUp.Store(false)
 	now := c.now()
-	deadline := time.Now().Add(chargeFor)
+	deadline := time.Now().Add(catchUpFor)
 	var keys []string
 	var debts []owedKey
 	for _, o := range owed {
@@ -238,26 +238,26 @@ func (c *client) chargeOwed(owed []owedKey) {
 		keys = append(keys, names.counter(o.q.Zone, o.q.Key))
 		debts = append(debts, o)
 	}
-	// A call charges at most chargeKeys keys, so that no one script
+	// A call takes at most catchUpKeys keys, so that no one script
 	// holds Redis for long.
 	for len(keys) > 0 {
-		n := min(len(keys), chargeKeys)
+		n := min(len(keys), catchUpKeys)
 		chunk := debts[:n]
 		parts, groups := c.slotParts(keys[:n], func(dst []any, i int) []any {
 			// No release, a debt against q's own limit, in no window of
 			// a decision: only the debt's arguments are read.
-			return appendReleaseArgs(dst, chunk[i].q, algorithms.Decision{}, 0, chunk[i].units, 0, now)
+			return appendFinishArgs(dst, chunk[i].q, algorithms.Decision{}, 0, chunk[i].units, 0, now)
 		})
 		for k, p := range parts {
 			// A Redis just back may still hand out connections that
 			// died with it, one failed call each: a failed part is
 			// tried again until the deadline.
-			err := errChargeLate
+			err := errCatchUpLate
 			for time.Now().Before(deadline) {
-				if err = c.release(p, chargeTimeout); err == nil {
+				if err = c.finish(p, catchUpTimeout); err == nil {
 					break
 				}
-				time.Sleep(chargeRetry)
+				time.Sleep(catchUpRetry)
 			}
 			if err != nil {
 				for _, i := range groups[k] {
@@ -265,7 +265,7 @@ func (c *client) chargeOwed(owed []owedKey) {
 				}
 				c.localUsed.Store(true)
 				if n, ok := c.releaseLog.Allow(time.Now()); ok {
-					c.logger.Warn("charging Redis with what the local fallback admitted failed; kept for Redis's next answer",
+					c.logger.Warn("catching Redis up with what the local fallback admitted failed; kept for Redis's next answer",
 						zap.Error(err), zap.Int64("failures_since_last_log", n))
 				}
 			}
@@ -274,25 +274,25 @@ func (c *client) chargeOwed(owed []owedKey) {
 	}
 }
 
-// errChargeLate is a charge's part not tried before chargeOwed's
+// errCatchUpLate is a catch-up's part not tried before catchUp's
 // deadline.
-var errChargeLate = errors.New("not tried before the charge's deadline")
+var errCatchUpLate = errors.New("not tried before the catch-up's deadline")
 
-// chargeOwed charges at most chargeKeys keys a call, each call bounded
-// by chargeTimeout (it is no request's), and gives up, until Redis's
-// next answer, after chargeFor, trying failed calls again chargeRetry
+// catchUp takes at most catchUpKeys keys a call, each call bounded
+// by catchUpTimeout (it is no request's), and gives up, until Redis's
+// next answer, after catchUpFor, trying failed calls again catchUpRetry
 // apart: longer than a pool of dead connections lasts (one failed call
 // each, and go-redis keeps 10 a core).
 const (
-	chargeKeys    = 256
-	chargeTimeout = time.Second
-	chargeFor     = 2 * time.Second
-	chargeRetry   = 50 * time.Millisecond
+	catchUpKeys    = 256
+	catchUpTimeout = time.Second
+	catchUpFor     = 2 * time.Second
+	catchUpRetry   = 50 * time.Millisecond
 )
 
 // maxOwed bounds the keys whose local admissions are kept for Redis: a
 // flood of fresh keys during an outage cannot grow it. Past it, a new
-// key's local admissions are not charged to Redis.
+// key's local admissions are not taken in Redis.
 const maxOwed = 65_536
 
 // owedTable is what the local fallback admitted since Redis last
@@ -303,7 +303,7 @@ type owedTable struct {
 }
 
 // owedID is a key of a zone, in the key names of a store (its prefix). The
-// counters' name in Redis is found when they are charged: the fleet's
+// counters' name in Redis is found when they are caught up: the fleet's
 // secret may not be known before.
 type owedID struct {
 	names     *dialWatcher
@@ -385,7 +385,7 @@ func (t *owedTable) drain() []owedKey {
 // counting returns the units of o that still count against its key at
 // now: in a fixed or sliding_tail window, all of them while it is the
 // window they were admitted in, and none after (sliding_tail's weight
-// of the window before is not charged); in a sliding window, all of
+// of the window before is not taken); in a sliding window, all of
 // them for a window after the latest; in gcra, what the bucket has not
 // drained since the latest.
 func (o owedKey) counting(now time.Time) int64 {

@@ -35,7 +35,7 @@ func TestOwedTableBounded(t *testing.T) {
 	}
 }
 
-// TestOwedCounting: only what still counts against a key is charged:
+// TestOwedCounting: only what still counts against a key is caught up:
 // a fixed window's units in their window, a sliding window's for a
 // window after the latest, gcra's less what the bucket drained.
 func TestOwedCounting(t *testing.T) {

@@ -27,7 +27,7 @@ import (
 //     taken only while the key's bucket would not have refilled past it:
 //     by the TAT that unit was counted at, so that taking it later counts
 //     exactly as a take at that instant.
-//   - Untaken units are released (release.lua) when the lease has gone
+//   - Untaken units are released (finish.lua) when the lease has gone
 //     unused for leaseIdle, when it can no longer be taken from (its
 //     window ended, or its gcra deadline passed) and on shutdown;
 //     releasing what was counted and never taken leaves Redis with the
@@ -648,10 +648,10 @@ func (c *client) releaseLeases(held []heldUnits, timeout time.Duration) {
 	}
 	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
 		h := held[i]
-		return appendReleaseArgs(dst, storage.Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window}, h.units, 0, 0, time.Time{})
+		return appendFinishArgs(dst, storage.Request{Algorithm: h.alg, Rate: h.rate, Cost: h.units}, algorithms.Decision{Limit: h.limit, Window: h.window}, h.units, 0, 0, time.Time{})
 	})
 	for k, p := range parts {
-		if err := c.release(p, timeout); err != nil {
+		if err := c.finish(p, timeout); err != nil {
 			// The units stay counted until their window ends: never
 			// more permissive.
 			if n, ok := c.releaseLog.Allow(time.Now()); ok {

@@ -340,7 +340,7 @@ func TestRedisAnnounceBySHA(t *testing.T) {
 // TestRedisLocalFallback: the local fallback gives each instance its share
 // of a limit (floor(limit/N)), in the same algorithm. It begins from what
 // Redis admitted for this instance (a key whose share was spent through
-// Redis is refused at once), and what it admitted alone is charged to
+// Redis is refused at once), and what it admitted alone is taken in
 // Redis once Redis answers again, a take or the dial watcher's refresh;
 // its counts stay.
 func TestRedisLocalFallback(t *testing.T) {
@@ -383,14 +383,14 @@ func TestRedisLocalFallback(t *testing.T) {
 		t.Fatal("the local counts did not outlive Redis's answer")
 	}
 	// With no request to find Redis back, the dial watcher's refresh,
-	// once a second, charges it.
+	// once a second, catches Redis up.
 	quiet := req
 	quiet.Key = "quiet"
 	for range 3 {
 		takeLocal(quiet)
 	}
 	r.watcher().refresh()
-	wait.For(t, "Redis counts the 3 admitted locally, charged by the refresh", func() bool {
+	wait.For(t, "Redis counts the 3 admitted locally, taken by the refresh's catch-up", func() bool {
 		st, err := r.KeyState(context.Background(), "z", "quiet", algorithms.Rate{Window: time.Hour})
 		return err == nil && st.Counts.C == 3
 	})

@@ -55,7 +55,7 @@ var registerMetrics = promreg.Once(func() []prometheus.Collector {
 // entries reports how many entries the Redis store's per-key structures
 // in this process hold, as caddy_http_rate_limit_store_entries{store=
 // "redis", kind}: its lease records, cached denials and the keys whose
-// local fallback admissions wait to be charged (owed), summed over the
+// local fallback admissions wait for the catch-up (owed), summed over the
 // clients (see storage.EntriesDesc), and beside them their bounds, summed
 // the same way (storage.EntriesBoundDesc). They are read when the metrics
 // are scraped.

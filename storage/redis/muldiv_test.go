@@ -13,7 +13,7 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/internal/redistest"
 )
 
-// TestRedisScriptMulDiv runs the take script's muldiv (take_arith.lua) in a real Redis on
+// TestRedisScriptMulDiv runs the take script's muldiv (arith.lua) in a real Redis on
 // products past 2^53 with every divisor a window can be (up to 2^44 ms:
 // a Go duration ends at 2^63 ns), on products just under 2^53, where a
 // double's quotient could round up, and on the leases' own arguments
@@ -25,7 +25,7 @@ func TestRedisScriptMulDiv(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	// The script's arithmetic, and a call of muldiv on each triple of
 	// arguments.
-	helpers, err := scriptPieces.ReadFile("scripts/take_arith.lua")
+	helpers, err := scriptPieces.ReadFile("scripts/arith.lua")
 	if err != nil {
 		t.Fatal(err)
 	}

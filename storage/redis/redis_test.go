@@ -126,7 +126,7 @@ func TestRedisScriptMatchesDecide(t *testing.T) {
 		}
 		want, _ := algorithms.Decide(alg, stored, now, l, cost)
 		got := make([]algorithms.Decision, 1)
-		if err := r.runTake(context.Background(), time.Now().Add(10*time.Second), r.client, []string{key}, []storage.Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, got, now.UnixMilli(), false, nil); err != nil {
+		if err := r.runTake(context.Background(), takeCall{c: r.client, deadline: time.Now().Add(10 * time.Second), clock: now.UnixMilli(), keys: []string{key}, reqs: []storage.Request{{Zone: "z", Key: "k", Algorithm: alg, Rate: l, Cost: cost}}, decisions: got}, false); err != nil {
 			t.Fatal(err)
 		}
 		if got[0] != want {
@@ -402,7 +402,7 @@ func TestRedisExpiry(t *testing.T) {
 		t.Fatalf("key state of a reservation: %+v (%v), want 10 in flight", st, err)
 	}
 	reserved.TrueUp, reserved.Actual = true, 500
-	if err := r.Release(ctx, []storage.Request{reserved}, d); err != nil {
+	if err := r.Finish(ctx, []storage.Request{reserved}, d); err != nil {
 		t.Fatal(err)
 	}
 	// A debt on a key whose hash is gone (its request outlived the
@@ -414,7 +414,7 @@ func TestRedisExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	outlived.TrueUp = true
-	if err := r.Release(ctx, []storage.Request{outlived}, d); err != nil {
+	if err := r.Finish(ctx, []storage.Request{outlived}, d); err != nil {
 		t.Fatal(err)
 	}
 	// A lease, taken by a key's requests after its first, and released
@@ -552,18 +552,21 @@ func TestRedisTakeScriptLoadedOnce(t *testing.T) {
 	}
 }
 
-// TestTakeScriptPieces: the take script is every piece of it, joined in
-// the order its head lists them, each once.
+// TestTakeScriptPieces: the take script is every take*.lua piece and
+// the pieces it shares with the finish script (all the finish script's
+// but finish.lua), joined in the order its head lists them, each once.
 func TestTakeScriptPieces(t *testing.T) {
-	files, err := fs.Glob(scriptPieces, "scripts/take*.lua")
+	own, err := fs.Glob(scriptPieces, "scripts/take*.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := slices.Sorted(slices.Values(takeOrder)), files; !slices.Equal(got, want) {
+	shared := finishOrder[:len(finishOrder)-1]
+	want := slices.Sorted(slices.Values(append(own, shared...)))
+	if got := slices.Sorted(slices.Values(takeOrder)); !slices.Equal(got, want) {
 		t.Fatalf("takeOrder has %q, want each of %q once", got, want)
 	}
 	var listed []string
-	for _, m := range regexp.MustCompile(`(?m)^--   (take\S*\.lua)`).FindAllStringSubmatch(takeSource, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^--   (\S+\.lua)`).FindAllStringSubmatch(takeSource, -1) {
 		listed = append(listed, "scripts/"+m[1])
 	}
 	if !slices.Equal(listed, takeOrder) {
@@ -611,25 +614,25 @@ func TestTakeScriptLayout(t *testing.T) {
 	}
 }
 
-// TestReleaseScriptLayout: the release script reads each key's arguments
+// TestFinishScriptLayout: the finish script reads each key's arguments
 // at the offsets the store writes them at.
-func TestReleaseScriptLayout(t *testing.T) {
+func TestFinishScriptLayout(t *testing.T) {
 	want := map[string]int{
-		"ARG_ALG":      relAlgorithm,
-		"ARG_AT":       relAt,
-		"ARG_UNITS":    relUnits,
-		"ARG_HOLDER":   relHolder,
-		"ARG_LIMIT":    relLimit,
-		"ARG_IW":       relInFlightWindow,
-		"ARG_IC":       relInFlightCost,
-		"ARG_DEBT":     relDebt,
-		"ARG_WINDOW":   relWindow,
-		"ARG_EXTRA":    relExtra,
-		"ARG_NOW":      relNow,
-		"RELEASE_ARGS": releaseArgs,
+		"ARG_ALG":     finAlgorithm,
+		"ARG_AT":      finAt,
+		"ARG_UNITS":   finUnits,
+		"ARG_HOLDER":  finHolder,
+		"ARG_LIMIT":   finLimit,
+		"ARG_IW":      finInFlightWindow,
+		"ARG_IC":      finInFlightCost,
+		"ARG_DEBT":    finDebt,
+		"ARG_WINDOW":  finWindow,
+		"ARG_EXTRA":   finExtra,
+		"ARG_NOW":     finNow,
+		"FINISH_ARGS": finishArgs,
 	}
-	if got := scriptLayout(t, releaseSource, "ARG|RELEASE"); !maps.Equal(got, want) {
-		t.Fatalf("the release script's layout is %v, the store's %v", got, want)
+	if got := scriptLayout(t, finishSource, "ARG|FINISH"); !maps.Equal(got, want) {
+		t.Fatalf("the finish script's layout is %v, the store's %v", got, want)
 	}
 }
 

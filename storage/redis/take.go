@@ -2,10 +2,8 @@ package redis
 
 import (
 	"context"
-	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math"
 	"slices"
 	"strings"
@@ -18,27 +16,19 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/storage"
 )
 
-// This file is the Redis store's take protocol: the take and release
-// scripts, and how zones in different cluster slots are taken all or
-// nothing. How keys are named is in keys.go.
+// This file is the Redis store's take protocol: the calls of the take
+// script, and how zones in different cluster slots are taken all or
+// nothing. How keys are named is in keys.go, how the scripts are
+// assembled in scripts.go, the end of a request's accounting in
+// finish.go.
 
 // Take implements storage.Store.
 func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
 	if len(reqs) == 0 {
 		return nil
 	}
-	for _, q := range reqs {
-		if q.Wide && q.Algorithm != algorithms.FixedWindow && q.Algorithm != algorithms.SlidingTail {
-			return fmt.Errorf("zone %q: wide counts only for fixed_window and sliding_tail, got %s", q.Zone, q.Algorithm)
-		}
-		// A wide zone's counts are exact to 2^63-1 (take_wide.lua).
-		if !q.Wide && (q.Rate.Units > maxExact || q.Cost > maxExact) || q.Cost < 0 || q.Rate.Window.Milliseconds() > maxExact ||
-			q.Algorithm == algorithms.GCRA && (q.Rate.Units > math.MaxInt32 || q.Rate.Burst > math.MaxInt32) {
-			return fmt.Errorf("zone %q: limit, burst, cost or window too large for the Redis store", q.Zone)
-		}
-		if err := q.Rate.Validate(); err != nil {
-			return fmt.Errorf("zone %q: %w", q.Zone, err)
-		}
+	if err := checkRequests(reqs); err != nil {
+		return err
 	}
 	c, own, err := r.acquire()
 	if err != nil {
@@ -89,16 +79,46 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 			leases = &leaseAnswer{wants: wants}
 		}
 	}
-	err = r.takeAll(base, deadline, c, keys, reqs, decisions, clock, leases)
-	now = r.now()
-	if err != nil {
+	t := takeCall{c: c, deadline: deadline, clock: clock, keys: keys, reqs: reqs, decisions: decisions, leases: leases}
+	if err := r.takeAll(base, t); err != nil {
 		if leases != nil {
 			c.leases.leaseFailed(keys, leases.wants)
 		}
-		c.breaker.done(err, failureCounts(ctx, err), now)
+		c.breaker.done(err, failureCounts(ctx, err), r.now())
 		c.rereadSlots()
 		return fmt.Errorf("redis: %w", err)
 	}
+	r.afterTake(t)
+	return nil
+}
+
+// checkRequests refuses a request the store cannot decide exactly: a
+// wide zone of another algorithm than fixed_window or sliding_tail, and
+// numbers past what the take script counts exactly.
+func checkRequests(reqs []storage.Request) error {
+	for _, q := range reqs {
+		if q.Wide && q.Algorithm != algorithms.FixedWindow && q.Algorithm != algorithms.SlidingTail {
+			return fmt.Errorf("zone %q: wide counts only for fixed_window and sliding_tail, got %s", q.Zone, q.Algorithm)
+		}
+		// A wide zone's counts are exact to 2^63-1 (take_wide.lua).
+		if !q.Wide && (q.Rate.Units > maxExact || q.Cost > maxExact) || q.Cost < 0 || q.Rate.Window.Milliseconds() > maxExact ||
+			q.Algorithm == algorithms.GCRA && (q.Rate.Units > math.MaxInt32 || q.Rate.Burst > math.MaxInt32) {
+			return fmt.Errorf("zone %q: limit, burst, cost or window too large for the Redis store", q.Zone)
+		}
+		if err := q.Rate.Validate(); err != nil {
+			return fmt.Errorf("zone %q: %w", q.Zone, err)
+		}
+	}
+	return nil
+}
+
+// afterTake does what a take's answer from Redis asks for, beside its
+// decisions: it closes the breaker, starts the catch-up of what the
+// local fallback admitted alone, counts the take in the fallback's
+// memory, keeps the leases it brought and remembers its rejections.
+func (r *Store) afterTake(t takeCall) {
+	c, keys, reqs, decisions := t.c, t.keys, t.reqs, t.decisions
+	now := r.now()
 	if c.breaker.failures.Load() != 0 {
 		// The first answer after failures: a cluster may have failed over
 		// meanwhile, after the last time its slots were read.
@@ -106,16 +126,15 @@ func (r *Store) Take(ctx context.Context, reqs []storage.Request, decisions []al
 	}
 	c.breaker.done(nil, true, now)
 	if owed := c.answered(); owed != nil {
-		go c.chargeOwed(owed)
+		go c.catchUp(owed)
 	}
 	c.mirror(reqs, decisions)
-	if leases != nil {
-		c.leases.leased(keys, reqs, leases, decisions, now, r.leaseSeries)
+	if t.leases != nil {
+		c.leases.leased(keys, reqs, t.leases, decisions, now, r.leaseSeries)
 	}
-	if clock == 0 {
+	if t.clock == 0 {
 		c.denies.store(keys, reqs, decisions, now)
 	}
-	return nil
 }
 
 // Refused implements storage.Refuser: a rejection the deny cache
@@ -160,16 +179,30 @@ func failureCounts(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && !errors.Is(err, goredis.ErrPoolTimeout)
 }
 
-// takeAll runs the take script over reqs. On one server or a sentinel's
-// master that is one call for all zones. On a cluster, zones whose keys
-// lie in different slots are decided one group of keys at a time; see
-// takeSlotGroups. A call that wants leases (leases not nil) is one call:
-// its keys share a slot.
-func (r *Store) takeAll(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, leases *leaseAnswer) error {
-	if !r.Cluster || sameTag(keys) {
-		return r.runTake(ctx, deadline, c, keys, reqs, decisions, clock, true, leases)
+// takeCall is what one Take asks of the take script: the client that
+// calls it, the deadline of its answer, the script's clock (0 for the
+// server's), the requests with their keys and the decisions to fill,
+// and the leases it wants (nil for none).
+type takeCall struct {
+	c         *client
+	deadline  time.Time
+	clock     int64
+	keys      []string
+	reqs      []storage.Request
+	decisions []algorithms.Decision
+	leases    *leaseAnswer
+}
+
+// takeAll runs the take script over t's requests. On one server or a
+// sentinel's master that is one call for all zones. On a cluster, zones
+// whose keys lie in different slots are decided one group of keys at a
+// time; see takeSlotGroups. A call that wants leases (t.leases not nil)
+// is one call: its keys share a slot.
+func (r *Store) takeAll(ctx context.Context, t takeCall) error {
+	if !r.Cluster || sameTag(t.keys) {
+		return r.runTake(ctx, t, true)
 	}
-	return r.takeSlotGroups(ctx, deadline, c, keys, reqs, decisions, clock)
+	return r.takeSlotGroups(ctx, t)
 }
 
 // sameTag reports whether all keys share one hash tag, and so one slot.
@@ -220,10 +253,11 @@ func hashTag(key string) string {
 // cannot be reached is reported as not rejecting, and a release that
 // fails is logged and leaves its take in place (counting too much, never
 // too little).
-func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64) error {
+func (r *Store) takeSlotGroups(ctx context.Context, t takeCall) error {
+	c, keys, reqs, decisions := t.c, t.keys, t.reqs, t.decisions
 	groups := tagGroups(keys)
 
-	var releases []*releasePart
+	var releases []*finishPart
 	rejected := false
 	var firstErr error
 	for gi, g := range groups {
@@ -233,7 +267,9 @@ func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *clien
 		for j, i := range g {
 			gKeys[j], gReqs[j] = keys[i], reqs[i]
 		}
-		err := r.runTake(ctx, deadline, c, gKeys, gReqs, gDec, clock, !rejected, nil)
+		group := t
+		group.keys, group.reqs, group.decisions, group.leases = gKeys, gReqs, gDec, nil
+		err := r.runTake(ctx, group, !rejected)
 		if err != nil && rejected {
 			for _, rest := range groups[gi:] {
 				for _, i := range rest {
@@ -256,11 +292,11 @@ func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *clien
 			continue
 		}
 		if !rejected {
-			args := make([]any, 0, releaseArgs*len(gReqs))
+			args := make([]any, 0, finishArgs*len(gReqs))
 			for j, q := range gReqs {
-				args = appendReleaseArgs(args, q, gDec[j], q.Cost, 0, 0, time.Time{})
+				args = appendFinishArgs(args, q, gDec[j], q.Cost, 0, 0, time.Time{})
 			}
-			releases = append(releases, &releasePart{keys: gKeys, args: args})
+			releases = append(releases, &finishPart{keys: gKeys, args: args})
 		}
 	}
 	if !rejected && firstErr == nil {
@@ -269,7 +305,7 @@ func (r *Store) takeSlotGroups(ctx context.Context, deadline time.Time, c *clien
 	// Undo the takes with a fresh budget: the decision's own timeout may
 	// be what ended it.
 	for _, p := range releases {
-		if err := c.release(p, time.Duration(r.Timeout)); err != nil {
+		if err := c.finish(p, time.Duration(r.Timeout)); err != nil {
 			if n, ok := c.releaseLog.Allow(time.Now()); ok {
 				r.logger.Error("releasing a request rejected in another cluster slot failed; what it took stays",
 					zap.Int("zones", len(p.keys)), zap.Error(err), zap.Int64("failures_since_last_log", n))
@@ -316,11 +352,13 @@ const (
 	zoneValues
 )
 
-// runTake decides reqs, whose keys all lie in one slot, in one script call
-// (shared with concurrent requests; see batch.go) by deadline, and
-// fills decisions, and leases with the units leased.
-func (r *Store) runTake(ctx context.Context, deadline time.Time, c *client, keys []string, reqs []storage.Request, decisions []algorithms.Decision, clock int64, take bool, leases *leaseAnswer) error {
-	t := &callPart{keys: keys, reqs: reqs, take: take, deadline: deadline, local: r.now()}
+// runTake decides t's requests, whose keys all lie in one slot, in one
+// script call (shared with concurrent requests; see batch.go) by its
+// deadline, taking them only if take, and fills its decisions, and its
+// leases with the units leased.
+func (r *Store) runTake(ctx context.Context, call takeCall, take bool) error {
+	c, reqs, decisions, clock, leases := call.c, call.reqs, call.decisions, call.clock, call.leases
+	t := &callPart{keys: call.keys, reqs: reqs, take: take, deadline: call.deadline, local: r.now()}
 	if leases != nil {
 		t.wants = leases.wants
 	}
@@ -436,142 +474,4 @@ func takesUnits(reqs []storage.Request) bool {
 		}
 	}
 	return false
-}
-
-// Release implements storage.Store: each concurrency request leaves its
-// key's holders, and each other request is settled (storage.Request.Settle):
-// its cost, or what its true-up does not keep of it, is released, or its
-// true-up's debt taken past the limit (release.lua), in one script call
-// for all of them (one per hash tag on a cluster), atomic in its slot and
-// shared with the releases of concurrent requests. A request the script
-// finds no longer holding (its hold ended) is released already. With
-// leases, a windowed cost this instance holds a lease of its key for, in
-// the same window, is released into the lease instead, without a call:
-// the lease has it taken again or releases it with its other units. A
-// cost kept in flight (a reservation, which takes no lease) is always
-// settled in Redis, where its time in flight ends.
-// The store's timeout bounds each call, whether or not ctx has ended.
-func (r *Store) Release(_ context.Context, reqs []storage.Request, decisions []algorithms.Decision) error {
-	// The leases are the acquired client's, as for Take: a reloaded
-	// config's own client may be closed, its leases no longer released.
-	c, own, err := r.acquire()
-	if err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
-	defer r.end(own)
-	var names *keyNames
-	var keys []string
-	var held []settling
-	now := r.now()
-	var clock int64
-	if r.scriptClock != nil {
-		clock = r.scriptClock().UnixMilli()
-	}
-	for i, q := range reqs {
-		release, debt := q.Settle()
-		if release == 0 && debt == 0 && !q.KeepsInFlight() && q.Algorithm != algorithms.Concurrency {
-			continue // the cost stays whole: nothing to settle
-		}
-		if names == nil {
-			if names, err = r.keyNames(context.Background(), c); err != nil {
-				return fmt.Errorf("redis: %w", err)
-			}
-		}
-		key := names.counter(q.Zone, q.Key)
-		// A cost in flight ends in Redis, where it is kept.
-		if r.Lease && !q.KeepsInFlight() && release > 0 && c.leases.release(key, q, decisions[i], release, now) {
-			continue
-		}
-		keys = append(keys, key)
-		held = append(held, settling{q, decisions[i], release, debt})
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	// The request's client may be gone; what it took is settled anyway,
-	// in a call shared with the releases of other requests (see
-	// release.go). A slot that fails does not keep the others'.
-	parts, groups := c.slotParts(keys, func(dst []any, i int) []any {
-		h := &held[i]
-		return appendReleaseArgs(dst, h.q, h.d, h.release, h.debt, clock, now)
-	})
-	var failed error
-	for k, p := range parts {
-		if err := c.release(p, time.Duration(r.Timeout)); err != nil && failed == nil {
-			failed = fmt.Errorf("redis: releasing zone %q: %w", held[groups[k][0]].q.Zone, err)
-		}
-	}
-	c.released.Signal()
-	return failed
-}
-
-// settling is a request Release sends to Redis: q, allowed with d, and
-// the units to release or take past the limit there.
-type settling struct {
-	q             storage.Request
-	d             algorithms.Decision
-	release, debt int64
-}
-
-// Released implements storage.Store: closed at the next release by this
-// instance. Releases by other instances and ended holds are seen only by
-// trying again.
-func (r *Store) Released() <-chan struct{} {
-	return r.client.released.Wait()
-}
-
-var (
-	//go:embed scripts/take*.lua scripts/release.lua
-	scriptPieces embed.FS
-
-	takeSource    = joinPieces(scriptPieces, takeOrder)
-	takeScript    = goredis.NewScript(takeSource)
-	releaseSource = joinPieces(scriptPieces, releaseOrder)
-	releaseScript = goredis.NewScript(releaseSource)
-)
-
-// releaseOrder lists the pieces of the release script: the arithmetic, the
-// periods and the ring roll it shares with the take script, then its own
-// (see scripts/release.lua).
-var releaseOrder = []string{
-	"scripts/take_arith.lua",
-	"scripts/take_period.lua",
-	"scripts/take_ring.lua",
-	"scripts/release.lua",
-}
-
-// takeOrder lists the pieces of the take script in the order they are
-// joined into one: each piece uses the locals of those before it (see
-// scripts/take.lua).
-var takeOrder = []string{
-	"scripts/take.lua",
-	"scripts/take_arith.lua",
-	"scripts/take_period.lua",
-	"scripts/take_ring.lua",
-	"scripts/take_bans.lua",
-	"scripts/take_fixed_window.lua",
-	"scripts/take_sliding_tail.lua",
-	"scripts/take_wide.lua",
-	"scripts/take_sliding_window.lua",
-	"scripts/take_gcra.lua",
-	"scripts/take_concurrency.lua",
-	"scripts/take_lease.lua",
-	"scripts/take_main.lua",
-	"scripts/take_write_back.lua",
-}
-
-// joinPieces joins the script pieces names of fsys, in order, into one
-// script, which the store loads once and runs by its hash. The pieces are
-// embedded, so a missing one is a build's mistake, found by any test.
-func joinPieces(fsys fs.FS, names []string) string {
-	var b strings.Builder
-	for _, name := range names {
-		src, err := fs.ReadFile(fsys, name)
-		if err != nil {
-			panic(err)
-		}
-		b.Write(src)
-		b.WriteByte('\n')
-	}
-	return b.String()
 }

@@ -26,12 +26,12 @@ func trueUp(t *testing.T, r *Store, at time.Time, q storage.Request, d algorithm
 		r.scriptClock = func() time.Time { return at }
 		defer func() { r.scriptClock = nil }()
 	}
-	if err := r.Release(context.Background(), []storage.Request{q}, []algorithms.Decision{d}); err != nil {
+	if err := r.Finish(context.Background(), []storage.Request{q}, []algorithms.Decision{d}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// TestRedisDebtMatchesGo compares the release script's debts with
+// TestRedisDebtMatchesGo compares the finish script's debts with
 // algorithms.Debt and DebtRing over random states: limits near 2^31,
 // windows of months (where units×window passes 2^53), TATs kept for
 // another limit, counts kept in the next window (a clock stepped back) or
@@ -238,7 +238,7 @@ func TestRedisLeaseReservations(t *testing.T) {
 		}
 		kept := req
 		kept.Counted = true
-		if err := x.r.Release(context.Background(), []storage.Request{kept}, []algorithms.Decision{x.d}); err != nil {
+		if err := x.r.Finish(context.Background(), []storage.Request{kept}, []algorithms.Decision{x.d}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -14,7 +14,7 @@ import (
 )
 
 // TestRedisScriptWideCounts runs the take script's arithmetic of wide
-// counts (take_arith.lua) in a real Redis on counts all over the 64-bit
+// counts (arith.lua) in a real Redis on counts all over the 64-bit
 // range, most of them past 2^53 where doubles are off, and compares each
 // answer with exact integers: a sum (stopping at 2^63-1), a difference
 // (stopping at 0), an order, and the sliding tail's comparison of
@@ -23,7 +23,7 @@ func TestRedisScriptWideCounts(t *testing.T) {
 	s := redistest.Standalone(t)
 	rdb := goredis.NewClient(&goredis.Options{Addr: s.Addr, Protocol: 2, DisableIdentity: true})
 	t.Cleanup(func() { rdb.Close() })
-	arith, err := scriptPieces.ReadFile("scripts/take_arith.lua")
+	arith, err := scriptPieces.ReadFile("scripts/arith.lua")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,7 +100,7 @@ func (s *suite) release(t *testing.T, reqs []storage.Request, d []algorithms.Dec
 	for i := range reqs {
 		reqs[i].Key = storage.BoundKey(reqs[i].Key)
 	}
-	if err := s.Release(context.Background(), reqs, d); err != nil {
+	if err := s.Finish(context.Background(), reqs, d); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -339,7 +339,7 @@ func testConcurrencyUnits(t *testing.T, s *suite) {
 	select {
 	case <-woken:
 	default:
-		t.Fatal("Release did not wake Released's waiters")
+		t.Fatal("Finish did not wake Released's waiters")
 	}
 	if d := s.take(t, c)[0]; !d.Allowed || d.Remaining != 1 {
 		t.Fatalf("after a release: %+v", d)

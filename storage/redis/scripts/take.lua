@@ -4,15 +4,16 @@
 -- (algorithms/algorithms.go) in Lua, bit for bit, and sees the takes of
 -- the requests before it.
 --
--- The take script is this file and the take_*.lua pieces after it, joined
+-- The take script is this file and the pieces after it, joined
 -- by the store (takeOrder), in this order, into one script it loads once
 -- and runs with EVALSHA:
 --
 --   take.lua                the arguments, the answer, the clock and the
 --                           counters of the keys the call touches
---   take_arith.lua          exact integer arithmetic on doubles
---   take_period.lua         which window of a zone holds an instant
---   take_ring.lua           how a sliding window's ring rolls forward
+--   arith.lua               exact integer arithmetic on doubles
+--   period.lua              which window of a zone holds an instant
+--   ring.lua                how a sliding window's ring rolls forward
+--   tat.lua                 how a gcra key's TAT is read
 --   take_bans.lua           bans, overrides and costs in flight
 --   take_fixed_window.lua   the algorithms, one piece each, each adding
 --   take_sliding_tail.lua   its functions to ALGS
@@ -69,7 +70,7 @@
 -- "g" gcra, "c" concurrency; "F" and "S" the fixed window and the sliding
 -- tail of a wide zone, whose counts run to 2^63 - 1, see take_wide.lua);
 -- the limit; the window (ms; for concurrency the hold; for a calendar
--- period, the periods around the caller's clock: take_period.lua); the
+-- period, the periods around the caller's clock: period.lua); the
 -- cost; one more: gcra's burst (0: the limit), a sliding window's
 -- buckets, concurrency's holder, "" otherwise; the lease wanted: how many
 -- units beyond the cost the instance would like to take later on its own

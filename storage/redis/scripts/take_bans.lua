@@ -16,7 +16,7 @@
 --
 -- Costs in flight: a zone that bans and releases costs, and a cost_from
 -- zone's reservations, keep, as algorithms/inflight.go does, the costs of
--- their requests not done yet (release.lua takes them off): iw is a
+-- their requests not done yet (finish.lua takes them off): iw is a
 -- window (of the zone's window), ic the costs taken in it, ip those taken
 -- in window iw-1. A zone that bans bans only if the key's settled count
 -- alone, the counts less the costs in flight (algorithms.Settled), leaves

@@ -1,7 +1,7 @@
 -- take_fixed_window.lua: the fixed window (ALGS.f), and the window
 -- arithmetic it shares with the sliding tail (take_sliding_tail.lua).
 -- Reads and writes the key state s at W, C and P: w is the index of the
--- window (of the zone's period: take_period.lua) the counts are in, c the
+-- window (of the zone's period: period.lua) the counts are in, c the
 -- cost counted in window w, p that counted in window w-1; IW, IC and IP
 -- only to take costs in flight off them (take_bans.lua).
 

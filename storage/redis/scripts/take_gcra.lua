@@ -1,24 +1,8 @@
 -- take_gcra.lua: GCRA (ALGS.g), as algorithms/gcra.go decides it. Reads
 -- and writes the key state s at W, C and P, where it keeps its
 -- theoretical arrival time TAT: w its whole ms, c its fraction in units
--- of 1/p ms, p the limit it was written at. Instants are kept as (ms,
--- fraction in 1/limit ms).
-
--- tatOf reads a gcra key's TAT as its hash holds it (w, c, p: ms, and a
--- fraction c/p of a ms) as (ms, fraction in 1/limit ms), limit being the
--- rate it is decided at now: a fraction kept for another limit is
--- rescaled, rounded down and kept below a whole ms.
-local function tatOf(sw, sc, sp, limit)
-  local ms, f = sw or 0, 0
-  if sp > 0 and sc > 0 then
-    if sp == limit then
-      f = sc
-    else
-      f = math.min(muldiv(sc, limit, sp), limit - 1)
-    end
-  end
-  return ms, f
-end
+-- of 1/p ms, p the limit it was written at (read by tat.lua's tatOf).
+-- Instants are kept as (ms, fraction in 1/limit ms).
 
 -- burstOf returns the zone's burst: its extra argument, or the limit if
 -- that is 0.

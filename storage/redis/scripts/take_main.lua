@@ -7,7 +7,7 @@
 --
 -- A zone of the entry is a table: j, where its key's counters are; alg,
 -- limit (the override's, if one is in force), window, cost, extra, lease
--- and ban, its arguments; period, its windows (take_period.lua: the
+-- and ban, its arguments; period, its windows (period.lua: the
 -- window, or a calendar period, whose zone has no window); inflight,
 -- whether it keeps its costs in flight; and base, where its answer starts
 -- (out[base + OUT_*]).

@@ -1,7 +1,7 @@
 -- take_sliding_tail.lua: the sliding tail (ALGS.s), a fixed window that
 -- also weighs the previous window's count by the share of the current
 -- window still to run, (w-elapsed)/w for a window of w ms (a calendar
--- period's own length: take_period.lua). Keeps the fixed window's state
+-- period's own length: period.lua). Keeps the fixed window's state
 -- (w, c, p at W, C, P; take_fixed_window.lua), whose functions it shares
 -- but decide and room.
 

@@ -2,9 +2,9 @@
 -- (ALGS.F and ALGS.S; storage.Request.Wide: a zone priced in money),
 -- whose counts, limit and cost run up to 2^63 - 1. They decide as ALGS.f
 -- and ALGS.s do, on the same windows (windowAt, windowDecision: of a
--- length or calendar periods, take_period.lua), but keep the key state's
+-- length or calendar periods, period.lua), but keep the key state's
 -- C, P, IC and IP, the override and the zone's limit and cost as decimal
--- strings, counted exactly in limbs (take_arith.lua).
+-- strings, counted exactly in limbs (arith.lua).
 -- Wide keys take no lease: a wide zone's requests are reservations, kept
 -- in flight, which are always taken in Redis.
 

@@ -1,4 +1,8 @@
-package ratelimit
+// Package topkeys keeps each rate_limit zone's heaviest keys, which the
+// admin API, the status page and `caddy rate-limit top` show: a
+// Space-Saving summary a zone (see Keys), in memory that does not grow
+// with the number of keys, kept across config reloads by zone name.
+package topkeys
 
 import (
 	"cmp"
@@ -12,7 +16,7 @@ import (
 	"github.com/d61b427a/caddy-rate-limit/admin"
 )
 
-// topKeys finds a zone's heaviest keys over about the last minute, in
+// Keys finds a zone's heaviest keys over about the last minute, in
 // memory that does not grow with the number of keys: Space-Saving
 // summaries (Metwally, Agrawal and El Abbadi, 2005) of at most topTracked
 // keys in all. A key seen and not tracked takes the place of the tracked
@@ -20,7 +24,7 @@ import (
 // count is then at most error more than the truth, and a key counted more
 // than error is certain to be tracked. A count is of requests, one each,
 // or, in a zone that reads what responses cost (cost_from), of the units
-// each request was charged: the summary adds up weights, and the bounds
+// each request took: the summary adds up weights, and the bounds
 // hold alike.
 //
 // A zone's requests come from every CPU at once, so the summary is split
@@ -38,7 +42,7 @@ import (
 // clock. The timer runs only while the zone has traffic: a turn that
 // finds nothing counted in the period it ends stops it, and the next
 // request starts it again.
-type topKeys struct {
+type Keys struct {
 	shards [topShards]topShard
 	// period is how long each summary counts: topPeriod, shorter in
 	// tests.
@@ -112,30 +116,30 @@ type topEntry struct {
 // metrics are. Zone names are few (they label metrics too).
 var summaries = struct {
 	sync.Mutex
-	m map[string]*topKeys
-}{m: map[string]*topKeys{}}
+	m map[string]*Keys
+}{m: map[string]*Keys{}}
 
-// topKeysFor returns the summary of zone.
-func topKeysFor(zone string) *topKeys {
+// For returns the summary of zone.
+func For(zone string) *Keys {
 	summaries.Lock()
 	defer summaries.Unlock()
 	t := summaries.m[zone]
 	if t == nil {
-		t = newTopKeys(topPeriod)
+		t = New(topPeriod)
 		summaries.m[zone] = t
 	}
 	return t
 }
 
-// newTopKeys returns an empty summary whose two summaries take turns
+// New returns an empty summary whose two summaries take turns
 // every period.
-func newTopKeys(period time.Duration) *topKeys {
-	return &topKeys{period: period}
+func New(period time.Duration) *Keys {
+	return &Keys{period: period}
 }
 
-// add counts a request of key, rejected or not, as n: 1, or the units
-// it was charged.
-func (t *topKeys) add(key string, n int64, rejected bool) {
+// Add counts a request of key, rejected or not, as n: 1, or the units
+// it took.
+func (t *Keys) Add(key string, n int64, rejected bool) {
 	h := maphash.String(topSeed, key)
 	s := &t.shards[h%topShards]
 	s.mu.Lock()
@@ -150,7 +154,7 @@ func (t *topKeys) add(key string, n int64, rejected bool) {
 
 // turnLater turns the summaries, and again a period later unless the
 // zone went idle.
-func (t *topKeys) turnLater() {
+func (t *Keys) turnLater() {
 	if !t.turn() {
 		time.AfterFunc(t.period, t.turnLater)
 	}
@@ -160,7 +164,7 @@ func (t *topKeys) turnLater() {
 // ones, the previous ones are forgotten. It reports whether nothing was
 // counted in the period that ended; then the summaries are all empty, and
 // the timer stops until the next request.
-func (t *topKeys) turn() (idle bool) {
+func (t *Keys) turn() (idle bool) {
 	// Every shard at once, so that no request counts between the check
 	// that all are empty and the timer's stop.
 	for i := range t.shards {
@@ -181,7 +185,7 @@ func (t *topKeys) turn() (idle bool) {
 	return idle
 }
 
-// add counts a request of key, whose hash is h, as n.
+// Add counts a request of key, whose hash is h, as n.
 func (s *topSummary) add(h uint64, key string, n int64, rejected bool) {
 	var r int64
 	if rejected {
@@ -294,11 +298,11 @@ func (s *topSummary) down(i int) {
 	}
 }
 
-// top returns the n heaviest keys, their counts as Requests, sorted by
+// Top returns the n heaviest keys, their counts as Requests, sorted by
 // rejected, then count, then key, and the most any count may be overstated: in each period, a
 // key's count is overstated by at most the largest error of its shard's
 // summary, so by at most the largest of all the shards'.
-func (t *topKeys) top(n int) ([]admin.TopKey, int64) {
+func (t *Keys) Top(n int) ([]admin.TopKey, int64) {
 	merged := map[string]*admin.TopKey{}
 	var most [2]int64 // the largest error of each period's summaries
 	for i := range t.shards {

@@ -1,6 +1,6 @@
--- take_arith.lua: exact integer arithmetic on Lua's numbers. Reads and
--- writes no state: every function here is pure. The release script
--- (release.lua) begins with it too, for a true-up's debt.
+-- arith.lua: exact integer arithmetic on Lua's numbers. Reads and
+-- writes no state: every function here is pure. The finish script
+-- (finish.lua) begins with it too, for a true-up's debt.
 --
 -- Lua numbers are doubles: integers are exact below 2^53, which every
 -- count, limit, cost, window and time here stays under. Only products can

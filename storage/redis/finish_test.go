@@ -26,7 +26,7 @@ func TestRedisQueuedReleasesShareACall(t *testing.T) {
 	// the paused server, not for its deadline.
 	r := newRedisStore(t, &Store{Timeout: caddy.Duration(time.Hour)}, s.URL())
 	req := storage.Request{Zone: "z", Key: "k", Algorithm: algorithms.SlidingTail, Rate: algorithms.Rate{Units: 1 << 30, Window: time.Hour}, Cost: 1, Releasable: true}
-	q := r.client.releaseQueue(r.counterKey("z", "k"))
+	q := r.client.finishQueue(r.counterKey("z", "k"))
 	queueIs := func(cond func() bool) func() bool {
 		return func() bool {
 			q.mu.Lock()
@@ -43,9 +43,9 @@ func TestRedisQueuedReleasesShareACall(t *testing.T) {
 		return c
 	}
 
-	// Load the release script, so that every call below is one EVALSHA.
+	// Load the finish script, so that every call below is one EVALSHA.
 	d := redisTake(t, r, time.Time{}, req)[0]
-	if err := r.Release(context.Background(), []storage.Request{req}, []algorithms.Decision{d}); err != nil {
+	if err := r.Finish(context.Background(), []storage.Request{req}, []algorithms.Decision{d}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -72,7 +72,7 @@ func TestRedisQueuedReleasesShareACall(t *testing.T) {
 			release := func(i int, d algorithms.Decision) {
 				q := req
 				q.TrueUp, q.Actual = i%2 == 1, 2
-				errs <- r.Release(context.Background(), []storage.Request{q}, []algorithms.Decision{d})
+				errs <- r.Finish(context.Background(), []storage.Request{q}, []algorithms.Decision{d})
 			}
 			go release(0, decisions[0])
 			wait.For(t, "a release call in flight", queueIs(func() bool { return q.busy && len(q.waiting) == 0 }))

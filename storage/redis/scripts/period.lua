@@ -1,6 +1,6 @@
--- take_period.lua: which window of a zone holds an instant, its start and
+-- period.lua: which window of a zone holds an instant, its start and
 -- end, and the next window's end. Reads and writes no state: every
--- function here is pure. The release script (release.lua) begins with it
+-- function here is pure. The finish script (finish.lua) begins with it
 -- too, for a true-up's debt.
 --
 -- A zone's windows are of a length, aligned to the epoch, or calendar

@@ -1,4 +1,4 @@
-package ratelimit
+package topkeys
 
 import (
 	"fmt"
@@ -16,7 +16,7 @@ import (
 // most the error the summary reports and never understated, in at most
 // topTracked entries.
 func TestTopKeysFindsHeavyHitters(t *testing.T) {
-	tk := newTopKeys(time.Hour)
+	tk := New(time.Hour)
 	rng := rand.New(rand.NewPCG(29, 1))
 	truth := map[string][2]int64{}
 	heavy := map[string]int{"ci-runner": 5000, "scraper": 3000, "script-50-workers": 2000}
@@ -35,7 +35,7 @@ func TestTopKeysFindsHeavyHitters(t *testing.T) {
 	rng.Shuffle(len(stream), func(i, j int) { stream[i], stream[j] = stream[j], stream[i] })
 	for i, k := range stream {
 		rejected := k == "ci-runner" && i%2 == 0
-		tk.add(k, 1, rejected)
+		tk.Add(k, 1, rejected)
 		c := truth[k]
 		c[0]++
 		if rejected {
@@ -46,7 +46,7 @@ func TestTopKeysFindsHeavyHitters(t *testing.T) {
 	if n := tk.tracked(); n > topTracked {
 		t.Fatalf("%d keys tracked, want at most %d", n, topTracked)
 	}
-	keys, bound := tk.top(3)
+	keys, bound := tk.Top(3)
 	if len(keys) != 3 || keys[0].Key != "ci-runner" || keys[1].Key != "scraper" || keys[2].Key != "script-50-workers" {
 		t.Fatalf("top 3 %+v, want ci-runner (the one rejected), then scraper, then script-50-workers", keys)
 	}
@@ -60,7 +60,7 @@ func TestTopKeysFindsHeavyHitters(t *testing.T) {
 }
 
 // tracked counts the keys the current summaries track.
-func (t *topKeys) tracked() int {
+func (t *Keys) tracked() int {
 	n := 0
 	for i := range t.shards {
 		s := &t.shards[i]
@@ -74,19 +74,19 @@ func (t *topKeys) tracked() int {
 // TestTopKeysForgetsOldPeriods: a key not seen for two periods is gone;
 // one seen in the period before still counts.
 func TestTopKeysForgetsOldPeriods(t *testing.T) {
-	tk := newTopKeys(time.Hour)
-	tk.add("old", 1, true)
+	tk := New(time.Hour)
+	tk.Add("old", 1, true)
 	tk.turn()
-	tk.add("recent", 1, false)
-	if keys, _ := tk.top(10); len(keys) != 2 || keys[0].Key != "old" {
+	tk.Add("recent", 1, false)
+	if keys, _ := tk.Top(10); len(keys) != 2 || keys[0].Key != "old" {
 		t.Fatalf("one period on: %+v, want old (rejected) then recent", keys)
 	}
 	tk.turn()
-	if keys, _ := tk.top(10); len(keys) != 1 || keys[0].Key != "recent" {
+	if keys, _ := tk.Top(10); len(keys) != 1 || keys[0].Key != "recent" {
 		t.Fatalf("two periods on: %+v, want recent alone", keys)
 	}
 	tk.turn()
-	if keys, _ := tk.top(10); len(keys) != 0 {
+	if keys, _ := tk.Top(10); len(keys) != 0 {
 		t.Fatalf("long after: %+v, want none", keys)
 	}
 }
@@ -95,14 +95,14 @@ func TestTopKeysForgetsOldPeriods(t *testing.T) {
 // traffic, and stops once a whole period went by without a request; the
 // next request starts it again.
 func TestTopKeysTimerTurns(t *testing.T) {
-	tk := newTopKeys(10 * time.Millisecond)
+	tk := New(10 * time.Millisecond)
 	for round := range 2 {
-		tk.add("k", 1, false)
+		tk.Add("k", 1, false)
 		if !tk.turning.Load() {
 			t.Fatalf("round %d: no timer after a request", round)
 		}
 		wait.For(t, "the key to be forgotten", func() bool {
-			keys, _ := tk.top(10)
+			keys, _ := tk.Top(10)
 			return len(keys) == 0
 		})
 		wait.For(t, "the timer to stop", func() bool { return !tk.turning.Load() })
@@ -117,14 +117,14 @@ func TestTopKeysTimerTurns(t *testing.T) {
 // heap keeps at its top); the counts add up to the shard's requests; and
 // the index finds every tracked key.
 func TestTopKeysSummaryInvariants(t *testing.T) {
-	tk := newTopKeys(time.Hour)
+	tk := New(time.Hour)
 	rng := rand.New(rand.NewPCG(7, 11))
 	zipf := rand.NewZipf(rng, 1.1, 2, 999)
 	truth := map[string]int64{}
 	var perShard [topShards]int64
 	for step := range 20_000 {
 		k := fmt.Sprint("key-", zipf.Uint64())
-		tk.add(k, 1, rng.IntN(4) == 0)
+		tk.Add(k, 1, rng.IntN(4) == 0)
 		truth[k]++
 		h := maphash.String(topSeed, k)
 		perShard[h%topShards]++
@@ -188,35 +188,35 @@ func BenchmarkTopKeysAdd(b *testing.B) {
 		keys[i] = fmt.Sprint("key-", i)
 	}
 	b.Run("tracked", func(b *testing.B) {
-		tk := newTopKeys(time.Hour)
+		tk := New(time.Hour)
 		for b.Loop() {
-			tk.add("203.0.113.9", 1, false)
+			tk.Add("203.0.113.9", 1, false)
 		}
 	})
 	b.Run("100k_keys", func(b *testing.B) {
-		tk := newTopKeys(time.Hour)
+		tk := New(time.Hour)
 		i := 0
 		for b.Loop() {
-			tk.add(keys[i%100_000], 1, false)
+			tk.Add(keys[i%100_000], 1, false)
 			i++
 		}
 	})
 	b.Run("tracked_parallel", func(b *testing.B) {
-		tk := newTopKeys(time.Hour)
+		tk := New(time.Hour)
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				tk.add("203.0.113.9", 1, false)
+				tk.Add("203.0.113.9", 1, false)
 			}
 		})
 	})
 	b.Run("rotating_parallel", func(b *testing.B) {
-		tk := newTopKeys(time.Hour)
+		tk := New(time.Hour)
 		var next atomic.Int64
 		b.RunParallel(func(pb *testing.PB) {
 			// Each goroutine its own run of the keys, each key new.
 			i := int(next.Add(1)) * 7919
 			for pb.Next() {
-				tk.add(keys[i%len(keys)], 1, false)
+				tk.Add(keys[i%len(keys)], 1, false)
 				i++
 			}
 		})

@@ -1,6 +1,6 @@
--- take_ring.lua: how a sliding window's ring of n+1 sub-window counts is
--- rolled forward. Pure, like take_arith.lua; the release script
--- (release.lua) begins with it too, so that a release rolls a ring as a
+-- ring.lua: how a sliding window's ring of n+1 sub-window counts is
+-- rolled forward. Pure, like arith.lua; the finish script
+-- (finish.lua) begins with it too, so that a release rolls a ring as a
 -- take does.
 
 -- rollRing returns old, the ring of sub-window sw, rolled forward to

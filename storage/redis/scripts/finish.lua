@@ -1,20 +1,21 @@
--- release.lua settles what take.lua took: it releases a request taken in
--- some cluster slots and then rejected in another, a concurrency request
+-- finish.lua ends the accounting of what take.lua took: it releases a
+-- request taken in some cluster slots and then rejected in another, a concurrency request
 -- that is done with its units, a request whose response a count_status
 -- zone does not count, and what a true-up does not keep of a reservation;
--- and it takes a true-up's debt past the limit (storage.Request.Settle).
+-- and it takes a true-up's debt past the limit (storage.Request.Finishing).
 -- And it ends a request's cost in flight, for a zone that keeps them,
 -- whatever stays. It runs atomically in one slot, like the take it
--- settles.
+-- finishes.
 --
--- The release script is take_arith.lua (exact integer arithmetic),
--- take_period.lua (which window of a zone holds an instant), take_ring.lua
--- (the roll of a sliding window's ring) and this file after them, joined
--- by the store (releaseOrder) into one script.
+-- The finish script is arith.lua (exact integer arithmetic),
+-- period.lua (which window of a zone holds an instant), ring.lua
+-- (the roll of a sliding window's ring), tat.lua (a gcra key's TAT) and
+-- this file after them, joined by the store (finishOrder) into one
+-- script.
 --
 -- KEYS     the counters of each zone and key (see take.lua), a
 --          concurrency zone's followed by its holders' set.
--- ARGV     RELEASE_ARGS per zone, at the offsets ARG_* below.
+-- ARGV     FINISH_ARGS per zone, at the offsets ARG_* below.
 --
 -- Released, windowed: a take still in the current window comes off c;
 -- one that has since become the previous window comes off p; an older
@@ -42,7 +43,7 @@
 -- A wide zone's counts ("F", "S", and "K" for its cost that stays whole;
 -- see take_wide.lua) run to 2^63 - 1: its units, limit and costs in
 -- flight stay the strings they came as, and its fields the strings Redis
--- holds, counted exactly in limbs (take_arith.lua's plus and minus).
+-- holds, counted exactly in limbs (arith.lua's plus and minus).
 
 -- A zone's arguments, at ARGV[a + ARG_*] from its first argument ARGV[a]:
 -- the algorithm ("f", "s", "w", "g", "c", "F", "S"; "k", or "K" in a
@@ -57,13 +58,13 @@
 -- cost, for a zone that keeps its costs in flight ("" and 0 for others);
 -- the units to take past the limit (0 for none); the zone's window (ms;
 -- for a calendar period, the periods around the caller's clock, as
--- take.lua's ARG_WINDOW: take_period.lua); gcra's burst or a sliding
+-- take.lua's ARG_WINDOW: period.lua); gcra's burst or a sliding
 -- window's buckets ("" for others); and "" to
 -- use the server clock (TIME), or a time in ms since the epoch (tests
 -- drive the shared vectors with it). The store's Go code mirrors these
 -- offsets (rel*).
 local ARG_ALG, ARG_AT, ARG_UNITS, ARG_HOLDER, ARG_LIMIT, ARG_IW, ARG_IC, ARG_DEBT, ARG_WINDOW, ARG_EXTRA, ARG_NOW = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
-local RELEASE_ARGS = 11
+local FINISH_ARGS = 11
 
 -- clockOf returns the time a zone's ARG_NOW names, in ms: the server's
 -- clock, read once a call, if it is "".
@@ -130,7 +131,7 @@ local function keepUntil(key, expires, now)
 end
 
 -- debt takes units past the limit at now in key's counts, for the
--- algorithm alg, the limit, the zone's windows period (take_period.lua;
+-- algorithm alg, the limit, the zone's windows period (period.lua;
 -- for gcra and a sliding window, the window's length w in ms) and extra:
 -- gcra's burst, a sliding window's buckets. A wide zone's units and limit
 -- are strings.
@@ -139,16 +140,8 @@ local function debt(key, alg, units, limit, period, extra, now)
   local expires
   if alg == 'g' then
     local sw, sc, sp = unpack(redis.call('HMGET', key, 'w', 'c', 'p'))
-    -- The TAT in 1/limit ms, as take_gcra.lua's tatOf reads it.
-    local ms, f = tonumber(sw) or 0, 0
-    sc, sp = tonumber(sc) or 0, tonumber(sp) or 0
-    if sp > 0 and sc > 0 then
-      if sp == limit then
-        f = sc
-      else
-        f = math.min(muldiv(sc, limit, sp), limit - 1)
-      end
-    end
+    -- The TAT in 1/limit ms, as a take reads it.
+    local ms, f = tatOf(tonumber(sw), tonumber(sc) or 0, tonumber(sp) or 0, limit)
     if ms < now then
       ms, f = now, 0
     end
@@ -211,7 +204,7 @@ local function debt(key, alg, units, limit, period, extra, now)
 end
 
 local k = 0
-for a = 1, #ARGV, RELEASE_ARGS do
+for a = 1, #ARGV, FINISH_ARGS do
   local alg, x = ARGV[a + ARG_ALG], tonumber(ARGV[a + ARG_AT])
   -- A wide zone's units, costs and limit stay strings.
   local count = WIDE[alg] and tostring or tonumber
