@@ -267,9 +267,13 @@ func pollQueries(t *testing.T, p *promServer, what string, queries map[string]st
 
 // monitoringSite has a zone of every kind, each on its own path: memory
 // (mem), a ban, max_delay, dry_run, Redis with lease on and on_store_error
-// local, cost_from counted in tokens and in money in front of a fake
-// upstream, and a shedder in front of a slow app.
+// local (over their limits: rejected from its deny cache), Redis keys
+// under their limit (leased: a key over its limit is decided exactly at a
+// window's start and from the deny cache after, so it seldom leases),
+// cost_from counted in tokens and in money in front of a fake upstream,
+// and a shedder in front of a slow app.
 func monitoringSite(redisURL, upstream, slow string) string {
+	store := redisStore(fmt.Sprintf("address %s\ntimeout 100ms\nlease on", redisURL))
 	return fmt.Sprintf(`
 %s {
 	route /mem {
@@ -329,6 +333,17 @@ func monitoringSite(redisURL, upstream, slow string) string {
 		}
 		respond "ok"
 	}
+	route /lease {
+		rate_limit {
+			%s
+			zone mon_lease {
+				key {header.X-Client}
+				limit 1000000
+				window 1s
+			}
+		}
+		respond "ok"
+	}
 	route /tokens {
 		rate_limit {
 			zone mon_tokens {
@@ -373,7 +388,7 @@ func monitoringSite(redisURL, upstream, slow string) string {
 		reverse_proxy %s
 	}
 }
-`, siteAddr, redisStore(fmt.Sprintf("address %s\ntimeout 100ms\nlease on", redisURL)), upstream, upstream, slow)
+`, siteAddr, store, store, upstream, upstream, slow)
 }
 
 // monitoringTraffic sends requests through every zone until ctx ends,
@@ -412,6 +427,7 @@ func monitoringTraffic(ctx context.Context, t *testing.T) *sync.WaitGroup {
 		send(http.MethodGet, "/dry", "", "X-Client: dry")
 		send(http.MethodGet, "/ban", "", fmt.Sprintf("X-Client: ban-%d", i/2))
 		send(http.MethodGet, "/shed", "", "X-Client: shed")
+		send(http.MethodGet, "/lease", "", "X-Client: lease")
 		// 1 token out of a reservation of 10, then 30: released, then debt.
 		send(http.MethodPost, "/tokens", chat, "X-Client: tokens", "Content-Type: application/json", fmt.Sprintf("X-Tokens: %d", []int{1, 30}[i%2]))
 		// 1 token out costs less than the reservation of 5 and the body;
