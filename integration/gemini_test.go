@@ -219,10 +219,7 @@ func TestGeminiMoneyThroughCaddy(t *testing.T) {
 	integration(t)
 	dir := sdkDir(t)
 	s := redistest.Standalone(t)
-	for _, store := range []struct{ name, block string }{
-		{"memory", ""},
-		{"redis", "store redis {\n\t\t\taddress " + s.URL() + "\n\t\t\ttimeout 5s\n\t\t}"},
-	} {
+	for _, store := range memoryAndRedis(s) {
 		t.Run(store.name, func(t *testing.T) {
 			u := newLLM(t)
 			zone := "money_gemini_" + store.name

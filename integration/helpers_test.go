@@ -1018,3 +1018,12 @@ func (l *load) end() (map[int]int, int, error) {
 	defer l.mu.Unlock()
 	return l.byStatus, l.failed, l.lastErr
 }
+
+// memoryAndRedis returns a zone's store lines for the memory store (none)
+// and for s, named for a subtest each.
+func memoryAndRedis(s *redistest.Server) []struct{ name, block string } {
+	return []struct{ name, block string }{
+		{"memory", ""},
+		{"redis", "store redis {\n\t\t\taddress " + s.URL() + "\n\t\t\ttimeout 5s\n\t\t}"},
+	}
+}

@@ -109,10 +109,7 @@ func TestMoneyThroughCaddy(t *testing.T) {
 	integration(t)
 	dir := sdkDir(t)
 	s := redistest.Standalone(t)
-	for _, store := range []struct{ name, block string }{
-		{"memory", ""},
-		{"redis", "store redis {\n\t\t\taddress " + s.URL() + "\n\t\t\ttimeout 5s\n\t\t}"},
-	} {
+	for _, store := range memoryAndRedis(s) {
 		t.Run(store.name, func(t *testing.T) {
 			u := newLLM(t)
 			zone := "money_" + store.name
