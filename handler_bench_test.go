@@ -165,23 +165,11 @@ func benchmarkBodies(b *testing.B, body []byte, serve func(*http.Request, http.R
 	length := []string{strconv.Itoa(len(body))}
 	fill := func() {
 		for i := range reqs {
-			req := &http.Request{
-				Method:        http.MethodPost,
-				URL:           target,
-				Proto:         "HTTP/1.1",
-				ProtoMajor:    1,
-				ProtoMinor:    1,
-				Header:        http.Header{"X-Api-Key": apiKey, "Content-Length": length},
-				Body:          io.NopCloser(bytes.NewReader(body)),
-				ContentLength: int64(len(body)),
-				Host:          "example.com",
-				RemoteAddr:    "203.0.113.9:1234",
-			}
-			vars := map[string]any{caddyhttp.ClientIPVarKey: "203.0.113.9"}
-			ctx := context.WithValue(context.Background(), caddyhttp.VarsCtxKey, vars)
-			ctx = context.WithValue(ctx, caddyhttp.ServerCtxKey, new(caddyhttp.Server))
-			req = req.WithContext(ctx)
-			caddyhttp.NewTestReplacer(req)
+			req := handlerRequest(target, apiKey)
+			req.Method = http.MethodPost
+			req.Header["Content-Length"] = length
+			req.Body = io.NopCloser(bytes.NewReader(body))
+			req.ContentLength = int64(len(body))
 			reqs[i] = req
 		}
 	}
